@@ -1,0 +1,1 @@
+"""Benchmarks comparing bytegraph with torch.compile; see bench/README.md."""

@@ -1,0 +1,15 @@
+"""bytegraph: a just-in-time compiler front end for PyTorch, written in Python.
+
+Public API only; see docs/architecture.md for how the pieces fit.
+"""
+from .config import config
+from .errors import BytegraphError, Unsupported, BackendError, ConfigError
+from .backends.registry import list_backends, register_backend
+from .api import compile, reset, OptimizedModule, is_compiling
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "compile", "reset", "config", "list_backends", "register_backend", "OptimizedModule",
+    "is_compiling", "BytegraphError", "Unsupported", "BackendError", "ConfigError",
+]

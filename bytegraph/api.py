@@ -1,0 +1,162 @@
+"""The user-facing entry points: compile(), the module wrapper, reset()."""
+import functools
+import inspect
+import types
+
+import torch
+
+from .errors import BytegraphError
+from .backends.registry import lookup_backend
+from .runtime.dispatch import Compiler, reset_all
+
+_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def compile(model=None, *, fullgraph=False, dynamic=None, backend="inductor",
+            mode=None, options=None, disable=False):
+    """Compile a function, bound method or ``nn.Module``; same meaning as ``torch.compile``.
+
+    Used bare (``bytegraph.compile(fn)``), or as a decorator with or without
+    arguments. An ``nn.Module`` comes back wrapped in an ``OptimizedModule``
+    that shares its parameters and state and compiles its ``forward``.
+    """
+    _check_flag("fullgraph", fullgraph)
+    _check_flag("disable", disable)
+    if dynamic is not None and not isinstance(dynamic, bool):
+        raise BytegraphError(f"bytegraph.compile: dynamic must be None, True or False, got {dynamic!r}")
+    if mode not in _MODES:
+        raise BytegraphError(f"bytegraph.compile: unknown mode {mode!r}; known modes: "
+                             + ", ".join(repr(m) for m in _MODES[1:]))
+    if options is not None and not isinstance(options, dict):
+        raise BytegraphError(f"bytegraph.compile: options must be a dict, got {type(options).__name__}")
+    if mode is not None and options is not None:
+        raise BytegraphError("bytegraph.compile: give either mode or options, not both")
+    compiler_fn = lookup_backend(backend, mode=mode, options=options)
+
+    def wrap(target):
+        if disable:
+            return target
+        compiler = Compiler(compiler_fn, backend_name=_backend_name(backend),
+                            fullgraph=fullgraph, dynamic=dynamic)
+        if isinstance(target, torch.nn.Module):
+            return OptimizedModule(target, compiler)
+        return compile_callable(target, compiler)
+
+    if model is None:
+        return wrap
+    if not callable(model):
+        raise BytegraphError(
+            f"bytegraph.compile expects a function, method or nn.Module, got {type(model).__name__} {model!r}")
+    return wrap(model)
+
+
+def _check_flag(name, value):
+    if not isinstance(value, bool):
+        raise BytegraphError(f"bytegraph.compile: {name} must be True or False, got {value!r}")
+
+
+def _backend_name(backend):
+    if isinstance(backend, str):
+        return backend
+    return getattr(backend, "__name__", type(backend).__name__)
+
+
+def compile_callable(target, compiler):
+    """Wrap any callable so that its Python code runs through ``compiler``."""
+    if isinstance(target, types.MethodType):
+        wrapped = compiler.wrap_function(target.__func__)
+        return types.MethodType(wrapped, target.__self__)
+    if isinstance(target, types.FunctionType):
+        return compiler.wrap_function(target)
+    if isinstance(target, functools.partial):
+        inner = compile_callable(target.func, compiler)
+        return functools.partial(inner, *target.args, **target.keywords)
+    call = getattr(type(target), "__call__", None)
+    if isinstance(call, types.FunctionType):
+        bound = compiler.wrap_function(call)
+        wrapper = functools.wraps(call)(lambda *a, **k: bound(target, *a, **k))
+        return wrapper
+    # Builtins and other native callables hold no Python code to trace.
+    return target
+
+
+class OptimizedModule(torch.nn.Module):
+    """A compiled view of an ``nn.Module``.
+
+    Parameters, buffers, submodules and attributes are the original module's:
+    reads, writes, ``state_dict()`` and ``load_state_dict()`` go straight to
+    it. Calling the wrapper runs the original module's hooks around a
+    compiled ``forward``.
+    """
+
+    _own = frozenset({"_orig_mod", "_compiler", "_compiled_forward", "forward", "__call__",
+                      "__class__", "__dict__", "__repr__", "_call_impl", "train", "eval",
+                      "__getstate__", "__setstate__", "__reduce_ex__"})
+
+    def __init__(self, mod, compiler):
+        object.__setattr__(self, "_orig_mod", mod)
+        object.__setattr__(self, "_compiler", compiler)
+        object.__setattr__(self, "_compiled_forward", compile_callable(mod.forward, compiler))
+
+    def __getattribute__(self, name):
+        if name in OptimizedModule._own or (name.startswith("__") and name.endswith("__")):
+            return object.__getattribute__(self, name)
+        return getattr(object.__getattribute__(self, "_orig_mod"), name)
+
+    def __setattr__(self, name, value):
+        setattr(self._orig_mod, name, value)
+
+    def __delattr__(self, name):
+        delattr(self._orig_mod, name)
+
+    def __dir__(self):
+        return dir(self._orig_mod)
+
+    def forward(self, *args, **kwargs):
+        return self._compiled_forward(*args, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        mod = self._orig_mod
+        if not _has_hooks(mod):
+            return self._compiled_forward(*args, **kwargs)
+        return _call_with_hooks(mod, self._compiled_forward, args, kwargs)
+
+    def train(self, mode=True):
+        self._orig_mod.train(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def __repr__(self):
+        return f"OptimizedModule({self._orig_mod!r})"
+
+
+def _has_hooks(mod):
+    from torch.nn.modules import module as m
+    return bool(mod._forward_hooks or mod._forward_pre_hooks or m._global_forward_hooks
+                or m._global_forward_pre_hooks or mod._backward_hooks or mod._backward_pre_hooks
+                or m._global_backward_hooks or m._global_backward_pre_hooks)
+
+
+def _call_with_hooks(mod, forward, args, kwargs):
+    # nn.Module._call_impl looks up self.forward; give it the compiled one for this call only.
+    mod.__dict__["forward"] = forward
+    try:
+        return mod._call_impl(*args, **kwargs)
+    finally:
+        del mod.__dict__["forward"]
+
+
+def reset():
+    """Forget every compiled artefact: caches, recorded reasons, counters."""
+    reset_all()
+
+
+def is_compiling():
+    """True while bytegraph is tracing (always False in the code it produces)."""
+    from .trace import state
+    return state.tracing
+
+
+__all__ = ["compile", "reset", "OptimizedModule", "is_compiling", "inspect"]

@@ -1,0 +1,29 @@
+"""The ``inductor`` backend: TorchInductor code generation (C++/OpenMP on CPU)."""
+from ._common import as_list, compile_failed, flat_tuple_output, quiet_torch_imports, with_restore
+
+
+def inductor(gm, example_inputs, *, config_patches=None):
+    """Compile ``gm`` with ``torch._inductor.compile_fx.compile_fx``.
+
+    ``config_patches`` (a dict of ``torch._inductor.config`` settings, built
+    by ``lookup_backend`` from ``mode`` and ``options``) is applied both to
+    the forward compile and to the backward compile, which AOTAutograd may
+    run later, at the first ``backward()``.
+
+    The returned callable takes the graph's inputs positionally and returns
+    a list of outputs; parameters and buffers are read from ``gm`` here, so
+    gradients land on the original parameters. ``gm`` may be modified in
+    place. Non-tensor example inputs are specialised to their values.
+    """
+    with quiet_torch_imports():
+        from torch._inductor.compile_fx import compile_fx
+
+    restore = flat_tuple_output(gm)
+    try:
+        compiled = compile_fx(gm, as_list(example_inputs), config_patches=config_patches or None)
+    except Exception as exc:
+        raise compile_failed("inductor", exc) from exc
+    # compile_fx hands back AOTAutograd's positional-call forward (wrapped by
+    # a frame-evaluation "disable" shim); it carries a stale
+    # ``_boxed_call = True`` copied by functools.wraps, which does not apply.
+    return with_restore(compiled, restore)

@@ -1,0 +1,106 @@
+"""Decoded, normalised instructions: plain data, one list per code object.
+
+``decode(code)`` turns ``dis`` output into ``Instruction`` rows whose opcode
+names and jump targets mean the same on every supported Python version.
+"""
+import dis
+from dataclasses import dataclass
+from functools import lru_cache
+
+from . import versions
+
+
+@dataclass(slots=True)
+class Instruction:
+    opname: str          # normalised name (see versions.RENAMED etc.)
+    arg: object          # raw oparg (int) or None
+    argval: object       # resolved argument: a name, constant, operator, or None
+    offset: int          # byte offset in the original code
+    line: int            # source line, or None
+    target: int = None   # index of the jump target in the instruction list
+    index: int = 0
+
+    def __repr__(self):
+        tgt = f" -> {self.target}" if self.target is not None else ""
+        return f"{self.index}: {self.opname} {self.argval!r}{tgt} (line {self.line})"
+
+
+_JUMPS = frozenset({"JUMP", "POP_JUMP_IF_FALSE", "POP_JUMP_IF_TRUE", "POP_JUMP_IF_NONE",
+                    "POP_JUMP_IF_NOT_NONE", "FOR_ITER", "JUMP_IF_FALSE_OR_POP",
+                    "JUMP_IF_TRUE_OR_POP", "SEND"})
+
+
+@lru_cache(maxsize=4096)
+def decode(code):
+    """Normalised instructions of ``code``, with jump targets as list indices."""
+    rows = []
+    jump_offsets = []
+    line = code.co_firstlineno
+    for ins in dis.get_instructions(code):
+        if ins.positions is not None and ins.positions.lineno is not None:
+            line = ins.positions.lineno
+        elif ins.starts_line not in (None, False, True):
+            line = ins.starts_line
+        name = versions.RENAMED.get(ins.opname, ins.opname)
+        if name in versions.IGNORED:
+            continue
+        argval = ins.argval
+        if name in versions.SUPERINSTRUCTIONS:
+            first, second = versions.SUPERINSTRUCTIONS[name]
+            rows.append(Instruction(first, ins.arg, argval[0], ins.offset, line))
+            rows.append(Instruction(second, ins.arg, argval[1], ins.offset, line))
+            continue
+        if name == "CALL_INTRINSIC_1":
+            name = versions.INTRINSICS.get(ins.argrepr, "CALL_INTRINSIC_1")
+        elif name == "RETURN_CONST":
+            rows.append(Instruction("LOAD_CONST", ins.arg, argval, ins.offset, line))
+            name, argval = "RETURN_VALUE", None
+        elif name == "KW_NAMES":
+            argval = versions.kw_names_of(ins, code)
+        elif name == "LOAD_GLOBAL" and ins.arg & 1:
+            load = Instruction("LOAD_GLOBAL", ins.arg, argval, ins.offset, line)
+            null = Instruction("PUSH_NULL", None, None, ins.offset, line)
+            rows.extend((load, null) if versions.NULL_AFTER_CALLABLE else (null, load))
+            continue
+        elif name == "LOAD_ATTR" and versions.LOAD_ATTR_METHOD_FLAG and ins.arg & 1:
+            name = "LOAD_METHOD"
+        elif name == "BINARY_OP":
+            argval = dis._nb_ops[ins.arg][1]
+        elif name in _JUMPS:
+            jump_offsets.append(len(rows))
+        rows.append(Instruction(name, ins.arg, argval, ins.offset, line))
+    by_offset = {}
+    for i, row in enumerate(rows):
+        row.index = i
+        by_offset.setdefault(row.offset, i)
+    for i in jump_offsets:
+        row = rows[i]
+        target = _index_at_or_after(by_offset, row.argval, rows)
+        if row.opname == "FOR_ITER":
+            target = _skip_loop_end(code, row.argval, rows, target)
+        row.target = target
+    return tuple(rows)
+
+
+def _index_at_or_after(by_offset, offset, rows):
+    # Ignored instructions (NOP, END_FOR...) may sit at a target; take the next kept one.
+    if offset in by_offset:
+        return by_offset[offset]
+    for row in rows:
+        if row.offset >= offset:
+            return row.index
+    return len(rows)
+
+
+def _skip_loop_end(code, target_offset, rows, target):
+    """Index where execution continues when FOR_ITER finds its iterator exhausted."""
+    skip = versions.FOR_ITER_EXIT_SKIP
+    if skip == 0:
+        return target
+    # Walk the raw instructions: the ones to skip (END_FOR, POP_TOP) may be ignored rows.
+    raw = [i for i in dis.get_instructions(code) if i.opname != "CACHE"]
+    pos = next(k for k, i in enumerate(raw) if i.offset == target_offset)
+    resume_offset = raw[pos + skip].offset if pos + skip < len(raw) else None
+    if resume_offset is None:
+        return len(rows)
+    return _index_at_or_after({r.offset: r.index for r in reversed(rows)}, resume_offset, rows)

@@ -1,0 +1,78 @@
+"""Everything that differs between CPython 3.11, 3.12 and 3.13, in one place.
+
+The rest of bytegraph sees a normalised instruction stream (see
+``instructions.py``); this module says how each version's raw instructions map
+onto it. Handlers in ``trace/`` never look at ``sys.version_info``.
+"""
+import sys
+
+PY = sys.version_info[:2]
+SUPPORTED = ((3, 11), (3, 12), (3, 13))
+
+# How many instructions FOR_ITER skips past its jump target when the iterator
+# is exhausted: 3.11 jumps straight to the code after the loop; 3.12 jumps over
+# END_FOR; 3.13 over END_FOR and the POP_TOP that follows it.
+FOR_ITER_EXIT_SKIP = {(3, 11): 0, (3, 12): 1, (3, 13): 2}.get(PY, 2)
+
+# Where LOAD_GLOBAL / LOAD_ATTR put the NULL that marks "no self" for CALL:
+# before the callable up to 3.12, after it from 3.13 on.
+NULL_AFTER_CALLABLE = PY >= (3, 13)
+
+# LOAD_ATTR's low bit means "method load" from 3.12 on (3.11 has LOAD_METHOD).
+LOAD_ATTR_METHOD_FLAG = PY >= (3, 12)
+
+# Opcodes whose spelling changed but whose meaning did not.
+RENAMED = {
+    "POP_JUMP_FORWARD_IF_FALSE": "POP_JUMP_IF_FALSE",
+    "POP_JUMP_BACKWARD_IF_FALSE": "POP_JUMP_IF_FALSE",
+    "POP_JUMP_FORWARD_IF_TRUE": "POP_JUMP_IF_TRUE",
+    "POP_JUMP_BACKWARD_IF_TRUE": "POP_JUMP_IF_TRUE",
+    "POP_JUMP_FORWARD_IF_NONE": "POP_JUMP_IF_NONE",
+    "POP_JUMP_BACKWARD_IF_NONE": "POP_JUMP_IF_NONE",
+    "POP_JUMP_FORWARD_IF_NOT_NONE": "POP_JUMP_IF_NOT_NONE",
+    "POP_JUMP_BACKWARD_IF_NOT_NONE": "POP_JUMP_IF_NOT_NONE",
+    "JUMP_FORWARD": "JUMP",
+    "JUMP_BACKWARD": "JUMP",
+    "JUMP_BACKWARD_NO_INTERRUPT": "JUMP",
+    "JUMP_ABSOLUTE": "JUMP",
+    "LOAD_FAST_CHECK": "LOAD_FAST",
+    "LOAD_CLOSURE": "LOAD_CLOSURE",
+}
+
+# Instructions that do nothing for a symbolic interpreter.
+IGNORED = frozenset({"RESUME", "NOP", "CACHE", "PRECALL", "EXTENDED_ARG", "COPY_FREE_VARS",
+                     "END_FOR"})
+
+# CALL_INTRINSIC_1 (3.12+) operands that have their own opcode in 3.11.
+INTRINSICS = {
+    "INTRINSIC_UNARY_POSITIVE": "UNARY_POSITIVE",
+    "INTRINSIC_LIST_TO_TUPLE": "LIST_TO_TUPLE",
+    "INTRINSIC_STOPITERATION_ERROR": "STOPITERATION_ERROR",
+}
+
+# Superinstructions (3.13) split into the two plain instructions they fuse.
+SUPERINSTRUCTIONS = {
+    "LOAD_FAST_LOAD_FAST": ("LOAD_FAST", "LOAD_FAST"),
+    "STORE_FAST_LOAD_FAST": ("STORE_FAST", "LOAD_FAST"),
+    "STORE_FAST_STORE_FAST": ("STORE_FAST", "STORE_FAST"),
+}
+
+
+def kw_names_of(instr, code):
+    """The keyword-name tuple of a 3.11/3.12 KW_NAMES instruction."""
+    return code.co_consts[instr.arg]
+
+
+def split_call_prefix(below, above):
+    """Given the two stack slots under CALL's arguments, return (callable, self_or_None).
+
+    Up to 3.12 they are [NULL, callable] or [method, self]; from 3.13 on
+    [callable, NULL] or [method, self]. The NULL sentinel decides, so this
+    works on every version.
+    """
+    from ..values.base import NULL
+    if below is NULL:
+        return above, None
+    if above is NULL:
+        return below, None
+    return below, above

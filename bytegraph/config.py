@@ -1,0 +1,91 @@
+"""The one settings object, ``bytegraph.config``.
+
+Every environment variable bytegraph reads is read here, once, at import.
+Setting an unknown key or a value of the wrong type raises ConfigError.
+"""
+import contextlib
+import os
+
+from .errors import ConfigError
+
+LOG_TOPICS = ("graph", "guards", "bytecode", "output_code", "recompiles", "graph_breaks", "trace")
+
+
+def _env_topics():
+    raw = os.environ.get("BYTEGRAPH_LOGS", "")
+    topics = [t.strip() for t in raw.split(",") if t.strip()]
+    if "all" in topics:
+        return list(LOG_TOPICS)
+    return topics
+
+
+# name -> (default, accepted types, help)
+_SETTINGS = {
+    "cache_size_limit": (8, (int,), "recompiles allowed per code object before it runs eagerly"),
+    "accumulated_cache_size_limit": (256, (int,), "cache entries allowed over all code objects"),
+    "log_topics": (_env_topics(), (list, tuple), "logging topics switched on (BYTEGRAPH_LOGS)"),
+    "verbose": (False, (bool,), "include bytegraph's own stack in fallback warnings"),
+    "suppress_errors": (True, (bool,), "an internal error while compiling runs the frame eagerly"),
+    "guard_tensor_strides": (True, (bool,), "guard tensor strides, not only sizes"),
+}
+
+
+class Config:
+    """Settings for bytegraph. Assign attributes; unknown names are errors."""
+
+    __slots__ = tuple(_SETTINGS)
+
+    def __init__(self):
+        for name, (default, _, _) in _SETTINGS.items():
+            object.__setattr__(self, name, default)
+
+    def __setattr__(self, name, value):
+        if name not in _SETTINGS:
+            known = ", ".join(sorted(_SETTINGS))
+            raise ConfigError(f"bytegraph.config has no setting {name!r}; known settings: {known}")
+        default, types, _ = _SETTINGS[name]
+        if isinstance(value, bool) and bool not in types:
+            ok = False
+        else:
+            ok = isinstance(value, types)
+        if not ok:
+            names = " or ".join(t.__name__ for t in types)
+            raise ConfigError(
+                f"bytegraph.config.{name} must be {names}, got {type(value).__name__} {value!r}")
+        if name.endswith("_limit") and value < 1:
+            raise ConfigError(f"bytegraph.config.{name} must be at least 1, got {value}")
+        if name == "log_topics":
+            unknown = [t for t in value if t not in LOG_TOPICS]
+            if unknown:
+                raise ConfigError(f"unknown log topics {unknown}; known: {', '.join(LOG_TOPICS)}")
+            value = list(value)
+        object.__setattr__(self, name, value)
+        if name == "log_topics":
+            from .debug import logs
+            logs.apply_topics(value)
+
+    def __getattr__(self, name):
+        known = ", ".join(sorted(_SETTINGS))
+        raise ConfigError(f"bytegraph.config has no setting {name!r}; known settings: {known}")
+
+    def as_dict(self):
+        return {name: getattr(self, name) for name in _SETTINGS}
+
+    @contextlib.contextmanager
+    def patch(self, **changes):
+        """Temporarily change settings: ``with config.patch(cache_size_limit=2): ...``"""
+        old = {name: getattr(self, name) for name in changes}
+        for name, value in changes.items():
+            setattr(self, name, value)
+        try:
+            yield self
+        finally:
+            for name, value in old.items():
+                setattr(self, name, value)
+
+    def __repr__(self):
+        body = ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items())
+        return f"bytegraph.config({body})"
+
+
+config = Config()

@@ -1,0 +1,26 @@
+"""What compilation did, kept for diagnostics (explain, profiler, tests)."""
+from dataclasses import dataclass, field
+
+
+@dataclass
+class FrameRecord:
+    name: str                 # qualified name of the compiled function
+    filename: str
+    firstlineno: int
+    graph: object = None      # fx.GraphModule, None when no graph was made
+    guards: list = field(default_factory=list)
+    fallback_reason: str = None
+    user_stack: list = field(default_factory=list)
+    transformed_source: str = ""
+    guard_source: str = ""
+
+
+frames = []
+
+
+def record(rec):
+    frames.append(rec)
+
+
+def clear():
+    frames.clear()

@@ -1,0 +1,209 @@
+"""Building the FX graph, with every node's output computed on fake tensors.
+
+The tracer asks for graph inputs (tensors read from sources), module state
+(parameters and buffers, reached through ``get_attr``) and calls; each call
+runs once on fake tensors so shapes, dtypes and devices are known without
+running anything real.
+"""
+import operator
+import re
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException, DynamicOutputShapeException, FakeTensor, FakeTensorMode,
+)
+
+from ..errors import Unsupported
+from ..values.base import (ConstantValue, DictValue, ListValue, ObjectValue, SliceValue,
+                           TensorValue, TupleValue)
+
+
+class GraphInput:
+    """One placeholder: the source it is read from and the value seen at trace time."""
+    __slots__ = ("source", "example", "node")
+
+    def __init__(self, source, example, node):
+        self.source = source
+        self.example = example
+        self.node = node
+
+
+class GraphBuilder:
+    def __init__(self):
+        self.graph = fx.Graph()
+        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+        self.inputs = []              # GraphInput, in placeholder order
+        self.state_root = torch.nn.Module()   # holds parameters and buffers for get_attr
+        self._state_names = {}        # id(tensor) -> attribute name on state_root
+        self._last_placeholder = None
+        self._names = set()
+
+    # --- inputs -----------------------------------------------------------
+
+    def fake(self, tensor):
+        return self.fake_mode.from_tensor(tensor, static_shapes=True)
+
+    def add_input(self, tensor, source):
+        name = self._unique(_identifier(source.name()))
+        if self._last_placeholder is None:
+            first = next(iter(self.graph.nodes), None)
+            ctx = self.graph.inserting_before(first)
+        else:
+            ctx = self.graph.inserting_after(self._last_placeholder)
+        with ctx:
+            node = self.graph.placeholder(name)
+        self._last_placeholder = node
+        fake = self.fake(tensor)
+        node.meta["example_value"] = fake
+        self.inputs.append(GraphInput(source, tensor, node))
+        return TensorValue(node, fake, source, cls=type(tensor))
+
+    def add_module_state(self, tensor, source, is_parameter):
+        """A parameter or buffer of an nn.Module, read in the graph through get_attr."""
+        name = self._state_names.get(id(tensor))
+        if name is None:
+            name = self._unique(_identifier(source.name()))
+            self._state_names[id(tensor)] = name
+            if is_parameter:
+                self.state_root.register_parameter(name, tensor)
+            else:
+                self.state_root.register_buffer(name, tensor)
+        node = self.graph.get_attr(name)
+        fake = self.fake(tensor)
+        node.meta["example_value"] = fake
+        return TensorValue(node, fake, source, cls=type(tensor))
+
+    def _unique(self, base):
+        name, i = base, 1
+        while name in self._names:
+            name = f"{base}_{i}"
+            i += 1
+        self._names.add(name)
+        return name
+
+    # --- calls ------------------------------------------------------------
+
+    def call(self, kind, target, args, kwargs, describe=None):
+        """Add a call node and return its result as values.
+
+        ``kind`` is "call_function" or "call_method"; args/kwargs are values.
+        """
+        node_args, fake_args = _unwrap(args)
+        node_kwargs, fake_kwargs = _unwrap(kwargs)
+        try:
+            with self.fake_mode:
+                if kind == "call_method":
+                    self_fake, *rest = fake_args
+                    result = getattr(self_fake, target)(*rest, **fake_kwargs)
+                else:
+                    result = target(*fake_args, **fake_kwargs)
+        except (DataDependentOutputException, DynamicOutputShapeException) as e:
+            raise Unsupported(f"{describe or _target_name(target)} has a data-dependent output ({type(e).__name__})",
+                              hint="move the data-dependent part out of the compiled function") from e
+        except Unsupported:
+            raise
+        except Exception as e:
+            raise Unsupported(
+                f"{describe or _target_name(target)} raised {type(e).__name__} while tracing: {e}") from e
+        node = self.graph.create_node(kind, target, tuple(node_args), dict(node_kwargs))
+        return self.wrap_result(node, result, fake_args, fake_kwargs, args, kwargs)
+
+    def wrap_result(self, node, result, fake_args, fake_kwargs, args, kwargs):
+        if isinstance(result, torch.Tensor):
+            same = _find_alias(result, args, kwargs)
+            if same is not None:
+                # In-place op: the result is the argument itself; keep one value.
+                return same
+            node.meta["example_value"] = result
+            return TensorValue(node, result)
+        if isinstance(result, (tuple, list)) and any(isinstance(r, torch.Tensor) for r in result):
+            node.meta["example_value"] = result
+            items = []
+            for i, r in enumerate(result):
+                if isinstance(r, torch.Tensor):
+                    g = self.graph.create_node("call_function", operator.getitem, (node, i), {})
+                    g.meta["example_value"] = r
+                    items.append(TensorValue(g, r))
+                else:
+                    items.append(_constant_result(r))
+            if isinstance(result, list):
+                return ListValue(items)
+            cls = type(result)
+            return TupleValue(items, cls=cls if hasattr(cls, "_fields") or cls is tuple else tuple)
+        # No tensor came out (a size, a flag...): nothing to compute at run time.
+        if not node.users:
+            self.graph.erase_node(node)
+        return _constant_result(result)
+
+    def output(self, values):
+        """Finish the graph returning ``values`` (TensorValues); return the GraphModule."""
+        self.graph.output(tuple(v.node for v in values))
+        gm = fx.GraphModule(self.state_root, self.graph)
+        gm.graph.lint()
+        return gm
+
+
+def _constant_result(r):
+    if isinstance(r, torch.Tensor):
+        raise Unsupported("tensor in an unexpected position of a result")
+    if isinstance(r, (tuple, list)):
+        items = [_constant_result(x) for x in r]
+        return ListValue(items) if isinstance(r, list) else TupleValue(items, cls=type(r) if type(r) is torch.Size else tuple)
+    return ConstantValue(r)
+
+
+def _find_alias(result, args, kwargs):
+    for v in list(args) + list(kwargs.values()):
+        if isinstance(v, TensorValue) and v.fake is result:
+            return v
+    return None
+
+
+def _unwrap(obj):
+    """Values -> (what goes in the FX node, what the fake run receives)."""
+    if isinstance(obj, dict):
+        pairs = {k: _unwrap(v) for k, v in obj.items()}
+        return {k: p[0] for k, p in pairs.items()}, {k: p[1] for k, p in pairs.items()}
+    if isinstance(obj, (list, tuple)):
+        pairs = [_unwrap(v) for v in obj]
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+    if isinstance(obj, TensorValue):
+        return obj.node, obj.fake
+    if isinstance(obj, ConstantValue):
+        return obj.value, obj.value
+    if isinstance(obj, TupleValue):
+        nodes, fakes = _unwrap(obj.items)
+        if obj.cls is torch.Size:
+            return torch.Size(nodes), torch.Size(fakes)
+        return tuple(nodes), tuple(fakes)
+    if isinstance(obj, ListValue):
+        return _unwrap(obj.items)
+    if isinstance(obj, DictValue):
+        return _unwrap(obj.items)
+    if isinstance(obj, SliceValue):
+        (a, b, c), (fa, fb, fc) = _unwrap([obj.start, obj.stop, obj.step])
+        return slice(a, b, c), slice(fa, fb, fc)
+    if isinstance(obj, ObjectValue) and _is_plain_constant(obj.obj):
+        return obj.obj, obj.obj
+    raise Unsupported(f"cannot pass {obj!r} to a graph operation")
+
+
+def _is_plain_constant(o):
+    return isinstance(o, (torch.dtype, torch.device, torch.layout, torch.memory_format, type(None),
+                          int, float, bool, str)) or o is Ellipsis
+
+
+def _target_name(target):
+    if isinstance(target, str):
+        return f"Tensor.{target}"
+    mod = getattr(target, "__module__", None) or ""
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
+    return f"{mod}.{name}" if mod else name
+
+
+def _identifier(text):
+    name = re.sub(r"\W+", "_", text).strip("_") or "x"
+    if name[0].isdigit():
+        name = "_" + name
+    return name.lower() if name.startswith("global_") else name

@@ -1,0 +1,201 @@
+"""Sources: where a traced value came from, as an expression over the frame.
+
+A source renders two ways: ``expr()`` is fast Python used in generated guard
+and transformed code (module children read through ``_modules[...]`` etc.),
+``name()`` is what the user wrote (``self.layers[0].weight``) and appears in
+messages.
+"""
+from dataclasses import dataclass
+
+
+class Source:
+    __slots__ = ()
+
+    def expr(self):
+        """Python expression reading this value in generated code."""
+        return self.expr_over(Source.expr)
+
+    def expr_over(self, render):
+        """Like expr(), with ``render(base)`` producing the base's expression."""
+        raise NotImplementedError
+
+    @property
+    def base_source(self):
+        return None
+
+    def name(self):
+        raise NotImplementedError
+
+    @property
+    def root(self):
+        return self
+
+    def __repr__(self):
+        return self.name()
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class LocalSource(Source):
+    """An argument (or local) of the compiled frame."""
+    local: str
+
+    def expr_over(self, render):
+        return self.local
+
+    def name(self):
+        return self.local
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class GlobalSource(Source):
+    """A name in the compiled function's globals (builtins are handled apart)."""
+    global_name: str
+
+    def expr_over(self, render):
+        return f"G[{self.global_name!r}]"
+
+    def name(self):
+        return f"global {self.global_name}"
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class BuiltinSource(Source):
+    """A builtin name that is not shadowed by a global."""
+    builtin_name: str
+
+    def expr_over(self, render):
+        return f"B[{self.builtin_name!r}]"
+
+    def name(self):
+        return f"builtin {self.builtin_name}"
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class ClosureSource(Source):
+    """The contents of a free variable's cell of the compiled function."""
+    index: int
+    var: str
+
+    def expr_over(self, render):
+        return f"__closure[{self.index}].cell_contents"
+
+    def name(self):
+        return f"closure variable {self.var}"
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class AttrSource(Source):
+    base: Source
+    attr: str
+
+    def expr_over(self, render):
+        return f"{render(self.base)}.{self.attr}"
+
+    def name(self):
+        return f"{_plain(self.base)}.{self.attr}"
+
+    @property
+    def root(self):
+        return self.base.root
+
+    @property
+    def base_source(self):
+        return self.base
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class ModuleEntrySource(Source):
+    """An entry of an nn.Module's ``_parameters``/``_buffers``/``_modules`` dict."""
+    base: Source
+    table: str   # "_parameters", "_buffers" or "_modules"
+    key: str
+
+    def expr_over(self, render):
+        return f"{render(self.base)}.{self.table}[{self.key!r}]"
+
+    def name(self):
+        if self.key.isdigit():
+            return f"{_plain(self.base)}[{self.key}]"
+        return f"{_plain(self.base)}.{self.key}"
+
+    @property
+    def root(self):
+        return self.base.root
+
+    @property
+    def base_source(self):
+        return self.base
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class ItemSource(Source):
+    """``base[index]`` for tuples, lists and dicts (index is a constant)."""
+    base: Source
+    index: object
+
+    def expr_over(self, render):
+        return f"{render(self.base)}[{self.index!r}]"
+
+    def name(self):
+        return f"{_plain(self.base)}[{self.index!r}]"
+
+    @property
+    def root(self):
+        return self.base.root
+
+    @property
+    def base_source(self):
+        return self.base
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class DefaultSource(Source):
+    """A default argument value of a function reached through a source."""
+    base: Source
+    index: object   # position in __defaults__ or keyword name in __kwdefaults__
+    kw: bool = False
+
+    def expr_over(self, render):
+        table = "__kwdefaults__" if self.kw else "__defaults__"
+        return f"{render(self.base)}.{table}[{self.index!r}]"
+
+    def name(self):
+        return f"default argument of {_plain(self.base)}"
+
+    @property
+    def root(self):
+        return self.base.root
+
+    @property
+    def base_source(self):
+        return self.base
+
+
+def _plain(source):
+    # "global foo" reads badly inside a longer path; the bare name is clearer there.
+    if isinstance(source, GlobalSource):
+        return source.global_name
+    if isinstance(source, BuiltinSource):
+        return source.builtin_name
+    if isinstance(source, ClosureSource):
+        return source.var
+    return source.name()
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class ObjectSource(Source):
+    """A fixed object held by the generated code (e.g. another module's globals dict)."""
+    obj: object
+    label: str
+
+    def expr_over(self, render):
+        return f"_obj_{id(self.obj):x}"
+
+    def name(self):
+        return self.label
+
+    def __eq__(self, other):
+        return isinstance(other, ObjectSource) and other.obj is self.obj
+
+    def __hash__(self):
+        return id(self.obj)

@@ -1,0 +1,159 @@
+"""Dispatch: the wrapper a compiled function becomes, and what a cache miss does.
+
+For each compiled Python function we generate a wrapper with the *same
+signature*, so CPython binds arguments for us. A call then costs: one loop
+over the cache entries, one guard call, one call of the transformed code.
+"""
+import linecache
+import logging
+import warnings
+import weakref
+
+from ..config import config
+from ..debug import logs
+from .cache import CodeCache
+
+_compilers = weakref.WeakSet()
+_total_entries = [0]
+log_recompiles = logs.get_logger("recompiles")
+
+
+class Compiler:
+    """What one ``bytegraph.compile(...)`` call compiles with, and its caches."""
+
+    def __init__(self, compiler_fn, backend_name, fullgraph, dynamic):
+        self.compiler_fn = compiler_fn
+        self.backend_name = backend_name
+        self.fullgraph = fullgraph
+        self.dynamic = dynamic
+        self.caches = {}           # code object -> CodeCache
+        _compilers.add(self)
+
+    def cache_for(self, code):
+        cache = self.caches.get(code)
+        if cache is None:
+            cache = self.caches[code] = CodeCache(code)
+        return cache
+
+    def wrap_function(self, fn):
+        original = getattr(fn, "_bytegraph_original", None)
+        if original is not None:
+            fn = original
+        cache = self.cache_for(fn.__code__)
+        wrapper = _generate_wrapper(fn, cache, self)
+        wrapper._bytegraph_original = fn
+        wrapper._bytegraph_compiler = self
+        wrapper._bytegraph_cache = cache
+        return wrapper
+
+    def miss(self, fn, cache, frame_args):
+        """Compile ``fn`` for these arguments; return the entry's run function or None (run eagerly)."""
+        from .compile_frame import compile_frame
+        if cache.eager_forever:
+            return None
+        if cache.entries:
+            reason = cache.entries[0].explain(*frame_args) or "unknown guard failure"
+            cache.recompile_reasons.append(reason)
+            log_recompiles.debug("recompiling %s (%s:%s): %s", fn.__qualname__, fn.__code__.co_filename,
+                                 fn.__code__.co_firstlineno, reason)
+            if len(cache.entries) >= config.cache_size_limit or _total_entries[0] >= config.accumulated_cache_size_limit:
+                cache.eager_forever = True
+                limit = ("cache_size_limit" if len(cache.entries) >= config.cache_size_limit
+                         else "accumulated_cache_size_limit")
+                warnings.warn(
+                    f"bytegraph: {fn.__qualname__} ({fn.__code__.co_filename}:{fn.__code__.co_firstlineno}) "
+                    f"reached config.{limit} ({getattr(config, limit)}); it runs eagerly from now on. "
+                    f"Last guard failure: {reason}", RuntimeWarning, stacklevel=3)
+                return None
+        entry = compile_frame(fn, frame_args, self)
+        cache.add(entry)
+        _total_entries[0] += 1
+        return entry.run
+
+
+def reset_all():
+    for compiler in list(_compilers):
+        for cache in compiler.caches.values():
+            cache.clear()
+    _total_entries[0] = 0
+    from ..debug import records
+    records.clear()
+
+
+def _signature_parts(fn):
+    """(parameter list text, call-argument text, call-original text, defaults namespace)."""
+    code = fn.__code__
+    names = code.co_varnames
+    nargs, nposonly, nkwonly = code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount
+    defaults = fn.__defaults__ or ()
+    kwdefaults = fn.__kwdefaults__ or {}
+    ns = {}
+    params, passthrough, original = [], [], []
+    first_default = nargs - len(defaults)
+    for i in range(nargs):
+        name = names[i]
+        if i >= first_default:
+            dname = f"__d{i}"
+            ns[dname] = defaults[i - first_default]
+            params.append(f"{name}={dname}")
+        else:
+            params.append(name)
+        if i == nposonly - 1:
+            params.append("/")
+        passthrough.append(name)
+        original.append(name)
+    pos = nargs + nkwonly
+    if code.co_flags & 0x04:
+        star = names[pos]
+        params.append(f"*{star}")
+        passthrough.append(star)
+        original.append(f"*{star}")
+        pos += 1
+    elif nkwonly:
+        params.append("*")
+    for name in names[nargs:nargs + nkwonly]:
+        if name in kwdefaults:
+            dname = f"__kw_{name}"
+            ns[dname] = kwdefaults[name]
+            params.append(f"{name}={dname}")
+        else:
+            params.append(name)
+        passthrough.append(name)
+        original.append(f"{name}={name}")
+    if code.co_flags & 0x08:
+        dstar = names[pos]
+        params.append(f"**{dstar}")
+        passthrough.append(dstar)
+        original.append(f"**{dstar}")
+    if code.co_freevars:
+        passthrough.append("__closure")
+    return params, passthrough, original, ns
+
+
+def _generate_wrapper(fn, cache, compiler):
+    params, passthrough, original, ns = _signature_parts(fn)
+    args = ", ".join(passthrough)
+    frame_args = ", ".join(p for p in passthrough if p != "__closure")
+    name = fn.__name__ if fn.__name__.isidentifier() else "compiled_fn"
+    src = (
+        f"def {name}({', '.join(params)}):\n"
+        f"    for __guard, __run in __entries:\n"
+        f"        if __guard({args}):\n"
+        f"            return __run({args})\n"
+        f"    __run = __miss(__fn, __cache, ({args}{',' if passthrough else ''}))\n"
+        f"    if __run is None:\n"
+        f"        return __fn({', '.join(original)})\n"
+        f"    return __run({args})\n"
+    )
+    ns.update({"__entries": cache.dispatch, "__miss": compiler.miss, "__fn": fn, "__cache": cache,
+               "__closure": fn.__closure__})
+    filename = f"<bytegraph dispatch {fn.__qualname__}>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    exec(compile(src, filename, "exec"), ns)
+    wrapper = ns[name]
+    wrapper.__qualname__ = fn.__qualname__
+    wrapper.__doc__ = fn.__doc__
+    wrapper.__module__ = fn.__module__
+    wrapper.__wrapped__ = fn
+    wrapper.__dict__.update(getattr(fn, "__dict__", {}))
+    return wrapper

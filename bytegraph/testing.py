@@ -1,0 +1,43 @@
+"""Helpers for tests: backends that count what they are given."""
+import torch
+
+
+def count_ops(gm):
+    """Number of call nodes (functions, methods, modules) in a GraphModule."""
+    return sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
+
+
+class CompileCounter:
+    """A backend that records every graph it receives and runs it as is."""
+
+    def __init__(self, inner=None):
+        self.frame_count = 0
+        self.op_count = 0
+        self.graphs = []
+        self.example_inputs = []
+        self._inner = inner
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs):
+        self.frame_count += 1
+        self.op_count += count_ops(gm)
+        self.graphs.append(gm)
+        self.example_inputs.append(list(example_inputs))
+        if self._inner is not None:
+            return self._inner(gm, example_inputs)
+        return gm.forward
+
+    def clear(self):
+        self.__init__(self._inner)
+
+
+def same(a, b, rtol=1e-5, atol=1e-6):
+    """Structural equality of eager and compiled results (tensors by allclose)."""
+    if isinstance(a, torch.Tensor):
+        if not isinstance(b, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        return torch.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y, rtol, atol) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return type(a) is type(b) and a.keys() == b.keys() and all(same(a[k], b[k], rtol, atol) for k in a)
+    return type(a) is type(b) and a == b

@@ -1,0 +1,194 @@
+"""Attribute reads on values: ``value.name`` while tracing."""
+import types
+
+import torch
+
+from ..errors import Unsupported
+from ..guards.sources import AttrSource, ModuleEntrySource
+from ..values.base import (BoundMethodValue, ConstantValue, ContextManagerValue, DictValue,
+                           FunctionValue, ListValue, MethodOfValue, ObjectValue,
+                           TensorMethodValue, TensorValue, TupleValue)
+from ..values.builder import CONSTANT_TYPES, is_trusted_module, wrap
+
+
+class MissingAttribute(Unsupported):
+    """Reading an attribute the object does not have (AttributeError in eager)."""
+
+
+def describe(v):
+    if isinstance(v, ObjectValue):
+        o = v.obj
+        name = getattr(o, "__qualname__", None) if isinstance(o, (type, types.FunctionType)) else None
+        return f"{type(o).__name__} {name}" if name else f"a {type(o).__name__} object"
+    if isinstance(v, ConstantValue):
+        return f"constant {v.value!r}"
+    if isinstance(v, TensorValue):
+        return "a tensor"
+    return type(v).__name__.replace("Value", "").lower() or "value"
+
+
+# Tensor attributes answered from the fake tensor (fixed by the tensor's guard).
+_TENSOR_META = {"dtype", "device", "ndim", "requires_grad", "is_cuda", "is_cpu", "is_sparse",
+                "is_quantized", "is_meta", "layout", "is_leaf", "is_mps", "is_nested",
+                "itemsize", "nbytes", "is_mkldnn"}
+# Tensor attributes that are tensors computed in the graph.
+_TENSOR_VIEWS = {"T", "mT", "H", "mH", "real", "imag"}
+
+
+def get_attr(frame, v, name):
+    tx = frame.tx
+    if isinstance(v, TensorValue):
+        return _tensor_attr(frame, v, name)
+    if isinstance(v, ConstantValue):
+        return _constant_attr(v, name)
+    if isinstance(v, ObjectValue):
+        return _object_attr(frame, v, name)
+    if isinstance(v, TupleValue):
+        fields = getattr(v.cls, "_fields", None)
+        if fields and name in fields:
+            return v.items[fields.index(name)]
+        if name in ("count", "index"):
+            return MethodOfValue(v, name)
+    if isinstance(v, (ListValue, DictValue, TupleValue)):
+        if hasattr(v.python_type(), name):
+            return MethodOfValue(v, name)
+    if isinstance(v, FunctionValue):
+        table = {"__name__": v.name, "__qualname__": v.qualname, "__code__": v.code,
+                 "__module__": v.globals.get("__name__")}
+        if name in table:
+            return ConstantValue(table[name])
+    if isinstance(v, ContextManagerValue) and name in ("__enter__", "__exit__"):
+        return MethodOfValue(v, name)
+    if isinstance(v, BoundMethodValue):
+        if name == "__self__":
+            return v.self_value
+        if name == "__func__":
+            return v.func
+    raise Unsupported(f"attribute {name!r} of {describe(v)} is not supported yet")
+
+
+def _tensor_attr(frame, v, name):
+    if name == "shape":
+        return ConstantValue(v.fake.shape)
+    if name in _TENSOR_META:
+        return ConstantValue(getattr(v.fake, name))
+    if name in _TENSOR_VIEWS:
+        return frame.tx.graph.call("call_function", getattr, [v, ConstantValue(name)], {},
+                                   describe=f"Tensor.{name}")
+    if name == "grad" and v.source is not None:
+        # Only inputs can be re-read; the grad tensor is then an input of its own.
+        real = _real_from_source(frame, v)
+        return wrap(frame.tx, real.grad, AttrSource(v.source, "grad"))
+    if name in ("data", "grad", "grad_fn", "_version", "untyped_storage"):
+        raise Unsupported(f"Tensor.{name} is not supported in a graph yet")
+    attr = getattr(torch.Tensor, name, None)
+    if attr is None:
+        raise MissingAttribute(f"'Tensor' object has no attribute {name!r}")
+    if callable(attr):
+        return TensorMethodValue(v, name)
+    return ConstantValue(getattr(v.fake, name))
+
+
+def _real_from_source(frame, v):
+    for inp in frame.tx.graph.inputs:
+        if inp.node is v.node:
+            return inp.example
+    raise Unsupported("tensor attribute of a non-input tensor")
+
+
+def _constant_attr(v, name):
+    try:
+        out = getattr(v.value, name)
+    except AttributeError:
+        raise MissingAttribute(f"{type(v.value).__name__!r} object has no attribute {name!r}") from None
+    if isinstance(out, CONSTANT_TYPES) or isinstance(out, (tuple, frozenset)):
+        return ConstantValue(out)
+    if callable(out):
+        # A builtin method of an immutable constant: folded when called.
+        return ObjectValue(out)
+    return ConstantValue(out)
+
+
+def _lookup_static(cls, name):
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name], True
+    return None, False
+
+
+def _is_torch_nn_module(obj):
+    return type(obj).__module__.startswith("torch.nn.")
+
+
+def _object_attr(frame, v, name):
+    tx = frame.tx
+    obj, src = v.obj, v.source
+    asrc = AttrSource(src, name) if src is not None else None
+    if isinstance(obj, types.ModuleType):
+        try:
+            value = getattr(obj, name)
+        except AttributeError:
+            raise MissingAttribute(f"module {obj.__name__!r} has no attribute {name!r}") from None
+        return wrap(tx, value, None if is_trusted_module(obj) else asrc)
+    if isinstance(obj, type):
+        try:
+            value = getattr(obj, name)
+        except AttributeError:
+            raise MissingAttribute(f"type object {obj.__qualname__!r} has no attribute {name!r}") from None
+        trusted = obj.__module__.split(".")[0] in ("torch", "builtins", "collections", "typing", "enum")
+        return wrap(tx, value, None if trusted else asrc)
+    cls = type(obj)
+    if isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
+        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
+            return ConstantValue(getattr(obj, name))
+        if isinstance(obj, types.MethodType) and name in ("__self__", "__func__"):
+            return wrap(tx, getattr(obj, name), asrc)
+    if cls.__getattribute__ not in (object.__getattribute__, torch.nn.Module.__getattribute__):
+        if cls.__module__.split(".")[0] in ("torch", "builtins"):
+            try:
+                return wrap(tx, getattr(obj, name), asrc)
+            except AttributeError:
+                raise MissingAttribute(f"{cls.__name__!r} object has no attribute {name!r}") from None
+        raise Unsupported(f"{cls.__qualname__} defines __getattribute__; not supported yet")
+    class_attr, found = _lookup_static(cls, name)
+    if found and _is_data_descriptor(class_attr):
+        if isinstance(class_attr, property):
+            from .calls import call
+            return call(frame, wrap(tx, class_attr.fget, None), [v], {})
+        return wrap(tx, getattr(obj, name), asrc)
+    inst_dict = getattr(obj, "__dict__", None)
+    if inst_dict is not None and name in inst_dict:
+        value = inst_dict[name]
+        if _is_torch_nn_module(obj) and name != "training" and isinstance(value, CONSTANT_TYPES + (tuple,)):
+            # Settings of torch's own layers are fixed once built; the module's identity covers them.
+            return wrap(tx, value, None)
+        return wrap(tx, value, asrc)
+    if isinstance(obj, torch.nn.Module):
+        for table in ("_parameters", "_buffers", "_modules"):
+            entries = obj.__dict__.get(table)
+            if entries is not None and name in entries:
+                value = entries[name]
+                esrc = ModuleEntrySource(src, table, name) if src is not None else None
+                if value is None:
+                    return ConstantValue(None)
+                return wrap(tx, value, esrc)
+    if found:
+        if isinstance(class_attr, types.FunctionType):
+            return BoundMethodValue(wrap(tx, class_attr, None), v)
+        if isinstance(class_attr, staticmethod):
+            return wrap(tx, class_attr.__func__, None)
+        if isinstance(class_attr, classmethod):
+            return BoundMethodValue(wrap(tx, class_attr.__func__, None), wrap(tx, cls, None))
+        if hasattr(type(class_attr), "__get__") and not isinstance(class_attr, CONSTANT_TYPES):
+            return wrap(tx, getattr(obj, name), asrc)
+        return wrap(tx, class_attr, asrc if not cls.__module__.startswith("torch.") else None)
+    getattr_hook, has_hook = _lookup_static(cls, "__getattr__")
+    if has_hook and getattr_hook is not torch.nn.Module.__getattr__:
+        from .calls import call
+        return call(frame, BoundMethodValue(wrap(tx, getattr_hook, None), v), [ConstantValue(name)], {})
+    raise MissingAttribute(f"{cls.__name__!r} object has no attribute {name!r}")
+
+
+def _is_data_descriptor(attr):
+    t = type(attr)
+    return hasattr(t, "__get__") and (hasattr(t, "__set__") or hasattr(t, "__delete__"))

@@ -1,0 +1,136 @@
+"""One frame of symbolic execution: locals, stack, instruction pointer, and the loop.
+
+The root frame is the compiled function; inlined calls run in child frames
+that share the TraceContext. Opcode handlers live in ``opcodes.py``.
+"""
+import inspect
+
+from ..bytecode.instructions import decode
+from ..errors import Unsupported
+from ..values.base import ConstantValue, DictValue, TupleValue
+from .context import MAX_INLINE_DEPTH
+
+_GENERATOR_FLAGS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+
+class Frame:
+    def __init__(self, tx, code, fn_globals, local_values, cells, parent=None):
+        self.tx = tx
+        self.code = code
+        self.globals = fn_globals
+        self.locals = local_values        # name -> value
+        self.cells = cells                # name -> CellValue or RealCell
+        self.parent = parent
+        self.instructions = decode(code)
+        self.stack = []
+        self.ip = 0
+        self.current = None
+        self.kw_names = None
+        self.return_value = None
+        self.done = False
+
+    def run(self):
+        from .opcodes import HANDLERS
+        tx = self.tx
+        tx.frames.append(self)
+        try:
+            instructions = self.instructions
+            while not self.done:
+                ins = instructions[self.ip]
+                self.ip += 1
+                self.current = ins
+                tx.instructions_left -= 1
+                if tx.instructions_left < 0:
+                    raise Unsupported("trace too long (an unbounded or very long loop?)",
+                                      hint="mark the loop's function with bytegraph.disable, or shorten it")
+                handler = HANDLERS.get(ins.opname)
+                if handler is None:
+                    raise Unsupported(f"opcode {ins.opname} is not supported yet")
+                handler(self, ins)
+            return self.return_value
+        except Unsupported as e:
+            if not e.user_stack:
+                e.user_stack = tx.user_stack()
+            raise
+        finally:
+            tx.frames.pop()
+
+    # stack helpers
+    def push(self, v):
+        self.stack.append(v)
+
+    def pop(self):
+        return self.stack.pop()
+
+    def popn(self, n):
+        if n == 0:
+            return []
+        items = self.stack[-n:]
+        del self.stack[-n:]
+        return items
+
+    def jump(self, ins):
+        self.ip = ins.target
+
+
+def bind_arguments(code, name, defaults, kwdefaults, args, kwargs):
+    """Map call arguments onto a code object's parameters, as CPython would."""
+    nargs = code.co_argcount
+    nposonly = code.co_posonlyargcount
+    nkwonly = code.co_kwonlyargcount
+    names = code.co_varnames
+    has_varargs = bool(code.co_flags & inspect.CO_VARARGS)
+    has_varkw = bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    bound = {}
+    if len(args) > nargs and not has_varargs:
+        raise Unsupported(f"{name}() takes {nargs} positional arguments but {len(args)} were given")
+    for i, a in enumerate(args[:nargs]):
+        bound[names[i]] = a
+    extra_kw = {}
+    kwonly = names[nargs:nargs + nkwonly]
+    for k, v in kwargs.items():
+        if k in names[nposonly:nargs] or k in kwonly:
+            if k in bound:
+                raise Unsupported(f"{name}() got multiple values for argument {k!r}")
+            bound[k] = v
+        elif has_varkw:
+            extra_kw[k] = v
+        else:
+            raise Unsupported(f"{name}() got an unexpected keyword argument {k!r}")
+    ndefaults = len(defaults)
+    for i in range(nargs):
+        pname = names[i]
+        if pname not in bound:
+            j = i - (nargs - ndefaults)
+            if j < 0:
+                raise Unsupported(f"{name}() missing required argument {pname!r}")
+            bound[pname] = defaults[j]
+    for pname in kwonly:
+        if pname not in bound:
+            if pname not in kwdefaults:
+                raise Unsupported(f"{name}() missing required keyword-only argument {pname!r}")
+            bound[pname] = kwdefaults[pname]
+    pos = nargs + nkwonly
+    if has_varargs:
+        bound[names[pos]] = TupleValue(args[nargs:])
+        pos += 1
+    if has_varkw:
+        bound[names[pos]] = DictValue(extra_kw)
+    return bound
+
+
+def inline_call(parent, code, fn_globals, name, defaults, kwdefaults, closure, args, kwargs):
+    """Run a Python function's code in a child frame; return its result value."""
+    tx = parent.tx
+    if code.co_flags & _GENERATOR_FLAGS:
+        raise Unsupported(f"calling generator or coroutine function {name}() is not supported yet")
+    if len(tx.frames) > MAX_INLINE_DEPTH:
+        raise Unsupported(f"call depth over {MAX_INLINE_DEPTH} while inlining {name}() (recursion?)")
+    local_values = bind_arguments(code, name, defaults, kwdefaults, args, kwargs)
+    cells = dict(zip(code.co_freevars, closure))   # cellvars are made by MAKE_CELL
+    frame = Frame(tx, code, fn_globals, local_values, cells, parent)
+    return frame.run()
+
+
+def constant_or_none(v):
+    return v.value if isinstance(v, ConstantValue) else None

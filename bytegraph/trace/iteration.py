@@ -1,0 +1,59 @@
+"""Turning iterable values into lists of values (loops are unrolled)."""
+import torch
+
+from ..errors import Unsupported
+from ..guards.sources import ModuleEntrySource
+from ..values.base import (ConstantValue, DictValue, DictViewValue, IteratorValue, ListValue,
+                           ObjectValue, TensorValue, TupleValue)
+from ..values.builder import wrap
+
+
+def iterate(frame, v):
+    """All items of an iterable value, as a new list."""
+    from . import attrs
+    if isinstance(v, (TupleValue, ListValue)):
+        return list(v.items)
+    if isinstance(v, IteratorValue):
+        items = v.items[v.pos:]
+        v.pos = len(v.items)
+        return items
+    if isinstance(v, DictValue):
+        return [ConstantValue(k) if _is_plain(k) else ObjectValue(k) for k in v.items]
+    if isinstance(v, DictViewValue):
+        return v.materialize()
+    if isinstance(v, ConstantValue):
+        try:
+            return [ConstantValue(x) for x in v.value]
+        except TypeError:
+            raise Unsupported(f"{type(v.value).__name__} object is not iterable") from None
+    if isinstance(v, TensorValue):
+        n = v.fake.shape[0] if v.fake.dim() else None
+        if n is None:
+            raise Unsupported("iteration over a 0-d tensor")
+        from .operators import getitem
+        return [getitem(frame, v, ConstantValue(i)) for i in range(n)]
+    if isinstance(v, ObjectValue):
+        m = v.obj
+        if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)):
+            return [wrap(frame.tx, sub, ModuleEntrySource(v.source, "_modules", k) if v.source else None)
+                    for k, sub in m._modules.items() if sub is not None]
+        if isinstance(m, torch.nn.ModuleDict):
+            return [ConstantValue(k) for k in m._modules]
+        if isinstance(m, torch.nn.ParameterList):
+            return [wrap(frame.tx, p, ModuleEntrySource(v.source, "_parameters", k) if v.source else None)
+                    for k, p in m._parameters.items()]
+    raise Unsupported(f"iterating over {attrs.describe(v)} is not supported yet")
+
+
+def _is_plain(k):
+    return isinstance(k, (int, float, str, bytes, bool, type(None), tuple, frozenset))
+
+
+def unpack(frame, v, n):
+    if isinstance(v, TensorValue):
+        if v.fake.dim() == 0 or v.fake.shape[0] != n:
+            raise Unsupported(f"cannot unpack a tensor of shape {tuple(v.fake.shape)} into {n} values")
+    items = iterate(frame, v)
+    if len(items) != n:
+        raise Unsupported(f"cannot unpack {len(items)} values into {n}")
+    return items

@@ -1,0 +1,312 @@
+"""Python operators on values: arithmetic, comparison, truth, subscripts."""
+import operator
+
+import torch
+
+from ..errors import Unsupported
+from ..guards.sources import ModuleEntrySource
+from ..values.base import (NULL, BoundMethodValue, ConstantValue, ContextManagerValue, DictValue,
+                           DictViewValue, FunctionValue, IteratorValue, ListValue, MethodOfValue,
+                           ObjectValue, SliceValue, TensorMethodValue, TensorValue, TupleValue)
+from . import attrs
+
+BINARY = {
+    "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
+    "//": operator.floordiv, "%": operator.mod, "**": operator.pow, "@": operator.matmul,
+    "&": operator.and_, "|": operator.or_, "^": operator.xor, "<<": operator.lshift,
+    ">>": operator.rshift,
+    "+=": operator.iadd, "-=": operator.isub, "*=": operator.imul, "/=": operator.itruediv,
+    "//=": operator.ifloordiv, "%=": operator.imod, "**=": operator.ipow, "@=": operator.imatmul,
+    "&=": operator.iand, "|=": operator.ior, "^=": operator.ixor, "<<=": operator.ilshift,
+    ">>=": operator.irshift,
+}
+COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
+           ">": operator.gt, ">=": operator.ge}
+
+
+def as_constant(v):
+    """The Python value of ``v`` if it is fully known, else Unsupported."""
+    if isinstance(v, ConstantValue):
+        return v.value
+    if isinstance(v, TupleValue):
+        items = tuple(as_constant(i) for i in v.items)
+        if v.cls is torch.Size:
+            return torch.Size(items)
+        if v.cls is not tuple:
+            return v.cls(*items)
+        return items
+    if isinstance(v, ListValue):
+        return [as_constant(i) for i in v.items]
+    if isinstance(v, DictValue):
+        return {k: as_constant(i) for k, i in v.items.items()}
+    if isinstance(v, SliceValue):
+        return slice(as_constant(v.start), as_constant(v.stop), as_constant(v.step))
+    if isinstance(v, ObjectValue) and isinstance(v.obj, (type, torch.finfo, torch.iinfo)):
+        return v.obj
+    raise Unsupported(f"{attrs.describe(v)} is not a constant")
+
+
+def is_constant(v):
+    try:
+        as_constant(v)
+        return True
+    except Unsupported:
+        return False
+
+
+def constant_value(result):
+    """Wrap a Python result computed at trace time."""
+    if isinstance(result, (list,)):
+        return ListValue([constant_value(r) for r in result])
+    if isinstance(result, dict):
+        return DictValue({k: constant_value(v) for k, v in result.items()})
+    if isinstance(result, (torch.finfo, torch.iinfo, type)):
+        return ObjectValue(result)
+    return ConstantValue(result)
+
+
+def key_of(v):
+    """A dict key: constants by value, objects by identity."""
+    if isinstance(v, ObjectValue):
+        return v.obj
+    return as_constant(v)
+
+
+def constant_fold(frame, fn, args, what):
+    try:
+        cargs = [as_constant(a) for a in args]
+    except Unsupported:
+        raise Unsupported(f"{what} on non-constant values is not supported yet") from None
+    try:
+        return constant_value(fn(*cargs))
+    except Exception as e:
+        raise Unsupported(f"{what} raised {type(e).__name__}: {e}") from e
+
+
+def graph_op(frame, fn, args, kwargs=None):
+    return frame.tx.graph.call("call_function", fn, list(args), kwargs or {})
+
+
+def binary(frame, op, a, b):
+    fn = BINARY[op]
+    if isinstance(a, TensorValue) or isinstance(b, TensorValue):
+        return graph_op(frame, fn, [a, b])
+    if isinstance(a, (ListValue, TupleValue)) or isinstance(b, (ListValue, TupleValue)):
+        seq = _sequence_op(frame, op, a, b)
+        if seq is not None:
+            return seq
+    return constant_fold(frame, fn, [a, b], f"operator {op}")
+
+
+def _sequence_op(frame, op, a, b):
+    if op in ("+", "+="):
+        if isinstance(a, ListValue) and isinstance(b, (ListValue, TupleValue)) and op == "+=":
+            a.items.extend(b.items)
+            return a
+        if type(a) is type(b) and isinstance(a, (ListValue, TupleValue)):
+            if isinstance(a, ListValue):
+                return ListValue(a.items + b.items)
+            cls = a.cls if a.cls is torch.Size else tuple
+            return TupleValue(a.items + b.items, cls=cls)
+        if isinstance(a, TupleValue) and isinstance(b, ConstantValue) and isinstance(b.value, tuple):
+            return TupleValue(a.items + [ConstantValue(x) for x in b.value])
+        if isinstance(b, TupleValue) and isinstance(a, ConstantValue) and isinstance(a.value, tuple):
+            cls = torch.Size if isinstance(a.value, torch.Size) and is_constant(b) else tuple
+            if cls is torch.Size:
+                return ConstantValue(a.value + torch.Size(as_constant(b)))
+            return TupleValue([ConstantValue(x) for x in a.value] + b.items)
+    if op in ("*", "*="):
+        seq, n = (a, b) if isinstance(a, (ListValue, TupleValue)) else (b, a)
+        if isinstance(n, ConstantValue) and isinstance(n.value, int):
+            items = seq.items * n.value
+            return ListValue(items) if isinstance(seq, ListValue) else TupleValue(items)
+    return None
+
+
+def compare(frame, op, a, b):
+    fn = COMPARE[op]
+    if isinstance(a, TensorValue) or isinstance(b, TensorValue):
+        if a is NULL or b is NULL:
+            raise Unsupported("comparison with NULL")
+        if (isinstance(a, ConstantValue) and a.value is None) or (isinstance(b, ConstantValue) and b.value is None):
+            return ConstantValue(op == "!=")
+        return graph_op(frame, fn, [a, b])
+    if op in ("==", "!=") and (isinstance(a, ObjectValue) or isinstance(b, ObjectValue)):
+        oa = a.obj if isinstance(a, ObjectValue) else as_constant(a) if is_constant(a) else a
+        ob = b.obj if isinstance(b, ObjectValue) else as_constant(b) if is_constant(b) else b
+        if type(oa).__eq__ is object.__eq__ or type(ob).__eq__ is object.__eq__ or isinstance(oa, type):
+            same = oa is ob
+            return ConstantValue(same if op == "==" else not same)
+    return constant_fold(frame, fn, [a, b], f"comparison {op}")
+
+
+def is_same(a, b):
+    if a is b:
+        return True
+    if isinstance(a, ConstantValue) and isinstance(b, ConstantValue):
+        return a.value is b.value
+    if isinstance(a, ObjectValue) and isinstance(b, ObjectValue):
+        return a.obj is b.obj
+    if isinstance(a, (ConstantValue, ObjectValue)) and isinstance(b, (ConstantValue, ObjectValue)):
+        return _real(a) is _real(b)
+    return False
+
+
+def _real(v):
+    return v.obj if isinstance(v, ObjectValue) else v.value
+
+
+def is_none(v):
+    return isinstance(v, ConstantValue) and v.value is None
+
+
+def contains(frame, container, item):
+    if isinstance(container, DictValue):
+        return key_of(item) in container.items
+    if isinstance(container, (TupleValue, ListValue)):
+        for x in container.items:
+            if is_same(x, item):
+                return True
+            if is_constant(x) and is_constant(item) and as_constant(x) == as_constant(item):
+                return True
+            if isinstance(x, TensorValue) or isinstance(item, TensorValue):
+                raise Unsupported("`in` comparing tensors by value is not supported")
+        return False
+    if isinstance(container, DictViewValue):
+        return contains(frame, TupleValue(container.materialize()), item)
+    if isinstance(container, ObjectValue) and isinstance(container.obj, torch.nn.Module):
+        if isinstance(container.obj, torch.nn.ModuleDict):
+            return as_constant(item) in container.obj
+    if isinstance(container, TensorValue):
+        raise Unsupported("`in` on a tensor needs its data")
+    return as_constant(item) in as_constant(container)
+
+
+def unary(frame, fn, v):
+    if isinstance(v, TensorValue):
+        return graph_op(frame, fn, [v])
+    return constant_fold(frame, fn, [v], fn.__name__)
+
+
+def truth(frame, v):
+    if isinstance(v, ConstantValue):
+        return bool(v.value)
+    if isinstance(v, TensorValue):
+        raise Unsupported("branching on a tensor's value (data-dependent control flow)",
+                          hint="use torch.where / torch.cond, or move the branch out of the compiled function")
+    if isinstance(v, (TupleValue, ListValue, DictValue)):
+        return bool(v.items)
+    if isinstance(v, ObjectValue):
+        obj = v.obj
+        cls = type(obj)
+        if isinstance(obj, torch.nn.Module):
+            return len(obj) > 0 if hasattr(cls, "__len__") else True
+        if getattr(cls, "__bool__", None) is None and getattr(cls, "__len__", None) is None:
+            return True
+        if cls.__module__ in ("builtins", "torch") or isinstance(obj, type):
+            return bool(obj)
+        raise Unsupported(f"truth value of {attrs.describe(v)} (defines __bool__/__len__) is not supported yet")
+    if isinstance(v, (FunctionValue, BoundMethodValue, TensorMethodValue, MethodOfValue,
+                      IteratorValue, ContextManagerValue)):
+        return True
+    if isinstance(v, DictViewValue):
+        return bool(v.dict_value.items)
+    raise Unsupported(f"truth value of {attrs.describe(v)} is not supported yet")
+
+
+def python_type(v):
+    if isinstance(v, ObjectValue):
+        return type(v.obj)
+    return v.python_type()
+
+
+def length(frame, v):
+    if isinstance(v, (TupleValue, ListValue, DictValue)):
+        return len(v.items)
+    if isinstance(v, ConstantValue):
+        return len(v.value)
+    if isinstance(v, TensorValue):
+        if v.fake.dim() == 0:
+            raise Unsupported("len() of a 0-d tensor")
+        return v.fake.shape[0]
+    if isinstance(v, DictViewValue):
+        return len(v.dict_value.items)
+    if isinstance(v, ObjectValue) and isinstance(v.obj, torch.nn.Module) and hasattr(type(v.obj), "__len__"):
+        return len(v.obj)
+    raise Unsupported(f"len() of {attrs.describe(v)} is not supported yet")
+
+
+def make_slice(start, stop, step):
+    if all(isinstance(p, ConstantValue) for p in (start, stop, step)):
+        return ConstantValue(slice(start.value, stop.value, step.value))
+    return SliceValue(start, stop, step)
+
+
+def getitem(frame, obj, index):
+    if isinstance(obj, TensorValue):
+        return graph_op(frame, operator.getitem, [obj, index])
+    if isinstance(obj, (TupleValue, ListValue)):
+        i = as_constant(index)
+        try:
+            picked = obj.items[i]
+        except (IndexError, TypeError) as e:
+            raise Unsupported(f"indexing raised {type(e).__name__}: {e}") from e
+        if isinstance(i, slice):
+            if isinstance(obj, ListValue):
+                return ListValue(picked)
+            return TupleValue(picked, cls=obj.cls if obj.cls is torch.Size else tuple)
+        return picked
+    if isinstance(obj, DictValue):
+        k = key_of(index)
+        if k not in obj.items:
+            raise Unsupported(f"KeyError: {k!r}")
+        return obj.items[k]
+    if isinstance(obj, ConstantValue):
+        return constant_fold(frame, operator.getitem, [obj, index], "indexing")
+    if isinstance(obj, ObjectValue) and isinstance(obj.obj, torch.nn.Module):
+        return _module_item(frame, obj, as_constant(index))
+    raise Unsupported(f"indexing {attrs.describe(obj)} is not supported yet")
+
+
+def _module_item(frame, mv, index):
+    from ..values.builder import wrap
+    m = mv.obj
+    if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)) and isinstance(index, int):
+        sub = m[index]
+        key = next(k for k, v in m._modules.items() if v is sub)
+        return wrap(frame.tx, sub, ModuleEntrySource(mv.source, "_modules", key) if mv.source else None)
+    if isinstance(m, torch.nn.ModuleDict):
+        return wrap(frame.tx, m[index], ModuleEntrySource(mv.source, "_modules", index) if mv.source else None)
+    if isinstance(m, (torch.nn.ParameterList, torch.nn.ParameterDict)):
+        key = str(index if index >= 0 else len(m) + index) if isinstance(index, int) else index
+        return wrap(frame.tx, m[index], ModuleEntrySource(mv.source, "_parameters", key) if mv.source else None)
+    if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)) and isinstance(index, slice):
+        raise Unsupported("slicing a ModuleList/Sequential inside the compiled function is not supported yet")
+    getitem_fn = getattr(type(m), "__getitem__", None)
+    if getitem_fn is not None:
+        from .calls import call
+        from ..values.builder import wrap as w
+        return call(frame, w(frame.tx, getitem_fn, None), [mv, ConstantValue(index)], {})
+    raise Unsupported(f"indexing {type(m).__name__} is not supported")
+
+
+def setitem(frame, obj, index, value):
+    if isinstance(obj, TensorValue):
+        graph_op(frame, operator.setitem, [obj, index, value])
+        return
+    if obj.source is None and isinstance(obj, ListValue):
+        obj.items[as_constant(index)] = value
+        return
+    if obj.source is None and isinstance(obj, DictValue):
+        obj.items[key_of(index)] = value
+        return
+    raise Unsupported(f"item assignment on {attrs.describe(obj)} (a side effect on an existing object) "
+                      "is not supported yet")
+
+
+def delitem(frame, obj, index):
+    if obj.source is None and isinstance(obj, (ListValue, DictValue)):
+        k = as_constant(index) if isinstance(obj, ListValue) else key_of(index)
+        del obj.items[k]
+        return
+    raise Unsupported(f"del on {attrs.describe(obj)} is not supported yet")

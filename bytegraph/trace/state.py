@@ -1,0 +1,2 @@
+"""Process-wide tracing flag, read by ``bytegraph.is_compiling()``."""
+tracing = False

@@ -1,0 +1,162 @@
+"""torch functions, tensor-method descriptors and torch's global-state context managers."""
+import types
+
+import torch
+
+from ..errors import Unsupported
+from ..values.base import ConstantValue, ContextManagerValue, ObjectValue, TensorValue
+from . import attrs, operators
+
+# Python modules of torch whose functions go into the graph as one node each.
+_GRAPH_MODULE_PREFIXES = ("torch.nn.functional", "torch.functional", "torch._refs", "torch.special",
+                          "torch.fft", "torch.linalg", "torch.nn.init", "torch._tensor",
+                          "torch._C", "torch.return_types")
+_BUILTIN_MODULES = ("torch", "torch._C", "torch._C._nn", "torch._C._fft", "torch._C._linalg",
+                    "torch._C._special", "torch._C._VariableFunctions", "torch.nn.functional",
+                    "torch.functional", "torch._ops")
+
+# Calls that change process state or do I/O: never traced, never folded.
+_STATEFUL_NAMES = {"manual_seed", "seed", "initial_seed", "set_rng_state", "get_rng_state", "save",
+                   "load", "set_default_dtype", "set_default_device", "set_printoptions",
+                   "use_deterministic_algorithms", "set_num_threads", "set_grad_enabled",
+                   "set_default_tensor_type", "set_anomaly_enabled", "synchronize",
+                   "set_float32_matmul_precision"}
+
+
+def is_graph_function(obj):
+    """True for callables that become one graph node: torch ops and tensor-method descriptors."""
+    if isinstance(obj, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+        return getattr(obj, "__objclass__", None) in (torch._C.TensorBase, torch.Tensor)
+    if isinstance(obj, types.BuiltinFunctionType):
+        mod = getattr(obj, "__module__", None) or ""
+        if mod in _BUILTIN_MODULES or mod.startswith("torch._C"):
+            return True
+        owner = getattr(obj, "__self__", None)
+        return owner is torch._C._VariableFunctions or isinstance(owner, types.ModuleType) and \
+            owner.__name__.startswith("torch._C")
+    if isinstance(obj, types.FunctionType):
+        mod = obj.__module__ or ""
+        if obj.__name__ in _STATEFUL_NAMES:
+            return False
+        return mod.startswith(_GRAPH_MODULE_PREFIXES) or (mod == "torch" and obj.__name__ in _TORCH_PY_OPS)
+    if isinstance(obj, torch._ops.OpOverloadPacket) or isinstance(obj, torch._ops.OpOverload):
+        return True
+    return False
+
+
+# Python functions defined in torch/__init__.py that compute on tensors.
+_TORCH_PY_OPS = {"is_floating_point", "is_complex", "numel", "typename", "is_storage"}
+
+
+def torch_call(frame, fn, args, kwargs):
+    name = getattr(fn, "__name__", "")
+    if name in _STATEFUL_NAMES:
+        raise Unsupported(f"torch.{name}() changes global state and cannot be traced")
+    if isinstance(fn, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+        # torch.Tensor.add(x, y) is x.add(y).
+        from .calls import tensor_method
+        if not args or not isinstance(args[0], TensorValue):
+            raise Unsupported(f"Tensor.{name} called on {attrs.describe(args[0]) if args else 'nothing'}")
+        return tensor_method(frame, args[0], name, args[1:], kwargs)
+    return frame.tx.graph.call("call_function", fn, args, kwargs)
+
+
+# --- global-state context managers ---------------------------------------------------------
+
+def call_torch_class(frame, cls, args, kwargs):
+    if cls is torch.no_grad:
+        return ContextManagerValue("grad", (False,))
+    if cls is torch.enable_grad:
+        return ContextManagerValue("grad", (True,))
+    if cls is torch.set_grad_enabled:
+        mode = operators.as_constant(args[0] if args else kwargs["mode"])
+        mgr = ContextManagerValue("set_grad", (bool(mode),))
+        mgr.saved = current_state(mgr)
+        apply_state(frame, mgr, entering=True)
+        return mgr
+    if cls is torch.inference_mode:
+        mode = operators.as_constant(args[0]) if args else True
+        if mode and not torch.is_inference_mode_enabled():
+            raise Unsupported("entering torch.inference_mode inside a compiled function is not supported yet")
+        return ContextManagerValue("noop", ())
+    if cls in (torch.autocast, torch.amp.autocast) or cls.__name__ == "autocast":
+        return _autocast(frame, cls, args, kwargs)
+    if cls is torch.Size:
+        from .calls import BUILTIN_HANDLERS
+        return BUILTIN_HANDLERS[torch.Size](frame, args, kwargs)
+    if cls in (torch.finfo, torch.iinfo):
+        from .calls import fold
+        return ObjectValue(fold(frame, cls, args, kwargs).value)
+    if cls is torch.device or cls is torch.dtype:
+        from .calls import fold
+        return fold(frame, cls, args, kwargs)
+    if issubclass(cls, torch.nn.Module):
+        raise Unsupported(f"creating a {cls.__name__} module inside the compiled function is not supported yet",
+                          hint="create modules in __init__, not in forward")
+    raise Unsupported(f"calling torch class {cls.__qualname__} is not supported yet")
+
+
+def _autocast(frame, cls, args, kwargs):
+    params = {}
+    names = ["device_type", "dtype", "enabled", "cache_enabled"]
+    for n, a in zip(names, args):
+        params[n] = operators.as_constant(a)
+    for k, v in kwargs.items():
+        params[k] = operators.as_constant(v)
+    if cls.__module__.startswith("torch.cuda"):
+        params.setdefault("device_type", "cuda")
+    elif cls.__module__.startswith("torch.cpu"):
+        params.setdefault("device_type", "cpu")
+    device_type = params["device_type"]
+    dtype = params.get("dtype") or torch.get_autocast_dtype(device_type)
+    enabled = params.get("enabled", True)
+    cache = params.get("cache_enabled")
+    if cache is None:
+        cache = torch.is_autocast_cache_enabled()
+    return ContextManagerValue("autocast", (device_type, dtype, enabled, cache))
+
+
+def current_state(mgr):
+    if mgr.kind in ("grad", "set_grad"):
+        return torch.is_grad_enabled()
+    return None
+
+
+def apply_state(frame, mgr, entering):
+    """Enter or leave ``mgr`` both in the graph and in this process (for fake propagation)."""
+    tx = frame.tx
+    graph = tx.graph.graph
+    if mgr.kind in ("grad", "set_grad"):
+        mode = mgr.args[0] if entering else mgr.saved
+        if mgr.kind == "grad" and not entering and mode is None:
+            return
+        graph.create_node("call_function", torch._C._set_grad_enabled, (mode,), {})
+        torch._C._set_grad_enabled(mode)
+        tx.state_changes.append(("grad", mgr.saved))
+        return
+    if mgr.kind == "autocast":
+        if entering:
+            node = graph.create_node("call_function", torch.amp._enter_autocast, tuple(mgr.args), {})
+            real = torch.amp.autocast_mode._UnmanagedAutocast(*mgr.args)
+            real.__enter__()
+            mgr.saved = (node, real)
+            tx.state_changes.append(("autocast", real))
+        else:
+            node, real = mgr.saved
+            graph.create_node("call_function", torch.amp._exit_autocast, (node,), {})
+            real.__exit__(None, None, None)
+            tx.state_changes.remove(("autocast", real))
+        return
+    if mgr.kind == "noop":
+        return
+    raise Unsupported(f"context manager {mgr.kind} is not supported yet")
+
+
+def undo_state_changes(tx):
+    """Restore process state after a trace, whatever happened inside it."""
+    for kind, saved in reversed(tx.state_changes):
+        if kind == "grad":
+            torch._C._set_grad_enabled(saved)
+        elif kind == "autocast":
+            saved.__exit__(None, None, None)
+    tx.state_changes.clear()

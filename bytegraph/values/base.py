@@ -1,0 +1,306 @@
+"""Symbolic values: what the interpreter keeps on its stack and in its locals.
+
+Values are plain data. What can be done *with* a value (call it, read an
+attribute, iterate) lives in ``trace/``; building a value from a real object
+read through a source (and the guards that this takes) lives in
+``values/builder.py``.
+"""
+import torch
+
+
+class Value:
+    """A value seen by the tracer. ``source`` says where it can be re-read from."""
+
+    __slots__ = ("source",)
+
+    def __init__(self, source=None):
+        self.source = source
+
+    def python_type(self):
+        raise NotImplementedError(type(self).__name__)
+
+    def is_constant(self):
+        return False
+
+    def __repr__(self):
+        src = f" from {self.source.name()}" if self.source is not None else ""
+        return f"{type(self).__name__}({self._repr_body()}){src}"
+
+    def _repr_body(self):
+        return ""
+
+
+class NullValue(Value):
+    """The NULL that CALL's calling convention puts next to a callable."""
+    __slots__ = ()
+
+    def _repr_body(self):
+        return "NULL"
+
+
+NULL = NullValue()
+
+
+class ConstantValue(Value):
+    """A Python value known while tracing: numbers, strings, None, dtypes, sizes, slices..."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value, source=None):
+        super().__init__(source)
+        self.value = value
+
+    def python_type(self):
+        return type(self.value)
+
+    def is_constant(self):
+        return True
+
+    def _repr_body(self):
+        return repr(self.value)
+
+
+class TensorValue(Value):
+    """A tensor produced by (or fed into) the graph: an FX node and its fake tensor."""
+
+    __slots__ = ("node", "fake", "cls")
+
+    def __init__(self, node, fake, source=None, cls=torch.Tensor):
+        super().__init__(source)
+        self.node = node
+        self.fake = fake
+        self.cls = cls
+
+    def python_type(self):
+        return self.cls
+
+    def _repr_body(self):
+        return f"{self.node.name}: {tuple(self.fake.shape)} {self.fake.dtype}"
+
+
+class TupleValue(Value):
+    """A tuple whose items are values. ``cls`` is tuple, torch.Size or a namedtuple class."""
+
+    __slots__ = ("items", "cls")
+
+    def __init__(self, items, source=None, cls=tuple):
+        super().__init__(source)
+        self.items = list(items)
+        self.cls = cls
+
+    def python_type(self):
+        return self.cls
+
+    def _repr_body(self):
+        return ", ".join(map(repr, self.items))
+
+
+class ListValue(Value):
+    __slots__ = ("items",)
+
+    def __init__(self, items, source=None):
+        super().__init__(source)
+        self.items = list(items)
+
+    def python_type(self):
+        return list
+
+    def _repr_body(self):
+        return ", ".join(map(repr, self.items))
+
+
+class DictValue(Value):
+    """A dict with known keys; keys are real hashable Python objects."""
+
+    __slots__ = ("items", "cls")
+
+    def __init__(self, items, source=None, cls=dict):
+        super().__init__(source)
+        self.items = dict(items)
+        self.cls = cls
+
+    def python_type(self):
+        return self.cls
+
+    def _repr_body(self):
+        return ", ".join(f"{k!r}: {v!r}" for k, v in self.items.items())
+
+
+class DictViewValue(Value):
+    """``d.keys()``, ``d.values()`` or ``d.items()`` of a DictValue."""
+
+    __slots__ = ("dict_value", "kind")
+
+    def __init__(self, dict_value, kind):
+        super().__init__(None)
+        self.dict_value = dict_value
+        self.kind = kind
+
+    def python_type(self):
+        return type(getattr({}, self.kind)())
+
+    def materialize(self):
+        from .builder import constant
+        d = self.dict_value.items
+        if self.kind == "keys":
+            return [constant(k) for k in d]
+        if self.kind == "values":
+            return list(d.values())
+        return [TupleValue([constant(k), v]) for k, v in d.items()]
+
+
+class SliceValue(Value):
+    __slots__ = ("start", "stop", "step")
+
+    def __init__(self, start, stop, step):
+        super().__init__(None)
+        self.start, self.stop, self.step = start, stop, step
+
+    def python_type(self):
+        return slice
+
+
+class ObjectValue(Value):
+    """A real, pre-existing Python object: a module, function, class, nn.Module, user object.
+
+    Reads go to the real object (with guards on its source); it is never
+    mutated while tracing.
+    """
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj, source=None):
+        super().__init__(source)
+        self.obj = obj
+
+    def python_type(self):
+        return type(self.obj)
+
+    def _repr_body(self):
+        return type(self.obj).__name__
+
+
+class FunctionValue(Value):
+    """A Python function made while tracing (MAKE_FUNCTION): code plus symbolic defaults and cells."""
+
+    __slots__ = ("code", "globals", "name", "qualname", "defaults", "kwdefaults", "closure")
+
+    def __init__(self, code, fn_globals, name, qualname, defaults=(), kwdefaults=None, closure=()):
+        super().__init__(None)
+        self.code = code
+        self.globals = fn_globals
+        self.name = name
+        self.qualname = qualname
+        self.defaults = tuple(defaults)
+        self.kwdefaults = dict(kwdefaults or {})
+        self.closure = tuple(closure)
+
+    def python_type(self):
+        return type(lambda: None)
+
+    def _repr_body(self):
+        return self.qualname
+
+
+class CellValue(Value):
+    """A closure cell made in the traced code; its contents are a value."""
+
+    __slots__ = ("contents",)
+
+    def __init__(self, contents=None):
+        super().__init__(None)
+        self.contents = contents
+
+
+class RealCell(Value):
+    """A real closure cell of a pre-existing function, read through a source."""
+
+    __slots__ = ("cell",)
+
+    def __init__(self, cell, source):
+        super().__init__(source)
+        self.cell = cell
+
+
+class BoundMethodValue(Value):
+    """``obj.method`` where method is a Python function to be inlined with ``obj`` first."""
+
+    __slots__ = ("func", "self_value")
+
+    def __init__(self, func, self_value, source=None):
+        super().__init__(source)
+        self.func = func
+        self.self_value = self_value
+
+    def python_type(self):
+        return type(self.__init__)
+
+
+class TensorMethodValue(Value):
+    """``tensor.name`` not yet called: becomes a call_method node when called."""
+
+    __slots__ = ("tensor", "name")
+
+    def __init__(self, tensor, name):
+        super().__init__(None)
+        self.tensor = tensor
+        self.name = name
+
+    def python_type(self):
+        return type(torch.Tensor.add)
+
+
+class MethodOfValue(Value):
+    """A method of a symbolic container or constant (``lst.append``, ``d.items``, ``s.format``)."""
+
+    __slots__ = ("owner", "name")
+
+    def __init__(self, owner, name):
+        super().__init__(None)
+        self.owner = owner
+        self.name = name
+
+    def python_type(self):
+        return type([].append)
+
+
+class IteratorValue(Value):
+    """An iterator over a known, finite list of values."""
+
+    __slots__ = ("items", "pos")
+
+    def __init__(self, items):
+        super().__init__(None)
+        self.items = list(items)
+        self.pos = 0
+
+    def python_type(self):
+        return type(iter([]))
+
+
+class ContextManagerValue(Value):
+    """A torch global-state context manager (grad mode, autocast, inference mode)."""
+
+    __slots__ = ("kind", "args", "saved")
+
+    def __init__(self, kind, args=()):
+        super().__init__(None)
+        self.kind = kind      # "grad", "autocast", "inference_mode"
+        self.args = args
+        self.saved = None
+
+    def python_type(self):
+        return object
+
+    def _repr_body(self):
+        return f"{self.kind}{self.args!r}"
+
+
+class ExitValue(Value):
+    """The bound ``__exit__`` that BEFORE_WITH pushes for a context manager value."""
+
+    __slots__ = ("manager",)
+
+    def __init__(self, manager):
+        super().__init__(None)
+        self.manager = manager

@@ -1,0 +1,128 @@
+"""Turning real objects read through a source into values, guarding what is relied on.
+
+``wrap(tx, obj, source)`` is called whenever the tracer reads something that
+exists outside the traced code: an argument, a global, a closure cell, an
+attribute of a module. The guard it installs is the least that keeps the
+trace valid: a tensor's type/dtype/device/shape/stride, a number's value, a
+function's or module's identity, a container's length or keys.
+"""
+import types
+
+import torch
+
+from ..guards import builder as g
+from ..guards.sources import AttrSource, GlobalSource, ItemSource, ModuleEntrySource
+from .base import ConstantValue, DictValue, ListValue, ObjectValue, TupleValue
+
+CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis),
+                  type(NotImplemented), torch.dtype, torch.device, torch.layout,
+                  torch.memory_format, slice, range, torch.Size)
+
+# Python modules whose attributes are taken as fixed: reading torch.nn.functional.relu
+# needs no guard of its own.
+TRUSTED_MODULE_PREFIXES = ("torch", "math", "operator", "builtins", "functools", "itertools",
+                           "collections", "typing", "numpy", "abc", "enum", "dataclasses",
+                           "inspect", "warnings", "contextlib", "copy", "types", "re", "string")
+
+_IDENTITY_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+                   types.ModuleType, type, types.MethodDescriptorType,
+                   types.WrapperDescriptorType, types.MethodWrapperType,
+                   types.BuiltinMethodType, types.ClassMethodDescriptorType)
+
+
+def constant(value):
+    return ConstantValue(value)
+
+
+def is_trusted_module(mod):
+    name = getattr(mod, "__name__", "") or ""
+    return name.split(".")[0] in TRUSTED_MODULE_PREFIXES
+
+
+def wrap(tx, obj, source):
+    """The value for ``obj`` as read through ``source`` (None: no guard possible)."""
+    memo = tx.memo.get(id(obj))
+    if memo is not None and memo[0] is obj and not isinstance(obj, CONSTANT_TYPES):
+        value = memo[1]
+        if source is not None:
+            if value.source is None:
+                value.source = source
+            elif value.source != source:
+                tx.guards.add(g.ALIAS, source, value.source)
+        return value
+    value = _wrap(tx, obj, source)
+    if not isinstance(obj, CONSTANT_TYPES):
+        tx.memo[id(obj)] = (obj, value)
+    return value
+
+
+def _guard(tx, kind, source, expected):
+    if source is not None and not tx.is_trusted_source(source):
+        tx.guards.add(kind, source, expected)
+
+
+def _wrap(tx, obj, source):
+    t = type(obj)
+    if isinstance(obj, torch.Tensor):
+        return _wrap_tensor(tx, obj, source)
+    if t in CONSTANT_TYPES:
+        if t in (int, float, bool, str, bytes, complex, type(None)) or t is torch.Size:
+            _guard(tx, g.CONSTANT_MATCH, source, obj)
+        elif t in (torch.dtype, torch.layout, torch.memory_format):
+            _guard(tx, g.ID_MATCH, source, obj)
+        else:
+            _guard(tx, g.CONSTANT_MATCH, source, obj)
+        return ConstantValue(obj, source)
+    if t is tuple or (isinstance(obj, tuple) and hasattr(t, "_fields")):
+        _guard(tx, g.TYPE_MATCH, source, t)
+        _guard(tx, g.LENGTH_MATCH, source, len(obj))
+        items = [wrap(tx, x, _item(source, i)) for i, x in enumerate(obj)]
+        return TupleValue(items, source, cls=t)
+    if t is list:
+        _guard(tx, g.TYPE_MATCH, source, t)
+        _guard(tx, g.LENGTH_MATCH, source, len(obj))
+        return ListValue([wrap(tx, x, _item(source, i)) for i, x in enumerate(obj)], source)
+    if t is dict or (isinstance(obj, dict) and t.__module__ == "collections"):
+        if all(isinstance(k, (str, int)) for k in obj):
+            _guard(tx, g.TYPE_MATCH, source, t)
+            _guard(tx, g.DICT_KEYS, source, list(obj))
+            return DictValue({k: wrap(tx, v, _item(source, k)) for k, v in obj.items()}, source, cls=t)
+    if isinstance(obj, torch.nn.Module) or isinstance(obj, _IDENTITY_TYPES) or callable(obj) and _is_c_callable(obj):
+        _guard(tx, g.ID_MATCH, source, obj)
+        return ObjectValue(obj, source)
+    # Other user objects: the type is fixed; attributes get guards as they are read.
+    _guard(tx, g.TYPE_MATCH, source, t)
+    return ObjectValue(obj, source)
+
+
+def _is_c_callable(obj):
+    return type(obj).__module__ in ("builtins", "torch", "torch._C") or isinstance(obj, (functools_partial,))
+
+
+import functools  # noqa: E402
+functools_partial = functools.partial
+
+
+def _item(source, index):
+    return ItemSource(source, index) if source is not None else None
+
+
+def _wrap_tensor(tx, tensor, source):
+    if isinstance(source, ModuleEntrySource) and source.table in ("_parameters", "_buffers"):
+        # Module state is reached through get_attr; its identity is what we rely on.
+        _guard(tx, g.ID_MATCH, source, tensor)
+        return tx.graph.add_module_state(tensor, source, is_parameter=source.table == "_parameters")
+    if source is None:
+        raise _unsupported("a tensor that cannot be re-read on later calls (no source)")
+    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.is_sparse or tensor.is_nested:
+        raise _unsupported(f"tensor subclass or layout not supported yet: {type(tensor).__name__}")
+    tx.guards.add(g.TENSOR_MATCH, source, tensor)
+    return tx.graph.add_input(tensor, source)
+
+
+def _unsupported(reason):
+    from ..errors import Unsupported
+    return Unsupported(reason)
+
+
+__all__ = ["wrap", "constant", "is_trusted_module", "AttrSource", "GlobalSource"]

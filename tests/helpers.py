@@ -1,0 +1,102 @@
+"""Shared helpers for the differential tests: run a function eagerly and compiled, compare.
+
+``check(fn, *args, **kwargs)`` is the workhorse:
+
+* runs ``fn`` eagerly on fresh copies of the inputs (the reference),
+* compiles it with a fresh ``CompileCounter`` backend (``fullgraph=True`` when one
+  graph is expected) and runs it on other fresh copies,
+* compares results with ``bytegraph.testing.same`` (and ``requires_grad`` of every
+  output tensor), and compares the inputs afterwards (so in-place mutation of
+  inputs must be reproduced),
+* asserts the number of graphs (and of call nodes when ``ops`` is given),
+* calls the compiled function a second time with new copies of the same inputs
+  and asserts that nothing was recompiled (cache hit) and the result is unchanged.
+"""
+import torch
+
+import bytegraph
+from bytegraph.testing import CompileCounter, same
+
+__all__ = ["check", "clone_input", "assert_same", "compile_counted", "CompileCounter", "same"]
+
+
+def clone_input(value):
+    """A deep copy of a test input: tensors get new storage with the same size,
+    stride, dtype and requires_grad; lists/tuples/dicts are copied; anything
+    else (ints, modules, functions, ...) is shared."""
+    if isinstance(value, torch.Tensor):
+        with torch.no_grad():
+            out = torch.empty_strided(value.size(), value.stride(), dtype=value.dtype,
+                                      device=value.device)
+            out.copy_(value)
+        out.requires_grad_(value.requires_grad)
+        return out
+    if type(value) is list:
+        return [clone_input(v) for v in value]
+    if type(value) is tuple:
+        return tuple(clone_input(v) for v in value)
+    if type(value) is dict:
+        return {k: clone_input(v) for k, v in value.items()}
+    return value
+
+
+def _tensors(value, path="out"):
+    if isinstance(value, torch.Tensor):
+        yield path, value
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _tensors(v, f"{path}[{i}]")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _tensors(v, f"{path}[{k!r}]")
+
+
+def assert_same(expected, actual, rtol=1e-5, atol=1e-6, what="result"):
+    """``same`` plus a readable message, plus equal ``requires_grad`` on every tensor."""
+    assert same(expected, actual, rtol=rtol, atol=atol), (
+        f"{what} differs between eager and compiled\n  eager:    {expected!r}\n  compiled: {actual!r}")
+    exp_flags = [(p, t.requires_grad) for p, t in _tensors(expected)]
+    act_flags = [(p, t.requires_grad) for p, t in _tensors(actual)]
+    assert exp_flags == act_flags, f"requires_grad of {what} differs: eager {exp_flags}, compiled {act_flags}"
+
+
+def compile_counted(fn, fullgraph=False, dynamic=None):
+    """``(compiled_fn, counter)`` with a fresh CompileCounter backend."""
+    cnt = CompileCounter()
+    return bytegraph.compile(fn, backend=cnt, fullgraph=fullgraph, dynamic=dynamic), cnt
+
+
+def check(fn, *args, graphs=1, ops=None, fullgraph=None, dynamic=None, rtol=1e-5, atol=1e-6,
+          check_inputs=True, **kwargs):
+    """Differential test of ``fn(*args, **kwargs)``: eager vs compiled. See module docstring.
+
+    Returns ``(counter, compiled_result)`` for extra assertions.
+    """
+    eager_args, eager_kwargs = clone_input(args), clone_input(kwargs)
+    expected = fn(*eager_args, **eager_kwargs)
+
+    if fullgraph is None:
+        fullgraph = graphs == 1
+    compiled, cnt = compile_counted(fn, fullgraph=fullgraph, dynamic=dynamic)
+
+    comp_args, comp_kwargs = clone_input(args), clone_input(kwargs)
+    actual = compiled(*comp_args, **comp_kwargs)
+    assert_same(expected, actual, rtol, atol)
+    if check_inputs:
+        assert_same(eager_args, comp_args, rtol, atol, what="positional inputs after the call")
+        assert_same(eager_kwargs, comp_kwargs, rtol, atol, what="keyword inputs after the call")
+    assert cnt.frame_count == graphs, f"expected {graphs} graph(s), got {cnt.frame_count}"
+    if ops is not None:
+        assert cnt.op_count == ops, (
+            f"expected {ops} call node(s) in the graph, got {cnt.op_count}:\n"
+            + "\n".join(str(g.graph) for g in cnt.graphs))
+
+    # Second call, identical (but new) inputs: must hit the cache.
+    comp_args, comp_kwargs = clone_input(args), clone_input(kwargs)
+    actual2 = compiled(*comp_args, **comp_kwargs)
+    assert_same(expected, actual2, rtol, atol, what="result of the second call")
+    if check_inputs:
+        assert_same(eager_args, comp_args, rtol, atol, what="positional inputs after the second call")
+    assert cnt.frame_count == graphs, (
+        f"recompiled on the second call with identical inputs: {cnt.frame_count} graphs, expected {graphs}")
+    return cnt, actual

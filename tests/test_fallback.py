@@ -1,0 +1,156 @@
+"""Code the core tracer may not capture must still run correctly (eager fallback, never a
+crash or a wrong result); with ``fullgraph=True`` it must raise ``bytegraph.Unsupported``
+naming the user's file and line."""
+import inspect
+import re
+
+import pytest
+import torch
+
+import bytegraph
+from helpers import assert_same, clone_input, compile_counted
+
+
+def t(*shape):
+    return torch.randn(*shape)
+
+
+def marked_line(fn, marker="# <-- unsupported"):
+    """Absolute line number of the line of ``fn``'s source carrying ``marker``."""
+    lines, start = inspect.getsourcelines(fn)
+    hits = [start + i for i, line in enumerate(lines) if marker in line]
+    assert len(hits) == 1
+    return hits[0]
+
+
+# ---------------------------------------------------------------- the functions
+
+def prints(x):
+    y = x * 2
+    print("doubled:", tuple(y.shape), y.dtype)  # <-- unsupported
+    return y + 1
+
+
+def branches_on_tensor_value(x):
+    y = x + 1
+    if y.sum() > 0:  # <-- unsupported
+        return y * 2
+    return y - 100
+
+
+def uses_item(x):
+    s = x.abs().sum().item()  # <-- unsupported
+    return x / s, s
+
+
+def mutates_input_list(xs, x):
+    xs.append(x * 2)  # <-- unsupported
+    return x + len(xs)
+
+
+def _helper_that_prints(y):
+    print("inside helper")  # <-- unsupported
+    return y * 3
+
+
+def calls_printing_helper(x):
+    return _helper_that_prints(x + 1) - 1
+
+
+CASES = {
+    "print": (prints, lambda: (t(3),)),
+    "tensor_branch_pos": (branches_on_tensor_value, lambda: (torch.ones(3),)),
+    "tensor_branch_neg": (branches_on_tensor_value, lambda: (-torch.ones(3) * 5,)),
+    "item": (uses_item, lambda: (t(4),)),
+    "list_mutation": (mutates_input_list, lambda: ([t(2)], t(2))),
+    "nested_print": (calls_printing_helper, lambda: (t(3),)),
+}
+
+
+# ---------------------------------------------------------------- correct results
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_fallback_gives_eager_results(name, capsys):
+    fn, make_args = CASES[name]
+    args = make_args()
+
+    eager_args = clone_input(args)
+    expected = fn(*eager_args)
+    expected_out = capsys.readouterr().out
+
+    compiled, cnt = compile_counted(fn)
+    for _ in range(2):                      # first call and the cached path
+        comp_args = clone_input(args)
+        actual = compiled(*comp_args)
+        assert_same(expected, actual)
+        assert_same(eager_args, comp_args, what="inputs after the call")
+        assert capsys.readouterr().out == expected_out, "printed output must appear exactly once per call"
+
+
+def test_branch_on_tensor_value_takes_the_right_branch_each_call():
+    compiled, cnt = compile_counted(branches_on_tensor_value)
+    pos, neg = torch.ones(3), -torch.ones(3) * 5
+    for x in (pos, neg, pos, neg):
+        assert_same(branches_on_tensor_value(x), compiled(x))
+
+
+def test_item_value_changes_are_respected():
+    compiled, cnt = compile_counted(uses_item)
+    for scale in (1.0, 2.0, 3.0):
+        x = torch.ones(4) * scale
+        assert_same(uses_item(x), compiled(x))
+
+
+def test_list_mutation_repeated():
+    compiled, cnt = compile_counted(mutates_input_list)
+    xs_e, xs_c = [], []
+    for i in range(3):
+        x = torch.full((2,), float(i))
+        assert_same(mutates_input_list(xs_e, x), compiled(xs_c, x))
+    assert_same(xs_e, xs_c)
+    assert len(xs_c) == 3
+
+
+def test_print_of_python_values_inside_fallback(capsys):
+    def f(x, n):
+        print("n =", n)  # <-- unsupported
+        return x * n
+
+    compiled, cnt = compile_counted(f)
+    x = t(2)
+    assert_same(x * 3, compiled(x, 3))
+    assert capsys.readouterr().out == "n = 3\n"
+
+
+# ---------------------------------------------------------------- fullgraph=True raises
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_fullgraph_raises_unsupported_with_user_location(name):
+    fn, make_args = CASES[name]
+    compiled, cnt = compile_counted(fn, fullgraph=True)
+    with pytest.raises(bytegraph.Unsupported) as info:
+        compiled(*make_args())
+    err = info.value
+    assert isinstance(err, bytegraph.BytegraphError)
+    message = str(err)
+    assert "test_fallback.py" in message, message
+    target = fn if fn is not calls_printing_helper else _helper_that_prints
+    line = marked_line(target)
+    assert re.search(rf"\b{line}\b", message), f"expected line {line} in: {message}"
+    assert cnt.frame_count == 0
+
+
+def test_fullgraph_error_does_not_poison_later_calls():
+    compiled, cnt = compile_counted(branches_on_tensor_value, fullgraph=True)
+    with pytest.raises(bytegraph.Unsupported):
+        compiled(t(3))
+    with pytest.raises(bytegraph.Unsupported):
+        compiled(t(3))
+    # a non-fullgraph compile of the same function still works
+    relaxed, _ = compile_counted(branches_on_tensor_value)
+    x = t(3)
+    assert_same(branches_on_tensor_value(x), relaxed(x))
+
+
+def test_unsupported_is_a_bytegraph_error():
+    assert issubclass(bytegraph.Unsupported, bytegraph.BytegraphError)

@@ -1,0 +1,502 @@
+"""Guards and the cache: what recompiles, what does not, the cache size limit, reset(),
+and errors for bad uses of the public API."""
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+import bytegraph
+from bytegraph.testing import CompileCounter
+from helpers import assert_same, compile_counted
+
+
+def t(*shape):
+    return torch.randn(*shape)
+
+
+# ---------------------------------------------------------------- recompilation
+
+def test_same_inputs_do_not_recompile():
+    def f(x, n):
+        return x * n + 1
+
+    compiled, cnt = compile_counted(f, fullgraph=True)
+    for _ in range(3):
+        x = t(3, 4)          # new tensor object, same metadata
+        assert_same(f(x, 2), compiled(x, 2))
+    assert cnt.frame_count == 1
+
+
+def test_shape_change_recompiles():
+    def f(x):
+        return x.sum(-1) * x.shape[0]
+
+    compiled, cnt = compile_counted(f)
+    a, b = t(2, 3), t(4, 3)
+    assert_same(f(a), compiled(a))
+    assert cnt.frame_count == 1
+    assert_same(f(b), compiled(b))
+    assert cnt.frame_count == 2
+    assert_same(f(a), compiled(a))
+    assert cnt.frame_count == 2, "going back to the first shape must hit the cache"
+
+
+def test_shape_change_recompiles_static():
+    def f(x):
+        return x.view(x.shape[0] * x.shape[1]) + 1
+
+    compiled, cnt = compile_counted(f, dynamic=False)
+    for shape in [(2, 3), (3, 3), (2, 3), (4, 1), (3, 3)]:
+        x = t(*shape)
+        assert_same(f(x), compiled(x))
+    assert cnt.frame_count == 3
+
+
+def test_dtype_change_recompiles():
+    def f(x):
+        return x * 2 + 1
+
+    compiled, cnt = compile_counted(f)
+    x = t(4)
+    assert_same(f(x), compiled(x))
+    xd = x.double()
+    out = compiled(xd)
+    assert out.dtype == torch.float64
+    assert_same(f(xd), out)
+    assert cnt.frame_count == 2
+    xi = torch.arange(4)
+    assert_same(f(xi), compiled(xi))
+    assert cnt.frame_count == 3
+
+
+def test_requires_grad_change_recompiles():
+    def f(x):
+        return x.sin() * 2
+
+    compiled, cnt = compile_counted(f)
+    x = t(4)
+    out = compiled(x)
+    assert not out.requires_grad
+    xr = x.clone().requires_grad_()
+    out = compiled(xr)
+    assert out.requires_grad, "output must require grad when the input does"
+    assert cnt.frame_count == 2
+    out.sum().backward()
+    assert_same(xr.grad, 2 * x.cos())
+
+
+def test_python_int_argument_value_change_recompiles():
+    def f(x, n):
+        return x * n + n
+
+    compiled, cnt = compile_counted(f, dynamic=False)
+    x = t(3)
+    assert_same(f(x, 2), compiled(x, 2))
+    assert_same(f(x, 3), compiled(x, 3))
+    assert cnt.frame_count == 2
+    assert_same(f(x, 2), compiled(x, 2))
+    assert cnt.frame_count == 2
+
+
+def test_python_int_used_in_control_flow_recompiles():
+    def f(x, n):
+        for _ in range(n):
+            x = x + 1
+        return x
+
+    compiled, cnt = compile_counted(f)
+    x = t(3)
+    assert_same(f(x, 2), compiled(x, 2))
+    assert_same(f(x, 5), compiled(x, 5))
+    assert cnt.frame_count == 2
+
+
+def test_bool_and_none_argument_change_recompiles():
+    def f(x, flag, bias):
+        y = x.relu() if flag else x.sigmoid()
+        return y if bias is None else y + bias
+
+    compiled, cnt = compile_counted(f)
+    x = t(3)
+    b = t(3)
+    calls = [(True, None), (False, None), (True, b), (True, None), (False, None)]
+    for flag, bias in calls:
+        assert_same(f(x, flag, bias), compiled(x, flag, bias))
+    assert cnt.frame_count == 3
+
+
+def test_string_argument_change_recompiles():
+    def f(x, act):
+        if act == "relu":
+            return x.relu()
+        return x.tanh()
+
+    compiled, cnt = compile_counted(f)
+    x = t(4)
+    assert_same(f(x, "relu"), compiled(x, "relu"))
+    assert_same(f(x, "tanh"), compiled(x, "tanh"))
+    assert cnt.frame_count == 2
+
+
+G_FACTOR = 2
+G_FLAG = True
+
+
+def _uses_globals(x):
+    if G_FLAG:
+        return x * G_FACTOR
+    return x - G_FACTOR
+
+
+def test_global_value_change_recompiles():
+    global G_FACTOR, G_FLAG
+    compiled, cnt = compile_counted(_uses_globals)
+    x = t(3)
+    try:
+        assert_same(x * 2, compiled(x))
+        G_FACTOR = 5
+        assert_same(x * 5, compiled(x))  # the result reflects the new global value
+        assert cnt.frame_count == 2
+        G_FLAG = False
+        assert_same(x - 5, compiled(x))
+        assert cnt.frame_count == 3
+        G_FACTOR, G_FLAG = 2, True
+        assert_same(x * 2, compiled(x))
+        assert cnt.frame_count == 3
+    finally:
+        G_FACTOR, G_FLAG = 2, True
+
+
+G_WEIGHT = torch.ones(3)
+
+
+def _uses_global_tensor(x):
+    return x * G_WEIGHT
+
+
+def test_global_tensor_mutation_and_rebinding_are_seen():
+    global G_WEIGHT
+    compiled, cnt = compile_counted(_uses_global_tensor)
+    x = t(3)
+    old = G_WEIGHT
+    try:
+        assert_same(x, compiled(x))
+        G_WEIGHT.mul_(3)                    # in place: same object, new values
+        assert_same(x * 3, compiled(x))
+        G_WEIGHT = torch.full((3,), -1.0)   # rebinding: a new object
+        assert_same(-x, compiled(x))
+    finally:
+        G_WEIGHT = old
+        old.fill_(1)
+
+
+def test_closure_value_change_is_seen():
+    def make():
+        k = 2
+
+        def f(x):
+            return x * k
+
+        def set_k(v):
+            nonlocal k
+            k = v
+
+        return f, set_k
+
+    f, set_k = make()
+    compiled, cnt = compile_counted(f)
+    x = t(3)
+    assert_same(x * 2, compiled(x))
+    set_k(7)
+    assert_same(x * 7, compiled(x))
+
+
+def test_attribute_change_on_object_is_seen():
+    class Cfg:
+        scale = 2
+
+    cfg = Cfg()
+
+    def f(x):
+        return x * cfg.scale
+
+    compiled, cnt = compile_counted(f)
+    x = t(3)
+    assert_same(x * 2, compiled(x))
+    cfg.scale = 4
+    assert_same(x * 4, compiled(x))
+    assert cnt.frame_count == 2
+
+
+class DropBN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm1d(4)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(self.bn(x))
+
+
+def test_train_eval_switch_recompiles_with_correct_behaviour():
+    torch.manual_seed(0)
+    mod = DropBN()
+    ref = copy.deepcopy(mod)
+    cnt = CompileCounter()
+    compiled = bytegraph.compile(mod, backend=cnt)
+    x = torch.randn(64, 4) * 3 + 1
+
+    # eval: running stats (fresh: mean 0, var 1), dropout inactive
+    mod.eval(), ref.eval()
+    assert_same(ref(x), compiled(x))
+    assert cnt.frame_count == 1
+
+    # train: batch statistics, running stats updated, dropout active
+    mod.train(), ref.train()
+    out = compiled(x)
+    assert cnt.frame_count == 2
+    ref_bn = ref.bn(x)                 # updates ref's running stats like the compiled call did
+    kept = out != 0
+    assert 0.2 < kept.float().mean().item() < 0.8, "dropout(0.5) must drop about half in training mode"
+    assert_same(out[kept], (ref_bn * 2)[kept], rtol=1e-4, atol=1e-5)
+    assert_same(mod.bn.running_mean, ref.bn.running_mean)
+    assert_same(mod.bn.running_var, ref.bn.running_var)
+    assert mod.bn.num_batches_tracked.item() == 1
+
+    # back to eval: the first graph is reused, with the updated running stats
+    mod.eval(), ref.eval()
+    assert_same(ref(x), compiled(x))
+    assert cnt.frame_count == 2
+
+
+def test_train_eval_switch_via_wrapper_methods():
+    mod = DropBN()
+    cnt = CompileCounter()
+    compiled = bytegraph.compile(mod, backend=cnt)
+    x = t(8, 4)
+    compiled.eval()
+    assert_same(mod(x), compiled(x))
+    compiled.train()
+    compiled(x)
+    assert cnt.frame_count == 2
+
+
+def test_grad_mode_change_recompiles():
+    def f(x, w):
+        return x @ w
+
+    compiled, cnt = compile_counted(f)
+    x, w = t(2, 3), t(3, 3).requires_grad_()
+    out = compiled(x, w)
+    assert out.requires_grad
+    with torch.no_grad():
+        out = compiled(x, w)
+        assert not out.requires_grad
+    assert cnt.frame_count == 2
+    assert_same(x @ w, compiled(x, w))
+    assert cnt.frame_count == 2
+
+
+def test_list_length_change_recompiles():
+    def f(xs):
+        out = xs[0]
+        for x in xs[1:]:
+            out = out + x
+        return out
+
+    compiled, cnt = compile_counted(f)
+    two, three = [t(2), t(2)], [t(2), t(2), t(2)]
+    assert_same(f(two), compiled(two))
+    assert_same(f(three), compiled(three))
+    assert cnt.frame_count == 2
+
+
+def test_noncontiguous_input_gives_correct_result():
+    def f(x):
+        return x.view(-1) if x.is_contiguous() else x.reshape(-1) * 2
+
+    compiled, cnt = compile_counted(f)
+    x = t(3, 4)
+    assert_same(f(x), compiled(x))
+    xt = t(4, 3).t()
+    assert_same(f(xt), compiled(xt))
+    assert cnt.frame_count == 2
+
+
+# ---------------------------------------------------------------- cache size limit
+
+def test_cache_size_limit_falls_back_to_eager_with_one_warning():
+    bytegraph.config.cache_size_limit = 2
+
+    def shape_sensitive(activations):
+        return activations.sum(0) + activations.shape[0]
+
+    compiled, cnt = compile_counted(shape_sensitive, dynamic=False)
+    inputs = [t(n, 3) for n in (1, 2, 3, 4, 5)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for x in inputs:
+            assert_same(shape_sensitive(x), compiled(x))
+        # cached shapes still work, and nothing is compiled or warned again
+        for x in inputs[:2] + inputs[3:]:
+            assert_same(shape_sensitive(x), compiled(x))
+    assert cnt.frame_count == 2
+    assert len(caught) == 1, [str(w.message) for w in caught]
+    message = str(caught[0].message)
+    assert "activations" in message, message
+    assert "shape_sensitive" in message, message
+
+
+def test_cache_size_limit_counts_per_function():
+    bytegraph.config.cache_size_limit = 1
+
+    def g1(x):
+        return x + 1
+
+    def g2(x):
+        return x - 1
+
+    c1, n1 = compile_counted(g1, dynamic=False)
+    c2, n2 = compile_counted(g2, dynamic=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for shape in [(2,), (3,)]:
+            x = t(*shape)
+            assert_same(g1(x), c1(x))
+            assert_same(g2(x), c2(x))
+    assert n1.frame_count == 1 and n2.frame_count == 1
+
+
+def test_reset_clears_caches():
+    def f(x):
+        return x * 3
+
+    compiled, cnt = compile_counted(f)
+    x = t(3)
+    compiled(x)
+    compiled(x)
+    assert cnt.frame_count == 1
+    bytegraph.reset()
+    assert_same(f(x), compiled(x))
+    assert cnt.frame_count == 2
+
+
+def test_reset_clears_cache_limit_state():
+    bytegraph.config.cache_size_limit = 1
+
+    def f(x):
+        return x * 3
+
+    compiled, cnt = compile_counted(f, dynamic=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled(t(2))
+        compiled(t(3))
+    assert cnt.frame_count == 1
+    bytegraph.reset()
+    compiled(t(3))
+    assert cnt.frame_count == 2
+
+
+# ---------------------------------------------------------------- API errors and the registry
+
+def test_unknown_backend_name():
+    def f(x):
+        return x
+
+    with pytest.raises(bytegraph.BytegraphError) as info:
+        bytegraph.compile(f, backend="nope")
+    assert "nope" in str(info.value)
+    assert "eager" in str(info.value), "the message should list the known backends"
+
+
+def test_compile_non_callable():
+    with pytest.raises(bytegraph.BytegraphError):
+        bytegraph.compile(3)
+    with pytest.raises(bytegraph.BytegraphError):
+        bytegraph.compile("not a function", backend="eager")
+
+
+def test_config_unknown_key():
+    with pytest.raises(bytegraph.ConfigError) as info:
+        bytegraph.config.no_such_key = 1
+    assert isinstance(info.value, AttributeError)
+    assert isinstance(info.value, bytegraph.BytegraphError)
+    with pytest.raises(AttributeError):
+        bytegraph.config.no_such_key_either
+
+
+def test_config_wrong_type():
+    before = bytegraph.config.cache_size_limit
+    with pytest.raises(bytegraph.ConfigError):
+        bytegraph.config.cache_size_limit = "x"
+    assert bytegraph.config.cache_size_limit == before
+    bytegraph.config.cache_size_limit = 3
+    assert bytegraph.config.cache_size_limit == 3
+
+
+def test_list_backends():
+    names = bytegraph.list_backends()
+    for name in ("eager", "aot_eager", "inductor"):
+        assert name in names
+
+
+def test_register_backend_makes_name_usable():
+    seen = []
+
+    @bytegraph.register_backend
+    def counting_backend_for_tests(gm, example_inputs):
+        seen.append(gm)
+        return gm.forward
+
+    assert "counting_backend_for_tests" in bytegraph.list_backends()
+
+    def f(x):
+        return x.cos() + 1
+
+    compiled = bytegraph.compile(f, backend="counting_backend_for_tests")
+    x = t(3)
+    assert_same(f(x), compiled(x))
+    assert len(seen) == 1
+    assert isinstance(seen[0], torch.fx.GraphModule)
+
+
+def test_callable_backend_receives_graph_and_example_inputs():
+    received = []
+
+    def backend(gm, example_inputs):
+        received.append((gm, list(example_inputs)))
+        return gm.forward
+
+    def f(x, y):
+        return x * y
+
+    x, y = t(2), t(2)
+    assert_same(f(x, y), bytegraph.compile(f, backend=backend)(x, y))
+    assert len(received) == 1
+    gm, ex = received[0]
+    assert isinstance(gm, torch.fx.GraphModule)
+    assert all(isinstance(e, torch.Tensor) for e in ex)
+    assert [tuple(e.shape) for e in ex] == [(2,), (2,)]
+
+
+def test_backend_output_is_used():
+    # The callable the backend returns is what runs, on every call.
+    calls = []
+
+    def backend(gm, example_inputs):
+        def run(*args):
+            calls.append(len(args))
+            return gm.forward(*args)
+        return run
+
+    def f(x):
+        return x + 1
+
+    compiled = bytegraph.compile(f, backend=backend)
+    x = t(2)
+    assert_same(x + 1, compiled(x))
+    compiled(t(2))
+    assert len(calls) == 2
