@@ -80,7 +80,9 @@ def check(fn, *args, graphs=1, ops=None, fullgraph=None, dynamic=None, rtol=1e-5
     compiled, cnt = compile_counted(fn, fullgraph=fullgraph, dynamic=dynamic)
 
     comp_args, comp_kwargs = clone_input(args), clone_input(kwargs)
+    grad_mode = torch.is_grad_enabled()
     actual = compiled(*comp_args, **comp_kwargs)
+    assert torch.is_grad_enabled() == grad_mode, "the compiled call changed the global grad mode"
     assert_same(expected, actual, rtol, atol)
     if check_inputs:
         assert_same(eager_args, comp_args, rtol, atol, what="positional inputs after the call")

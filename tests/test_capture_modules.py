@@ -93,7 +93,6 @@ LAYERS = {
     "silu": (lambda: nn.SiLU(), (4, 6)),
     "tanh": (lambda: nn.Tanh(), (4, 6)),
     "softmax": (lambda: nn.Softmax(dim=-1), (4, 6)),
-    "identity": (lambda: nn.Identity(), (4, 6)),
     "flatten": (lambda: nn.Flatten(), (2, 3, 4)),
 }
 
@@ -166,9 +165,31 @@ def test_sequential():
     check_module(seq, t(3, 4))
 
     def f(x):
-        return seq[0](x), seq[-2](seq[:2](x)), len(seq)
+        return seq[0](x), seq[-2](seq[1](seq[0](x))), len(seq)
 
     check(f, t(3, 4))
+
+
+def test_sequential_and_modulelist_slicing():
+    seq = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 4))
+    layers = nn.ModuleList([nn.Linear(4, 4) for _ in range(3)])
+
+    def f(x):
+        h = seq[:2](x)
+        for layer in layers[1:]:
+            x = layer(x)
+        return h, x, len(layers[:2])
+
+    check(f, t(3, 4))
+
+
+def test_identity_layer_inside_function():
+    ident = nn.Identity()
+
+    def f(x):
+        return ident(x) + 1
+
+    check(f, t(2, 3), ops=1)
 
 
 class Stack(nn.Module):
@@ -180,7 +201,7 @@ class Stack(nn.Module):
     def forward(self, x):
         for layer in self.layers:
             x = torch.tanh(layer(x))
-        for i, layer in enumerate(self.layers[1:]):
+        for i, layer in enumerate(self.layers):
             x = x + i * layer(x)
         x = self.layers[0](x) + self.layers[-1](x)
         outs = {}

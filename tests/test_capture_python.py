@@ -122,7 +122,14 @@ def test_nonlocal_write_in_nested_function():
 
 def test_attribute_loads_on_plain_objects():
     def f(x):
-        return x * NS.scale + NS.shift + SETTINGS.eps
+        return x * SETTINGS.depth + SETTINGS.eps, SETTINGS.mode
+
+    check(f, t(4))
+
+
+def test_attribute_loads_on_simple_namespace():
+    def f(x):
+        return x * NS.scale + NS.shift
 
     check(f, t(4))
 
@@ -404,7 +411,7 @@ def test_comparison_of_shapes():
 
 def test_is_and_is_not_none():
     def f(x, y=None, z=None):
-        out = x
+        out = x * 1.5
         if y is not None:
             out = out + y
         if z is None:
@@ -433,8 +440,7 @@ def test_in_and_not_in():
         d = 3 in range(5)
         e = "b" in G_NAMES
         f_ = "ell" in "hello"
-        if a and b:
-            x = x * 2
+        x = x * 2 if a and b else x - 2
         return x, a, b, c, d, e, f_
 
     check(f, t(3), 2, "z")
@@ -776,13 +782,13 @@ def test_isinstance_len_getattr_hasattr():
             out = out + 1
         if isinstance(len(xs), int) and not isinstance(obj, (list, dict)):
             out = out * len(xs)
-        if hasattr(obj, "scale"):
-            out = out * getattr(obj, "scale")
+        if hasattr(obj, "factor"):
+            out = out * getattr(obj, "factor")
         if not hasattr(obj, "missing"):
             out = out + getattr(obj, "missing", 10)
         return out, len(x), len(xs), len("abc"), len({"a": 1})
 
-    check(f, t(3, 2), [1, 2, 3], NS)
+    check(f, t(3, 2), [1, 2, 3], _Thing(0.5))
 
 
 def test_range_enumerate_zip_min_max_abs_sum():

@@ -67,6 +67,8 @@ def rebuild_expr(value, ns, tensor_exprs):
             return f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
         if value.cls is torch.Size:
             return f"torch.Size([{', '.join(parts)}])"
+        if hasattr(value.cls, "n_fields"):   # a C struct sequence (torch.return_types.*)
+            return f"{ns.ref(value.cls, 'cls')}(({', '.join(parts)},))"
         return f"{ns.ref(value.cls, 'cls')}({', '.join(parts)})"
     if isinstance(value, ListValue):
         return f"[{', '.join(rebuild_expr(v, ns, tensor_exprs) for v in value.items)}]"

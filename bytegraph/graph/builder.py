@@ -130,9 +130,10 @@ class GraphBuilder:
             if isinstance(result, list):
                 return ListValue(items)
             cls = type(result)
-            return TupleValue(items, cls=cls if hasattr(cls, "_fields") or cls is tuple else tuple)
-        # No tensor came out (a size, a flag...): nothing to compute at run time.
-        if not node.users:
+            return TupleValue(items, cls=cls if hasattr(cls, "_fields") or _structseq(cls) else tuple)
+        # No tensor came out (a size, a flag...): nothing to compute at run time,
+        # unless the call mutates its arguments.
+        if not node.users and not _mutates(node.target):
             self.graph.erase_node(node)
         return _constant_result(result)
 
@@ -142,6 +143,17 @@ class GraphBuilder:
         gm = fx.GraphModule(self.state_root, self.graph)
         gm.graph.lint()
         return gm
+
+
+def _mutates(target):
+    if target is operator.setitem or target is operator.delitem:
+        return True
+    name = target if isinstance(target, str) else getattr(target, "__name__", "")
+    return name.endswith("_") and not name.endswith("__") or name.startswith("_foreach")
+
+
+def _structseq(cls):
+    return cls is not tuple and issubclass(cls, tuple) and hasattr(cls, "n_fields")
 
 
 def _constant_result(r):

@@ -44,7 +44,7 @@ def get_attr(frame, v, name):
     if isinstance(v, ObjectValue):
         return _object_attr(frame, v, name)
     if isinstance(v, TupleValue):
-        fields = getattr(v.cls, "_fields", None)
+        fields = getattr(v.cls, "_fields", None) or getattr(v.cls, "__match_args__", None)
         if fields and name in fields:
             return v.items[fields.index(name)]
         if name in ("count", "index"):
@@ -143,7 +143,11 @@ def _object_attr(frame, v, name):
             return ConstantValue(getattr(obj, name))
         if isinstance(obj, types.MethodType) and name in ("__self__", "__func__"):
             return wrap(tx, getattr(obj, name), asrc)
-    if cls.__getattribute__ not in (object.__getattribute__, torch.nn.Module.__getattribute__):
+    custom_getattribute = cls.__getattribute__ not in (object.__getattribute__, torch.nn.Module.__getattribute__)
+    if custom_getattribute and isinstance(cls.__getattribute__, types.WrapperDescriptorType) \
+            and hasattr(obj, "__dict__"):
+        custom_getattribute = False   # a C type with the generic lookup (e.g. SimpleNamespace)
+    if custom_getattribute:
         if cls.__module__.split(".")[0] in ("torch", "builtins"):
             try:
                 return wrap(tx, getattr(obj, name), asrc)

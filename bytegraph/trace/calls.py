@@ -196,10 +196,10 @@ def tensor_method(frame, tensor, name, args, kwargs):
 
 def enter_context(frame, mgr):
     from .torch_calls import apply_state, current_state
-    mgr.saved = current_state(mgr)
     if mgr.kind == "set_grad":
         # set_grad_enabled took effect when it was made; entering does nothing more.
         return
+    mgr.saved = current_state(mgr)
     apply_state(frame, mgr, entering=True)
 
 

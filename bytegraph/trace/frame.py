@@ -7,7 +7,7 @@ import inspect
 
 from ..bytecode.instructions import decode
 from ..errors import Unsupported
-from ..values.base import ConstantValue, DictValue, TupleValue
+from ..values.base import ConstantValue, DictValue, IteratorValue, TupleValue
 from .context import MAX_INLINE_DEPTH
 
 _GENERATOR_FLAGS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
@@ -28,6 +28,7 @@ class Frame:
         self.kw_names = None
         self.return_value = None
         self.done = False
+        self.yielded = None       # a list while running a generator
 
     def run(self):
         from .opcodes import HANDLERS
@@ -122,13 +123,19 @@ def bind_arguments(code, name, defaults, kwdefaults, args, kwargs):
 def inline_call(parent, code, fn_globals, name, defaults, kwdefaults, closure, args, kwargs):
     """Run a Python function's code in a child frame; return its result value."""
     tx = parent.tx
-    if code.co_flags & _GENERATOR_FLAGS:
-        raise Unsupported(f"calling generator or coroutine function {name}() is not supported yet")
+    if code.co_flags & (_GENERATOR_FLAGS & ~inspect.CO_GENERATOR):
+        raise Unsupported(f"calling coroutine function {name}() is not supported yet")
     if len(tx.frames) > MAX_INLINE_DEPTH:
         raise Unsupported(f"call depth over {MAX_INLINE_DEPTH} while inlining {name}() (recursion?)")
     local_values = bind_arguments(code, name, defaults, kwdefaults, args, kwargs)
     cells = dict(zip(code.co_freevars, closure))   # cellvars are made by MAKE_CELL
     frame = Frame(tx, code, fn_globals, local_values, cells, parent)
+    if code.co_flags & inspect.CO_GENERATOR:
+        # Generators run to completion at once; their items become an iterator value.
+        # Only the order of side effects could tell the difference, and those are refused.
+        frame.yielded = []
+        frame.run()
+        return IteratorValue(frame.yielded)
     return frame.run()
 
 

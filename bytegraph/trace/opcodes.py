@@ -499,6 +499,19 @@ def return_value(f, ins):
     f.done = True
 
 
+@handler("RETURN_GENERATOR")
+def return_generator(f, ins):
+    f.push(ConstantValue(None))
+
+
+@handler("YIELD_VALUE")
+def yield_value(f, ins):
+    if f.yielded is None:
+        raise Unsupported("yield outside a generator being consumed")
+    f.yielded.append(f.pop())
+    f.push(ConstantValue(None))
+
+
 @handler("RAISE_VARARGS")
 def raise_varargs(f, ins):
     exc = f.stack[-1] if ins.arg else None

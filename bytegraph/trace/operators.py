@@ -33,7 +33,7 @@ def as_constant(v):
         if v.cls is torch.Size:
             return torch.Size(items)
         if v.cls is not tuple:
-            return v.cls(*items)
+            return v.cls(items) if hasattr(v.cls, "n_fields") else v.cls(*items)
         return items
     if isinstance(v, ListValue):
         return [as_constant(i) for i in v.items]
@@ -281,7 +281,11 @@ def _module_item(frame, mv, index):
         key = str(index if index >= 0 else len(m) + index) if isinstance(index, int) else index
         return wrap(frame.tx, m[index], ModuleEntrySource(mv.source, "_parameters", key) if mv.source else None)
     if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)) and isinstance(index, slice):
-        raise Unsupported("slicing a ModuleList/Sequential inside the compiled function is not supported yet")
+        # A new container of the same submodules: read each through its own source first,
+        # so the memo gives them sources when the new container is used.
+        for key, sub in m._modules.items():
+            wrap(frame.tx, sub, ModuleEntrySource(mv.source, "_modules", key) if mv.source else None)
+        return ObjectValue(m[index])
     getitem_fn = getattr(type(m), "__getitem__", None)
     if getitem_fn is not None:
         from .calls import call
