@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Run the test suite under another interpreter without installing bytegraph into it.
+# Usage: scripts/test_elsewhere.sh [PYTHON] [pytest args...]
+# e.g. on the GPU machine (Python 3.12, torch 2.11): scripts/test_elsewhere.sh python3
+# or locally with a 3.13 venv:                       scripts/test_elsewhere.sh /tmp/venv313/bin/python
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${1:-python3}
+shift || true
+"$PY" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__)'
+PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m pytest tests -p no:cacheprovider "$@"
