@@ -137,7 +137,8 @@ def apply_state(frame, mgr, entering):
     if mgr.kind == "autocast":
         if entering:
             node = graph.create_node("call_function", torch.amp._enter_autocast, tuple(mgr.args), {})
-            real = torch.amp.autocast_mode._UnmanagedAutocast(*mgr.args)
+            device_type, dtype, enabled, cache = mgr.args
+            real = torch.autocast(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache)
             real.__enter__()
             mgr.saved = (node, real)
             tx.state_changes.append(("autocast", real))
