@@ -89,3 +89,6 @@ class Config:
 
 
 config = Config()
+if config.log_topics:
+    from .debug import logs as _logs
+    _logs.apply_topics(config.log_topics)

@@ -26,6 +26,7 @@ LENGTH_MATCH = "LENGTH_MATCH"
 DICT_KEYS = "DICT_KEYS"
 TENSOR_MATCH = "TENSOR_MATCH"
 ALIAS = "ALIAS"   # two sources named the same object when traced
+NO_HOOKS = "NO_HOOKS"   # an nn.Module called while tracing had no forward hooks
 
 
 @dataclass
@@ -169,6 +170,9 @@ class _Emitter:
             other = self.render(g.expected)
             return [(f"{e} is {other}",
                      f"f'{who} and {g.expected.name()} were the same object when compiled, now they differ'")]
+        if g.kind == NO_HOOKS:
+            return [(f"not ({e}._forward_hooks or {e}._forward_pre_hooks)",
+                     f"f'{who} has forward hooks now; they were not traced'")]
         if g.kind == LENGTH_MATCH:
             return [(f"len({e}) == {g.expected}", f"f'length of {who} changed: {g.expected} -> {{len({e})}}'")]
         if g.kind == DICT_KEYS:

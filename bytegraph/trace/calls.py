@@ -108,6 +108,9 @@ def call_module(frame, mv, args, kwargs):
             or mm._global_forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
             or mm._global_backward_hooks or mm._global_backward_pre_hooks):
         raise Unsupported(f"{type(m).__name__} has hooks; tracing module hooks is not supported yet")
+    if mv.source is not None:
+        from ..guards.builder import NO_HOOKS
+        frame.tx.guards.add(NO_HOOKS, mv.source, None)
     forward = m.__dict__.get("forward")
     if forward is not None:
         return call(frame, wrap(frame.tx, forward, AttrSource(mv.source, "forward") if mv.source else None),

@@ -63,6 +63,11 @@ def _guard(tx, kind, source, expected):
 
 def _wrap(tx, obj, source):
     t = type(obj)
+    original = _compiled_original(obj)
+    if original is not None:
+        # Something compiled separately, called from traced code: trace what it wraps.
+        return wrap(tx, original, AttrSource(source, "_orig_mod" if isinstance(obj, torch.nn.Module)
+                                             else "_bytegraph_original") if source is not None else None)
     if isinstance(obj, torch.Tensor):
         return _wrap_tensor(tx, obj, source)
     if t in CONSTANT_TYPES:
@@ -93,6 +98,15 @@ def _wrap(tx, obj, source):
     # Other user objects: the type is fixed; attributes get guards as they are read.
     _guard(tx, g.TYPE_MATCH, source, t)
     return ObjectValue(obj, source)
+
+
+def _compiled_original(obj):
+    from ..api import OptimizedModule
+    if type(obj) is OptimizedModule:
+        return object.__getattribute__(obj, "_orig_mod")
+    if isinstance(obj, types.FunctionType):
+        return getattr(obj, "_bytegraph_original", None)
+    return None
 
 
 def _is_c_callable(obj):
