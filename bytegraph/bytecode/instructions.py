@@ -69,6 +69,11 @@ def decode(code):
         elif name in _JUMPS:
             jump_offsets.append(len(rows))
         rows.append(Instruction(name, ins.arg, argval, ins.offset, line))
+    if versions.LOAD_FAST_LOADS_CELLS:
+        cell_names = set(code.co_cellvars) | set(code.co_freevars)
+        for row in rows:
+            if row.opname == "LOAD_FAST" and row.argval in cell_names:
+                row.opname = "LOAD_CLOSURE"
     by_offset = {}
     for i, row in enumerate(rows):
         row.index = i

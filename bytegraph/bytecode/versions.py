@@ -18,6 +18,9 @@ FOR_ITER_EXIT_SKIP = {(3, 11): 0, (3, 12): 1, (3, 13): 2}.get(PY, 2)
 # before the callable up to 3.12, after it from 3.13 on.
 NULL_AFTER_CALLABLE = PY >= (3, 13)
 
+# 3.13 dropped LOAD_CLOSURE: a LOAD_FAST of a cell variable loads the cell itself.
+LOAD_FAST_LOADS_CELLS = PY >= (3, 13)
+
 # LOAD_ATTR's low bit means "method load" from 3.12 on (3.11 has LOAD_METHOD).
 LOAD_ATTR_METHOD_FLAG = PY >= (3, 12)
 
