@@ -112,7 +112,6 @@ def generate(name, params, graph_inputs, compiled_fn, returned, outputs, fn_glob
             if inp is not None:
                 tensor_exprs[id(v)] = ns.source(inp.source)
             else:   # a parameter or buffer, read through get_attr
-                target = getattr(v.node, "target", None)
                 tensor_exprs[id(v)] = ns.ref(_state_tensor(v, compiled_fn), "state")
     lines.append(f"return {rebuild_expr(returned, ns, tensor_exprs)}")
     src = f"def {name}({', '.join(params)}):\n" + "".join(f"    {l}\n" for l in lines)

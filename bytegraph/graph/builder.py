@@ -11,7 +11,7 @@ import re
 import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import (
-    DataDependentOutputException, DynamicOutputShapeException, FakeTensor, FakeTensorMode,
+    DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode,
 )
 
 from ..errors import Unsupported

@@ -11,7 +11,7 @@ arguments:
 """
 import builtins
 import linecache
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 

@@ -1,8 +1,5 @@
 """A cache miss, end to end: trace, build guards, hand the graph to the backend, generate code."""
 import dis
-import logging
-
-import torch
 
 from ..config import config
 from ..debug import logs, records
@@ -87,7 +84,6 @@ def _finish(fn, result, guard_params, compiler, n):
 
 def _fallback(fn, err, guard_params, n):
     """The frame runs eagerly; guard on what decided that, so other inputs may still compile."""
-    tx = getattr(err, "tx", None)
     from ..guards.builder import GuardSet, add_global_state_guards
     guards = GuardSet()
     add_global_state_guards(guards)

@@ -5,7 +5,6 @@ signature*, so CPython binds arguments for us. A call then costs: one loop
 over the cache entries, one guard call, one call of the transformed code.
 """
 import linecache
-import logging
 import warnings
 import weakref
 
@@ -133,7 +132,6 @@ def _signature_parts(fn):
 def _generate_wrapper(fn, cache, compiler):
     params, passthrough, original, ns = _signature_parts(fn)
     args = ", ".join(passthrough)
-    frame_args = ", ".join(p for p in passthrough if p != "__closure")
     name = fn.__name__ if fn.__name__.isidentifier() else "compiled_fn"
     src = (
         f"def {name}({', '.join(params)}):\n"

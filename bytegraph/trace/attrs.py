@@ -36,7 +36,6 @@ _TENSOR_VIEWS = {"T", "mT", "H", "mH", "real", "imag"}
 
 
 def get_attr(frame, v, name):
-    tx = frame.tx
     if isinstance(v, TensorValue):
         return _tensor_attr(frame, v, name)
     if isinstance(v, ConstantValue):

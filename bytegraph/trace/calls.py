@@ -5,8 +5,6 @@ call is inlined (user functions, methods, ``nn.Module.forward``), becomes a
 graph node (torch functions, tensor methods), is folded to a constant (pure
 builtins on constants), or is unsupported.
 """
-import builtins
-import math
 import operator
 import types
 
@@ -14,10 +12,9 @@ import torch
 
 from ..errors import Unsupported
 from ..guards.sources import AttrSource, DefaultSource, ItemSource
-from ..values.base import (NULL, BoundMethodValue, ConstantValue, ContextManagerValue, DictValue,
-                           DictViewValue, ExitValue, FunctionValue, IteratorValue, ListValue,
-                           MethodOfValue, ObjectValue, RealCell, SliceValue, TensorMethodValue,
-                           TensorValue, TupleValue)
+from ..values.base import (BoundMethodValue, ConstantValue, DictValue, ExitValue, FunctionValue,
+                           IteratorValue, ListValue, MethodOfValue, ObjectValue, RealCell,
+                           TensorMethodValue, TensorValue, TupleValue)
 from ..values.builder import wrap
 from . import attrs, operators
 from .frame import inline_call
@@ -381,11 +378,6 @@ def _callable(frame, args, kwargs):
     return ConstantValue(isinstance(v, (FunctionValue, BoundMethodValue, TensorMethodValue, MethodOfValue)))
 
 
-@builtin(min, max)
-def _minmax(frame, args, kwargs):
-    raise Unsupported("min()/max() handler placeholder")
-
-
 def _min_max(fn):
     def h(frame, args, kwargs):
         items = iterate(frame, args[0]) if len(args) == 1 else list(args)
@@ -412,11 +404,6 @@ def _sum(frame, args, kwargs):
     for item in items:
         total = operators.binary(frame, "+", total, item)
     return total
-
-
-@builtin(any, all)
-def _any_all_placeholder(frame, args, kwargs):
-    raise AssertionError
 
 
 def _any_all(fn):
@@ -448,11 +435,6 @@ def _id(frame, args, kwargs):
     if isinstance(v, ObjectValue):
         return ConstantValue(id(v.obj))
     raise Unsupported("id() of a value made while tracing is not supported")
-
-
-@builtin(int, float, bool, str, repr, round, divmod, pow, hash, ord, chr, format, sorted)
-def _fold_builtin(frame, args, kwargs):
-    raise AssertionError
 
 
 def _make_fold(fn):

@@ -11,7 +11,7 @@ from ..errors import Unsupported
 from ..guards.sources import GlobalSource, ItemSource, ObjectSource
 from ..values.base import (NULL, CellValue, ConstantValue, ContextManagerValue, DictValue,
                            ExitValue, FunctionValue, IteratorValue, ListValue, ObjectValue,
-                           RealCell, SliceValue, TensorValue, TupleValue)
+                           TupleValue)
 from ..values.builder import wrap
 from . import attrs, calls, operators
 from .iteration import iterate, unpack

@@ -1,5 +1,5 @@
 """Trace one frame from its real arguments: the entry point of the interpreter."""
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..guards.sources import ClosureSource, LocalSource
 from ..values.base import RealCell

@@ -6,12 +6,13 @@ attribute of a module. The guard it installs is the least that keeps the
 trace valid: a tensor's type/dtype/device/shape/stride, a number's value, a
 function's or module's identity, a container's length or keys.
 """
+import functools
 import types
 
 import torch
 
 from ..guards import builder as g
-from ..guards.sources import AttrSource, GlobalSource, ItemSource, ModuleEntrySource
+from ..guards.sources import AttrSource, ItemSource, ModuleEntrySource
 from .base import ConstantValue, DictValue, ListValue, ObjectValue, TupleValue
 
 CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis),
@@ -92,7 +93,7 @@ def _wrap(tx, obj, source):
             _guard(tx, g.TYPE_MATCH, source, t)
             _guard(tx, g.DICT_KEYS, source, list(obj))
             return DictValue({k: wrap(tx, v, _item(source, k)) for k, v in obj.items()}, source, cls=t)
-    if isinstance(obj, torch.nn.Module) or isinstance(obj, _IDENTITY_TYPES) or callable(obj) and _is_c_callable(obj):
+    if isinstance(obj, (torch.nn.Module,) + _IDENTITY_TYPES) or (callable(obj) and _is_c_callable(obj)):
         _guard(tx, g.ID_MATCH, source, obj)
         return ObjectValue(obj, source)
     # Other user objects: the type is fixed; attributes get guards as they are read.
@@ -110,11 +111,7 @@ def _compiled_original(obj):
 
 
 def _is_c_callable(obj):
-    return type(obj).__module__ in ("builtins", "torch", "torch._C") or isinstance(obj, (functools_partial,))
-
-
-import functools  # noqa: E402
-functools_partial = functools.partial
+    return type(obj).__module__ in ("builtins", "torch", "torch._C") or isinstance(obj, functools.partial)
 
 
 def _item(source, index):
@@ -139,4 +136,4 @@ def _unsupported(reason):
     return Unsupported(reason)
 
 
-__all__ = ["wrap", "constant", "is_trusted_module", "AttrSource", "GlobalSource"]
+__all__ = ["wrap", "constant", "is_trusted_module"]
