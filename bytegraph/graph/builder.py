@@ -140,6 +140,11 @@ class GraphBuilder:
     def output(self, values):
         """Finish the graph returning ``values`` (TensorValues); return the GraphModule."""
         self.graph.output(tuple(v.node for v in values))
+        # Inputs read but never used (an unused argument, an untouched list item) are dropped.
+        for inp in list(self.inputs):
+            if not inp.node.users:
+                self.graph.erase_node(inp.node)
+                self.inputs.remove(inp)
         gm = fx.GraphModule(self.state_root, self.graph)
         gm.graph.lint()
         return gm
