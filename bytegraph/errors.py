@@ -17,6 +17,7 @@ class Unsupported(BytegraphError):
         self.reason = reason
         self.hint = hint
         self.user_stack = []  # list of traceback.FrameSummary, innermost last
+        self.root_index = None  # instruction index in the compiled frame where it happened
 
     def __str__(self):
         lines = [self.reason]

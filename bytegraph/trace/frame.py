@@ -13,6 +13,15 @@ from .context import MAX_INLINE_DEPTH
 _GENERATOR_FLAGS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
 
+class PendingLocal:
+    """An argument not read yet: wrapped (and guarded) only when the code reads it."""
+    __slots__ = ("obj", "source")
+
+    def __init__(self, obj, source):
+        self.obj = obj
+        self.source = source
+
+
 class Frame:
     def __init__(self, tx, code, fn_globals, local_values, cells, parent=None):
         self.tx = tx
@@ -29,6 +38,8 @@ class Frame:
         self.return_value = None
         self.done = False
         self.yielded = None       # a list while running a generator
+        self.stop_before = None   # root frame only: stop when about to run this instruction index
+        self.stopped = False
 
     def run(self):
         from .opcodes import HANDLERS
@@ -36,7 +47,11 @@ class Frame:
         tx.frames.append(self)
         try:
             instructions = self.instructions
+            stop_before = self.stop_before
             while not self.done:
+                if self.ip == stop_before:
+                    self.stopped = True
+                    return None
                 ins = instructions[self.ip]
                 self.ip += 1
                 self.current = ins
@@ -52,11 +67,20 @@ class Frame:
         except Unsupported as e:
             if not e.user_stack:
                 e.user_stack = tx.user_stack()
+            if self.parent is None and e.root_index is None:
+                e.root_index = self.current.index if self.current is not None else None
             raise
         finally:
             tx.frames.pop()
 
     # stack helpers
+    def local(self, name):
+        v = self.locals[name]
+        if type(v) is PendingLocal:
+            from ..values.builder import wrap
+            v = self.locals[name] = wrap(self.tx, v.obj, v.source)
+        return v
+
     def push(self, v):
         self.stack.append(v)
 

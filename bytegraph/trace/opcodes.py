@@ -32,14 +32,16 @@ def handler(*names):
 @handler("LOAD_FAST")
 def load_fast(f, ins):
     try:
-        f.push(f.locals[ins.argval])
+        f.push(f.local(ins.argval))
     except KeyError:
         raise Unsupported(f"local variable {ins.argval!r} read before assignment") from None
 
 
 @handler("LOAD_FAST_AND_CLEAR")
 def load_fast_and_clear(f, ins):
-    f.push(f.locals.pop(ins.argval, NULL))
+    v = f.local(ins.argval) if ins.argval in f.locals else NULL
+    f.locals.pop(ins.argval, None)
+    f.push(v)
 
 
 @handler("STORE_FAST")
@@ -86,7 +88,7 @@ def store_global(f, ins):
 
 @handler("MAKE_CELL")
 def make_cell(f, ins):
-    f.cells[ins.argval] = CellValue(f.locals.get(ins.argval))
+    f.cells[ins.argval] = CellValue(f.local(ins.argval) if ins.argval in f.locals else None)
 
 
 @handler("LOAD_CLOSURE")

@@ -1,19 +1,21 @@
 """Trace one frame from its real arguments: the entry point of the interpreter."""
 from dataclasses import dataclass
 
+import torch
+
 from ..guards.sources import ClosureSource, LocalSource
 from ..values.base import RealCell
-from ..values.builder import wrap
 from . import state
 from .context import TraceContext
-from .frame import Frame
+from .frame import Frame, PendingLocal
 from .torch_calls import undo_state_changes
 
 
 @dataclass
 class TraceResult:
     tx: TraceContext
-    return_value: object       # the value the frame returned
+    return_value: object       # the value the frame returned (None when stopped at a break)
+    frame: Frame = None        # the root frame, for its stack and locals at a break
 
 
 def frame_params(code):
@@ -26,20 +28,27 @@ def frame_params(code):
     return list(code.co_varnames[:n])
 
 
-def trace_frame(fn, frame_args, options):
-    """Run ``fn``'s bytecode symbolically on ``frame_args`` (values of its parameters, in order)."""
+def trace_frame(fn, frame_args, options, stop_before=None):
+    """Run ``fn``'s bytecode symbolically on ``frame_args`` (values of its parameters, in order).
+
+    With ``stop_before`` (an instruction index), tracing stops the first time the
+    frame is about to run that instruction; the result then holds the frame.
+    """
     code = fn.__code__
     tx = TraceContext(options, fn.__globals__)
     params = frame_params(code)
     state.tracing = True
     try:
-        local_values = {name: wrap(tx, value, LocalSource(name)) for name, value in zip(params, frame_args)}
+        local_values = {name: PendingLocal(value, LocalSource(name)) for name, value in zip(params, frame_args)}
         cells = {}
         for i, (name, cell) in enumerate(zip(code.co_freevars, fn.__closure__ or ())):
             cells[name] = RealCell(cell, ClosureSource(i, name))
         frame = Frame(tx, code, fn.__globals__, local_values, cells)
+        frame.stop_before = stop_before
         ret = frame.run()
+        if frame.stopped:
+            tx.break_grad_mode = torch.is_grad_enabled()
     finally:
         undo_state_changes(tx)
         state.tracing = False
-    return TraceResult(tx, ret)
+    return TraceResult(tx, ret, frame)

@@ -1,0 +1,85 @@
+"""Facts about a code object needed to split it at a graph break.
+
+Plain functions over ``dis`` output: which locals are live at an offset, and
+which exception-table entries cover an offset.
+"""
+import dis
+from functools import lru_cache
+
+_READS = {"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "DELETE_FAST"}
+_WRITES = {"STORE_FAST"}
+_PAIR_READS = {"LOAD_FAST_LOAD_FAST"}
+_PAIR_WRITES = {"STORE_FAST_STORE_FAST"}
+_TERMINAL = {"RETURN_VALUE", "RETURN_CONST", "RAISE_VARARGS", "RERAISE"}
+_JUMP_OPCODES = frozenset(dis.hasjrel) | frozenset(dis.hasjabs) | frozenset(getattr(dis, "hasjump", ()))
+_UNCONDITIONAL = {"JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP_ABSOLUTE", "JUMP"}
+
+
+@lru_cache(maxsize=1024)
+def _raw(code):
+    return [i for i in dis.get_instructions(code) if i.opname not in ("CACHE", "EXTENDED_ARG")]
+
+
+def exception_entries(code):
+    return list(dis.Bytecode(code).exception_entries)
+
+
+def covering_handlers(code, offset):
+    """Exception-table entries whose range contains ``offset`` (innermost last)."""
+    return [e for e in exception_entries(code) if e.start <= offset < e.end]
+
+
+@lru_cache(maxsize=1024)
+def _liveness(code):
+    instrs = _raw(code)
+    by_offset = {ins.offset: k for k, ins in enumerate(instrs)}
+    entries = exception_entries(code)
+    n = len(instrs)
+    succs = []
+    for k, ins in enumerate(instrs):
+        s = []
+        name = ins.opname
+        if name not in _TERMINAL and name not in _UNCONDITIONAL and k + 1 < n:
+            s.append(k + 1)
+        if ins.opcode in _JUMP_OPCODES:
+            target = ins.argval
+            if target in by_offset:
+                s.append(by_offset[target])
+        for e in entries:
+            if e.start <= ins.offset < e.end and e.target in by_offset:
+                s.append(by_offset[e.target])
+        succs.append(s)
+    uses, defs = [], []
+    for ins in instrs:
+        name = ins.opname
+        if name in _READS:
+            uses.append({ins.argval}); defs.append(set())
+        elif name in _WRITES:
+            uses.append(set()); defs.append({ins.argval})
+        elif name in _PAIR_READS:
+            uses.append(set(ins.argval)); defs.append(set())
+        elif name in _PAIR_WRITES:
+            uses.append(set()); defs.append(set(ins.argval))
+        elif name == "STORE_FAST_LOAD_FAST":
+            store, load = ins.argval
+            uses.append({load} - {store}); defs.append({store})
+        else:
+            uses.append(set()); defs.append(set())
+    live_in = [set() for _ in range(n)]
+    changed = True
+    while changed:
+        changed = False
+        for k in range(n - 1, -1, -1):
+            out = set()
+            for s in succs[k]:
+                out |= live_in[s]
+            new = uses[k] | (out - defs[k])
+            if new != live_in[k]:
+                live_in[k] = new
+                changed = True
+    return {ins.offset: frozenset(live_in[k]) for k, ins in enumerate(instrs)}
+
+
+def live_locals(code, offset):
+    """Names of fast locals that may be read at or after ``offset`` before being written."""
+    return _liveness(code).get(offset, frozenset(code.co_varnames))
