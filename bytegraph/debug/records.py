@@ -9,7 +9,8 @@ class FrameRecord:
     firstlineno: int
     graph: object = None      # fx.GraphModule, None when no graph was made
     guards: list = field(default_factory=list)
-    fallback_reason: str = None
+    fallback_reason: str = None   # the whole frame runs eagerly, for this reason
+    break_reason: str = None      # the frame stops at a graph break, for this reason
     user_stack: list = field(default_factory=list)
     transformed_source: str = ""
     guard_source: str = ""

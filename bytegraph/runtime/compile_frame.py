@@ -34,7 +34,9 @@ def compile_frame(fn, frame_args, compiler):
     except Unsupported as e:
         if compiler.fullgraph:
             raise
-        return _fallback(fn, e, guard_params, n)
+        entry = _split_at_break(fn, values, compiler, e, guard_params, n)
+        if entry is None:
+            return _fallback(fn, e, guard_params, n)
     except BytegraphError:
         raise
     except Exception as e:
@@ -55,15 +57,7 @@ def _finish(fn, result, guard_params, compiler, n):
     uses_graph = count_ops(gm) > 0
     if uses_graph:
         example_inputs = [inp.example for inp in tx.graph.inputs]
-        if logs.enabled("graph"):
-            log_graph.debug("GRAPH %s\n%s", fn.__qualname__, gm.print_readable(print_output=False))
-        try:
-            compiled = compiler.compiler_fn(gm, example_inputs)
-        except BytegraphError:
-            raise
-        except Exception as e:
-            raise BackendError(f"backend {compiler.backend_name!r} failed on the graph of "
-                               f"{fn.__qualname__}: {type(e).__name__}: {e}") from e
+        compiled = _compile_graph(compiler, fn)(gm, example_inputs)
     else:
         compiled = gm
     run, source = generate(name, guard_params, tx.graph.inputs, compiled, result.return_value,
@@ -80,6 +74,56 @@ def _finish(fn, result, guard_params, compiler, n):
                                        transformed_source=source, guard_source=guard_source))
     return CacheEntry(guard, run, explain, guards, graph=gm if uses_graph else None,
                       transformed_source=source, guard_source=guard_source)
+
+
+def _compile_graph(compiler, fn):
+    def compile_graph(gm, example_inputs):
+        if logs.enabled("graph"):
+            log_graph.debug("GRAPH %s\n%s", fn.__qualname__, gm.print_readable(print_output=False))
+        try:
+            return compiler.compiler_fn(gm, example_inputs)
+        except BytegraphError:
+            raise
+        except Exception as e:
+            raise BackendError(f"backend {compiler.backend_name!r} failed on the graph of "
+                               f"{fn.__qualname__}: {type(e).__name__}: {e}") from e
+    return compile_graph
+
+
+def _split_at_break(fn, values, compiler, err, guard_params, n):
+    """Trace again up to the instruction that broke, and resume after it. None: cannot."""
+    from ..bytecode.instructions import decode
+    from ..codegen.breaks import RESUME_INFO, generate_break, plan_break
+    if err.root_index is None:
+        return None
+    try:
+        result = trace_frame(fn, values, compiler, stop_before=err.root_index)
+        if not result.frame.stopped:
+            return None
+        ins = decode(fn.__code__)[err.root_index]
+        kind = plan_break(fn, result.frame, ins)
+        name = f"transformed_{_clean(fn.__name__)}_{n}"
+        run, source, gm = generate_break(fn, result, ins, kind, compiler, guard_params, name,
+                                         fn.__code__ in RESUME_INFO, _compile_graph(compiler, fn))
+    except Unsupported as e:
+        log_breaks.debug("cannot resume %s after its graph break: %s", fn.__qualname__, e.reason)
+        return None
+    tx = result.tx
+    guard, explain, guard_source = compile_guards(tx.guards, guard_params, fn.__globals__,
+                                                  name=f"guard_{_clean(fn.__name__)}_{n}")
+    guards = list(tx.guards)
+    log_breaks.debug("graph break in %s: %s\n%s", fn.__qualname__, err.reason,
+                     "".join(f"  {s.filename}:{s.lineno} in {s.name}\n" for s in err.user_stack))
+    if logs.enabled("guards"):
+        log_guards.debug("GUARDS %s\n%s", fn.__qualname__, "\n".join(f"  - {g.describe()}" for g in guards))
+    if logs.enabled("output_code"):
+        log_code.debug("TRANSFORMED CODE %s\n%s", fn.__qualname__, source)
+    records.record(records.FrameRecord(fn.__qualname__, fn.__code__.co_filename, fn.__code__.co_firstlineno,
+                                       graph=gm, guards=guards, break_reason=err.reason,
+                                       user_stack=list(err.user_stack), transformed_source=source,
+                                       guard_source=guard_source))
+    return CacheEntry(guard, run, explain, guards, graph=gm, transformed_source=source,
+                      guard_source=guard_source)
 
 
 def _fallback(fn, err, guard_params, n):

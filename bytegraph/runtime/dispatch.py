@@ -26,6 +26,7 @@ class Compiler:
         self.fullgraph = fullgraph
         self.dynamic = dynamic
         self.caches = {}           # code object -> CodeCache
+        self._wrappers = weakref.WeakKeyDictionary()   # function -> its wrapper (residual calls, resumes)
         _compilers.add(self)
 
     def cache_for(self, code):
@@ -33,6 +34,13 @@ class Compiler:
         if cache is None:
             cache = self.caches[code] = CodeCache(code)
         return cache
+
+    def wrapper_for(self, fn):
+        """The compiled wrapper of ``fn`` under this compiler, made once."""
+        wrapper = self._wrappers.get(fn)
+        if wrapper is None:
+            wrapper = self._wrappers[fn] = self.wrap_function(fn)
+        return wrapper
 
     def wrap_function(self, fn):
         original = getattr(fn, "_bytegraph_original", None)

@@ -1,0 +1,342 @@
+"""Code for a frame that stops at a graph break.
+
+The transformed function runs the graph captured so far, rebuilds the live
+values, performs the one step the tracer could not (a call, a branch on a
+tensor, the next step of an opaque iterator, a store), and hands over to a
+resume function that continues the original code after that step.
+"""
+import linecache
+
+import torch
+
+from ..bytecode import analysis
+from ..bytecode.instructions import decode
+from ..bytecode.resume import NULL_SLOT, make_resume_function
+from ..bytecode.versions import split_call_prefix
+from ..errors import Unsupported
+from ..runtime.continuation import Continuation, GradModeExit, call_through, resolve
+from ..values.base import (NULL, ConstantValue, ContextManagerValue, DictValue, ExitValue,
+                           IteratorValue, ListValue, ObjectValue, TensorValue, TupleValue)
+from ..trace.frame import PendingLocal
+from .transformed import Namespace, _key_expr
+
+# resume code object -> (name of the original function, offset it starts at)
+RESUME_INFO = {}
+
+_CALLS = {"CALL", "CALL_KW", "CALL_FUNCTION_EX"}
+_BRANCHES = {"POP_JUMP_IF_FALSE", "POP_JUMP_IF_TRUE"}
+_KEEP_BRANCHES = {"JUMP_IF_FALSE_OR_POP", "JUMP_IF_TRUE_OR_POP"}
+
+
+class Rebuilder:
+    """Emits Python that rebuilds values, each symbolic container exactly once."""
+
+    def __init__(self, ns, tensor_exprs):
+        self.ns = ns
+        self.tensor_exprs = tensor_exprs
+        self.lines = []
+        self._done = {}
+
+    def temp(self, expr):
+        name = f"__v{len(self._done)}_{len(self.lines)}"
+        self.lines.append(f"{name} = {expr}")
+        return name
+
+    def expr(self, v):
+        if isinstance(v, PendingLocal):
+            return self.ns.source(v.source)
+        if id(v) in self._done:
+            return self._done[id(v)]
+        out = self._expr(v)
+        self._done[id(v)] = out
+        return out
+
+    def _expr(self, v):
+        if isinstance(v, TensorValue):
+            return self.tensor_exprs[id(v)]
+        if isinstance(v, ConstantValue):
+            if v.source is not None:
+                return self.ns.source(v.source)
+            c = v.value
+            if c is None or isinstance(c, (bool, str)) or type(c) is int:
+                return repr(c)
+            return self.ns.ref(c)
+        if isinstance(v, ObjectValue):
+            return self.ns.source(v.source) if v.source is not None else self.ns.ref(v.obj, "obj")
+        if isinstance(v, TupleValue):
+            parts = [self.expr(i) for i in v.items]
+            if v.cls is tuple:
+                return f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
+            if v.cls is torch.Size:
+                return f"torch.Size([{', '.join(parts)}])"
+            cls = self.ns.ref(v.cls, "cls")
+            if hasattr(v.cls, "n_fields"):
+                return f"{cls}(({', '.join(parts)},))"
+            return f"{cls}({', '.join(parts)})"
+        if isinstance(v, ListValue):
+            if v.source is not None:
+                return self.ns.source(v.source)
+            return self.temp(f"[{', '.join(self.expr(i) for i in v.items)}]")
+        if isinstance(v, DictValue):
+            if v.source is not None:
+                return self.ns.source(v.source)
+            body = ", ".join(f"{_key_expr(k, self.ns)}: {self.expr(i)}" for k, i in v.items.items())
+            if v.cls is dict:
+                return self.temp(f"{{{body}}}")
+            return self.temp(f"{self.ns.ref(v.cls, 'cls')}({{{body}}})")
+        if isinstance(v, IteratorValue):
+            rest = v.items[v.pos:]
+            return self.temp(f"iter([{', '.join(self.expr(i) for i in rest)}])")
+        raise Unsupported(f"cannot carry {type(v).__name__} across a graph break yet")
+
+
+def tensors_in(values, out):
+    for v in values:
+        if isinstance(v, TensorValue):
+            out.append(v)
+        elif isinstance(v, (TupleValue, ListValue)):
+            tensors_in(v.items, out)
+        elif isinstance(v, DictValue):
+            tensors_in(v.items.values(), out)
+        elif isinstance(v, IteratorValue):
+            tensors_in(v.items[v.pos:], out)
+    return out
+
+
+def plan_break(fn, frame, ins):
+    """What the native step is for ``ins``; 'generic' resumes at the instruction itself."""
+    code = fn.__code__
+    name = ins.opname
+    handlers = [e for e in analysis.covering_handlers(code, ins.offset) if not _is_with_cleanup(code, e)]
+    if name in _CALLS or name in _BRANCHES or name in _KEEP_BRANCHES or name in (
+            "TO_BOOL", "FOR_ITER", "STORE_ATTR", "STORE_SUBSCR"):
+        kind = name
+    else:
+        kind = "generic"
+    if handlers:
+        # Inside try: the step must run inside the original code's exception handling.
+        kind = "generic"
+    if kind == "generic":
+        info = RESUME_INFO.get(code)
+        if info is not None and info[1] == ins.offset:
+            raise Unsupported("cannot resume at the instruction this resume function starts with")
+    return kind
+
+
+def _is_with_cleanup(code, entry):
+    rows = [i for i in analysis._raw(code) if i.offset >= entry.target][:3]
+    return any(i.opname == "WITH_EXCEPT_START" for i in rows)
+
+
+def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resume, compile_graph):
+    """Source and function for a frame stopped before ``ins``. Returns (run, source, graph)."""
+    tx = result.tx
+    frame = result.frame
+    code = fn.__code__
+    if code.co_cellvars:
+        raise Unsupported("graph break in a function whose locals are captured by an inner function")
+    rows = decode(code)
+    stack = list(frame.stack)
+    bound = {n: v for n, v in frame.locals.items()}
+    ns = Namespace(fn.__globals__)
+    ns.ns.update({"__call_through": call_through, "__compiler": compiler, "__resolve": resolve,
+                  "__Continuation": Continuation, "__GradModeExit": GradModeExit})
+    graph = tx.graph.graph
+
+    # The graph leaves global state as it found it; the code below re-enters what is active.
+    active = [v.manager for v in stack if isinstance(v, ExitValue)]
+    for mgr in reversed(active):
+        if mgr.kind == "autocast":
+            graph.create_node("call_function", torch.amp._exit_autocast, (mgr.saved[0],), {})
+    entry_grad = torch.is_grad_enabled()
+    break_grad = getattr(tx, "break_grad_mode", entry_grad)
+    if break_grad != entry_grad:
+        graph.create_node("call_function", torch._C._set_grad_enabled, (entry_grad,), {})
+
+    live_names = [n for n in code.co_varnames if n in bound]
+    outputs = []
+    tensors_in(stack, outputs)
+    tensors_in([bound[n] for n in live_names if not isinstance(bound[n], PendingLocal)], outputs)
+    by_node = {inp.node: inp for inp in tx.graph.inputs}
+    gm = tx.graph.output(_unique_graph_outputs(outputs, by_node))
+    from ..testing import count_ops
+    uses_graph = count_ops(gm) > 0
+    tensor_exprs = {}
+    lines = []
+    if uses_graph:
+        compiled = compile_graph(gm, [inp.example for inp in tx.graph.inputs])
+        ns.ns["__compiled_fn"] = compiled
+        lines.append(f"__out = __compiled_fn({', '.join(ns.source(i.source) for i in tx.graph.inputs)})")
+    out_index = {}
+    for v in _unique_graph_outputs(outputs, by_node):
+        out_index.setdefault(v.node, len(out_index))
+    for v in outputs:
+        inp = by_node.get(v.node)
+        if inp is not None:
+            tensor_exprs[id(v)] = ns.source(inp.source)
+        elif v.node.op == "get_attr":
+            tensor_exprs[id(v)] = ns.ref(getattr(tx.graph.state_root, v.node.target), "state")
+        else:
+            tensor_exprs[id(v)] = f"__out[{out_index[v.node]}]"
+
+    rb = Rebuilder(ns, tensor_exprs)
+    exits = []
+    for i, mgr in enumerate(active):
+        if mgr.kind == "autocast":
+            device_type, dtype, enabled, cache = mgr.args
+            ctx = f"__ctx{i}"
+            rb.lines.append(f"{ctx} = torch.autocast({device_type!r}, dtype={ns.ref(dtype)}, "
+                            f"enabled={enabled!r}, cache_enabled={cache!r})")
+            rb.lines.append(f"{ctx}.__enter__()")
+            exits.append((mgr, f"{ctx}.__exit__"))
+        elif mgr.kind in ("grad", "set_grad"):
+            exits.append((mgr, f"__GradModeExit({mgr.saved!r})"))
+        else:
+            exits.append((mgr, "(lambda *a: None)"))
+    exit_exprs = {id(m): e for m, e in exits}
+    if break_grad != entry_grad:
+        rb.lines.append(f"torch._C._set_grad_enabled({break_grad!r})")
+
+    def slot_expr(v):
+        if isinstance(v, ExitValue):
+            return exit_exprs[id(v.manager)]
+        return rb.expr(v)
+
+    def resume(target_offset, new_stack):
+        layout, args = [], []
+        for i, v in enumerate(new_stack):
+            if v is NULL:
+                layout.append(NULL_SLOT)
+            else:
+                layout.append(f"__stack{i}")
+                args.append(v if isinstance(v, str) else slot_expr(v))
+        live = [n for n in live_names if n in analysis.live_locals(code, target_offset)]
+        args += [rb.expr(bound[n]) for n in live]
+        resume_fn = _resume_function(fn, code, target_offset, layout, live)
+        ref = ns.ref(compiler.wrapper_for(resume_fn), "resume")
+        call = "__Continuation" if is_resume else "__resolve"
+        return f"return {call}({ref}, ({', '.join(args)}{',' if len(args) == 1 else ''}))"
+
+    next_offset = rows[ins.index + 1].offset if ins.index + 1 < len(rows) else None
+    step = []
+    tail = []
+    if kind in _CALLS:
+        consumed, call_expr = _call_step(frame, ins, stack, slot_expr)
+        step.append(f"__r = {call_expr}")
+        tail.append(resume(next_offset, stack[:len(stack) - consumed] + ["__r"]))
+    elif kind in _BRANCHES:
+        test = slot_expr(stack[-1])
+        rest = stack[:-1]
+        jump_if = kind == "POP_JUMP_IF_TRUE"
+        target = rows[ins.target].offset
+        step.append(f"__test = bool({test})")
+        tail += ["if __test:", "    " + resume(target if jump_if else next_offset, rest)]
+        tail.append(resume(next_offset if jump_if else target, rest))
+    elif kind in _KEEP_BRANCHES:
+        test = slot_expr(stack[-1])
+        jump_if = kind == "JUMP_IF_TRUE_OR_POP"
+        target = rows[ins.target].offset
+        step.append(f"__test = bool({test})")
+        keep = resume(target, stack)
+        pop = resume(next_offset, stack[:-1])
+        tail += ["if __test:", "    " + (keep if jump_if else pop)]
+        tail.append(pop if jump_if else keep)
+    elif kind == "TO_BOOL":
+        step.append(f"__r = bool({slot_expr(stack[-1])})")
+        tail.append(resume(next_offset, stack[:-1] + ["__r"]))
+    elif kind == "FOR_ITER":
+        step.append(f"__it = {slot_expr(stack[-1])}")
+        exit_offset = rows[ins.target].offset if ins.target < len(rows) else None
+        step += ["try:", "    __item = next(__it)", "except StopIteration:",
+                 "    " + resume(exit_offset, stack[:-1])]
+        tail.append(resume(next_offset, stack[:-1] + ["__it", "__item"]))
+    elif kind == "STORE_ATTR":
+        step.append(f"{slot_expr(stack[-1])}.{ins.argval} = {slot_expr(stack[-2])}")
+        tail.append(resume(next_offset, stack[:-2]))
+    elif kind == "STORE_SUBSCR":
+        step.append(f"{slot_expr(stack[-2])}[{slot_expr(stack[-1])}] = {slot_expr(stack[-3])}")
+        tail.append(resume(next_offset, stack[:-3]))
+    else:
+        tail.append(resume(ins.offset, stack))
+
+    body = lines + rb.lines
+    if exits and step:
+        body.append("try:")
+        body += ["    " + s for s in step]
+        body.append("except BaseException as __e:")
+        for _, e in reversed(exits):
+            body.append(f"    {e}(type(__e), __e, __e.__traceback__)")
+        body.append("    raise")
+    else:
+        body += step
+    body += tail
+    src = f"def {name}({', '.join(guard_params)}):\n" + "".join(f"    {l}\n" for l in body if l)
+    filename = f"<bytegraph {name}>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    exec(compile(src, filename, "exec"), ns.ns)
+    return ns.ns[name], src, gm if uses_graph else None
+
+
+def _unique_graph_outputs(outputs, by_node):
+    seen, out = set(), []
+    for v in outputs:
+        if v.node in by_node or v.node.op == "get_attr" or v.node in seen:
+            continue
+        seen.add(v.node)
+        out.append(v)
+    return out
+
+
+def _call_step(frame, ins, stack, slot_expr):
+    """(stack slots consumed, expression performing the call)."""
+    if ins.opname == "CALL_FUNCTION_EX":
+        has_kw = bool(ins.arg & 1)
+        kwargs = stack[-1] if has_kw else None
+        args = stack[-2] if has_kw else stack[-1]
+        n_top = 2 if has_kw else 1
+        below, above = stack[-n_top - 2], stack[-n_top - 1]
+        fn, self_value = split_call_prefix(below, above)
+        pos = f"({slot_expr(self_value)},) + tuple({slot_expr(args)})" if self_value is not None \
+            else f"tuple({slot_expr(args)})"
+        kw = f"dict({slot_expr(kwargs)})" if kwargs is not None else "{}"
+        return n_top + 2, f"__call_through(__compiler, {slot_expr(fn)}, {pos}, {kw})"
+    argc = ins.arg
+    if ins.opname == "CALL_KW":
+        kwnames = stack[-1].value
+        operands = stack[-(argc + 3):-1]
+        consumed = argc + 3
+    else:
+        kwnames = frame.kw_names or ()
+        operands = stack[-(argc + 2):]
+        consumed = argc + 2
+    below, above, *args = operands
+    fn, self_value = split_call_prefix(below, above)
+    if self_value is not None:
+        args = [self_value] + args
+    npos = len(args) - len(kwnames)
+    pos = ", ".join(slot_expr(a) for a in args[:npos])
+    kw = ", ".join(f"{k!r}: {slot_expr(a)}" for k, a in zip(kwnames, args[npos:]))
+    return consumed, f"__call_through(__compiler, {slot_expr(fn)}, ({pos}{',' if npos == 1 else ''}), {{{kw}}})"
+
+
+def _resume_function(fn, code, offset, layout, live):
+    origin = RESUME_INFO.get(code, (code.co_name, None))[0]
+    line = next((r.line for r in decode(code) if r.offset >= offset), code.co_firstlineno)
+    name = f"resume_in_{_clean(origin)}_at_line_{line}"
+    resume_fn = make_resume_function(fn, code, offset, layout, live, name)
+    RESUME_INFO.setdefault(resume_fn.__code__, (origin, offset_in_new(resume_fn.__code__, code, offset)))
+    return resume_fn
+
+
+def offset_in_new(new_code, old_code, offset):
+    """Offset in ``new_code`` of the instruction that was at ``offset`` in ``old_code``."""
+    import dis
+    old = [i for i in dis.get_instructions(old_code) if i.opname != "EXTENDED_ARG"]
+    new = [i for i in dis.get_instructions(new_code) if i.opname != "EXTENDED_ARG"]
+    k = next(j for j, i in enumerate(old) if i.offset == offset)
+    # The prologue adds instructions before the original ones; count from the end.
+    return new[len(new) - (len(old) - k)].offset
+
+
+def _clean(name):
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in name)

@@ -1,0 +1,68 @@
+"""Handing over from a transformed function to a resume function without growing the stack.
+
+A transformed function that stops at a graph break returns
+``Continuation(resume, args)`` when it was itself entered from a continuation,
+and ``resolve(resume, args)`` (a loop) when it was entered by the user. So a
+loop whose body breaks resumes once per iteration at constant stack depth.
+"""
+import sys
+import types
+
+import torch
+
+
+class Continuation:
+    __slots__ = ("fn", "args")
+
+    def __init__(self, fn, args):
+        self.fn = fn
+        self.args = args
+
+
+def resolve(fn, args):
+    result = fn(*args)
+    while type(result) is Continuation:
+        result = result.fn(*result.args)
+    return result
+
+
+class GradModeExit:
+    """Stands where ``__exit__`` of a grad-mode ``with`` block was: restores the saved mode."""
+    __slots__ = ("mode",)
+
+    def __init__(self, mode):
+        self.mode = mode
+
+    def __call__(self, exc_type=None, exc=None, tb=None):
+        torch._C._set_grad_enabled(self.mode)
+        return False
+
+
+_STDLIB = frozenset(getattr(sys, "stdlib_module_names", ())) | {"torch", "numpy", "builtins"}
+
+
+def _is_user_function(fn):
+    if getattr(fn, "_bytegraph_disabled", False):
+        return False
+    mod = (getattr(fn, "__module__", None) or "").split(".")[0]
+    return mod not in _STDLIB
+
+
+def call_through(compiler, fn, args, kwargs):
+    """Call ``fn`` from residual code: user Python functions go through the compiler."""
+    target = fn
+    if isinstance(fn, types.FunctionType) and _is_user_function(fn) and not hasattr(fn, "_bytegraph_original"):
+        target = compiler.wrapper_for(fn)
+    elif isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType) \
+            and _is_user_function(fn.__func__) and not hasattr(fn.__func__, "_bytegraph_original"):
+        target = types.MethodType(compiler.wrapper_for(fn.__func__), fn.__self__)
+    elif isinstance(fn, torch.nn.Module) and not _has_hooks(fn) and _is_user_function(type(fn).forward) \
+            and "forward" not in fn.__dict__:
+        return compiler.wrapper_for(type(fn).forward)(fn, *args, **kwargs)
+    return target(*args, **kwargs)
+
+
+def _has_hooks(m):
+    from torch.nn.modules import module as mm
+    return bool(m._forward_hooks or m._forward_pre_hooks or mm._global_forward_hooks
+                or mm._global_forward_pre_hooks)
