@@ -56,7 +56,9 @@ def resume_code(code, offset, stack_layout, live, name):
     bc.name = name
     if hasattr(bc, "qualname"):
         bc.qualname = name
-    return bc.to_code(compute_exception_stack_depths=False)
+    # The original stack size bounds ours: the prologue only rebuilds a depth the code had.
+    return bc.to_code(stacksize=code.co_stacksize + len(stack_layout) + 1,
+                      compute_exception_stack_depths=False)
 
 
 def make_resume_function(fn, code, offset, stack_layout, live, name):

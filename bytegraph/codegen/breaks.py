@@ -6,6 +6,7 @@ tensor, the next step of an opaque iterator, a store), and hands over to a
 resume function that continues the original code after that step.
 """
 import linecache
+import types
 
 import torch
 
@@ -15,13 +16,36 @@ from ..bytecode.resume import NULL_SLOT, make_resume_function
 from ..bytecode.versions import split_call_prefix
 from ..errors import Unsupported
 from ..runtime.continuation import Continuation, GradModeExit, call_through, resolve
-from ..values.base import (NULL, ConstantValue, ContextManagerValue, DictValue, ExitValue,
-                           IteratorValue, ListValue, ObjectValue, TensorValue, TupleValue)
+from ..values.base import (NULL, BoundMethodValue, ConstantValue, DictValue, ExitValue,
+                           IteratorValue, ListValue, MethodOfValue, ObjectValue, TensorMethodValue,
+                           TensorValue, TupleValue)
 from ..trace.frame import PendingLocal
 from .transformed import Namespace, _key_expr
 
-# resume code object -> (name of the original function, offset it starts at)
+# resume code object -> ResumeInfo
 RESUME_INFO = {}
+
+
+class ResumeInfo:
+    """Where a resume code object came from: always the user's original code."""
+    __slots__ = ("original", "name", "start")
+
+    def __init__(self, original, name, start):
+        self.original = original   # the original code object
+        self.name = name           # its function name
+        self.start = start         # offset in the original where this resume starts
+
+
+def original_offset(code, offset):
+    """(original code, offset there) for an offset in ``code`` (a resume code or an original)."""
+    info = RESUME_INFO.get(code)
+    if info is None:
+        return code, offset
+    import dis
+    new = [i.offset for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
+    old = [i.offset for i in dis.get_instructions(info.original) if i.opname != "EXTENDED_ARG"]
+    # A resume code is a prologue followed by the original instructions: count from the end.
+    return info.original, old[len(old) - (len(new) - new.index(offset))]
 
 _CALLS = {"CALL", "CALL_KW", "CALL_FUNCTION_EX"}
 _BRANCHES = {"POP_JUMP_IF_FALSE", "POP_JUMP_IF_TRUE"}
@@ -84,6 +108,11 @@ class Rebuilder:
             if v.cls is dict:
                 return self.temp(f"{{{body}}}")
             return self.temp(f"{self.ns.ref(v.cls, 'cls')}({{{body}}})")
+        if isinstance(v, (MethodOfValue, TensorMethodValue)):
+            owner = v.owner if isinstance(v, MethodOfValue) else v.tensor
+            return f"{self.expr(owner)}.{v.name}"
+        if isinstance(v, BoundMethodValue):
+            return f"__MethodType({self.expr(v.func)}, {self.expr(v.self_value)})"
         if isinstance(v, IteratorValue):
             rest = v.items[v.pos:]
             return self.temp(f"iter([{', '.join(self.expr(i) for i in rest)}])")
@@ -100,6 +129,12 @@ def tensors_in(values, out):
             tensors_in(v.items.values(), out)
         elif isinstance(v, IteratorValue):
             tensors_in(v.items[v.pos:], out)
+        elif isinstance(v, TensorMethodValue):
+            tensors_in([v.tensor], out)
+        elif isinstance(v, MethodOfValue):
+            tensors_in([v.owner], out)
+        elif isinstance(v, BoundMethodValue):
+            tensors_in([v.self_value], out)
     return out
 
 
@@ -118,7 +153,7 @@ def plan_break(fn, frame, ins):
         kind = "generic"
     if kind == "generic":
         info = RESUME_INFO.get(code)
-        if info is not None and info[1] == ins.offset:
+        if info is not None and info.start == original_offset(code, ins.offset)[1]:
             raise Unsupported("cannot resume at the instruction this resume function starts with")
     return kind
 
@@ -139,7 +174,7 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
     stack = list(frame.stack)
     bound = {n: v for n, v in frame.locals.items()}
     ns = Namespace(fn.__globals__)
-    ns.ns.update({"__call_through": call_through, "__compiler": compiler, "__resolve": resolve,
+    ns.ns.update({"__MethodType": types.MethodType, "__call_through": call_through, "__compiler": compiler, "__resolve": resolve,
                   "__Continuation": Continuation, "__GradModeExit": GradModeExit})
     graph = tx.graph.graph
 
@@ -319,23 +354,23 @@ def _call_step(frame, ins, stack, slot_expr):
     return consumed, f"__call_through(__compiler, {slot_expr(fn)}, ({pos}{',' if npos == 1 else ''}), {{{kw}}})"
 
 
+_resume_functions = {}
+
+
 def _resume_function(fn, code, offset, layout, live):
-    origin = RESUME_INFO.get(code, (code.co_name, None))[0]
-    line = next((r.line for r in decode(code) if r.offset >= offset), code.co_firstlineno)
-    name = f"resume_in_{_clean(origin)}_at_line_{line}"
-    resume_fn = make_resume_function(fn, code, offset, layout, live, name)
-    RESUME_INFO.setdefault(resume_fn.__code__, (origin, offset_in_new(resume_fn.__code__, code, offset)))
+    """The resume function for ``offset`` of ``code``, built from the original code, made once."""
+    original, orig_offset = original_offset(code, offset)
+    key = (original, orig_offset, tuple(layout), tuple(live), fn.__closure__, id(fn.__globals__))
+    resume_fn = _resume_functions.get(key)
+    if resume_fn is None:
+        info = RESUME_INFO.get(code)
+        origin = info.name if info is not None else code.co_name
+        line = next((r.line for r in decode(original) if r.offset >= orig_offset), original.co_firstlineno)
+        name = f"resume_in_{_clean(origin)}_at_line_{line}"
+        resume_fn = make_resume_function(fn, original, orig_offset, layout, live, name)
+        RESUME_INFO[resume_fn.__code__] = ResumeInfo(original, origin, orig_offset)
+        _resume_functions[key] = resume_fn
     return resume_fn
-
-
-def offset_in_new(new_code, old_code, offset):
-    """Offset in ``new_code`` of the instruction that was at ``offset`` in ``old_code``."""
-    import dis
-    old = [i for i in dis.get_instructions(old_code) if i.opname != "EXTENDED_ARG"]
-    new = [i for i in dis.get_instructions(new_code) if i.opname != "EXTENDED_ARG"]
-    k = next(j for j, i in enumerate(old) if i.offset == offset)
-    # The prologue adds instructions before the original ones; count from the end.
-    return new[len(new) - (len(old) - k)].offset
 
 
 def _clean(name):

@@ -42,13 +42,30 @@ NULL = NullValue()
 
 
 class ConstantValue(Value):
-    """A Python value known while tracing: numbers, strings, None, dtypes, sizes, slices..."""
+    """A Python value known while tracing: numbers, strings, None, dtypes, sizes, slices...
 
-    __slots__ = ("value",)
+    A constant read from a source is guarded only when the trace looks at its
+    value; one that is merely passed along (to residual code, to a resume
+    function) needs no guard.
+    """
 
-    def __init__(self, value, source=None):
+    __slots__ = ("_value", "_pending_guard")
+
+    def __init__(self, value, source=None, pending_guard=None):
         super().__init__(source)
-        self.value = value
+        self._value = value
+        self._pending_guard = pending_guard
+
+    @property
+    def value(self):
+        if self._pending_guard is not None:
+            install, self._pending_guard = self._pending_guard, None
+            install()
+        return self._value
+
+    @value.setter
+    def value(self, v):
+        self._value = v
 
     def python_type(self):
         return type(self.value)

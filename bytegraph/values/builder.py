@@ -64,6 +64,16 @@ def _guard(tx, kind, source, expected):
 
 def _wrap(tx, obj, source):
     t = type(obj)
+    from ..runtime.continuation import GradModeExit
+    if t is GradModeExit:
+        # The __exit__ of a grad-mode block that a resume function continues.
+        from .base import ContextManagerValue, ExitValue
+        mgr = ContextManagerValue("grad", (None,))
+        mgr.saved = obj.mode
+        _guard(tx, g.TYPE_MATCH, source, t)
+        if source is not None:
+            _guard(tx, g.CONSTANT_MATCH, AttrSource(source, "mode"), obj.mode)
+        return ExitValue(mgr)
     original = _compiled_original(obj)
     if original is not None:
         # Something compiled separately, called from traced code: trace what it wraps.
@@ -72,13 +82,10 @@ def _wrap(tx, obj, source):
     if isinstance(obj, torch.Tensor):
         return _wrap_tensor(tx, obj, source)
     if t in CONSTANT_TYPES:
-        if t in (int, float, bool, str, bytes, complex, type(None)) or t is torch.Size:
-            _guard(tx, g.CONSTANT_MATCH, source, obj)
-        elif t in (torch.dtype, torch.layout, torch.memory_format):
-            _guard(tx, g.ID_MATCH, source, obj)
-        else:
-            _guard(tx, g.CONSTANT_MATCH, source, obj)
-        return ConstantValue(obj, source)
+        if source is None:
+            return ConstantValue(obj)
+        kind = g.ID_MATCH if t in (torch.dtype, torch.layout, torch.memory_format) else g.CONSTANT_MATCH
+        return ConstantValue(obj, source, pending_guard=lambda: _guard(tx, kind, source, obj))
     if t is tuple or (isinstance(obj, tuple) and hasattr(t, "_fields")):
         _guard(tx, g.TYPE_MATCH, source, t)
         _guard(tx, g.LENGTH_MATCH, source, len(obj))
