@@ -63,6 +63,9 @@ def _backend_name(backend):
 
 def compile_callable(target, compiler):
     """Wrap any callable so that its Python code runs through ``compiler``."""
+    if getattr(target, "_bytegraph_disabled", False):
+        from .control import call_disabled
+        return functools.wraps(target)(lambda *a, **k: call_disabled(compiler, target, a, k))
     if isinstance(target, types.MethodType):
         wrapped = compiler.wrap_function(target.__func__)
         return types.MethodType(wrapped, target.__self__)

@@ -50,6 +50,11 @@ def _is_user_function(fn):
 
 def call_through(compiler, fn, args, kwargs):
     """Call ``fn`` from residual code: user Python functions go through the compiler."""
+    if getattr(fn, "_bytegraph_disabled", False):
+        from ..control import call_disabled
+        return call_disabled(compiler, fn, args, kwargs)
+    if _is_disallowed(fn):
+        return fn(*args, **kwargs)
     target = fn
     if isinstance(fn, types.FunctionType) and _is_user_function(fn) and not hasattr(fn, "_bytegraph_original"):
         target = compiler.wrapper_for(fn)
@@ -60,6 +65,14 @@ def call_through(compiler, fn, args, kwargs):
             and "forward" not in fn.__dict__:
         return compiler.wrapper_for(type(fn).forward)(fn, *args, **kwargs)
     return target(*args, **kwargs)
+
+
+def _is_disallowed(fn):
+    from ..control import disallowed_in_graph
+    try:
+        return fn in disallowed_in_graph
+    except TypeError:
+        return False
 
 
 def _has_hooks(m):

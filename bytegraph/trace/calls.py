@@ -45,6 +45,9 @@ def call(frame, fn, args, kwargs):
 def _call_object(frame, fv, args, kwargs):
     obj = fv.obj
     tx = frame.tx
+    special = _control_call(frame, obj, args, kwargs)
+    if special is not None:
+        return special
     from .torch_calls import is_graph_function, torch_call, call_torch_class
     handler = BUILTIN_HANDLERS.get(_key(obj))
     if handler is not None:
@@ -71,6 +74,24 @@ def _call_object(frame, fv, args, kwargs):
         return call(frame, wrap(tx, call_attr, None), [fv] + args, kwargs)
     raise Unsupported(f"calling {attrs.describe(fv)} is not supported yet",
                       hint="wrap it with bytegraph.allow_in_graph, or call it outside the compiled function")
+
+
+def _control_call(frame, obj, args, kwargs):
+    """Calls governed by bytegraph.disable / allow_in_graph / disallow_in_graph / graph_break."""
+    from .. import control
+    try:
+        if obj is control.graph_break:
+            raise Unsupported("bytegraph.graph_break() called", hint="remove the call to keep one graph")
+        if getattr(obj, "_bytegraph_disabled", False):
+            raise Unsupported(f"{getattr(obj, '__qualname__', obj)} is marked bytegraph.disable",
+                              hint="remove bytegraph.disable to trace it")
+        if obj in control.disallowed_in_graph:
+            raise Unsupported(f"{getattr(obj, '__qualname__', obj)} is marked bytegraph.disallow_in_graph")
+        if obj in control.allowed_in_graph:
+            return frame.tx.graph.call("call_function", obj, args, kwargs)
+    except TypeError:   # unhashable callables are never in those sets
+        return None
+    return None
 
 
 def _key(obj):

@@ -1,0 +1,114 @@
+"""Fine-grained control over what is traced: disable, allow_in_graph, disallow_in_graph, graph_break."""
+import functools
+import types
+
+from .errors import BytegraphError
+
+# Functions whose calls become one opaque graph node (outputs computed on fake tensors).
+allowed_in_graph = set()
+# Functions that must never be put in a graph: calling them is a graph break.
+disallowed_in_graph = set()
+
+
+def graph_break():
+    """Ends the current graph here; compilation resumes after this call."""
+
+
+def allow_in_graph(fn):
+    """Put calls to ``fn`` in the graph as a single node instead of tracing into it.
+
+    ``fn`` must be functional: its outputs depend only on its inputs, it mutates
+    nothing, and its output shapes can be computed on fake tensors.
+    """
+    if isinstance(fn, (list, tuple)):
+        return [allow_in_graph(f) for f in fn]
+    if not callable(fn):
+        raise BytegraphError(f"allow_in_graph expects a callable, got {type(fn).__name__}")
+    disallowed_in_graph.discard(fn)
+    allowed_in_graph.add(fn)
+    return fn
+
+
+def disallow_in_graph(fn):
+    """Never put ``fn`` in a graph: each call to it is a graph break and runs eagerly."""
+    if isinstance(fn, (list, tuple)):
+        return [disallow_in_graph(f) for f in fn]
+    if not callable(fn):
+        raise BytegraphError(f"disallow_in_graph expects a callable, got {type(fn).__name__}")
+    allowed_in_graph.discard(fn)
+    disallowed_in_graph.add(fn)
+    return fn
+
+
+def disable(fn=None, recursive=True):
+    """Run ``fn`` without compiling it (also as ``@disable`` / ``@disable(recursive=False)``).
+
+    With ``recursive=False`` only ``fn``'s own frame is skipped: the global
+    functions it calls are still compiled (calls through attributes, such as
+    ``self.layer(x)``, run as they are: without a frame hook there is no way
+    to reach them).
+    """
+    if not isinstance(recursive, bool):
+        raise BytegraphError(f"disable: recursive must be True or False, got {recursive!r}")
+    if fn is None:
+        return functools.partial(disable, recursive=recursive)
+    if not callable(fn):
+        raise BytegraphError(f"disable expects a callable, got {type(fn).__name__}")
+    target = getattr(fn, "_bytegraph_original", fn)
+
+    @functools.wraps(target)
+    def disabled(*args, **kwargs):
+        return target(*args, **kwargs)
+
+    disabled._bytegraph_disabled = True
+    disabled._bytegraph_disabled_target = target
+    disabled._bytegraph_recursive = recursive
+    return disabled
+
+
+def is_disabled(fn):
+    return getattr(fn, "_bytegraph_disabled", False)
+
+
+class _RoutingGlobals(dict):
+    """Globals for a non-recursive disabled frame: user functions it reads come back compiled."""
+
+    def __init__(self, real, compiler):
+        super().__init__()
+        self.real = real
+        self.compiler = compiler
+
+    def __getitem__(self, name):
+        value = self.real[name]
+        if isinstance(value, types.FunctionType) and not is_disabled(value) \
+                and not hasattr(value, "_bytegraph_original"):
+            from .runtime.continuation import _is_user_function
+            if _is_user_function(value):
+                return self.compiler.wrapper_for(value)
+        return value
+
+
+def call_disabled(compiler, fn, args, kwargs):
+    """Call a disabled function; with recursive=False its global callees go through ``compiler``."""
+    target = fn._bytegraph_disabled_target
+    if fn._bytegraph_recursive or compiler is None or not isinstance(target, types.FunctionType) \
+            or _writes_globals(target.__code__):
+        return target(*args, **kwargs)
+    return _run_routing_calls(compiler, target, args, kwargs)
+
+
+def _run_routing_calls(compiler, fn, args, kwargs):
+    routed = types.FunctionType(fn.__code__, _RoutingGlobals(fn.__globals__, compiler), fn.__name__,
+                                fn.__defaults__, fn.__closure__)
+    routed.__kwdefaults__ = fn.__kwdefaults__
+    # Builtins must still resolve: LOAD_GLOBAL falls back to __builtins__ of the globals mapping.
+    dict.__setitem__(routed.__globals__, "__builtins__", fn.__globals__.get("__builtins__", __builtins__))
+    return routed(*args, **kwargs)
+
+
+def _writes_globals(code):
+    import dis
+    return any(i.opname in ("STORE_GLOBAL", "DELETE_GLOBAL") for i in dis.get_instructions(code))
+
+
+__all__ = ["disable", "allow_in_graph", "disallow_in_graph", "graph_break"]

@@ -1,0 +1,85 @@
+"""``bytegraph.explain(fn)(*args)``: compile and run once, then report graphs, breaks, ops and guards."""
+from dataclasses import dataclass, field
+
+from . import records
+
+
+@dataclass
+class BreakReason:
+    reason: str
+    user_stack: list          # traceback.FrameSummary, innermost last
+    graph_break: bool = True  # False: the whole frame ran eagerly instead of resuming
+
+
+@dataclass
+class ExplainOutput:
+    graphs: list = field(default_factory=list)
+    graph_count: int = 0
+    graph_break_count: int = 0
+    break_reasons: list = field(default_factory=list)
+    op_count: int = 0
+    ops_per_graph: list = field(default_factory=list)
+    out_guards: list = field(default_factory=list)
+
+    def __str__(self):
+        lines = [f"Graph Count: {self.graph_count}",
+                 f"Graph Break Count: {self.graph_break_count}",
+                 f"Op Count: {self.op_count}",
+                 "Break Reasons:"]
+        for i, br in enumerate(self.break_reasons, 1):
+            lines.append(f"  Break Reason {i}:")
+            lines.append(f"    Reason: {br.reason}")
+            if not br.graph_break:
+                lines.append("    (the rest of this frame ran eagerly)")
+            lines.append("    User Stack:")
+            for fs in br.user_stack:
+                lines.append(f"      <FrameSummary file {fs.filename}, line {fs.lineno} in {fs.name}>")
+                if fs.line:
+                    lines.append(f"        {fs.line.strip()}")
+        lines.append("Ops per Graph:")
+        for i, ops in enumerate(self.ops_per_graph, 1):
+            lines.append(f"  Ops {i}:")
+            lines.extend(f"    {op}" for op in ops)
+        lines.append("Out Guards:")
+        for i, g in enumerate(self.out_guards, 1):
+            lines.append(f"  Guard {i}: {g.describe()}")
+        return "\n".join(lines) + "\n"
+
+
+def _ops(gm):
+    # Like torch._dynamo.explain: function calls only (tensor methods are not counted).
+    return [n.target for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def explain(fn, *extra_args, **extra_kwargs):
+    """``explain(fn)(*args, **kwargs)`` -> ExplainOutput (``explain(fn, *args)`` also works)."""
+    from ..api import compile as bg_compile
+
+    def run(*args, **kwargs):
+        graphs = []
+
+        def record_graph(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        start = len(records.frames)
+        compiled = bg_compile(fn, backend=record_graph)
+        compiled(*args, **kwargs)
+        recs = records.frames[start:]
+        out = ExplainOutput()
+        out.graphs = graphs
+        out.graph_count = len(graphs)
+        for r in recs:
+            if r.break_reason:
+                out.break_reasons.append(BreakReason(r.break_reason, r.user_stack, True))
+            elif r.fallback_reason:
+                out.break_reasons.append(BreakReason(r.fallback_reason, r.user_stack, False))
+            out.out_guards.extend(r.guards)
+        out.graph_break_count = len(out.break_reasons)
+        out.ops_per_graph = [_ops(gm) for gm in graphs]
+        out.op_count = sum(len(ops) for ops in out.ops_per_graph)
+        return out
+
+    if extra_args or extra_kwargs:
+        return run(*extra_args, **extra_kwargs)
+    return run
