@@ -64,3 +64,52 @@ def resume_code(code, offset, stack_layout, live, name):
 def make_resume_function(fn, code, offset, stack_layout, live, name):
     new_code = resume_code(code, offset, tuple(stack_layout), tuple(live), name)
     return types.FunctionType(new_code, fn.__globals__, name, None, fn.__closure__)
+
+
+def step_function(fn, code, offset, stack_layout, live, after_layout, after_live, handover, name):
+    """A function that runs one instruction natively, then hands over to ``handover``.
+
+    It starts like a resume function at ``offset``; right after that single
+    instruction it jumps to a tail placed after all exception ranges, which
+    stores the stack (laid out as ``after_layout``) and returns
+    ``handover(*stack, *after_live)``. The instruction runs inside the original
+    exception handling; what follows runs in the handover's frame, so each
+    handler runs at most once.
+    """
+    from . import versions
+    bc = Bytecode.from_code(code, conserve_exception_block_stackdepth=True)
+    raw = [i for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
+    instrs = [x for x in bc if isinstance(x, Instr)]
+    if len(raw) != len(instrs):
+        raise ValueError(f"cannot map instructions of {code.co_name}")
+    k = next(j for j, d in enumerate(raw) if d.offset == offset)
+    target = instrs[k]
+    lineno = target.lineno
+    start = Label()
+    tail = Label()
+    pos = next(j for j, x in enumerate(bc) if x is target)
+    bc[pos:pos + 1] = [start, target, Instr("JUMP_FORWARD", tail, lineno=lineno)]
+    resume_at = next(j for j, x in enumerate(bc) if isinstance(x, Instr) and x.name == "RESUME")
+    prologue = [Instr("PUSH_NULL", lineno=lineno) if s is NULL_SLOT else Instr("LOAD_FAST", s, lineno=lineno)
+                for s in stack_layout]
+    prologue.append(Instr("JUMP_FORWARD", start, lineno=lineno))
+    bc[resume_at + 1:resume_at + 1] = prologue
+    # A NULL cannot be popped; storing it into a spare local is safe (the local becomes unbound).
+    stores = [Instr("STORE_FAST", "__null" if s is NULL_SLOT else s, lineno=lineno)
+              for s in reversed(after_layout)]
+    args = [s for s in after_layout if s is not NULL_SLOT] + list(after_live)
+    call = [Instr(op, arg, lineno=lineno) if arg is not None else Instr(op, lineno=lineno)
+            for op, arg in versions.call_sequence(handover, args)]
+    bc.extend([tail] + stores + call + [Instr("RETURN_VALUE", lineno=lineno)])
+    params = [s for s in stack_layout if s is not NULL_SLOT] + list(live)
+    bc.argnames = params
+    bc.argcount = len(params)
+    bc.posonlyargcount = 0
+    bc.kwonlyargcount = 0
+    bc.flags &= ~(CompilerFlags.VARARGS | CompilerFlags.VARKEYWORDS)
+    bc.name = name
+    if hasattr(bc, "qualname"):
+        bc.qualname = name
+    new_code = bc.to_code(stacksize=code.co_stacksize + len(stack_layout) + len(args) + 3,
+                          compute_exception_stack_depths=False)
+    return types.FunctionType(new_code, fn.__globals__, name, None, fn.__closure__)

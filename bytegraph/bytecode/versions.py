@@ -79,3 +79,14 @@ def split_call_prefix(below, above):
     if above is NULL:
         return below, None
     return below, above
+
+
+def call_sequence(callable_const, arg_names):
+    """(opname, arg) pairs that call a constant callable with local variables as arguments."""
+    loads = [("LOAD_FAST", n) for n in arg_names]
+    n = len(arg_names)
+    if PY >= (3, 13):
+        return [("LOAD_CONST", callable_const), ("PUSH_NULL", None)] + loads + [("CALL", n)]
+    if PY >= (3, 12):
+        return [("PUSH_NULL", None), ("LOAD_CONST", callable_const)] + loads + [("CALL", n)]
+    return [("PUSH_NULL", None), ("LOAD_CONST", callable_const)] + loads + [("PRECALL", n), ("CALL", n)]

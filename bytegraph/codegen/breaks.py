@@ -151,10 +151,6 @@ def plan_break(fn, frame, ins):
     if handlers:
         # Inside try: the step must run inside the original code's exception handling.
         kind = "generic"
-    if kind == "generic":
-        info = RESUME_INFO.get(code)
-        if info is not None and info.start == original_offset(code, ins.offset)[1]:
-            raise Unsupported("cannot resume at the instruction this resume function starts with")
     return kind
 
 
@@ -292,7 +288,8 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
         step.append(f"{slot_expr(stack[-2])}[{slot_expr(stack[-1])}] = {slot_expr(stack[-3])}")
         tail.append(resume(next_offset, stack[:-3]))
     else:
-        tail.append(resume(ins.offset, stack))
+        tail.append(_generic_step(fn, code, ins, stack, live_names, bound, slot_expr, rb, ns, compiler,
+                                  is_resume, _resume_function, rows))
 
     body = lines + rb.lines
     if exits and step:
@@ -310,6 +307,53 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     exec(compile(src, filename, "exec"), ns.ns)
     return ns.ns[name], src, gm if uses_graph else None
+
+
+class Handover:
+    """Called at the end of a step function: continue in the next resume function."""
+    __slots__ = ("wrapper",)
+
+    def __init__(self, wrapper):
+        self.wrapper = wrapper
+
+    def __call__(self, *args):
+        return resolve(self.wrapper, args)
+
+
+def _generic_step(fn, code, ins, stack, live_names, bound, slot_expr, rb, ns, compiler, is_resume,
+                  make_resume, rows):
+    """Run the breaking instruction natively in a copy of the code, then resume after it."""
+    import dis
+    from ..bytecode.resume import step_function
+    raw = next(i for i in analysis._raw(code) if i.offset == ins.offset)
+    if raw.opname in ("RETURN_VALUE", "RETURN_CONST", "RAISE_VARARGS", "RERAISE"):
+        effect = 0
+    else:
+        effect = dis.stack_effect(raw.opcode, raw.arg, jump=False) if raw.opcode >= dis.HAVE_ARGUMENT \
+            else dis.stack_effect(raw.opcode, jump=False)
+    before = [NULL_SLOT if v is NULL else f"__stack{i}" for i, v in enumerate(stack)]
+    depth_after = len(stack) + effect
+    after = []
+    for i in range(depth_after):
+        keep = i < len(stack) and (i < depth_after - 1 or effect > 0 and i < len(stack))
+        after.append(before[i] if keep and before[i] is NULL_SLOT else f"__h{i}")
+    next_offset = rows[ins.index + 1].offset if ins.index + 1 < len(rows) else None
+    after_live, resume_layout = [], []
+    if next_offset is not None:
+        after_live = [n for n in live_names if n in analysis.live_locals(code, next_offset)]
+        resume_layout = [NULL_SLOT if s is NULL_SLOT else f"__stack{i}" for i, s in enumerate(after)]
+        handover = Handover(compiler.wrapper_for(make_resume(fn, code, next_offset, resume_layout, after_live)))
+    else:
+        handover = None
+    live_before = [n for n in live_names if n in analysis.live_locals(code, ins.offset)]
+    original, orig_offset = original_offset(code, ins.offset)
+    info = RESUME_INFO.get(code)
+    origin = info.name if info is not None else code.co_name
+    step = step_function(fn, original, orig_offset, before, live_before, after, after_live, handover,
+                         f"step_in_{_clean(origin)}_at_line_{ins.line}")
+    args = [slot_expr(v) for v in stack if v is not NULL] + [rb.expr(bound[n]) for n in live_before]
+    call = "__Continuation" if is_resume else "__resolve"
+    return f"return {call}({ns.ref(step, 'step')}, ({', '.join(args)}{',' if len(args) == 1 else ''}))"
 
 
 def _unique_graph_outputs(outputs, by_node):
