@@ -351,6 +351,7 @@ def _generic_step(fn, code, ins, stack, live_names, bound, slot_expr, rb, ns, co
     origin = info.name if info is not None else code.co_name
     step = step_function(fn, original, orig_offset, before, live_before, after, after_live, handover,
                          f"step_in_{_clean(origin)}_at_line_{ins.line}")
+    _log_code("STEP FUNCTION", step)
     args = [slot_expr(v) for v in stack if v is not NULL] + [rb.expr(bound[n]) for n in live_before]
     call = "__Continuation" if is_resume else "__resolve"
     return f"return {call}({ns.ref(step, 'step')}, ({', '.join(args)}{',' if len(args) == 1 else ''}))"
@@ -414,7 +415,15 @@ def _resume_function(fn, code, offset, layout, live):
         resume_fn = make_resume_function(fn, original, orig_offset, layout, live, name)
         RESUME_INFO[resume_fn.__code__] = ResumeInfo(original, origin, orig_offset)
         _resume_functions[key] = resume_fn
+        _log_code("RESUME FUNCTION", resume_fn)
     return resume_fn
+
+
+def _log_code(what, fn):
+    from ..debug import logs
+    if logs.enabled("bytecode"):
+        import dis
+        logs.get_logger("bytecode").debug("%s %s\n%s", what, fn.__name__, dis.Bytecode(fn).dis())
 
 
 def _clean(name):
