@@ -25,8 +25,31 @@ def exception_entries(code):
 
 
 def covering_handlers(code, offset):
-    """Exception-table entries whose range contains ``offset`` (innermost last)."""
+    """Exception-table entries whose range contains ``offset``."""
     return [e for e in exception_entries(code) if e.start <= offset < e.end]
+
+
+def inside_user_handler(code, offset):
+    """True if an exception raised at ``offset`` can reach a user ``except``/``finally``.
+
+    Entries do not nest in the table: the innermost one covers an instruction,
+    and its handler code is in turn covered by the next one out. So follow the
+    chain of handlers; ``with`` cleanups and compiler-made cleanups do not count.
+    """
+    instrs = _raw(code)
+    seen = set()
+    todo = [offset]
+    while todo:
+        at = todo.pop()
+        for e in covering_handlers(code, at):
+            if e.target in seen:
+                continue
+            seen.add(e.target)
+            head = [i.opname for i in instrs if i.offset >= e.target][:3]
+            if head and head[0] == "PUSH_EXC_INFO" and "WITH_EXCEPT_START" not in head:
+                return True
+            todo.append(e.target)
+    return False
 
 
 @lru_cache(maxsize=1024)

@@ -15,7 +15,7 @@ from ..bytecode.instructions import decode
 from ..bytecode.resume import NULL_SLOT, make_resume_function
 from ..bytecode.versions import split_call_prefix
 from ..errors import Unsupported
-from ..runtime.continuation import Continuation, GradModeExit, call_through, resolve
+from ..runtime.continuation import AutocastExit, Continuation, GradModeExit, call_through, resolve
 from ..values.base import (NULL, BoundMethodValue, ConstantValue, DictValue, ExitValue,
                            IteratorValue, ListValue, MethodOfValue, ObjectValue, TensorMethodValue,
                            TensorValue, TupleValue)
@@ -142,21 +142,16 @@ def plan_break(fn, frame, ins):
     """What the native step is for ``ins``; 'generic' resumes at the instruction itself."""
     code = fn.__code__
     name = ins.opname
-    handlers = [e for e in analysis.covering_handlers(code, ins.offset) if not _is_with_cleanup(code, e)]
+    in_try = analysis.inside_user_handler(code, ins.offset)
     if name in _CALLS or name in _BRANCHES or name in _KEEP_BRANCHES or name in (
             "TO_BOOL", "FOR_ITER", "STORE_ATTR", "STORE_SUBSCR"):
         kind = name
     else:
         kind = "generic"
-    if handlers:
+    if in_try:
         # Inside try: the step must run inside the original code's exception handling.
         kind = "generic"
     return kind
-
-
-def _is_with_cleanup(code, entry):
-    rows = [i for i in analysis._raw(code) if i.offset >= entry.target][:3]
-    return any(i.opname == "WITH_EXCEPT_START" for i in rows)
 
 
 def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resume, compile_graph):
@@ -171,7 +166,8 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
     bound = {n: v for n, v in frame.locals.items()}
     ns = Namespace(fn.__globals__)
     ns.ns.update({"__MethodType": types.MethodType, "__call_through": call_through, "__compiler": compiler, "__resolve": resolve,
-                  "__Continuation": Continuation, "__GradModeExit": GradModeExit})
+                  "__Continuation": Continuation, "__GradModeExit": GradModeExit,
+                  "__AutocastExit": AutocastExit})
     graph = tx.graph.graph
 
     # The graph leaves global state as it found it; the code below re-enters what is active.
@@ -179,7 +175,7 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
     for mgr in reversed(active):
         if mgr.kind == "autocast":
             graph.create_node("call_function", torch.amp._exit_autocast, (mgr.saved[0],), {})
-    entry_grad = torch.is_grad_enabled()
+    entry_grad = tx.entry_grad_mode
     break_grad = getattr(tx, "break_grad_mode", entry_grad)
     if break_grad != entry_grad:
         graph.create_node("call_function", torch._C._set_grad_enabled, (entry_grad,), {})
@@ -212,14 +208,17 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
 
     rb = Rebuilder(ns, tensor_exprs)
     exits = []
+    exit_values = {id(v.manager): v for v in stack if isinstance(v, ExitValue)}
     for i, mgr in enumerate(active):
         if mgr.kind == "autocast":
             device_type, dtype, enabled, cache = mgr.args
             ctx = f"__ctx{i}"
-            rb.lines.append(f"{ctx} = torch.autocast({device_type!r}, dtype={ns.ref(dtype)}, "
-                            f"enabled={enabled!r}, cache_enabled={cache!r})")
-            rb.lines.append(f"{ctx}.__enter__()")
-            exits.append((mgr, f"{ctx}.__exit__"))
+            rb.lines.append(f"{ctx} = __AutocastExit.enter({device_type!r}, {ns.ref(dtype)}, "
+                            f"{enabled!r}, {cache!r})")
+            exits.append((mgr, ctx))
+        elif mgr.kind == "autocast_resumed":
+            # Entered natively before this segment and still active: pass the same exit on.
+            exits.append((mgr, ns.source(exit_values[id(mgr)].source)))
         elif mgr.kind in ("grad", "set_grad"):
             exits.append((mgr, f"__GradModeExit({mgr.saved!r})"))
         else:
@@ -326,7 +325,13 @@ def _generic_step(fn, code, ins, stack, live_names, bound, slot_expr, rb, ns, co
     import dis
     from ..bytecode.resume import step_function
     raw = next(i for i in analysis._raw(code) if i.offset == ins.offset)
-    if raw.opname in ("RETURN_VALUE", "RETURN_CONST", "RAISE_VARARGS", "RERAISE"):
+    if ins.opname == "CALL":
+        effect = 1 - (ins.arg + 2)
+    elif ins.opname == "CALL_KW":
+        effect = 1 - (ins.arg + 3)
+    elif ins.opname == "CALL_FUNCTION_EX":
+        effect = 1 - (3 + (ins.arg & 1))
+    elif raw.opname in ("RETURN_VALUE", "RETURN_CONST", "RAISE_VARARGS", "RERAISE"):
         effect = 0
     else:
         effect = dis.stack_effect(raw.opcode, raw.arg, jump=False) if raw.opcode >= dis.HAVE_ARGUMENT \

@@ -79,3 +79,33 @@ def _has_hooks(m):
     from torch.nn.modules import module as mm
     return bool(m._forward_hooks or m._forward_pre_hooks or mm._global_forward_hooks
                 or mm._global_forward_pre_hooks)
+
+
+def set_autocast_state(device_type, enabled, dtype, cache_enabled):
+    """Set autocast state directly; used natively and as a graph node when a block ends."""
+    torch.set_autocast_enabled(device_type, enabled)
+    torch.set_autocast_dtype(device_type, dtype)
+    torch.set_autocast_cache_enabled(cache_enabled)
+
+
+class AutocastExit:
+    """Stands where ``__exit__`` of an autocast block was, for code resumed inside the block."""
+    __slots__ = ("device_type", "prev")
+
+    def __init__(self, device_type, prev):
+        self.device_type = device_type
+        self.prev = prev      # (enabled, dtype, cache_enabled) before the block
+
+    @classmethod
+    def enter(cls, device_type, dtype, enabled, cache_enabled):
+        prev = (torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type),
+                torch.is_autocast_cache_enabled())
+        torch.autocast_increment_nesting()
+        set_autocast_state(device_type, enabled, dtype, cache_enabled)
+        return cls(device_type, prev)
+
+    def __call__(self, exc_type=None, exc=None, tb=None):
+        if torch.autocast_decrement_nesting() == 0:
+            torch.clear_autocast_cache()
+        set_autocast_state(self.device_type, *self.prev)
+        return False

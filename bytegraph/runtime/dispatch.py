@@ -13,6 +13,7 @@ from ..debug import logs
 from .cache import CodeCache
 
 _compilers = weakref.WeakSet()
+_NOT_A_PLAIN_FRAME = 0x20 | 0x80 | 0x100 | 0x200   # generator, coroutine, iterable coroutine, async generator
 _total_entries = [0]
 log_recompiles = logs.get_logger("recompiles")
 
@@ -46,6 +47,10 @@ class Compiler:
         original = getattr(fn, "_bytegraph_original", None)
         if original is not None:
             fn = original
+        if fn.__code__.co_flags & _NOT_A_PLAIN_FRAME:
+            # Calling a generator or coroutine function only creates the generator; its body
+            # runs later, frame by frame, which a wrapper cannot follow. It runs as it is.
+            return fn
         cache = self.cache_for(fn.__code__)
         wrapper = _generate_wrapper(fn, cache, self)
         wrapper._bytegraph_original = fn

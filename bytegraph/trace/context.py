@@ -18,6 +18,8 @@ class TraceContext:
         self.instructions_left = INSTRUCTION_BUDGET
         self.frames = []               # active frames, innermost last
         self.state_changes = []        # global state entered by with-blocks, undone at the end
+        import torch
+        self.entry_grad_mode = torch.is_grad_enabled()
 
     def is_trusted_source(self, source):
         return False

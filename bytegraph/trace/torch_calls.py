@@ -50,7 +50,8 @@ _TORCH_PY_OPS = {"is_floating_point", "is_complex", "numel", "typename", "is_sto
 
 def torch_call(frame, fn, args, kwargs):
     name = getattr(fn, "__name__", "")
-    if name in _STATEFUL_NAMES:
+    if name in _STATEFUL_NAMES or name.startswith(("set_", "_set_")) or "nesting" in name \
+            or name in ("clear_autocast_cache", "_enter_autocast", "_exit_autocast"):
         raise Unsupported(f"torch.{name}() changes global state and cannot be traced")
     if isinstance(fn, (types.MethodDescriptorType, types.WrapperDescriptorType)):
         # torch.Tensor.add(x, y) is x.add(y).
@@ -131,8 +132,8 @@ def apply_state(frame, mgr, entering):
         if mgr.kind == "grad" and not entering and mode is None:
             return
         graph.create_node("call_function", torch._C._set_grad_enabled, (mode,), {})
+        tx.state_changes.append(("grad", torch.is_grad_enabled()))
         torch._C._set_grad_enabled(mode)
-        tx.state_changes.append(("grad", mgr.saved))
         return
     if mgr.kind == "autocast":
         if entering:
@@ -148,6 +149,18 @@ def apply_state(frame, mgr, entering):
             real.__exit__(None, None, None)
             tx.state_changes.remove(("autocast", real))
         return
+    if mgr.kind == "autocast_resumed":
+        # Leaving a block that was entered before this resume function began.
+        if entering:
+            return
+        from ..runtime.continuation import set_autocast_state
+        device_type = mgr.args[0]
+        now = (torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type),
+               torch.is_autocast_cache_enabled())
+        graph.create_node("call_function", set_autocast_state, (device_type,) + tuple(mgr.saved), {})
+        set_autocast_state(device_type, *mgr.saved)
+        tx.state_changes.append(("autocast_state", (device_type, now)))
+        return
     if mgr.kind == "noop":
         return
     raise Unsupported(f"context manager {mgr.kind} is not supported yet")
@@ -160,4 +173,8 @@ def undo_state_changes(tx):
             torch._C._set_grad_enabled(saved)
         elif kind == "autocast":
             saved.__exit__(None, None, None)
+        elif kind == "autocast_state":
+            from ..runtime.continuation import set_autocast_state
+            device_type, state = saved
+            set_autocast_state(device_type, *state)
     tx.state_changes.clear()

@@ -318,6 +318,6 @@ class ExitValue(Value):
 
     __slots__ = ("manager",)
 
-    def __init__(self, manager):
-        super().__init__(None)
+    def __init__(self, manager, source=None):
+        super().__init__(source)
         self.manager = manager

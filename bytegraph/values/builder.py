@@ -64,7 +64,16 @@ def _guard(tx, kind, source, expected):
 
 def _wrap(tx, obj, source):
     t = type(obj)
-    from ..runtime.continuation import GradModeExit
+    from ..runtime.continuation import AutocastExit, GradModeExit
+    if t is AutocastExit:
+        from .base import ContextManagerValue, ExitValue
+        mgr = ContextManagerValue("autocast_resumed", (obj.device_type,))
+        mgr.saved = obj.prev
+        _guard(tx, g.TYPE_MATCH, source, t)
+        if source is not None:
+            _guard(tx, g.CONSTANT_MATCH, AttrSource(source, "prev"), obj.prev)
+            _guard(tx, g.CONSTANT_MATCH, AttrSource(source, "device_type"), obj.device_type)
+        return ExitValue(mgr, source)
     if t is GradModeExit:
         # The __exit__ of a grad-mode block that a resume function continues.
         from .base import ContextManagerValue, ExitValue
