@@ -61,6 +61,11 @@ SUPERINSTRUCTIONS = {
 }
 
 
+def method_pair(null, attribute):
+    """The two stack slots LOAD_ATTR's method form leaves for a plain (non-method) attribute."""
+    return (attribute, null) if NULL_AFTER_CALLABLE else (null, attribute)
+
+
 def kw_names_of(instr, code):
     """The keyword-name tuple of a 3.11/3.12 KW_NAMES instruction."""
     return code.co_consts[instr.arg]

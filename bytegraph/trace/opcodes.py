@@ -15,6 +15,7 @@ from ..values.base import (NULL, CellValue, ConstantValue, ContextManagerValue, 
 from ..values.builder import wrap
 from . import attrs, calls, operators
 from .iteration import iterate, unpack
+from ..bytecode.versions import method_pair
 
 HANDLERS = {}
 
@@ -129,9 +130,10 @@ def load_attr(f, ins):
 
 @handler("LOAD_METHOD")
 def load_method(f, ins):
+    # Always the "attribute plus NULL" form, with the NULL where this Python version keeps it,
+    # so a stack rebuilt for a resume function is one CALL accepts.
     obj = f.pop()
-    f.push(NULL)
-    f.push(attrs.get_attr(f, obj, ins.argval))
+    f.stack.extend(method_pair(NULL, attrs.get_attr(f, obj, ins.argval)))
 
 
 @handler("STORE_ATTR")
@@ -362,6 +364,8 @@ def list_append(f, ins):
 def set_add(f, ins):
     v = f.pop()
     target = f.stack[-ins.arg]
+    if not isinstance(target, ConstantValue) or target.source is not None:
+        raise Unsupported("SET_ADD on an existing set is not supported yet")
     target.value.add(operators.as_constant(v))
 
 
@@ -381,7 +385,10 @@ def list_extend(f, ins):
 @handler("SET_UPDATE")
 def set_update(f, ins):
     v = f.pop()
-    f.stack[-ins.arg].value.update(operators.as_constant(x) for x in iterate(f, v))
+    target = f.stack[-ins.arg]
+    if not isinstance(target, ConstantValue) or target.source is not None:
+        raise Unsupported("SET_UPDATE on an existing set is not supported yet")
+    target.value.update(operators.as_constant(x) for x in iterate(f, v))
 
 
 @handler("LIST_TO_TUPLE")
@@ -408,6 +415,11 @@ def dict_update(f, ins):
 def _require(v, cls, what):
     if not isinstance(v, cls):
         raise Unsupported(f"{what} on {attrs.describe(v)} is not supported yet")
+    if v.source is not None:
+        # A container that exists outside the trace (e.g. handed to a resume function):
+        # changing it is a side effect the trace does not replay.
+        raise Unsupported(f"{what} on an existing {cls.__name__.replace('Value', '').lower()} "
+                          "(a side effect) is not supported yet")
     return v
 
 

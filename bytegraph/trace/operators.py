@@ -101,6 +101,8 @@ def binary(frame, op, a, b):
 def _sequence_op(frame, op, a, b):
     if op in ("+", "+="):
         if isinstance(a, ListValue) and isinstance(b, (ListValue, TupleValue)) and op == "+=":
+            if a.source is not None:
+                raise Unsupported("+= on an existing list (a side effect) is not supported yet")
             a.items.extend(b.items)
             return a
         if type(a) is type(b) and isinstance(a, (ListValue, TupleValue)):
