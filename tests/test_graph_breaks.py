@@ -420,7 +420,6 @@ def test_break_inside_user_context_manager(capsys):
 # of the bound ``__exit__`` of the context-manager object made in this call, so
 # every call recompiles until config.cache_size_limit is reached and the resume
 # function then runs eagerly. Dynamo: 1 graph, no recompilation.
-@pytest.mark.xfail(strict=True, reason="WORSE: recompiles on every call (guard on a per-call object)")
 def test_break_inside_user_context_manager_no_recompile(capsys):
     run_diff(custom_cm_break, t(3), [], capsys=capsys, calls=3)
 
@@ -1333,7 +1332,6 @@ def test_break_inside_inference_mode(capsys):
 # WORSE (correct, see the test above): the resume function guards on the
 # identity of the per-call torch.inference_mode object, so every call recompiles
 # until config.cache_size_limit is reached (like test_break_inside_user_context_manager).
-@pytest.mark.xfail(strict=True, reason="WORSE: recompiles on every call (guard on a per-call inference_mode object)")
 def test_break_inside_inference_mode_no_recompile(capsys):
     run_diff(inference_mode_break, t(3), capsys=capsys, calls=3)
 

@@ -109,6 +109,15 @@ def _wrap(tx, obj, source):
             _guard(tx, g.TYPE_MATCH, source, t)
             _guard(tx, g.DICT_KEYS, source, list(obj))
             return DictValue({k: wrap(tx, v, _item(source, k)) for k, v in obj.items()}, source, cls=t)
+    if t is types.MethodType and source is not None:
+        # A bound method is made anew on each attribute read: guard its function and the
+        # type of its object, not its own identity.
+        _guard(tx, g.TYPE_MATCH, source, t)
+        _guard(tx, g.ID_MATCH, AttrSource(source, "__func__"), obj.__func__)
+        owner = obj.__self__
+        owner_kind = g.ID_MATCH if isinstance(owner, (torch.nn.Module, type, types.ModuleType)) else g.TYPE_MATCH
+        _guard(tx, owner_kind, AttrSource(source, "__self__"), owner if owner_kind == g.ID_MATCH else type(owner))
+        return ObjectValue(obj, source)
     if isinstance(obj, (torch.nn.Module,) + _IDENTITY_TYPES) or (callable(obj) and _is_c_callable(obj)):
         _guard(tx, g.ID_MATCH, source, obj)
         return ObjectValue(obj, source)
