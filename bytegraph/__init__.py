@@ -6,7 +6,7 @@ from .config import config
 from .errors import BytegraphError, Unsupported, BackendError, ConfigError
 from .backends.registry import list_backends, register_backend
 from .api import compile, reset, OptimizedModule, is_compiling
-from .control import allow_in_graph, disable, disallow_in_graph, graph_break
+from .control import allow_in_graph, disable, disallow_in_graph, graph_break, mark_dynamic, mark_static
 from .debug.explain import explain
 
 __version__ = "0.1.0"
@@ -14,5 +14,6 @@ __version__ = "0.1.0"
 __all__ = [
     "compile", "reset", "config", "list_backends", "register_backend", "OptimizedModule",
     "is_compiling", "BytegraphError", "Unsupported", "BackendError", "ConfigError",
-    "disable", "allow_in_graph", "disallow_in_graph", "graph_break", "explain",
+    "disable", "allow_in_graph", "disallow_in_graph", "graph_break", "explain", "mark_dynamic",
+    "mark_static",
 ]

@@ -26,7 +26,8 @@ _SETTINGS = {
     "log_topics": (_env_topics(), (list, tuple), "logging topics switched on (BYTEGRAPH_LOGS)"),
     "verbose": (False, (bool,), "include bytegraph's own stack in fallback warnings"),
     "suppress_errors": (True, (bool,), "an internal error while compiling runs the frame eagerly"),
-    "guard_tensor_strides": (True, (bool,), "guard tensor strides, not only sizes"),
+    "dynamic_shapes": (os.environ.get("BYTEGRAPH_DYNAMIC_SHAPES", "1") != "0", (bool,),
+                       "allow symbolic sizes at all (BYTEGRAPH_DYNAMIC_SHAPES=0 turns them off)"),
 }
 
 

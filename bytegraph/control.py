@@ -112,3 +112,31 @@ def _writes_globals(code):
 
 
 __all__ = ["disable", "allow_in_graph", "disallow_in_graph", "graph_break"]
+
+
+def mark_dynamic(t, dim, min=None, max=None):
+    """Treat ``t``'s size in ``dim`` (an int or a list of ints) as symbolic from the first compile."""
+    import torch
+    if not isinstance(t, torch.Tensor):
+        raise BytegraphError(f"mark_dynamic expects a tensor, got {type(t).__name__}")
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    marks = dict(getattr(t, "_bytegraph_dynamic", {}) or {})
+    for d in dims:
+        if not isinstance(d, int) or not -t.dim() <= d < t.dim():
+            raise BytegraphError(f"mark_dynamic: dim {d!r} is out of range for a {t.dim()}-d tensor")
+        marks[d % t.dim()] = (min, max)
+    t._bytegraph_dynamic = marks
+
+
+def mark_static(t, dim=None):
+    """Keep ``t``'s size in ``dim`` (all dims if None) static, even under dynamic=True."""
+    import torch
+    if not isinstance(t, torch.Tensor):
+        raise BytegraphError(f"mark_static expects a tensor, got {type(t).__name__}")
+    if dim is None:
+        t._bytegraph_static = "all"
+        return
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    current = getattr(t, "_bytegraph_static", None)
+    current = set() if current in (None, "all") else set(current)
+    t._bytegraph_static = current | {d % t.dim() for d in dims}

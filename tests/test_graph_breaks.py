@@ -464,7 +464,6 @@ def test_break_in_for_range_loop_index_used_in_math(capsys):
 # WORSE (correct, see the test above): the loop index is a Python int used in
 # tensor math; each value of `i` is specialised, so every iteration compiles its
 # own graph (5 for 5 iterations). Dynamo turns `i` dynamic after one recompile.
-@pytest.mark.xfail(strict=True, reason="WORSE: loop index specialised per iteration, one graph each")
 def test_break_in_for_range_loop_index_used_in_math_graph_count(capsys):
     run_diff(for_range_print_uses_index, t(3), capsys=capsys, max_graphs=4)
 
@@ -526,7 +525,6 @@ def test_while_loop_with_tensor_condition_and_int_counter(capsys):
 # WORSE (correct, see the test above): the Python int `steps` is specialised, so
 # the resumed loop body is recompiled for every value (5 graphs for 4
 # iterations; Dynamo: 3, it makes `steps` dynamic after one recompile).
-@pytest.mark.xfail(strict=True, reason="WORSE: int loop counter specialised per iteration")
 def test_while_loop_with_tensor_condition_and_int_counter_graph_count(capsys):
     run_diff(while_tensor_cond, torch.full((3,), 4.0), capsys=capsys, max_graphs=4)
 

@@ -17,8 +17,8 @@ from ..bytecode.versions import split_call_prefix
 from ..errors import Unsupported
 from ..runtime.continuation import AutocastExit, Continuation, GradModeExit, call_through, resolve
 from ..values.base import (NULL, BoundMethodValue, ConstantValue, DictValue, ExitValue,
-                           IteratorValue, ListValue, MethodOfValue, ObjectValue, TensorMethodValue,
-                           TensorValue, TupleValue)
+                           IteratorValue, ListValue, MethodOfValue, ObjectValue, SymValue,
+                           TensorMethodValue, TensorValue, TupleValue)
 from ..trace.frame import PendingLocal
 from .transformed import Namespace, _key_expr
 
@@ -76,7 +76,7 @@ class Rebuilder:
         return out
 
     def _expr(self, v):
-        if isinstance(v, TensorValue):
+        if isinstance(v, (TensorValue, SymValue)):
             return self.tensor_exprs[id(v)]
         if isinstance(v, ConstantValue):
             if v.source is not None:
@@ -121,7 +121,7 @@ class Rebuilder:
 
 def tensors_in(values, out):
     for v in values:
-        if isinstance(v, TensorValue):
+        if isinstance(v, (TensorValue, SymValue)):
             out.append(v)
         elif isinstance(v, (TupleValue, ListValue)):
             tensors_in(v.items, out)
@@ -191,7 +191,7 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
     tensor_exprs = {}
     lines = []
     if uses_graph:
-        compiled = compile_graph(gm, [inp.example for inp in tx.graph.inputs])
+        compiled = compile_graph(gm, tx.graph.example_inputs())
         ns.ns["__compiled_fn"] = compiled
         lines.append(f"__out = __compiled_fn({', '.join(ns.source(i.source) for i in tx.graph.inputs)})")
     out_index = {}

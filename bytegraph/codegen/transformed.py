@@ -10,7 +10,7 @@ import torch
 
 from ..errors import Unsupported
 from ..guards.sources import ObjectSource
-from ..values.base import (ConstantValue, DictValue, ListValue, ObjectValue, TensorValue,
+from ..values.base import (ConstantValue, DictValue, ListValue, ObjectValue, SymValue, TensorValue,
                            TupleValue)
 
 
@@ -39,7 +39,7 @@ class Namespace:
 
 def collect_outputs(value, out):
     """Tensor leaves of a returned value, in order (appended to ``out``)."""
-    if isinstance(value, TensorValue):
+    if isinstance(value, (TensorValue, SymValue)):
         out.append(value)
     elif isinstance(value, (TupleValue, ListValue)):
         for v in value.items:
@@ -52,7 +52,7 @@ def collect_outputs(value, out):
 
 def rebuild_expr(value, ns, tensor_exprs):
     """Python expression that rebuilds ``value``; tensors come from ``tensor_exprs``."""
-    if isinstance(value, TensorValue):
+    if isinstance(value, (TensorValue, SymValue)):
         return tensor_exprs[id(value)]
     if isinstance(value, ConstantValue):
         v = value.value

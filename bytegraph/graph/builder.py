@@ -16,7 +16,8 @@ from torch._subclasses.fake_tensor import (
 
 from ..errors import Unsupported
 from ..values.base import (ConstantValue, DictValue, ListValue, ObjectValue, SliceValue,
-                           TensorValue, TupleValue)
+                           SymValue, TensorValue, TupleValue)
+from .shapes import Shapes
 
 
 class GraphInput:
@@ -32,7 +33,8 @@ class GraphInput:
 class GraphBuilder:
     def __init__(self):
         self.graph = fx.Graph()
-        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+        self.shapes = Shapes()
+        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=self.shapes.env)
         self.inputs = []              # GraphInput, in placeholder order
         self.state_root = torch.nn.Module()   # holds parameters and buffers for get_attr
         self._state_names = {}        # id(tensor) -> attribute name on state_root
@@ -44,7 +46,7 @@ class GraphBuilder:
     def fake(self, tensor):
         return self.fake_mode.from_tensor(tensor, static_shapes=True)
 
-    def add_input(self, tensor, source):
+    def _placeholder(self, source):
         name = self._unique(_identifier(source.name()))
         if self._last_placeholder is None:
             first = next(iter(self.graph.nodes), None)
@@ -54,10 +56,55 @@ class GraphBuilder:
         with ctx:
             node = self.graph.placeholder(name)
         self._last_placeholder = node
-        fake = self.fake(tensor)
+        return node
+
+    def add_input(self, tensor, source, dynamic_dims=None):
+        """A tensor argument; ``dynamic_dims`` maps dims to (min, max) for symbolic sizes."""
+        node = self._placeholder(source)
+        if dynamic_dims:
+            fake = self.shapes.fake_dynamic(self.fake_mode, tensor, source, dynamic_dims)
+        else:
+            fake = self.fake(tensor)
         node.meta["example_value"] = fake
         self.inputs.append(GraphInput(source, tensor, node))
         return TensorValue(node, fake, source, cls=type(tensor))
+
+    def add_sym_input(self, value, source):
+        """An int argument that is symbolic in the graph."""
+        node = self._placeholder(source)
+        sym = self.shapes.symint(value, source)
+        node.meta["example_value"] = sym
+        self.inputs.append(GraphInput(source, value, node))
+        return SymValue(node, sym, source)
+
+    def example_inputs(self):
+        """What the backend is handed: real values, or fake ones when sizes are symbolic."""
+        if self.shapes.has_symbols:
+            return [inp.node.meta["example_value"] for inp in self.inputs]
+        return [inp.example for inp in self.inputs]
+
+    def size_value(self, tensor_value, dim):
+        """``tensor.size(dim)`` as a value: a constant, or a SymValue read in the graph."""
+        size = tensor_value.fake.shape[dim]
+        if not isinstance(size, torch.SymInt):
+            return ConstantValue(size)
+        node = self.graph.create_node("call_method", "size", (tensor_value.node, dim), {})
+        node.meta["example_value"] = size
+        return SymValue(node, size)
+
+    def sym_call(self, target, args):
+        """Arithmetic on symbolic ints: a graph node, or a constant if the result is known."""
+        node_args, example_args = _unwrap(args)
+        result = target(*example_args)
+        if isinstance(result, torch.SymInt):
+            node = self.graph.create_node("call_function", target, tuple(node_args), {})
+            node.meta["example_value"] = result
+            return SymValue(node, result)
+        if isinstance(result, torch.SymBool):
+            return ConstantValue(bool(result))    # decides here; ShapeEnv records the guard
+        if isinstance(result, torch.SymFloat):
+            raise Unsupported("symbolic float arithmetic is not supported yet")
+        return ConstantValue(result)
 
     def add_module_state(self, tensor, source, is_parameter):
         """A parameter or buffer of an nn.Module, read in the graph through get_attr."""
@@ -117,20 +164,24 @@ class GraphBuilder:
                 return same
             node.meta["example_value"] = result
             return TensorValue(node, result)
-        if isinstance(result, (tuple, list)) and any(isinstance(r, torch.Tensor) for r in result):
+        if isinstance(result, (tuple, list)) and any(isinstance(r, (torch.Tensor, torch.SymInt)) for r in result):
             node.meta["example_value"] = result
             items = []
             for i, r in enumerate(result):
-                if isinstance(r, torch.Tensor):
+                if isinstance(r, (torch.Tensor, torch.SymInt)):
                     g = self.graph.create_node("call_function", operator.getitem, (node, i), {})
                     g.meta["example_value"] = r
-                    items.append(TensorValue(g, r))
+                    items.append(TensorValue(g, r) if isinstance(r, torch.Tensor) else SymValue(g, r))
                 else:
                     items.append(_constant_result(r))
             if isinstance(result, list):
                 return ListValue(items)
             cls = type(result)
-            return TupleValue(items, cls=cls if hasattr(cls, "_fields") or _structseq(cls) else tuple)
+            keep = hasattr(cls, "_fields") or _structseq(cls) or cls is torch.Size
+            return TupleValue(items, cls=cls if keep else tuple)
+        if isinstance(result, torch.SymInt):
+            node.meta["example_value"] = result
+            return SymValue(node, result)
         # No tensor came out (a size, a flag...): nothing to compute at run time,
         # unless the call mutates its arguments.
         if not node.users and not _mutates(node.target):
@@ -138,7 +189,7 @@ class GraphBuilder:
         return _constant_result(result)
 
     def output(self, values):
-        """Finish the graph returning ``values`` (TensorValues); return the GraphModule."""
+        """Finish the graph returning ``values`` (TensorValues, SymValues); return the GraphModule."""
         self.graph.output(tuple(v.node for v in values))
         # Inputs read but never used (an unused argument, an untouched list item) are dropped.
         for inp in list(self.inputs):
@@ -164,6 +215,8 @@ def _structseq(cls):
 def _constant_result(r):
     if isinstance(r, torch.Tensor):
         raise Unsupported("tensor in an unexpected position of a result")
+    if isinstance(r, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise Unsupported("symbolic size in an unexpected position of a result")
     if isinstance(r, (tuple, list)):
         items = [_constant_result(x) for x in r]
         return ListValue(items) if isinstance(r, list) else TupleValue(items, cls=type(r) if type(r) is torch.Size else tuple)
@@ -187,6 +240,8 @@ def _unwrap(obj):
         return [p[0] for p in pairs], [p[1] for p in pairs]
     if isinstance(obj, TensorValue):
         return obj.node, obj.fake
+    if isinstance(obj, SymValue):
+        return obj.node, obj.sym
     if isinstance(obj, ConstantValue):
         return obj.value, obj.value
     if isinstance(obj, TupleValue):

@@ -26,7 +26,25 @@ LENGTH_MATCH = "LENGTH_MATCH"
 DICT_KEYS = "DICT_KEYS"
 TENSOR_MATCH = "TENSOR_MATCH"
 ALIAS = "ALIAS"   # two sources named the same object when traced
+SHAPE_ENV = "SHAPE_ENV"   # relations between symbolic sizes (expected: graph.shapes.Shapes)
 NO_HOOKS = "NO_HOOKS"   # an nn.Module called while tracing had no forward hooks
+
+
+class TensorMeta:
+    """What a TENSOR_MATCH guard remembers of a tensor (not the tensor: it must not stay alive)."""
+    __slots__ = ("cls", "dtype", "device", "shape", "stride", "requires_grad", "contiguous")
+
+    def __init__(self, t):
+        self.cls = type(t)
+        self.dtype = t.dtype
+        self.device = t.device
+        self.shape = tuple(t.shape)
+        self.stride = tuple(t.stride())
+        self.requires_grad = t.requires_grad
+        self.contiguous = t.is_contiguous()
+
+    def dim(self):
+        return len(self.shape)
 
 
 @dataclass
@@ -35,13 +53,18 @@ class Guard:
     source: Source          # None for GLOBAL_STATE
     expected: object        # what the trace saw
     detail: str = ""        # for GLOBAL_STATE: which piece of state
+    dynamic_dims: tuple = ()  # for TENSOR_MATCH: dims whose size is symbolic (checked by shape guards)
 
     def describe(self):
         where = self.source.name() if self.source is not None else self.detail
         if self.kind == TENSOR_MATCH:
             t = self.expected
-            return (f"{where}: TENSOR_MATCH {_tensor_type_name(t)} {t.dtype} {t.device} "
-                    f"size={list(t.shape)} stride={list(t.stride())} requires_grad={t.requires_grad}")
+            size = [("*" if d in self.dynamic_dims else n) for d, n in enumerate(t.shape)]
+            stride = "contiguous" if self.dynamic_dims else list(t.stride)
+            return (f"{where}: TENSOR_MATCH {t.cls.__name__} {t.dtype} {t.device} "
+                    f"size={size} stride={stride} requires_grad={t.requires_grad}")
+        if self.kind == SHAPE_ENV:
+            return "symbolic shapes: " + "; ".join(desc for _, desc in self.expected.guards(lambda s: s.name()))
         if self.kind == ID_MATCH:
             return f"{where}: ID_MATCH {_short(self.expected)}"
         if self.kind == TYPE_MATCH:
@@ -51,10 +74,6 @@ class Guard:
         if self.kind == ALIAS:
             return f"{where}: is {self.expected.name()}"
         return f"{where}: {self.kind} {self.expected!r}"
-
-
-def _tensor_type_name(t):
-    return type(t).__name__
 
 
 def _short(obj):
@@ -70,10 +89,10 @@ class GuardSet:
     def __init__(self):
         self._guards = {}
 
-    def add(self, kind, source, expected, detail=""):
+    def add(self, kind, source, expected, detail="", dynamic_dims=()):
         key = (kind, source, detail)
         if key not in self._guards:
-            self._guards[key] = Guard(kind, source, expected, detail)
+            self._guards[key] = Guard(kind, source, expected, detail, tuple(dynamic_dims))
 
     def __iter__(self):
         return iter(self._guards.values())
@@ -144,8 +163,15 @@ class _Emitter:
             return name
         return text
 
+    def render_plain(self, source):
+        if isinstance(source, ObjectSource):
+            self.ns[source.expr()] = source.obj
+        return source.expr_over(self.render_plain)
+
     def checks(self, g):
         """[(condition code, failure message f-string code)] for one guard."""
+        if g.kind == SHAPE_ENV:
+            return [(cond, f"f'symbolic shape guard failed: {desc}'") for cond, desc in g.expected.guards(self.render)]
         if g.kind == GLOBAL_STATE:
             expr, value = g.expected
             c = self.const(value)
@@ -183,8 +209,8 @@ class _Emitter:
         raise AssertionError(g.kind)
 
     def _tensor_checks(self, e, who, t):
-        out = [(f"type({e}) is {self.const(type(t))}",
-                f"f'{who} is no longer a {type(t).__name__}: got {{type({e}).__qualname__}}'"),
+        out = [(f"type({e}) is {self.const(t.cls)}",
+                f"f'{who} is no longer a {t.cls.__name__}: got {{type({e}).__qualname__}}'"),
                (f"{e}.dtype is {self.const(t.dtype)}",
                 f"f'dtype of {who} changed: expected {t.dtype}, got {{{e}.dtype}}'"),
                (f"{e}.device == {self.const(t.device)}",
@@ -193,7 +219,7 @@ class _Emitter:
                 f"f'requires_grad of {who} changed: expected {t.requires_grad}, got {{{e}.requires_grad}}'"),
                (f"{e}.dim() == {t.dim()}",
                 f"f'rank of {who} changed: expected {t.dim()} dims, got {{{e}.dim()}}'")]
-        return out, tuple(t.shape), tuple(t.stride())
+        return out, t.shape, t.stride
 
 
 def _triple(message):
@@ -209,7 +235,8 @@ def compile_guards(guards, params, fn_globals, name="guard"):
     em.ns["G"] = fn_globals
     check_lines = []
     explain_lines = []
-    ordered = sorted(guards, key=lambda g: g.kind != GLOBAL_STATE)
+    # Global state first (cheap), shape relations last (they read sizes of guarded tensors).
+    ordered = sorted(guards, key=lambda g: (g.kind != GLOBAL_STATE) + 2 * (g.kind == SHAPE_ENV))
     for g in ordered:
         before = len(em.assignments)
         result = em.checks(g)
@@ -222,18 +249,31 @@ def compile_guards(guards, params, fn_globals, name="guard"):
             e = em.render(g.source)
             who = g.source.name()
             conds = [c for c, _ in pieces]
-            conds.append(f"{e}.shape == {shape!r}")
-            conds.append(f"{e}.stride() == {stride!r}")
+            dynamic = g.dynamic_dims
+            if not dynamic:
+                conds.append(f"{e}.shape == {shape!r}")
+                conds.append(f"{e}.stride() == {stride!r}")
+            else:
+                conds += [f"{e}.size({i}) == {n}" for i, n in enumerate(shape) if i not in dynamic]
+                conds.append(f"{e}.is_contiguous()" if g.expected.contiguous else f"{e}.stride() == {stride!r}")
             check_lines.append(f"if not ({' and '.join(conds)}): return False")
             for c, m in pieces:
                 explain_lines.append(f"if not ({c}): return {_triple(m)}")
             for i, n in enumerate(shape):
+                if i in dynamic:
+                    continue
                 explain_lines.append(f"if {e}.size({i}) != {n}: return " + _triple(
                     f"f'size of {who} (dim {i}): expected {n}, got {{{e}.size({i})}}'"))
-            explain_lines.append(f"if {e}.stride() != {stride!r}: return " + _triple(
-                f"f'stride of {who} changed: expected {stride!r}, got {{{e}.stride()}}'"))
+            if dynamic and g.expected.contiguous:
+                explain_lines.append(f"if not {e}.is_contiguous(): return " + _triple(
+                    f"f'{who} is no longer contiguous'"))
+            else:
+                explain_lines.append(f"if {e}.stride() != {stride!r}: return " + _triple(
+                    f"f'stride of {who} changed: expected {stride!r}, got {{{e}.stride()}}'"))
         else:
             conds = [c for c, _ in result]
+            if not conds:
+                continue
             check_lines.append(f"if not ({' and '.join(conds)}): return False")
             for c, m in result:
                 explain_lines.append(f"if not ({c}): return {_triple(m)}")
@@ -246,11 +286,23 @@ def compile_guards(guards, params, fn_globals, name="guard"):
     src += ["    except Exception as e:",
             "        return f'guard raised {type(e).__name__}: {e}'",
             "    return None", ""]
+    observed = [g for g in ordered if g.kind == TENSOR_MATCH or (
+        g.kind == CONSTANT_MATCH and type(g.expected) is int)]
+    src += [f"def observe_{name}({sig}):", "    out = []"]
+    for g in observed:
+        e = g.source.expr_over(em.render_plain)
+        value = f"tuple({e}.shape)" if g.kind == TENSOR_MATCH else e
+        src += ["    try:", f"        out.append({value})", "    except Exception:", "        out.append(None)"]
+    src += ["    return out", ""]
     text = "\n".join(src)
     filename = f"<bytegraph {name}>"
     linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
     exec(compile(text, filename, "exec"), em.ns)
-    return em.ns[name], em.ns[f"explain_{name}"], text
+    check = em.ns[name]
+    # What automatic dynamic shapes compares on a miss: current sizes and ints at these sources.
+    check.observe = em.ns[f"observe_{name}"]
+    check.observed = observed
+    return check, em.ns[f"explain_{name}"], text
 
 
 def global_names(guards):

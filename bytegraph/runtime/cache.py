@@ -26,6 +26,8 @@ class CodeCache:
     eager_forever: bool = False
     recompile_reasons: list = field(default_factory=list)
     warned: bool = False
+    auto_dynamic: dict = field(default_factory=dict)          # source -> dims whose size changed
+    auto_dynamic_scalars: set = field(default_factory=set)    # int sources whose value changed
 
     def add(self, entry):
         self.entries.insert(0, entry)
@@ -37,3 +39,5 @@ class CodeCache:
         self.eager_forever = False
         self.recompile_reasons.clear()
         self.warned = False
+        self.auto_dynamic.clear()
+        self.auto_dynamic_scalars.clear()

@@ -18,7 +18,7 @@ log_bytecode = logs.get_logger("bytecode")
 log_breaks = logs.get_logger("graph_breaks")
 
 
-def compile_frame(fn, frame_args, compiler):
+def compile_frame(fn, frame_args, compiler, cache=None):
     code = fn.__code__
     params = frame_params(code)
     values = frame_args[:len(params)]
@@ -29,12 +29,20 @@ def compile_frame(fn, frame_args, compiler):
         log_bytecode.debug("ORIGINAL BYTECODE %s %s:%s\n%s", fn.__qualname__, code.co_filename,
                            code.co_firstlineno, dis.Bytecode(code).dis())
     try:
-        result = trace_frame(fn, values, compiler)
+        result = trace_frame(fn, values, compiler, cache=cache)
         entry = _finish(fn, result, guard_params, compiler, n)
     except Unsupported as e:
         if compiler.fullgraph:
             raise
-        entry = _split_at_break(fn, values, compiler, e, guard_params, n)
+        try:
+            entry = _split_at_break(fn, values, compiler, e, guard_params, n, cache)
+        except BytegraphError:
+            raise
+        except Exception as internal:
+            if not config.suppress_errors:
+                raise
+            log_breaks.debug("internal error while splitting %s at a break: %r", fn.__qualname__, internal)
+            entry = None
         if entry is None:
             return _fallback(fn, e, guard_params, n)
     except BytegraphError:
@@ -56,12 +64,12 @@ def _finish(fn, result, guard_params, compiler, n):
     name = f"transformed_{_clean(fn.__name__)}_{n}"
     uses_graph = count_ops(gm) > 0
     if uses_graph:
-        example_inputs = [inp.example for inp in tx.graph.inputs]
-        compiled = _compile_graph(compiler, fn)(gm, example_inputs)
+        compiled = _compile_graph(compiler, fn)(gm, tx.graph.example_inputs())
     else:
         compiled = gm
     run, source = generate(name, guard_params, tx.graph.inputs, compiled, result.return_value,
                            outputs, fn.__globals__, uses_graph)
+    _add_shape_guards(tx)
     guard, explain, guard_source = compile_guards(tx.guards, guard_params, fn.__globals__,
                                                   name=f"guard_{_clean(fn.__name__)}_{n}")
     guards = list(tx.guards)
@@ -74,6 +82,12 @@ def _finish(fn, result, guard_params, compiler, n):
                                        transformed_source=source, guard_source=guard_source))
     return CacheEntry(guard, run, explain, guards, graph=gm if uses_graph else None,
                       transformed_source=source, guard_source=guard_source)
+
+
+def _add_shape_guards(tx):
+    from ..guards.builder import SHAPE_ENV
+    if tx.graph.shapes.has_symbols:
+        tx.guards.add(SHAPE_ENV, None, tx.graph.shapes)
 
 
 def _compile_graph(compiler, fn):
@@ -90,14 +104,14 @@ def _compile_graph(compiler, fn):
     return compile_graph
 
 
-def _split_at_break(fn, values, compiler, err, guard_params, n):
+def _split_at_break(fn, values, compiler, err, guard_params, n, cache=None):
     """Trace again up to the instruction that broke, and resume after it. None: cannot."""
     from ..bytecode.instructions import decode
     from ..codegen.breaks import RESUME_INFO, generate_break, plan_break
     if err.root_index is None:
         return None
     try:
-        result = trace_frame(fn, values, compiler, stop_before=err.root_index)
+        result = trace_frame(fn, values, compiler, stop_before=err.root_index, cache=cache)
         if not result.frame.stopped:
             return None
         ins = decode(fn.__code__)[err.root_index]
@@ -109,6 +123,7 @@ def _split_at_break(fn, values, compiler, err, guard_params, n):
         log_breaks.debug("cannot resume %s after its graph break: %s", fn.__qualname__, e.reason)
         return None
     tx = result.tx
+    _add_shape_guards(tx)
     guard, explain, guard_source = compile_guards(tx.guards, guard_params, fn.__globals__,
                                                   name=f"guard_{_clean(fn.__name__)}_{n}")
     guards = list(tx.guards)

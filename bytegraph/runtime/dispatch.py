@@ -77,10 +77,32 @@ class Compiler:
                     f"reached config.{limit} ({getattr(config, limit)}); it runs eagerly from now on. "
                     f"Last guard failure: {reason}", RuntimeWarning, stacklevel=3)
                 return None
-        entry = compile_frame(fn, frame_args, self)
+        if cache.entries and self.dynamic is None:
+            _note_changed_sizes(cache, cache.entries[0], frame_args)
+        entry = compile_frame(fn, frame_args, self, cache)
         cache.add(entry)
         _total_entries[0] += 1
         return entry.run
+
+
+def _note_changed_sizes(cache, entry, frame_args):
+    """Automatic dynamic shapes: dims and ints that differ from the last entry become symbolic."""
+    check = entry.guard
+    observe = getattr(check, "observe", None)
+    if observe is None:
+        return
+    from ..guards.builder import TENSOR_MATCH
+    for g, now in zip(check.observed, observe(*frame_args)):
+        if now is None:
+            continue
+        if g.kind == TENSOR_MATCH:
+            before = g.expected.shape
+            if len(now) == len(before):
+                changed = {d for d, (a, b) in enumerate(zip(before, now)) if a != b}
+                if changed:
+                    cache.auto_dynamic.setdefault(g.source, set()).update(changed)
+        elif type(now) is int and now != g.expected:
+            cache.auto_dynamic_scalars.add(g.source)
 
 
 def reset_all():

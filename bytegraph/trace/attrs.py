@@ -68,7 +68,7 @@ def get_attr(frame, v, name):
 
 def _tensor_attr(frame, v, name):
     if name == "shape":
-        return ConstantValue(v.fake.shape)
+        return _shape_value(frame, v)
     if name in _TENSOR_META:
         return ConstantValue(getattr(v.fake, name))
     if name in _TENSOR_VIEWS:
@@ -86,6 +86,13 @@ def _tensor_attr(frame, v, name):
     if callable(attr):
         return TensorMethodValue(v, name)
     return ConstantValue(getattr(v.fake, name))
+
+
+def _shape_value(frame, v):
+    shape = v.fake.shape
+    if not any(isinstance(s, torch.SymInt) for s in shape):
+        return ConstantValue(shape)
+    return TupleValue([frame.tx.graph.size_value(v, d) for d in range(len(shape))], cls=torch.Size)
 
 
 def _real_from_source(frame, v):

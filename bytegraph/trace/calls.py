@@ -200,16 +200,24 @@ def tensor_method(frame, tensor, name, args, kwargs):
         raise Unsupported(f"Tensor.{name}() is not supported in a graph yet")
     if name in ("size", "stride") and not kwargs:
         shape = tensor.fake.shape if name == "size" else tensor.fake.stride()
+        symbolic = any(isinstance(s, torch.SymInt) for s in shape)
         if not args:
-            return ConstantValue(torch.Size(shape) if name == "size" else tuple(shape))
-        d = operators.as_constant(args[0])
-        return ConstantValue(shape[d])
+            if not symbolic:
+                return ConstantValue(torch.Size(shape) if name == "size" else tuple(shape))
+            if name == "size":
+                return attrs._shape_value(frame, tensor)
+        else:
+            d = operators.as_constant(args[0])
+            if name == "size":
+                return frame.tx.graph.size_value(tensor, d)
+            if not isinstance(shape[d], torch.SymInt):
+                return ConstantValue(shape[d])
     if name in ("dim", "ndimension"):
         return ConstantValue(tensor.fake.dim())
-    if name in ("numel", "nelement"):
+    if name in ("numel", "nelement") and not isinstance(tensor.fake.numel(), torch.SymInt):
         return ConstantValue(tensor.fake.numel())
     if name == "__len__":
-        return ConstantValue(len(tensor.fake))
+        return frame.tx.graph.size_value(tensor, 0)
     return frame.tx.graph.call("call_method", name, [tensor] + list(args), kwargs)
 
 
@@ -252,8 +260,11 @@ def _const_args(args, what):
 @builtin(len)
 def _len(frame, args, kwargs):
     (v,) = args
-    n = operators.length(frame, v)
-    return ConstantValue(n)
+    if isinstance(v, TensorValue):
+        if v.fake.dim() == 0:
+            raise Unsupported("len() of a 0-d tensor")
+        return frame.tx.graph.size_value(v, 0)
+    return ConstantValue(operators.length(frame, v))
 
 
 @builtin(isinstance)

@@ -8,8 +8,10 @@ MAX_INLINE_DEPTH = 48
 
 
 class TraceContext:
-    def __init__(self, options, fn_globals):
+    def __init__(self, options, fn_globals, auto_dynamic=None, auto_dynamic_scalars=None):
         self.options = options
+        self.auto_dynamic = auto_dynamic or {}                  # source -> dims seen changing
+        self.auto_dynamic_scalars = auto_dynamic_scalars or set()  # int sources seen changing
         self.graph = GraphBuilder()
         self.guards = GuardSet()
         add_global_state_guards(self.guards)
@@ -23,6 +25,43 @@ class TraceContext:
 
     def is_trusted_source(self, source):
         return False
+
+    # --- dynamic shapes ---------------------------------------------------------
+
+    def _dynamic_mode(self):
+        from ..config import config
+        mode = getattr(self.options, "dynamic", None)
+        if not config.dynamic_shapes:
+            return False
+        return mode
+
+    def dynamic_dims_for(self, tensor, source):
+        """dim -> (min, max) for the dims of an input tensor that should be symbolic."""
+        mode = self._dynamic_mode()
+        if mode is False:
+            return {}
+        dims = dict(getattr(tensor, "_bytegraph_dynamic", {}) or {})
+        if mode is True:
+            for d in range(tensor.dim()):
+                dims.setdefault(d, (None, None))
+        else:
+            for d in self.auto_dynamic.get(source, ()):
+                dims.setdefault(d, (None, None))
+        static = getattr(tensor, "_bytegraph_static", None)
+        if static == "all":
+            return {}
+        for d in static or ():
+            dims.pop(d, None)
+        return {d: b for d, b in dims.items() if d < tensor.dim()}
+
+    def is_dynamic_scalar(self, source):
+        mode = self._dynamic_mode()
+        if mode is False:
+            return False
+        if mode is True:
+            from ..guards.sources import LocalSource
+            return isinstance(source, LocalSource)
+        return source in self.auto_dynamic_scalars
 
     def user_stack(self):
         """FrameSummary list for the active frames, innermost last."""

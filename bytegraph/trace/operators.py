@@ -7,7 +7,8 @@ from ..errors import Unsupported
 from ..guards.sources import ModuleEntrySource
 from ..values.base import (NULL, BoundMethodValue, ConstantValue, ContextManagerValue, DictValue,
                            DictViewValue, FunctionValue, IteratorValue, ListValue, MethodOfValue,
-                           ObjectValue, SliceValue, TensorMethodValue, TensorValue, TupleValue)
+                           ObjectValue, SliceValue, SymValue, TensorMethodValue, TensorValue,
+                           TupleValue)
 from . import attrs
 
 BINARY = {
@@ -25,9 +26,14 @@ COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operato
 
 
 def as_constant(v):
-    """The Python value of ``v`` if it is fully known, else Unsupported."""
+    """The Python value of ``v`` if it is fully known, else Unsupported.
+
+    A symbolic int is specialised here: its current value becomes a guard.
+    """
     if isinstance(v, ConstantValue):
         return v.value
+    if isinstance(v, SymValue):
+        return int(v.sym)
     if isinstance(v, TupleValue):
         items = tuple(as_constant(i) for i in v.items)
         if v.cls is torch.Size:
@@ -47,6 +53,8 @@ def as_constant(v):
 
 
 def is_constant(v):
+    if isinstance(v, SymValue):
+        return False
     try:
         as_constant(v)
         return True
@@ -91,6 +99,8 @@ def binary(frame, op, a, b):
     fn = BINARY[op]
     if isinstance(a, TensorValue) or isinstance(b, TensorValue):
         return graph_op(frame, fn, [a, b])
+    if isinstance(a, SymValue) or isinstance(b, SymValue):
+        return _sym_op(frame, fn, [a, b])
     if isinstance(a, (ListValue, TupleValue)) or isinstance(b, (ListValue, TupleValue)):
         seq = _sequence_op(frame, op, a, b)
         if seq is not None:
@@ -125,8 +135,20 @@ def _sequence_op(frame, op, a, b):
     return None
 
 
+def _sym_op(frame, fn, args):
+    for a in args:
+        if not isinstance(a, (SymValue, ConstantValue)):
+            raise Unsupported(f"{fn.__name__} of a symbolic size and {attrs.describe(a)} is not supported yet")
+    return frame.tx.graph.sym_call(fn, args)
+
+
 def compare(frame, op, a, b):
     fn = COMPARE[op]
+    if (isinstance(a, SymValue) or isinstance(b, SymValue)) and not (
+            isinstance(a, TensorValue) or isinstance(b, TensorValue)):
+        if is_none(a) or is_none(b):
+            return ConstantValue(op == "!=")
+        return _sym_op(frame, fn, [a, b])
     if isinstance(a, TensorValue) or isinstance(b, TensorValue):
         if a is NULL or b is NULL:
             raise Unsupported("comparison with NULL")
@@ -187,12 +209,16 @@ def contains(frame, container, item):
 def unary(frame, fn, v):
     if isinstance(v, TensorValue):
         return graph_op(frame, fn, [v])
+    if isinstance(v, SymValue):
+        return _sym_op(frame, fn, [v])
     return constant_fold(frame, fn, [v], fn.__name__)
 
 
 def truth(frame, v):
     if isinstance(v, ConstantValue):
         return bool(v.value)
+    if isinstance(v, SymValue):
+        return bool(v.sym != 0)
     if isinstance(v, TensorValue):
         raise Unsupported("branching on a tensor's value (data-dependent control flow)",
                           hint="use torch.where / torch.cond, or move the branch out of the compiled function")

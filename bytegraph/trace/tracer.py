@@ -28,14 +28,16 @@ def frame_params(code):
     return list(code.co_varnames[:n])
 
 
-def trace_frame(fn, frame_args, options, stop_before=None):
+def trace_frame(fn, frame_args, options, stop_before=None, cache=None):
     """Run ``fn``'s bytecode symbolically on ``frame_args`` (values of its parameters, in order).
 
     With ``stop_before`` (an instruction index), tracing stops the first time the
     frame is about to run that instruction; the result then holds the frame.
     """
     code = fn.__code__
-    tx = TraceContext(options, fn.__globals__)
+    tx = TraceContext(options, fn.__globals__,
+                      cache.auto_dynamic if cache is not None else None,
+                      cache.auto_dynamic_scalars if cache is not None else None)
     params = frame_params(code)
     state.tracing = True
     try:

@@ -95,6 +95,23 @@ class TensorValue(Value):
         return f"{self.node.name}: {tuple(self.fake.shape)} {self.fake.dtype}"
 
 
+class SymValue(Value):
+    """A symbolic int (a dynamic size, or an int argument made dynamic): an FX node and its SymInt."""
+
+    __slots__ = ("node", "sym")
+
+    def __init__(self, node, sym, source=None):
+        super().__init__(source)
+        self.node = node
+        self.sym = sym
+
+    def python_type(self):
+        return int
+
+    def _repr_body(self):
+        return f"{self.node.name}: {self.sym}"
+
+
 class TupleValue(Value):
     """A tuple whose items are values. ``cls`` is tuple, torch.Size or a namedtuple class."""
 

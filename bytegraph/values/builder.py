@@ -93,6 +93,9 @@ def _wrap(tx, obj, source):
     if t in CONSTANT_TYPES:
         if source is None:
             return ConstantValue(obj)
+        if t is int and tx.is_dynamic_scalar(source):
+            _guard(tx, g.TYPE_MATCH, source, int)
+            return tx.graph.add_sym_input(obj, source)
         kind = g.ID_MATCH if t in (torch.dtype, torch.layout, torch.memory_format) else g.CONSTANT_MATCH
         return ConstantValue(obj, source, pending_guard=lambda: _guard(tx, kind, source, obj))
     if t is tuple or (isinstance(obj, tuple) and hasattr(t, "_fields")):
@@ -152,8 +155,11 @@ def _wrap_tensor(tx, tensor, source):
         raise _unsupported("a tensor that cannot be re-read on later calls (no source)")
     if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.is_sparse or tensor.is_nested:
         raise _unsupported(f"tensor subclass or layout not supported yet: {type(tensor).__name__}")
-    tx.guards.add(g.TENSOR_MATCH, source, tensor)
-    return tx.graph.add_input(tensor, source)
+    dynamic = tx.dynamic_dims_for(tensor, source)
+    value = tx.graph.add_input(tensor, source, dynamic)
+    symbolic = tuple(d for d in dynamic if isinstance(value.fake.shape[d], torch.SymInt))
+    tx.guards.add(g.TENSOR_MATCH, source, g.TensorMeta(tensor), dynamic_dims=symbolic)
+    return value
 
 
 def _unsupported(reason):

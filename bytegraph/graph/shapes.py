@@ -1,0 +1,130 @@
+"""Symbolic sizes: torch's ShapeEnv, which symbol came from where, and the guards it implies.
+
+A dynamic dimension of an input tensor (or a dynamic int argument) becomes a
+SymInt in the fake tensors; arithmetic on it stays symbolic, and every
+comparison the trace decides records a guard in the ShapeEnv. At the end
+``shape_guards()`` renders those as Python over the frame's arguments, for
+the generated guard function.
+"""
+import dataclasses
+import re
+
+import sympy
+import torch
+from torch._guards import GuardSource, Source as TorchSource
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+from torch.utils._sympy.printers import PythonPrinter
+
+
+class _Name(str):
+    # torch reads Source.name as a method in some versions and as a property in others.
+    def __call__(self):
+        return str(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeSource(TorchSource):
+    """What ShapeEnv needs to name a symbol: our source's user-facing name."""
+    text: str
+
+    @property
+    def name(self):
+        return _Name(self.text)
+
+    def guard_source(self):
+        return GuardSource.LOCAL
+
+
+class SymbolOrigin:
+    """Where a symbol's value is read at run time: a tensor's size, or an int argument."""
+    __slots__ = ("source", "dim")
+
+    def __init__(self, source, dim=None):
+        self.source = source
+        self.dim = dim     # None: the source is the int itself
+
+    def render(self, render_source):
+        base = render_source(self.source)
+        return base if self.dim is None else f"{base}.size({self.dim})"
+
+    def user_name(self):
+        if self.dim is None:
+            return self.source.name()
+        return f"{self.source.name()}.size({self.dim})"
+
+
+def _finite(bound):
+    try:
+        return int(bound)
+    except (TypeError, ValueError, AttributeError, OverflowError):
+        return None
+
+
+class Shapes:
+    def __init__(self):
+        self.env = ShapeEnv()
+        self.origins = {}           # sympy.Symbol -> [SymbolOrigin, ...] (first one is read)
+        self.lower_bounds = {}      # sympy.Symbol -> min given by mark_dynamic
+        self.upper_bounds = {}
+
+    @property
+    def has_symbols(self):
+        return bool(self.origins)
+
+    def fake_dynamic(self, fake_mode, tensor, source, dynamic_dims):
+        """Fake tensor whose dims in ``dynamic_dims`` (dim -> (min, max)) are symbolic."""
+        sizes = [DimDynamic.DUCK if d in dynamic_dims else DimDynamic.STATIC for d in range(tensor.dim())]
+        ctx = StatelessSymbolicContext(dynamic_sizes=sizes)
+        fake = fake_mode.from_tensor(tensor, symbolic_context=ctx, source=ShapeSource(source.name()))
+        for d, bounds in dynamic_dims.items():
+            size = fake.shape[d]
+            if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
+                sym = size.node.expr
+                self.origins.setdefault(sym, []).append(SymbolOrigin(source, d))
+                lo, hi = bounds
+                if lo is not None:
+                    self.lower_bounds[sym] = max(lo, self.lower_bounds.get(sym, lo))
+                if hi is not None:
+                    self.upper_bounds[sym] = min(hi, self.upper_bounds.get(sym, hi))
+        return fake
+
+    def symint(self, value, source):
+        """A SymInt standing for an int argument read from ``source``."""
+        sym = self.env.create_unspecified_symbol(value, source=ShapeSource(source.name()),
+                                                 dynamic_dim=DimDynamic.DYNAMIC)
+        out = self.env.create_symintnode(sym, hint=value, source=ShapeSource(source.name()))
+        if isinstance(out, torch.SymInt) and isinstance(out.node.expr, sympy.Symbol):
+            self.origins.setdefault(out.node.expr, []).append(SymbolOrigin(source))
+        return out
+
+    def guards(self, render_source):
+        """[(python condition, description)] that must hold for the symbolic graph to be valid."""
+        out = []
+        names = {}
+        for sym, origins in self.origins.items():
+            names[str(sym)] = f"({origins[0].render(render_source)})"
+            first = origins[0]
+            for other in origins[1:]:
+                out.append((f"{other.render(render_source)} == {first.render(render_source)}",
+                            f"{other.user_name()} == {first.user_name()}"))
+        for sym, origins in self.origins.items():
+            expr = origins[0].render(render_source)
+            vr = self.env.var_to_range.get(sym)
+            lo = _finite(vr.lower) if vr is not None else None
+            if sym in self.lower_bounds:
+                lo = max(lo, self.lower_bounds[sym]) if lo is not None else self.lower_bounds[sym]
+            if lo is not None:
+                out.append((f"{expr} >= {lo}", f"{origins[0].user_name()} >= {lo}"))
+            hi = self.upper_bounds.get(sym)
+            if hi is not None:
+                out.append((f"{expr} <= {hi}", f"{origins[0].user_name()} <= {hi}"))
+        by_name = {str(s): o for s, o in self.origins.items()}
+        printer = PythonPrinter()
+        for g in self.env.guards:
+            text = printer.doprint(g.expr)
+            user = text
+            for sym_name in sorted(names, key=len, reverse=True):
+                text = re.sub(rf"\b{sym_name}\b", names[sym_name], text)
+                user = re.sub(rf"\b{sym_name}\b", by_name[sym_name][0].user_name(), user)
+            out.append((text, user))
+        return out
