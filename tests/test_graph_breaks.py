@@ -412,14 +412,12 @@ def custom_cm_break(x, log):
 
 
 def test_break_inside_user_context_manager(capsys):
-    # 12 calls: past config.cache_size_limit (8), see the WORSE note below
+    # 12 calls: more than config.cache_size_limit (8), in case every call recompiled.
     run_diff(custom_cm_break, t(3), [], capsys=capsys, calls=12, check_recompile=False)
 
 
-# WORSE (correct, see the test above): the resume function guards on the identity
-# of the bound ``__exit__`` of the context-manager object made in this call, so
-# every call recompiles until config.cache_size_limit is reached and the resume
-# function then runs eagerly. Dynamo: 1 graph, no recompilation.
+# The bound ``__exit__`` of the context manager made in each call is guarded by its
+# function and its object's type, not its identity, so calls do not recompile.
 def test_break_inside_user_context_manager_no_recompile(capsys):
     run_diff(custom_cm_break, t(3), [], capsys=capsys, calls=3)
 
@@ -461,9 +459,8 @@ def test_break_in_for_range_loop_index_used_in_math(capsys):
     run_diff(for_range_print_uses_index, t(3), capsys=capsys)
 
 
-# WORSE (correct, see the test above): the loop index is a Python int used in
-# tensor math; each value of `i` is specialised, so every iteration compiles its
-# own graph (5 for 5 iterations). Dynamo turns `i` dynamic after one recompile.
+# The loop index is a Python int used in tensor math: after one recompile it becomes
+# a symbolic int (automatic dynamic), so the body is not compiled once per value.
 def test_break_in_for_range_loop_index_used_in_math_graph_count(capsys):
     run_diff(for_range_print_uses_index, t(3), capsys=capsys, max_graphs=4)
 
@@ -522,9 +519,7 @@ def test_while_loop_with_tensor_condition_and_int_counter(capsys):
     run_diff(while_tensor_cond, torch.full((3,), 4.0), capsys=capsys)
 
 
-# WORSE (correct, see the test above): the Python int `steps` is specialised, so
-# the resumed loop body is recompiled for every value (5 graphs for 4
-# iterations; Dynamo: 3, it makes `steps` dynamic after one recompile).
+# The Python int `steps` becomes symbolic after one recompile (automatic dynamic).
 def test_while_loop_with_tensor_condition_and_int_counter_graph_count(capsys):
     run_diff(while_tensor_cond, torch.full((3,), 4.0), capsys=capsys, max_graphs=4)
 
