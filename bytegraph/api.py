@@ -163,3 +163,41 @@ def is_compiling():
 
 
 __all__ = ["compile", "reset", "OptimizedModule", "is_compiling", "inspect"]
+
+
+def run(fn):
+    """Frozen mode: call ``fn`` using only code already compiled for it; never compile.
+
+    ``fn`` is something returned by ``bytegraph.compile`` (or the function or module it
+    compiled). A call that no cache entry matches runs eagerly.
+    """
+    from .runtime import dispatch
+    target = fn
+    if isinstance(fn, torch.nn.Module) and not isinstance(fn, OptimizedModule):
+        target = _find_compiled(fn.forward)
+    elif not hasattr(fn, "_bytegraph_original") and not isinstance(fn, OptimizedModule):
+        target = _find_compiled(fn)
+
+    @functools.wraps(fn)
+    def frozen(*args, **kwargs):
+        previous = dispatch.frozen[0]
+        dispatch.frozen[0] = True
+        try:
+            return target(*args, **kwargs)
+        finally:
+            dispatch.frozen[0] = previous
+
+    return frozen
+
+
+def _find_compiled(fn):
+    """A compiled wrapper for ``fn``'s code from any live compiler, or ``fn`` itself."""
+    from .runtime.dispatch import _compilers
+    func = getattr(fn, "__func__", fn)
+    code = getattr(func, "__code__", None)
+    for compiler in list(_compilers):
+        if code in compiler.caches and compiler.caches[code].entries:
+            wrapper = compiler.wrapper_for(func)
+            self_obj = getattr(fn, "__self__", None)
+            return types.MethodType(wrapper, self_obj) if self_obj is not None else wrapper
+    return fn

@@ -16,7 +16,17 @@ class FrameRecord:
     guard_source: str = ""
 
 
+@dataclass
+class RecompileRecord:
+    name: str
+    filename: str
+    firstlineno: int
+    reason: str               # the first failing guard, in the user's terms
+    gave_up: bool = False     # True when the cache limit made the frame run eagerly instead
+
+
 frames = []
+recompiles = []
 
 
 def record(rec):
@@ -25,3 +35,4 @@ def record(rec):
 
 def clear():
     frames.clear()
+    recompiles.clear()

@@ -7,6 +7,7 @@ running anything real.
 """
 import operator
 import re
+import time
 
 import torch
 import torch.fx as fx
@@ -33,6 +34,7 @@ class GraphInput:
 class GraphBuilder:
     def __init__(self):
         self.graph = fx.Graph()
+        self.fake_seconds = 0.0       # time spent running calls on fake tensors
         self.shapes = Shapes()
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=self.shapes.env)
         self.inputs = []              # GraphInput, in placeholder order
@@ -138,6 +140,7 @@ class GraphBuilder:
         """
         node_args, fake_args = _unwrap(args)
         node_kwargs, fake_kwargs = _unwrap(kwargs)
+        t0 = time.perf_counter()
         try:
             with self.fake_mode:
                 if kind == "call_method":
@@ -153,6 +156,8 @@ class GraphBuilder:
         except Exception as e:
             raise Unsupported(
                 f"{describe or _target_name(target)} raised {type(e).__name__} while tracing: {e}") from e
+        finally:
+            self.fake_seconds += time.perf_counter() - t0
         node = self.graph.create_node(kind, target, tuple(node_args), dict(node_kwargs))
         return self.wrap_result(node, result, fake_args, fake_kwargs, args, kwargs)
 

@@ -1,10 +1,11 @@
 """A cache miss, end to end: trace, build guards, hand the graph to the backend, generate code."""
 import dis
+import time
 
 from ..config import config
-from ..debug import logs, records
+from ..debug import logs, records, timing
 from ..errors import BackendError, BytegraphError, Unsupported
-from ..guards.builder import compile_guards
+from ..guards.builder import SHAPE_ENV, GuardSet, add_global_state_guards, compile_guards
 from ..codegen.transformed import collect_outputs, generate
 from ..testing import count_ops
 from ..trace.tracer import frame_params, trace_frame
@@ -18,33 +19,108 @@ log_bytecode = logs.get_logger("bytecode")
 log_breaks = logs.get_logger("graph_breaks")
 
 
+class _Compile:
+    """One compile of one frame: its names, parameters and phase timings."""
+
+    def __init__(self, fn, compiler, cache):
+        code = fn.__code__
+        _counter[0] += 1
+        self.n = _counter[0]
+        self.fn = fn
+        self.compiler = compiler
+        self.cache = cache
+        self.params = frame_params(code)
+        self.guard_params = self.params + (["__closure"] if code.co_freevars else [])
+        self.name = fn.__qualname__
+        self.backend_seconds = 0.0
+
+    def trace(self, values, stop_before=None):
+        t0 = time.perf_counter()
+        try:
+            result = trace_frame(self.fn, values, self.compiler, stop_before=stop_before, cache=self.cache)
+        except Unsupported:
+            timing.add(self.name, "bytecode tracing", time.perf_counter() - t0)
+            raise
+        fake = result.tx.graph.fake_seconds
+        timing.add(self.name, "fake-tensor propagation", fake)
+        timing.add(self.name, "bytecode tracing", time.perf_counter() - t0 - fake)
+        return result
+
+    def compile_graph(self, gm, example_inputs):
+        if logs.enabled("graph"):
+            log_graph.debug("GRAPH %s\n%s", self.name, gm.print_readable(print_output=False))
+        t0 = time.perf_counter()
+        try:
+            return self.compiler.compiler_fn(gm, example_inputs)
+        except BytegraphError:
+            raise
+        except Exception as e:
+            raise BackendError(f"backend {self.compiler.backend_name!r} failed on the graph of "
+                               f"{self.name}: {type(e).__name__}: {e}") from e
+        finally:
+            seconds = time.perf_counter() - t0
+            self.backend_seconds += seconds
+            timing.add(self.name, "backend compile", seconds)
+
+    def codegen(self, make):
+        """Run a code generator, timing it apart from the backend compile it may call."""
+        t0 = time.perf_counter()
+        before = self.backend_seconds
+        out = make()
+        timing.add(self.name, "code generation",
+                   time.perf_counter() - t0 - (self.backend_seconds - before))
+        return out
+
+    def guards(self, guard_set):
+        with timing.phase(self.name, "guard building"):
+            return compile_guards(guard_set, self.guard_params, self.fn.__globals__,
+                                  name=f"guard_{_clean(self.fn.__name__)}_{self.n}")
+
+    def transformed_name(self):
+        return f"transformed_{_clean(self.fn.__name__)}_{self.n}"
+
+    def entry(self, tx, run, source, gm, break_reason=None, user_stack=()):
+        """Guards, logs and records for a traced frame; the cache entry."""
+        if tx.graph.shapes.has_symbols:
+            tx.guards.add(SHAPE_ENV, None, tx.graph.shapes)
+        guard, explain, guard_source = self.guards(tx.guards)
+        guards = list(tx.guards)
+        if logs.enabled("guards"):
+            log_guards.debug("GUARDS %s\n%s", self.name, "\n".join(f"  - {g.describe()}" for g in guards))
+        if logs.enabled("output_code"):
+            log_code.debug("TRANSFORMED CODE %s\n%s", self.name, source)
+        code = self.fn.__code__
+        records.record(records.FrameRecord(self.name, code.co_filename, code.co_firstlineno, graph=gm,
+                                           guards=guards, break_reason=break_reason,
+                                           user_stack=list(user_stack), transformed_source=source,
+                                           guard_source=guard_source))
+        return CacheEntry(guard, run, explain, guards, graph=gm, transformed_source=source,
+                          guard_source=guard_source)
+
+
 def compile_frame(fn, frame_args, compiler, cache=None):
-    code = fn.__code__
-    params = frame_params(code)
-    values = frame_args[:len(params)]
-    guard_params = params + (["__closure"] if code.co_freevars else [])
-    _counter[0] += 1
-    n = _counter[0]
+    c = _Compile(fn, compiler, cache)
+    timing.count_compile(c.name)
+    values = frame_args[:len(c.params)]
     if logs.enabled("bytecode"):
-        log_bytecode.debug("ORIGINAL BYTECODE %s %s:%s\n%s", fn.__qualname__, code.co_filename,
+        code = fn.__code__
+        log_bytecode.debug("ORIGINAL BYTECODE %s %s:%s\n%s", c.name, code.co_filename,
                            code.co_firstlineno, dis.Bytecode(code).dis())
     try:
-        result = trace_frame(fn, values, compiler, cache=cache)
-        entry = _finish(fn, result, guard_params, compiler, n)
+        return _whole_frame(c, c.trace(values))
     except Unsupported as e:
         if compiler.fullgraph:
             raise
         try:
-            entry = _split_at_break(fn, values, compiler, e, guard_params, n, cache)
+            entry = _split_at_break(c, values, e)
         except BytegraphError:
             raise
         except Exception as internal:
             if not config.suppress_errors:
                 raise
-            log_breaks.debug("internal error while splitting %s at a break: %r", fn.__qualname__, internal)
+            log_breaks.debug("internal error while splitting %s at a break: %r", c.name, internal)
             entry = None
-        if entry is None:
-            return _fallback(fn, e, guard_params, n)
+        return entry if entry is not None else _fallback(c, e)
     except BytegraphError:
         raise
     except Exception as e:
@@ -53,110 +129,59 @@ def compile_frame(fn, frame_args, compiler, cache=None):
         err = Unsupported(f"internal error while tracing: {type(e).__name__}: {e}")
         if compiler.fullgraph:
             raise err from e
-        return _fallback(fn, err, guard_params, n)
-    return entry
+        return _fallback(c, err)
 
 
-def _finish(fn, result, guard_params, compiler, n):
+def _whole_frame(c, result):
+    """The frame traced to its return: one graph, one transformed function."""
     tx = result.tx
     outputs = collect_outputs(result.return_value, [])
-    gm = tx.graph.output(outputs)
-    name = f"transformed_{_clean(fn.__name__)}_{n}"
+    gm = c.codegen(lambda: tx.graph.output(outputs))
     uses_graph = count_ops(gm) > 0
-    if uses_graph:
-        compiled = _compile_graph(compiler, fn)(gm, tx.graph.example_inputs())
-    else:
-        compiled = gm
-    run, source = generate(name, guard_params, tx.graph.inputs, compiled, result.return_value,
-                           outputs, fn.__globals__, uses_graph)
-    _add_shape_guards(tx)
-    guard, explain, guard_source = compile_guards(tx.guards, guard_params, fn.__globals__,
-                                                  name=f"guard_{_clean(fn.__name__)}_{n}")
-    guards = list(tx.guards)
-    if logs.enabled("guards"):
-        log_guards.debug("GUARDS %s\n%s", fn.__qualname__, "\n".join(f"  - {g.describe()}" for g in guards))
-    if logs.enabled("output_code"):
-        log_code.debug("TRANSFORMED CODE %s\n%s", fn.__qualname__, source)
-    records.record(records.FrameRecord(fn.__qualname__, fn.__code__.co_filename, fn.__code__.co_firstlineno,
-                                       graph=gm if uses_graph else None, guards=guards,
-                                       transformed_source=source, guard_source=guard_source))
-    return CacheEntry(guard, run, explain, guards, graph=gm if uses_graph else None,
-                      transformed_source=source, guard_source=guard_source)
+    compiled = c.compile_graph(gm, tx.graph.example_inputs()) if uses_graph else gm
+    run, source = c.codegen(lambda: generate(c.transformed_name(), c.guard_params, tx.graph.inputs, compiled,
+                                             result.return_value, outputs, c.fn.__globals__, uses_graph))
+    return c.entry(tx, run, source, gm if uses_graph else None)
 
 
-def _add_shape_guards(tx):
-    from ..guards.builder import SHAPE_ENV
-    if tx.graph.shapes.has_symbols:
-        tx.guards.add(SHAPE_ENV, None, tx.graph.shapes)
-
-
-def _compile_graph(compiler, fn):
-    def compile_graph(gm, example_inputs):
-        if logs.enabled("graph"):
-            log_graph.debug("GRAPH %s\n%s", fn.__qualname__, gm.print_readable(print_output=False))
-        try:
-            return compiler.compiler_fn(gm, example_inputs)
-        except BytegraphError:
-            raise
-        except Exception as e:
-            raise BackendError(f"backend {compiler.backend_name!r} failed on the graph of "
-                               f"{fn.__qualname__}: {type(e).__name__}: {e}") from e
-    return compile_graph
-
-
-def _split_at_break(fn, values, compiler, err, guard_params, n, cache=None):
+def _split_at_break(c, values, err):
     """Trace again up to the instruction that broke, and resume after it. None: cannot."""
     from ..bytecode.instructions import decode
     from ..codegen.breaks import RESUME_INFO, generate_break, plan_break
     if err.root_index is None:
         return None
+    fn = c.fn
     try:
-        result = trace_frame(fn, values, compiler, stop_before=err.root_index, cache=cache)
+        result = c.trace(values, stop_before=err.root_index)
         if not result.frame.stopped:
             return None
         ins = decode(fn.__code__)[err.root_index]
         kind = plan_break(fn, result.frame, ins)
-        name = f"transformed_{_clean(fn.__name__)}_{n}"
-        run, source, gm = generate_break(fn, result, ins, kind, compiler, guard_params, name,
-                                         fn.__code__ in RESUME_INFO, _compile_graph(compiler, fn))
+        run, source, gm = c.codegen(lambda: generate_break(
+            fn, result, ins, kind, c.compiler, c.guard_params, c.transformed_name(),
+            fn.__code__ in RESUME_INFO, c.compile_graph))
     except Unsupported as e:
-        log_breaks.debug("cannot resume %s after its graph break: %s", fn.__qualname__, e.reason)
+        log_breaks.debug("cannot resume %s after its graph break: %s", c.name, e.reason)
         return None
-    tx = result.tx
-    _add_shape_guards(tx)
-    guard, explain, guard_source = compile_guards(tx.guards, guard_params, fn.__globals__,
-                                                  name=f"guard_{_clean(fn.__name__)}_{n}")
-    guards = list(tx.guards)
-    log_breaks.debug("graph break in %s: %s\n%s", fn.__qualname__, err.reason,
+    log_breaks.debug("graph break in %s: %s\n%s", c.name, err.reason,
                      "".join(f"  {s.filename}:{s.lineno} in {s.name}\n" for s in err.user_stack))
-    if logs.enabled("guards"):
-        log_guards.debug("GUARDS %s\n%s", fn.__qualname__, "\n".join(f"  - {g.describe()}" for g in guards))
-    if logs.enabled("output_code"):
-        log_code.debug("TRANSFORMED CODE %s\n%s", fn.__qualname__, source)
-    records.record(records.FrameRecord(fn.__qualname__, fn.__code__.co_filename, fn.__code__.co_firstlineno,
-                                       graph=gm, guards=guards, break_reason=err.reason,
-                                       user_stack=list(err.user_stack), transformed_source=source,
-                                       guard_source=guard_source))
-    return CacheEntry(guard, run, explain, guards, graph=gm, transformed_source=source,
-                      guard_source=guard_source)
+    return c.entry(result.tx, run, source, gm, break_reason=err.reason, user_stack=err.user_stack)
 
 
-def _fallback(fn, err, guard_params, n):
-    """The frame runs eagerly; guard on what decided that, so other inputs may still compile."""
-    from ..guards.builder import GuardSet, add_global_state_guards
+def _fallback(c, err):
+    """The frame runs eagerly; guard on global state only, so other states may still compile."""
+    fn = c.fn
     guards = GuardSet()
     add_global_state_guards(guards)
-    guard, explain, guard_source = compile_guards(guards, guard_params, fn.__globals__,
-                                                  name=f"guard_{_clean(fn.__name__)}_{n}")
+    guard, explain, guard_source = c.guards(guards)
     reason = str(err)
-    log_breaks.debug("running %s eagerly: %s", fn.__qualname__, reason)
-    records.record(records.FrameRecord(fn.__qualname__, fn.__code__.co_filename, fn.__code__.co_firstlineno,
+    log_breaks.debug("running %s eagerly: %s", c.name, reason)
+    records.record(records.FrameRecord(c.name, fn.__code__.co_filename, fn.__code__.co_firstlineno,
                                        fallback_reason=err.reason, user_stack=list(err.user_stack)))
-    call_original = _original_caller(fn, guard_params)
-    return CacheEntry(guard, call_original, explain, list(guards), fallback_reason=reason)
+    return CacheEntry(guard, _original_caller(fn), explain, list(guards), fallback_reason=reason)
 
 
-def _original_caller(fn, guard_params):
+def _original_caller(fn):
     from .dispatch import _signature_parts
     _, passthrough, original, _ = _signature_parts(fn)
     src = f"def call_original({', '.join(passthrough)}):\n    return __fn({', '.join(original)})\n"

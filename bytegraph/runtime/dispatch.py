@@ -13,6 +13,7 @@ from ..debug import logs
 from .cache import CodeCache
 
 _compilers = weakref.WeakSet()
+frozen = [False]    # True inside bytegraph.run(...): use cached code only, never compile
 _NOT_A_PLAIN_FRAME = 0x20 | 0x80 | 0x100 | 0x200   # generator, coroutine, iterable coroutine, async generator
 _total_entries = [0]
 log_recompiles = logs.get_logger("recompiles")
@@ -61,14 +62,20 @@ class Compiler:
     def miss(self, fn, cache, frame_args):
         """Compile ``fn`` for these arguments; return the entry's run function or None (run eagerly)."""
         from .compile_frame import compile_frame
-        if cache.eager_forever:
+        from ..debug import records
+        if cache.eager_forever or frozen[0]:
             return None
         if cache.entries:
             reason = cache.entries[0].explain(*frame_args) or "unknown guard failure"
             cache.recompile_reasons.append(reason)
-            log_recompiles.debug("recompiling %s (%s:%s): %s", fn.__qualname__, fn.__code__.co_filename,
-                                 fn.__code__.co_firstlineno, reason)
-            if len(cache.entries) >= config.cache_size_limit or _total_entries[0] >= config.accumulated_cache_size_limit:
+            code = fn.__code__
+            log_recompiles.debug("recompiling %s (%s:%s): %s", fn.__qualname__, code.co_filename,
+                                 code.co_firstlineno, reason)
+            limit_hit = (len(cache.entries) >= config.cache_size_limit
+                         or _total_entries[0] >= config.accumulated_cache_size_limit)
+            records.recompiles.append(records.RecompileRecord(fn.__qualname__, code.co_filename,
+                                                              code.co_firstlineno, reason, limit_hit))
+            if limit_hit:
                 cache.eager_forever = True
                 limit = ("cache_size_limit" if len(cache.entries) >= config.cache_size_limit
                          else "accumulated_cache_size_limit")
@@ -110,8 +117,9 @@ def reset_all():
         for cache in compiler.caches.values():
             cache.clear()
     _total_entries[0] = 0
-    from ..debug import records
+    from ..debug import records, timing
     records.clear()
+    timing.clear()
 
 
 def _signature_parts(fn):
