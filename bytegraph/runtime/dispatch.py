@@ -84,6 +84,13 @@ class Compiler:
                     f"reached config.{limit} ({getattr(config, limit)}); it runs eagerly from now on. "
                     f"Last guard failure: {reason}", RuntimeWarning, stacklevel=3)
                 return None
+        if not cache.entries and _total_entries[0] >= config.accumulated_cache_size_limit:
+            cache.eager_forever = True
+            warnings.warn(
+                f"bytegraph: {fn.__qualname__} ({fn.__code__.co_filename}:{fn.__code__.co_firstlineno}) "
+                f"not compiled: config.accumulated_cache_size_limit ({config.accumulated_cache_size_limit}) "
+                "cache entries exist over all functions; it runs eagerly", RuntimeWarning, stacklevel=3)
+            return None
         if cache.entries and self.dynamic is None:
             _note_changed_sizes(cache, cache.entries[0], frame_args)
         entry = compile_frame(fn, frame_args, self, cache)

@@ -12,7 +12,7 @@ from ..guards.sources import GlobalSource, ItemSource, ObjectSource
 from ..values.base import (NULL, CellValue, ConstantValue, ContextManagerValue, DictValue,
                            ExitValue, FunctionValue, IteratorValue, ListValue, ObjectValue,
                            TupleValue)
-from ..values.builder import wrap
+from ..values.builder import TRUSTED_MODULE_PREFIXES, wrap
 from . import attrs, calls, operators
 from .iteration import iterate, unpack
 from ..bytecode.versions import method_pair
@@ -69,10 +69,13 @@ def load_global(f, ins):
     name = ins.argval
     tx = f.tx
     if name in f.globals:
+        module_name = f.globals.get("__name__", "module")
         if f.globals is tx.root_globals:
             source = GlobalSource(name)
+        elif module_name.split(".")[0] in TRUSTED_MODULE_PREFIXES:
+            source = None   # globals of torch's and the standard library's own modules are fixed
         else:
-            source = ItemSource(ObjectSource(f.globals, f.globals.get("__name__", "module") + ".__dict__"), name)
+            source = ItemSource(ObjectSource(f.globals, module_name + ".__dict__"), name)
         f.push(wrap(tx, f.globals[name], source))
         return
     b = f.globals.get("__builtins__", builtins)

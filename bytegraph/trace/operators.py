@@ -115,18 +115,14 @@ def _sequence_op(frame, op, a, b):
                 raise Unsupported("+= on an existing list (a side effect) is not supported yet")
             a.items.extend(b.items)
             return a
-        if type(a) is type(b) and isinstance(a, (ListValue, TupleValue)):
-            if isinstance(a, ListValue):
-                return ListValue(a.items + b.items)
-            cls = a.cls if a.cls is torch.Size else tuple
-            return TupleValue(a.items + b.items, cls=cls)
-        if isinstance(a, TupleValue) and isinstance(b, ConstantValue) and isinstance(b.value, tuple):
-            return TupleValue(a.items + [ConstantValue(x) for x in b.value])
-        if isinstance(b, TupleValue) and isinstance(a, ConstantValue) and isinstance(a.value, tuple):
-            cls = torch.Size if isinstance(a.value, torch.Size) and is_constant(b) else tuple
-            if cls is torch.Size:
-                return ConstantValue(a.value + torch.Size(as_constant(b)))
-            return TupleValue([ConstantValue(x) for x in a.value] + b.items)
+        if type(a) is type(b) and isinstance(a, ListValue):
+            return ListValue(a.items + b.items)
+        if isinstance(a, (TupleValue, ConstantValue)) and isinstance(b, (TupleValue, ConstantValue)):
+            left, right = _tuple_parts(a), _tuple_parts(b)
+            if left is not None and right is not None:
+                # tuple + torch.Size and friends: the result type is whatever Python gives.
+                cls = type(_empty(left[0]) + _empty(right[0]))
+                return TupleValue(left[1] + right[1], cls=cls if cls is torch.Size else tuple)
     if op in ("*", "*="):
         seq, n = (a, b) if isinstance(a, (ListValue, TupleValue)) else (b, a)
         if isinstance(n, ConstantValue) and isinstance(n.value, int):
@@ -140,6 +136,19 @@ def _sym_op(frame, fn, args):
         if not isinstance(a, (SymValue, ConstantValue)):
             raise Unsupported(f"{fn.__name__} of a symbolic size and {attrs.describe(a)} is not supported yet")
     return frame.tx.graph.sym_call(fn, args)
+
+
+def _tuple_parts(v):
+    """(class, item values) of a tuple-like value, or None."""
+    if isinstance(v, TupleValue) and v.cls in (tuple, torch.Size):
+        return v.cls, list(v.items)
+    if isinstance(v, ConstantValue) and type(v.value) in (tuple, torch.Size):
+        return type(v.value), [ConstantValue(x) for x in v.value]
+    return None
+
+
+def _empty(cls):
+    return torch.Size([]) if cls is torch.Size else ()
 
 
 def compare(frame, op, a, b):
