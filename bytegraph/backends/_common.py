@@ -7,7 +7,6 @@ import contextlib
 import functools
 import warnings
 
-import torch
 
 from ..errors import BackendError
 

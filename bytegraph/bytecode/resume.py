@@ -28,25 +28,38 @@ def resume_code(code, offset, stack_layout, live, name):
     ``NULL_SLOT`` or the parameter name that carries the slot's value.
     ``live`` are the local names passed after the stack parameters.
     """
+    bc, target = _load_at(code, offset)
+    label = Label()
+    bc.insert(next(j for j, x in enumerate(bc) if x is target), label)
+    _enter_at(bc, label, stack_layout, target.lineno)
+    _set_parameters(bc, stack_layout, live, name)
+    # The original stack size bounds ours: the prologue only rebuilds a depth the code had.
+    return bc.to_code(stacksize=code.co_stacksize + len(stack_layout) + 1,
+                      compute_exception_stack_depths=False)
+
+
+def _load_at(code, offset):
+    """The code as a ``Bytecode`` list, and the instruction found at ``offset``."""
     bc = Bytecode.from_code(code, conserve_exception_block_stackdepth=True)
-    raw = [i for i in dis.get_instructions(code) if i.opname not in ("EXTENDED_ARG",)]
+    raw = [i for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
     instrs = [x for x in bc if isinstance(x, Instr)]
     if len(raw) != len(instrs):
         raise ValueError(f"cannot map instructions of {code.co_name} ({len(raw)} vs {len(instrs)})")
     k = next(j for j, d in enumerate(raw) if d.offset == offset)
-    target = instrs[k]
-    label = Label()
-    bc.insert(next(j for j, x in enumerate(bc) if x is target), label)
+    return bc, instrs[k]
+
+
+def _enter_at(bc, label, stack_layout, lineno):
+    """Prologue after RESUME: push the stack values back and jump to ``label``."""
     resume_at = next(j for j, x in enumerate(bc) if isinstance(x, Instr) and x.name == "RESUME")
-    lineno = target.lineno
-    prologue = []
-    for slot in stack_layout:
-        if slot is NULL_SLOT:
-            prologue.append(Instr("PUSH_NULL", lineno=lineno))
-        else:
-            prologue.append(Instr("LOAD_FAST", slot, lineno=lineno))
+    prologue = [Instr("PUSH_NULL", lineno=lineno) if s is NULL_SLOT else Instr("LOAD_FAST", s, lineno=lineno)
+                for s in stack_layout]
     prologue.append(Instr("JUMP_FORWARD", label, lineno=lineno))
     bc[resume_at + 1:resume_at + 1] = prologue
+
+
+def _set_parameters(bc, stack_layout, live, name):
+    """Parameters: the stack values (NULLs are pushed, not passed), then the live locals."""
     params = [s for s in stack_layout if s is not NULL_SLOT] + list(live)
     bc.argnames = params
     bc.argcount = len(params)
@@ -56,9 +69,6 @@ def resume_code(code, offset, stack_layout, live, name):
     bc.name = name
     if hasattr(bc, "qualname"):
         bc.qualname = name
-    # The original stack size bounds ours: the prologue only rebuilds a depth the code had.
-    return bc.to_code(stacksize=code.co_stacksize + len(stack_layout) + 1,
-                      compute_exception_stack_depths=False)
 
 
 def make_resume_function(fn, code, offset, stack_layout, live, name):
@@ -77,23 +87,13 @@ def step_function(fn, code, offset, stack_layout, live, after_layout, after_live
     handler runs at most once.
     """
     from . import versions
-    bc = Bytecode.from_code(code, conserve_exception_block_stackdepth=True)
-    raw = [i for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
-    instrs = [x for x in bc if isinstance(x, Instr)]
-    if len(raw) != len(instrs):
-        raise ValueError(f"cannot map instructions of {code.co_name}")
-    k = next(j for j, d in enumerate(raw) if d.offset == offset)
-    target = instrs[k]
+    bc, target = _load_at(code, offset)
     lineno = target.lineno
     start = Label()
     tail = Label()
     pos = next(j for j, x in enumerate(bc) if x is target)
     bc[pos:pos + 1] = [start, target, Instr("JUMP_FORWARD", tail, lineno=lineno)]
-    resume_at = next(j for j, x in enumerate(bc) if isinstance(x, Instr) and x.name == "RESUME")
-    prologue = [Instr("PUSH_NULL", lineno=lineno) if s is NULL_SLOT else Instr("LOAD_FAST", s, lineno=lineno)
-                for s in stack_layout]
-    prologue.append(Instr("JUMP_FORWARD", start, lineno=lineno))
-    bc[resume_at + 1:resume_at + 1] = prologue
+    _enter_at(bc, start, stack_layout, lineno)
     # A NULL cannot be popped; storing it into a spare local is safe (the local becomes unbound).
     stores = [Instr("STORE_FAST", "__null" if s is NULL_SLOT else s, lineno=lineno)
               for s in reversed(after_layout)]
@@ -101,15 +101,7 @@ def step_function(fn, code, offset, stack_layout, live, after_layout, after_live
     call = [Instr(op, arg, lineno=lineno) if arg is not None else Instr(op, lineno=lineno)
             for op, arg in versions.call_sequence(handover, args)]
     bc.extend([tail] + stores + call + [Instr("RETURN_VALUE", lineno=lineno)])
-    params = [s for s in stack_layout if s is not NULL_SLOT] + list(live)
-    bc.argnames = params
-    bc.argcount = len(params)
-    bc.posonlyargcount = 0
-    bc.kwonlyargcount = 0
-    bc.flags &= ~(CompilerFlags.VARARGS | CompilerFlags.VARKEYWORDS)
-    bc.name = name
-    if hasattr(bc, "qualname"):
-        bc.qualname = name
+    _set_parameters(bc, stack_layout, live, name)
     new_code = bc.to_code(stacksize=code.co_stacksize + len(stack_layout) + len(args) + 3,
                           compute_exception_stack_depths=False)
     return types.FunctionType(new_code, fn.__globals__, name, None, fn.__closure__)

@@ -5,7 +5,6 @@ values, performs the one step the tracer could not (a call, a branch on a
 tensor, the next step of an opaque iterator, a store), and hands over to a
 resume function that continues the original code after that step.
 """
-import linecache
 import types
 
 import torch
@@ -16,11 +15,10 @@ from ..bytecode.resume import NULL_SLOT, make_resume_function
 from ..bytecode.versions import split_call_prefix
 from ..errors import Unsupported
 from ..runtime.continuation import AutocastExit, Continuation, GradModeExit, call_through, resolve
-from ..values.base import (NULL, BoundMethodValue, ConstantValue, DictValue, ExitValue,
-                           IteratorValue, ListValue, MethodOfValue, ObjectValue, SymValue,
-                           TensorMethodValue, TensorValue, TupleValue)
+from ..values.base import NULL, ExitValue
 from ..trace.frame import PendingLocal
-from .transformed import Namespace, _key_expr
+from .rebuild import Namespace, Rebuilder
+from .transformed import emit, finish_graph
 
 # resume code object -> ResumeInfo
 RESUME_INFO = {}
@@ -50,92 +48,6 @@ def original_offset(code, offset):
 _CALLS = {"CALL", "CALL_KW", "CALL_FUNCTION_EX"}
 _BRANCHES = {"POP_JUMP_IF_FALSE", "POP_JUMP_IF_TRUE"}
 _KEEP_BRANCHES = {"JUMP_IF_FALSE_OR_POP", "JUMP_IF_TRUE_OR_POP"}
-
-
-class Rebuilder:
-    """Emits Python that rebuilds values, each symbolic container exactly once."""
-
-    def __init__(self, ns, tensor_exprs):
-        self.ns = ns
-        self.tensor_exprs = tensor_exprs
-        self.lines = []
-        self._done = {}
-
-    def temp(self, expr):
-        name = f"__v{len(self._done)}_{len(self.lines)}"
-        self.lines.append(f"{name} = {expr}")
-        return name
-
-    def expr(self, v):
-        if isinstance(v, PendingLocal):
-            return self.ns.source(v.source)
-        if id(v) in self._done:
-            return self._done[id(v)]
-        out = self._expr(v)
-        self._done[id(v)] = out
-        return out
-
-    def _expr(self, v):
-        if isinstance(v, (TensorValue, SymValue)):
-            return self.tensor_exprs[id(v)]
-        if isinstance(v, ConstantValue):
-            if v.source is not None:
-                return self.ns.source(v.source)
-            c = v.value
-            if c is None or isinstance(c, (bool, str)) or type(c) is int:
-                return repr(c)
-            return self.ns.ref(c)
-        if isinstance(v, ObjectValue):
-            return self.ns.source(v.source) if v.source is not None else self.ns.ref(v.obj, "obj")
-        if isinstance(v, TupleValue):
-            parts = [self.expr(i) for i in v.items]
-            if v.cls is tuple:
-                return f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
-            if v.cls is torch.Size:
-                return f"torch.Size([{', '.join(parts)}])"
-            cls = self.ns.ref(v.cls, "cls")
-            if hasattr(v.cls, "n_fields"):
-                return f"{cls}(({', '.join(parts)},))"
-            return f"{cls}({', '.join(parts)})"
-        if isinstance(v, ListValue):
-            if v.source is not None:
-                return self.ns.source(v.source)
-            return self.temp(f"[{', '.join(self.expr(i) for i in v.items)}]")
-        if isinstance(v, DictValue):
-            if v.source is not None:
-                return self.ns.source(v.source)
-            body = ", ".join(f"{_key_expr(k, self.ns)}: {self.expr(i)}" for k, i in v.items.items())
-            if v.cls is dict:
-                return self.temp(f"{{{body}}}")
-            return self.temp(f"{self.ns.ref(v.cls, 'cls')}({{{body}}})")
-        if isinstance(v, (MethodOfValue, TensorMethodValue)):
-            owner = v.owner if isinstance(v, MethodOfValue) else v.tensor
-            return f"{self.expr(owner)}.{v.name}"
-        if isinstance(v, BoundMethodValue):
-            return f"__MethodType({self.expr(v.func)}, {self.expr(v.self_value)})"
-        if isinstance(v, IteratorValue):
-            rest = v.items[v.pos:]
-            return self.temp(f"iter([{', '.join(self.expr(i) for i in rest)}])")
-        raise Unsupported(f"cannot carry {type(v).__name__} across a graph break yet")
-
-
-def tensors_in(values, out):
-    for v in values:
-        if isinstance(v, (TensorValue, SymValue)):
-            out.append(v)
-        elif isinstance(v, (TupleValue, ListValue)):
-            tensors_in(v.items, out)
-        elif isinstance(v, DictValue):
-            tensors_in(v.items.values(), out)
-        elif isinstance(v, IteratorValue):
-            tensors_in(v.items[v.pos:], out)
-        elif isinstance(v, TensorMethodValue):
-            tensors_in([v.tensor], out)
-        elif isinstance(v, MethodOfValue):
-            tensors_in([v.owner], out)
-        elif isinstance(v, BoundMethodValue):
-            tensors_in([v.self_value], out)
-    return out
 
 
 def plan_break(fn, frame, ins):
@@ -181,31 +93,8 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
         graph.create_node("call_function", torch._C._set_grad_enabled, (entry_grad,), {})
 
     live_names = [n for n in code.co_varnames if n in bound]
-    outputs = []
-    tensors_in(stack, outputs)
-    tensors_in([bound[n] for n in live_names if not isinstance(bound[n], PendingLocal)], outputs)
-    by_node = {inp.node: inp for inp in tx.graph.inputs}
-    gm = tx.graph.output(_unique_graph_outputs(outputs, by_node))
-    from ..testing import count_ops
-    uses_graph = count_ops(gm) > 0
-    tensor_exprs = {}
-    lines = []
-    if uses_graph:
-        compiled = compile_graph(gm, tx.graph.example_inputs())
-        ns.ns["__compiled_fn"] = compiled
-        lines.append(f"__out = __compiled_fn({', '.join(ns.source(i.source) for i in tx.graph.inputs)})")
-    out_index = {}
-    for v in _unique_graph_outputs(outputs, by_node):
-        out_index.setdefault(v.node, len(out_index))
-    for v in outputs:
-        inp = by_node.get(v.node)
-        if inp is not None:
-            tensor_exprs[id(v)] = ns.source(inp.source)
-        elif v.node.op == "get_attr":
-            tensor_exprs[id(v)] = ns.ref(getattr(tx.graph.state_root, v.node.target), "state")
-        else:
-            tensor_exprs[id(v)] = f"__out[{out_index[v.node]}]"
-
+    live_values = stack + [bound[n] for n in live_names if not isinstance(bound[n], PendingLocal)]
+    lines, tensor_exprs, gm = finish_graph(tx, ns, live_values, compile_graph)
     rb = Rebuilder(ns, tensor_exprs)
     exits = []
     exit_values = {id(v.manager): v for v in stack if isinstance(v, ExitValue)}
@@ -301,11 +190,8 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
     else:
         body += step
     body += tail
-    src = f"def {name}({', '.join(guard_params)}):\n" + "".join(f"    {l}\n" for l in body if l)
-    filename = f"<bytegraph {name}>"
-    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
-    exec(compile(src, filename, "exec"), ns.ns)
-    return ns.ns[name], src, gm if uses_graph else None
+    run, src = emit(name, guard_params, body, ns)
+    return run, src, gm
 
 
 class Handover:
@@ -360,16 +246,6 @@ def _generic_step(fn, code, ins, stack, live_names, bound, slot_expr, rb, ns, co
     args = [slot_expr(v) for v in stack if v is not NULL] + [rb.expr(bound[n]) for n in live_before]
     call = "__Continuation" if is_resume else "__resolve"
     return f"return {call}({ns.ref(step, 'step')}, ({', '.join(args)}{',' if len(args) == 1 else ''}))"
-
-
-def _unique_graph_outputs(outputs, by_node):
-    seen, out = set(), []
-    for v in outputs:
-        if v.node in by_node or v.node.op == "get_attr" or v.node in seen:
-            continue
-        seen.add(v.node)
-        out.append(v)
-    return out
 
 
 def _call_step(frame, ins, stack, slot_expr):

@@ -6,8 +6,7 @@ from ..config import config
 from ..debug import logs, records, timing
 from ..errors import BackendError, BytegraphError, Unsupported
 from ..guards.builder import SHAPE_ENV, GuardSet, add_global_state_guards, compile_guards
-from ..codegen.transformed import collect_outputs, generate
-from ..testing import count_ops
+from ..codegen.transformed import generate
 from ..trace.tracer import frame_params, trace_frame
 from .cache import CacheEntry
 
@@ -135,13 +134,9 @@ def compile_frame(fn, frame_args, compiler, cache=None):
 def _whole_frame(c, result):
     """The frame traced to its return: one graph, one transformed function."""
     tx = result.tx
-    outputs = collect_outputs(result.return_value, [])
-    gm = c.codegen(lambda: tx.graph.output(outputs))
-    uses_graph = count_ops(gm) > 0
-    compiled = c.compile_graph(gm, tx.graph.example_inputs()) if uses_graph else gm
-    run, source = c.codegen(lambda: generate(c.transformed_name(), c.guard_params, tx.graph.inputs, compiled,
-                                             result.return_value, outputs, c.fn.__globals__, uses_graph))
-    return c.entry(tx, run, source, gm if uses_graph else None)
+    run, source, gm = c.codegen(lambda: generate(c.transformed_name(), c.guard_params, tx, result.return_value,
+                                                 c.fn.__globals__, c.compile_graph))
+    return c.entry(tx, run, source, gm)
 
 
 def _split_at_break(c, values, err):

@@ -1,0 +1,152 @@
+"""Python source that rebuilds traced values at run time.
+
+Shared by the transformed function (rebuilding what a frame returns) and the
+code at a graph break (rebuilding the live stack and locals). Tensors and
+symbolic ints come from the graph's outputs or are re-read from their sources;
+each symbolic container is built once, so identity between uses is kept.
+"""
+import torch
+
+from ..errors import Unsupported
+from ..guards.sources import ObjectSource
+from ..trace.frame import PendingLocal
+from ..values.base import (BoundMethodValue, ConstantValue, DictValue, IteratorValue, ListValue,
+                           MethodOfValue, ObjectValue, SymValue, TensorMethodValue, TensorValue,
+                           TupleValue)
+
+
+class Namespace:
+    """Names the generated code refers to, with their objects."""
+
+    def __init__(self, fn_globals):
+        self.ns = {"G": fn_globals, "torch": torch}
+        self._ids = {}
+
+    def ref(self, obj, hint="c"):
+        key = id(obj)
+        if key not in self._ids:
+            name = f"__{hint}{len(self._ids)}"
+            self._ids[key] = name
+            self.ns[name] = obj
+        return self._ids[key]
+
+    def source(self, source):
+        def render(s):
+            if isinstance(s, ObjectSource):
+                self.ns[s.expr()] = s.obj
+            return s.expr_over(render)
+        return render(source)
+
+
+class Rebuilder:
+    """Emits Python that rebuilds values, each symbolic container exactly once."""
+
+    def __init__(self, ns, tensor_exprs):
+        self.ns = ns
+        self.tensor_exprs = tensor_exprs
+        self.lines = []
+        self._done = {}
+
+    def temp(self, expr):
+        name = f"__v{len(self._done)}_{len(self.lines)}"
+        self.lines.append(f"{name} = {expr}")
+        return name
+
+    def expr(self, v):
+        if isinstance(v, PendingLocal):
+            return self.ns.source(v.source)
+        if id(v) in self._done:
+            return self._done[id(v)]
+        out = self._expr(v)
+        self._done[id(v)] = out
+        return out
+
+    def _expr(self, v):
+        if isinstance(v, (TensorValue, SymValue)):
+            return self.tensor_exprs[id(v)]
+        if isinstance(v, ConstantValue):
+            if v.source is not None:
+                return self.ns.source(v.source)
+            c = v.value
+            if c is None or isinstance(c, (bool, str)) or type(c) is int:
+                return repr(c)
+            return self.ns.ref(c)
+        if isinstance(v, ObjectValue):
+            return self.ns.source(v.source) if v.source is not None else self.ns.ref(v.obj, "obj")
+        if isinstance(v, TupleValue):
+            parts = [self.expr(i) for i in v.items]
+            if v.cls is tuple:
+                return f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
+            if v.cls is torch.Size:
+                return f"torch.Size([{', '.join(parts)}])"
+            cls = self.ns.ref(v.cls, "cls")
+            if hasattr(v.cls, "n_fields"):
+                return f"{cls}(({', '.join(parts)},))"
+            return f"{cls}({', '.join(parts)})"
+        if isinstance(v, ListValue):
+            if v.source is not None:
+                return self.ns.source(v.source)
+            return self.temp(f"[{', '.join(self.expr(i) for i in v.items)}]")
+        if isinstance(v, DictValue):
+            if v.source is not None:
+                return self.ns.source(v.source)
+            body = ", ".join(f"{_key_expr(k, self.ns)}: {self.expr(i)}" for k, i in v.items.items())
+            if v.cls is dict:
+                return self.temp(f"{{{body}}}")
+            return self.temp(f"{self.ns.ref(v.cls, 'cls')}({{{body}}})")
+        if isinstance(v, (MethodOfValue, TensorMethodValue)):
+            owner = v.owner if isinstance(v, MethodOfValue) else v.tensor
+            return f"{self.expr(owner)}.{v.name}"
+        if isinstance(v, BoundMethodValue):
+            return f"__MethodType({self.expr(v.func)}, {self.expr(v.self_value)})"
+        if isinstance(v, IteratorValue):
+            rest = v.items[v.pos:]
+            return self.temp(f"iter([{', '.join(self.expr(i) for i in rest)}])")
+        raise Unsupported(f"cannot rebuild a {type(v).__name__} outside the graph yet")
+
+
+def tensors_in(values, out):
+    for v in values:
+        if isinstance(v, (TensorValue, SymValue)):
+            out.append(v)
+        elif isinstance(v, (TupleValue, ListValue)):
+            tensors_in(v.items, out)
+        elif isinstance(v, DictValue):
+            tensors_in(v.items.values(), out)
+        elif isinstance(v, IteratorValue):
+            tensors_in(v.items[v.pos:], out)
+        elif isinstance(v, TensorMethodValue):
+            tensors_in([v.tensor], out)
+        elif isinstance(v, MethodOfValue):
+            tensors_in([v.owner], out)
+        elif isinstance(v, BoundMethodValue):
+            tensors_in([v.self_value], out)
+    return out
+
+
+def _key_expr(k, ns):
+    if isinstance(k, (str, int, bool)) or k is None:
+        return repr(k)
+    return ns.ref(k)
+
+
+def graph_value_exprs(ns, values, graph_inputs, state_root, out_var="__out"):
+    """id(value) -> expression for tensors/symbolic ints, and the values the graph must output.
+
+    Graph inputs are re-read from their sources and module state is referenced
+    directly; everything else is an output of the graph.
+    """
+    by_node = {inp.node: inp for inp in graph_inputs}
+    outputs, index, exprs = [], {}, {}
+    for v in values:
+        inp = by_node.get(v.node)
+        if inp is not None:
+            exprs[id(v)] = ns.source(inp.source)
+        elif v.node.op == "get_attr":
+            exprs[id(v)] = ns.ref(getattr(state_root, v.node.target), "state")
+        else:
+            if v.node not in index:
+                index[v.node] = len(outputs)
+                outputs.append(v)
+            exprs[id(v)] = f"{out_var}[{index[v.node]}]"
+    return exprs, outputs
