@@ -56,6 +56,12 @@ def inside_user_handler(code, offset):
 def _liveness(code):
     instrs = _raw(code)
     by_offset = {ins.offset: k for k, ins in enumerate(instrs)}
+    # Jumps may target the EXTENDED_ARG prefix of an instruction: map it to the instruction.
+    for ins in dis.get_instructions(code):
+        if ins.opname == "EXTENDED_ARG" and ins.offset not in by_offset:
+            nxt = next((k for k, r in enumerate(instrs) if r.offset > ins.offset), None)
+            if nxt is not None:
+                by_offset[ins.offset] = nxt
     entries = exception_entries(code)
     n = len(instrs)
     succs = []

@@ -14,7 +14,8 @@ from ..bytecode.instructions import decode
 from ..bytecode.resume import NULL_SLOT, make_resume_function
 from ..bytecode.versions import split_call_prefix
 from ..errors import Unsupported
-from ..runtime.continuation import AutocastExit, Continuation, GradModeExit, call_through, resolve
+from ..runtime.continuation import (AutocastExit, Continuation, GradModeExit, Routed, call_through,
+                                    resolve)
 from ..values.base import NULL, ExitValue
 from ..trace.frame import PendingLocal
 from .rebuild import Namespace, Rebuilder
@@ -78,7 +79,7 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
     bound = {n: v for n, v in frame.locals.items()}
     ns = Namespace(fn.__globals__)
     ns.ns.update({"__MethodType": types.MethodType, "__call_through": call_through, "__compiler": compiler, "__resolve": resolve,
-                  "__Continuation": Continuation, "__GradModeExit": GradModeExit,
+                  "__Continuation": Continuation, "__GradModeExit": GradModeExit, "__Routed": Routed,
                   "__AutocastExit": AutocastExit})
     graph = tx.graph.graph
 
@@ -243,9 +244,28 @@ def _generic_step(fn, code, ins, stack, live_names, bound, slot_expr, rb, ns, co
     step = step_function(fn, original, orig_offset, before, live_before, after, after_live, handover,
                          f"step_in_{_clean(origin)}_at_line_{ins.line}")
     _log_code("STEP FUNCTION", step)
-    args = [slot_expr(v) for v in stack if v is not NULL] + [rb.expr(bound[n]) for n in live_before]
+    routed = _callable_slot(ins, stack)
+    args = [(f"__Routed(__compiler, {slot_expr(v)})" if i == routed else slot_expr(v))
+            for i, v in enumerate(stack) if v is not NULL]
+    args += [rb.expr(bound[n]) for n in live_before]
     call = "__Continuation" if is_resume else "__resolve"
     return f"return {call}({ns.ref(step, 'step')}, ({', '.join(args)}{',' if len(args) == 1 else ''}))"
+
+
+def _callable_slot(ins, stack):
+    """Stack index of the callable a CALL-family instruction calls, or None."""
+    if ins.opname == "CALL_FUNCTION_EX":
+        top = 2 if ins.arg & 1 else 1
+    elif ins.opname == "CALL_KW":
+        top = ins.arg + 1
+    elif ins.opname == "CALL":
+        top = ins.arg
+    else:
+        return None
+    below, above = len(stack) - top - 2, len(stack) - top - 1
+    if below < 0:
+        return None
+    return above if stack[below] is NULL else below
 
 
 def _call_step(frame, ins, stack, slot_expr):
@@ -286,7 +306,10 @@ _resume_functions = {}
 def _resume_function(fn, code, offset, layout, live):
     """The resume function for ``offset`` of ``code``, built from the original code, made once."""
     original, orig_offset = original_offset(code, offset)
-    key = (original, orig_offset, tuple(layout), tuple(live), fn.__closure__, id(fn.__globals__))
+    # Cells compare by contents and cannot be hashed: key on their identity (the resume
+    # function keeps them alive through its closure).
+    closure_ids = tuple(map(id, fn.__closure__ or ()))
+    key = (original, orig_offset, tuple(layout), tuple(live), closure_ids, id(fn.__globals__))
     resume_fn = _resume_functions.get(key)
     if resume_fn is None:
         info = RESUME_INFO.get(code)

@@ -12,7 +12,7 @@ from ..guards.sources import ObjectSource
 from ..trace.frame import PendingLocal
 from ..values.base import (BoundMethodValue, ConstantValue, DictValue, IteratorValue, ListValue,
                            MethodOfValue, ObjectValue, SymValue, TensorMethodValue, TensorValue,
-                           TupleValue)
+                           TupleValue, UserObjectValue)
 
 
 class Namespace:
@@ -99,6 +99,10 @@ class Rebuilder:
             return f"{self.expr(owner)}.{v.name}"
         if isinstance(v, BoundMethodValue):
             return f"__MethodType({self.expr(v.func)}, {self.expr(v.self_value)})"
+        if isinstance(v, UserObjectValue):
+            body = ", ".join(f"{k!r}: {self.expr(i)}" for k, i in v.attrs.items())
+            self.ns.ns["__new_object"] = new_object
+            return self.temp(f"__new_object({self.ns.ref(v.cls, 'cls')}, {{{body}}})")
         if isinstance(v, IteratorValue):
             rest = v.items[v.pos:]
             return self.temp(f"iter([{', '.join(self.expr(i) for i in rest)}])")
@@ -121,6 +125,8 @@ def tensors_in(values, out):
             tensors_in([v.owner], out)
         elif isinstance(v, BoundMethodValue):
             tensors_in([v.self_value], out)
+        elif isinstance(v, UserObjectValue):
+            tensors_in(v.attrs.values(), out)
     return out
 
 
@@ -128,6 +134,14 @@ def _key_expr(k, ns):
     if isinstance(k, (str, int, bool)) or k is None:
         return repr(k)
     return ns.ref(k)
+
+
+def new_object(cls, attrs):
+    """An instance of ``cls`` with these attributes, made without calling ``__init__`` again."""
+    obj = cls.__new__(cls)
+    for name, value in attrs.items():
+        object.__setattr__(obj, name, value)
+    return obj
 
 
 def graph_value_exprs(ns, values, graph_inputs, state_root, out_var="__out"):

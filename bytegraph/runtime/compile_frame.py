@@ -126,6 +126,7 @@ def compile_frame(fn, frame_args, compiler, cache=None):
         if not config.suppress_errors:
             raise
         err = Unsupported(f"internal error while tracing: {type(e).__name__}: {e}")
+        err.user_stack = getattr(e, "_bytegraph_user_stack", [])
         if compiler.fullgraph:
             raise err from e
         return _fallback(c, err)

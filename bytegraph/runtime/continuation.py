@@ -67,6 +67,18 @@ def call_through(compiler, fn, args, kwargs):
     return target(*args, **kwargs)
 
 
+class Routed:
+    """A callable handed to native code in place of ``fn``: calls go through the compiler."""
+    __slots__ = ("compiler", "fn")
+
+    def __init__(self, compiler, fn):
+        self.compiler = compiler
+        self.fn = fn
+
+    def __call__(self, *args, **kwargs):
+        return call_through(self.compiler, self.fn, args, kwargs)
+
+
 def _is_disallowed(fn):
     from ..control import disallowed_in_graph
     try:

@@ -6,8 +6,8 @@ import torch
 from ..errors import Unsupported
 from ..guards.sources import AttrSource, ModuleEntrySource
 from ..values.base import (BoundMethodValue, ConstantValue, ContextManagerValue, DictValue,
-                           FunctionValue, ListValue, MethodOfValue, ObjectValue,
-                           TensorMethodValue, TensorValue, TupleValue)
+                           FunctionValue, ListValue, MethodOfValue, ObjectValue, SuperValue,
+                           TensorMethodValue, TensorValue, TupleValue, UserObjectValue)
 from ..values.builder import CONSTANT_TYPES, is_trusted_module, wrap
 
 
@@ -42,6 +42,10 @@ def get_attr(frame, v, name):
         return _constant_attr(v, name)
     if isinstance(v, ObjectValue):
         return _object_attr(frame, v, name)
+    if isinstance(v, UserObjectValue):
+        return _user_object_attr(frame, v, name)
+    if isinstance(v, SuperValue):
+        return _super_attr(frame, v, name)
     if isinstance(v, TupleValue):
         fields = getattr(v.cls, "_fields", None) or getattr(v.cls, "__match_args__", None)
         if fields and name in fields:
@@ -197,6 +201,88 @@ def _object_attr(frame, v, name):
         from .calls import call
         return call(frame, BoundMethodValue(wrap(tx, getattr_hook, None), v), [ConstantValue(name)], {})
     raise MissingAttribute(f"{cls.__name__!r} object has no attribute {name!r}")
+
+
+def _class_attribute(frame, cls, name, self_value):
+    """A class attribute looked up for an instance: methods bind, properties run."""
+    from ..values.builder import wrap as w
+    attr, found = _lookup_static(cls, name)
+    if not found:
+        return None, False
+    if isinstance(attr, types.FunctionType):
+        return BoundMethodValue(w(frame.tx, attr, None), self_value), True
+    if isinstance(attr, property):
+        from .calls import call
+        if attr.fget is None:
+            raise MissingAttribute(f"property {name!r} of {cls.__qualname__} has no getter")
+        return call(frame, w(frame.tx, attr.fget, None), [self_value], {}), True
+    if isinstance(attr, staticmethod):
+        return w(frame.tx, attr.__func__, None), True
+    if isinstance(attr, classmethod):
+        return BoundMethodValue(w(frame.tx, attr.__func__, None), w(frame.tx, cls, None)), True
+    if hasattr(type(attr), "__get__") and not isinstance(attr, CONSTANT_TYPES):
+        raise Unsupported(f"descriptor {type(attr).__name__} for {cls.__qualname__}.{name} is not supported yet")
+    return w(frame.tx, attr, None), True
+
+
+def _user_object_attr(frame, v, name):
+    if name == "__class__":
+        return wrap(frame.tx, v.cls, None)
+    if name == "__dict__":
+        raise Unsupported("__dict__ of an object made in the compiled function is not supported yet")
+    attr, found = _lookup_static(v.cls, name)
+    if found and _is_data_descriptor(attr):
+        return _class_attribute(frame, v.cls, name, v)[0]
+    if name in v.attrs:
+        return v.attrs[name]
+    value, found = _class_attribute(frame, v.cls, name, v)
+    if found:
+        return value
+    getattr_hook, has_hook = _lookup_static(v.cls, "__getattr__")
+    if has_hook:
+        from .calls import call
+        return call(frame, BoundMethodValue(wrap(frame.tx, getattr_hook, None), v), [ConstantValue(name)], {})
+    raise MissingAttribute(f"{v.cls.__name__!r} object has no attribute {name!r}")
+
+
+def _super_attr(frame, sv, name):
+    obj_type = sv.obj.python_type() if not isinstance(sv.obj, ObjectValue) else type(sv.obj.obj)
+    mro = obj_type.__mro__
+    if sv.cls not in mro:
+        raise Unsupported("super(): the object is not an instance of the class")
+    for klass in mro[mro.index(sv.cls) + 1:]:
+        if name in klass.__dict__:
+            attr = klass.__dict__[name]
+            from ..values.builder import wrap as w
+            if attr is object.__init__:
+                return ObjectValue(_noop_init)
+            if isinstance(attr, types.FunctionType):
+                return BoundMethodValue(w(frame.tx, attr, None), sv.obj)
+            if isinstance(attr, classmethod):
+                return BoundMethodValue(w(frame.tx, attr.__func__, None), w(frame.tx, obj_type, None))
+            if isinstance(attr, staticmethod):
+                return w(frame.tx, attr.__func__, None)
+            if isinstance(attr, property) and attr.fget is not None:
+                from .calls import call
+                return call(frame, w(frame.tx, attr.fget, None), [sv.obj], {})
+            break
+    raise Unsupported(f"super().{name} is not supported yet")
+
+
+def _noop_init(*args, **kwargs):
+    return None
+
+
+def set_attr(frame, obj, name, value):
+    """``obj.name = value``: allowed on objects made while tracing."""
+    if isinstance(obj, UserObjectValue):
+        attr, found = _lookup_static(obj.cls, name)
+        if found and _is_data_descriptor(attr):
+            raise Unsupported(f"setting {obj.cls.__qualname__}.{name} (a descriptor) is not supported yet")
+        obj.attrs[name] = value
+        return
+    raise Unsupported(f"setting attribute {name!r} on {describe(obj)} (a side effect) is not supported yet",
+                      hint="side effects on objects that exist outside the compiled function run eagerly")
 
 
 def _is_data_descriptor(attr):

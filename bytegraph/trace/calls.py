@@ -5,6 +5,7 @@ call is inlined (user functions, methods, ``nn.Module.forward``), becomes a
 graph node (torch functions, tensor methods), is folded to a constant (pure
 builtins on constants), or is unsupported.
 """
+import abc
 import operator
 import types
 
@@ -12,9 +13,10 @@ import torch
 
 from ..errors import Unsupported
 from ..guards.sources import AttrSource, DefaultSource, ItemSource
-from ..values.base import (BoundMethodValue, ConstantValue, DictValue, ExitValue, FunctionValue,
-                           IteratorValue, ListValue, MethodOfValue, ObjectValue, RealCell,
-                           TensorMethodValue, TensorValue, TupleValue)
+from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, ExitValue,
+                           FunctionValue, IteratorValue, ListValue, MethodOfValue, ObjectValue,
+                           RealCell, SuperValue, TensorMethodValue, TensorValue, TupleValue,
+                           UserObjectValue)
 from ..values.builder import wrap
 from . import attrs, operators
 from .frame import inline_call
@@ -79,6 +81,10 @@ def _call_object(frame, fv, args, kwargs):
 def _control_call(frame, obj, args, kwargs):
     """Calls governed by bytegraph.disable / allow_in_graph / disallow_in_graph / graph_break."""
     from .. import control
+    from ..api import is_compiling
+    if obj is is_compiling or (getattr(obj, "__name__", None) == "is_compiling"
+                               and (getattr(obj, "__module__", None) or "").startswith("torch")):
+        return ConstantValue(True)
     try:
         if obj is control.graph_break:
             raise Unsupported("bytegraph.graph_break() called", hint="remove the call to keep one graph")
@@ -140,7 +146,44 @@ def call_module(frame, mv, args, kwargs):
 
 
 def _call_class(frame, cls, args, kwargs):
-    raise Unsupported(f"creating {cls.__qualname__} objects inside the compiled function is not supported yet")
+    """``C(...)`` for a user class: a new object whose ``__init__`` is traced."""
+    tx = frame.tx
+    if issubclass(cls, tuple) and hasattr(cls, "_fields"):
+        return _make_namedtuple(frame, cls, args, kwargs)
+    if issubclass(cls, BaseException):
+        raise Unsupported(f"creating {cls.__qualname__} objects inside the compiled function is not supported yet")
+    if type(cls) not in (type, abc.ABCMeta) or cls.__new__ is not object.__new__ \
+            or any(b.__module__ == "builtins" for b in cls.__mro__[1:-1]) \
+            or issubclass(cls, torch.nn.Module) or cls.__setattr__ is not object.__setattr__ \
+            or cls.__getattribute__ is not object.__getattribute__ or cls.__delattr__ is not object.__delattr__:
+        raise Unsupported(f"creating {cls.__qualname__} objects inside the compiled function is not supported yet")
+    obj = UserObjectValue(cls)
+    init = cls.__init__
+    if init is object.__init__:
+        if args or kwargs:
+            raise Unsupported(f"{cls.__qualname__}() takes no arguments")
+        return obj
+    if not isinstance(init, types.FunctionType):
+        raise Unsupported(f"{cls.__qualname__}.__init__ is not Python code")
+    result = call(frame, wrap(tx, init, None), [obj] + list(args), kwargs)
+    if not operators.is_none(result):
+        raise Unsupported(f"{cls.__qualname__}.__init__ returned a value")
+    return obj
+
+
+def _make_namedtuple(frame, cls, args, kwargs):
+    fields = cls._fields
+    values = dict(zip(fields, args))
+    for k, v in kwargs.items():
+        if k not in fields or k in values:
+            raise Unsupported(f"{cls.__qualname__}() got an unexpected or repeated argument {k!r}")
+        values[k] = v
+    for k, default in getattr(cls, "_field_defaults", {}).items():
+        values.setdefault(k, ConstantValue(default) if isinstance(default, (int, float, str, bool, type(None)))
+                          else wrap(frame.tx, default, None))
+    if set(values) != set(fields):
+        raise Unsupported(f"{cls.__qualname__}() missing arguments {sorted(set(fields) - set(values))}")
+    return TupleValue([values[f] for f in fields], cls=cls)
 
 
 # --- folding ------------------------------------------------------------------
@@ -485,9 +528,45 @@ for _fn in (int, float, bool, str, repr, round, divmod, pow, hash, ord, chr, for
     BUILTIN_HANDLERS[_fn] = _make_fold(_fn)
 
 
+@builtin(super)
+def _super(frame, args, kwargs):
+    if args:
+        cls, obj = args
+        if not isinstance(cls, ObjectValue) or not isinstance(cls.obj, type):
+            raise Unsupported("super() with a non-class first argument")
+        return SuperValue(cls.obj, obj)
+    cell = frame.cells.get("__class__")
+    if cell is None or not frame.code.co_varnames or frame.code.co_argcount == 0:
+        raise Unsupported("super() outside a method")
+    cls = cell.contents if isinstance(cell, CellValue) else wrap(frame.tx, cell.cell.cell_contents, None)
+    first = frame.code.co_varnames[0]
+    if first in frame.cells:
+        self_value = frame.cells[first].contents
+    else:
+        self_value = frame.local(first)
+    return SuperValue(cls.obj if isinstance(cls, ObjectValue) else operators.as_constant(cls), self_value)
+
+
+@builtin(object.__setattr__)
+def _object_setattr(frame, args, kwargs):
+    obj, name, value = args
+    attrs.set_attr(frame, obj, operators.as_constant(name), value)
+    return ConstantValue(None)
+
+
 @builtin(operator.getitem)
 def _op_getitem(frame, args, kwargs):
     return operators.getitem(frame, args[0], args[1])
+
+
+def _is_compiling(frame, args, kwargs):
+    return ConstantValue(True)
+
+
+for _fn in (torch.compiler.is_compiling, getattr(torch._utils, "is_compiling", None),
+            getattr(torch.compiler, "is_dynamo_compiling", None)):
+    if _fn is not None:
+        BUILTIN_HANDLERS[_fn] = _is_compiling
 
 
 @builtin(torch.is_tensor)

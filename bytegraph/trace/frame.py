@@ -39,6 +39,7 @@ class Frame:
         self.done = False
         self.yielded = None       # a list while running a generator
         self.stop_before = None   # root frame only: stop when about to run this instruction index
+        self.fresh_containers = ()  # root frame only: names of its *args / **kwargs parameters
         self.stopped = False
 
     def run(self):
@@ -70,6 +71,11 @@ class Frame:
             if self.parent is None and e.root_index is None:
                 e.root_index = self.current.index if self.current is not None else None
             raise
+        except Exception as e:
+            # A bug of ours: keep where in the user's code it happened, for the message.
+            if not hasattr(e, "_bytegraph_user_stack"):
+                e._bytegraph_user_stack = tx.user_stack()
+            raise
         finally:
             tx.frames.pop()
 
@@ -79,6 +85,10 @@ class Frame:
         if type(v) is PendingLocal:
             from ..values.builder import wrap
             v = self.locals[name] = wrap(self.tx, v.obj, v.source)
+            if name in self.fresh_containers and v.source is not None:
+                # *args / **kwargs are built anew by each call: changing them is no side effect.
+                # Their items keep their sources (and guards).
+                v.source = None
         return v
 
     def push(self, v):

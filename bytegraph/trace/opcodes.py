@@ -11,7 +11,7 @@ from ..errors import Unsupported
 from ..guards.sources import GlobalSource, ItemSource, ObjectSource
 from ..values.base import (NULL, CellValue, ConstantValue, ContextManagerValue, DictValue,
                            ExitValue, FunctionValue, IteratorValue, ListValue, ObjectValue,
-                           TupleValue)
+                           SuperValue, TupleValue)
 from ..values.builder import TRUSTED_MODULE_PREFIXES, wrap
 from . import attrs, calls, operators
 from .iteration import iterate, unpack
@@ -139,11 +139,26 @@ def load_method(f, ins):
     f.stack.extend(method_pair(NULL, attrs.get_attr(f, obj, ins.argval)))
 
 
+@handler("LOAD_SUPER_ATTR")
+def load_super_attr(f, ins):
+    # super().name: the stack holds super, the class cell's contents and the first argument.
+    self_value = f.pop()
+    cls = f.pop()
+    f.pop()
+    if not isinstance(cls, ObjectValue) or not isinstance(cls.obj, type):
+        raise Unsupported("super() with a non-class first argument")
+    value = attrs.get_attr(f, SuperValue(cls.obj, self_value), ins.argval)
+    if ins.arg & 1:
+        f.stack.extend(method_pair(NULL, value))
+    else:
+        f.push(value)
+
+
 @handler("STORE_ATTR")
 def store_attr(f, ins):
     obj = f.pop()
-    f.pop()
-    raise Unsupported(f"setting attribute {ins.argval!r} on {attrs.describe(obj)} is not supported yet")
+    value = f.pop()
+    attrs.set_attr(f, obj, ins.argval, value)
 
 
 @handler("DELETE_ATTR")

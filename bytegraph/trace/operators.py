@@ -8,7 +8,7 @@ from ..guards.sources import ModuleEntrySource
 from ..values.base import (NULL, BoundMethodValue, ConstantValue, ContextManagerValue, DictValue,
                            DictViewValue, FunctionValue, IteratorValue, ListValue, MethodOfValue,
                            ObjectValue, SliceValue, SymValue, TensorMethodValue, TensorValue,
-                           TupleValue)
+                           TupleValue, UserObjectValue)
 from . import attrs
 
 BINARY = {
@@ -98,6 +98,9 @@ def graph_op(frame, fn, args, kwargs=None):
 def binary(frame, op, a, b):
     fn = BINARY[op]
     if isinstance(a, TensorValue) or isinstance(b, TensorValue):
+        if op.endswith("=") and not isinstance(a, TensorValue):
+            # `n += tensor` with a Python number on the left is just `n + tensor`.
+            fn = BINARY[op[:-1]]
         return graph_op(frame, fn, [a, b])
     if isinstance(a, SymValue) or isinstance(b, SymValue):
         return _sym_op(frame, fn, [a, b])
@@ -248,6 +251,10 @@ def truth(frame, v):
         return True
     if isinstance(v, DictViewValue):
         return bool(v.dict_value.items)
+    if isinstance(v, UserObjectValue):
+        if getattr(v.cls, "__bool__", None) is None and getattr(v.cls, "__len__", None) is None:
+            return True
+        raise Unsupported(f"truth value of a {v.cls.__qualname__} object (defines __bool__/__len__) is not supported yet")
     raise Unsupported(f"truth value of {attrs.describe(v)} is not supported yet")
 
 

@@ -87,7 +87,7 @@ def call_torch_class(frame, cls, args, kwargs):
         return BUILTIN_HANDLERS[torch.Size](frame, args, kwargs)
     if cls in (torch.finfo, torch.iinfo):
         from .calls import fold
-        return ObjectValue(fold(frame, cls, args, kwargs).value)
+        return fold(frame, cls, args, kwargs)
     if cls is torch.device or cls is torch.dtype:
         from .calls import fold
         return fold(frame, cls, args, kwargs)

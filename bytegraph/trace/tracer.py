@@ -47,6 +47,9 @@ def trace_frame(fn, frame_args, options, stop_before=None, cache=None):
             cells[name] = RealCell(cell, ClosureSource(i, name))
         frame = Frame(tx, code, fn.__globals__, local_values, cells)
         frame.stop_before = stop_before
+        n = code.co_argcount + code.co_kwonlyargcount
+        frame.fresh_containers = tuple(code.co_varnames[n:n + bool(code.co_flags & 0x04)
+                                                        + bool(code.co_flags & 0x08)])
         ret = frame.run()
         if frame.stopped:
             tx.break_grad_mode = torch.is_grad_enabled()

@@ -214,6 +214,34 @@ class ObjectValue(Value):
         return type(self.obj).__name__
 
 
+class UserObjectValue(Value):
+    """An instance of a user class created while tracing; its attributes are values."""
+
+    __slots__ = ("cls", "attrs")
+
+    def __init__(self, cls, attrs=None):
+        super().__init__(None)
+        self.cls = cls
+        self.attrs = dict(attrs or {})
+
+    def python_type(self):
+        return self.cls
+
+    def _repr_body(self):
+        return self.cls.__qualname__
+
+
+class SuperValue(Value):
+    """``super()`` bound to a class and an object: attribute lookup starts after ``cls``."""
+
+    __slots__ = ("cls", "obj")
+
+    def __init__(self, cls, obj):
+        super().__init__(None)
+        self.cls = cls
+        self.obj = obj
+
+
 class FunctionValue(Value):
     """A Python function made while tracing (MAKE_FUNCTION): code plus symbolic defaults and cells."""
 

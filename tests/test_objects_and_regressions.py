@@ -1,0 +1,186 @@
+"""Objects made in the frame (classes, dataclasses, namedtuples, super()), and regressions
+found on HuggingFace-style code: closures around frames that break, long loops, **kwargs
+edits, calls inside try blocks, torch.finfo, `n += tensor`, is_compiling()."""
+import dataclasses
+import functools
+from typing import NamedTuple, Optional
+
+import torch
+
+import bytegraph
+from bytegraph.testing import CompileCounter, same
+
+from helpers import check
+
+
+@dataclasses.dataclass
+class Output:
+    logits: torch.Tensor
+    hidden: Optional[torch.Tensor] = None
+    count: int = 0
+
+    @property
+    def doubled(self):
+        return self.logits * 2
+
+
+class Accumulator:
+    def __init__(self, scale):
+        self.scale = scale
+        self.items = []
+
+    def add(self, t):
+        self.items.append(t * self.scale)
+        return self
+
+
+class Base:
+    def __init__(self, x):
+        self.x = x
+
+    def value(self):
+        return self.x + 1
+
+
+class Child(Base):
+    def __init__(self, x):
+        super().__init__(x * 2)
+
+    def value(self):
+        return super().value() * 3
+
+
+class Pair(NamedTuple):
+    a: torch.Tensor
+    b: int = 3
+
+
+def test_dataclass_made_and_returned():
+    def f(x):
+        out = Output(logits=x.sin(), count=2)
+        out.hidden = x.cos()
+        return out, out.doubled
+
+    cnt = CompileCounter()
+    x = torch.randn(3)
+    expected = f(x)
+    got = bytegraph.compile(f, backend=cnt, fullgraph=True)(x)
+    assert type(got[0]) is Output and got[0].count == 2
+    assert same(expected[0].logits, got[0].logits) and same(expected[0].hidden, got[0].hidden)
+    assert same(expected[1], got[1])
+    assert cnt.frame_count == 1
+
+
+def test_plain_objects_methods_and_super():
+    def f(x):
+        acc = Accumulator(2).add(x).add(x + 1)
+        return sum(acc.items), Child(x).value(), len(acc.items)
+
+    check(f, torch.randn(3))
+
+
+def test_namedtuple_made_in_frame():
+    def f(x):
+        p = Pair(x * 2)
+        return p, p.b + 1, p.a.sum()
+
+    check(f, torch.randn(3))
+
+
+def _decorate(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        flag = kwargs.pop("flag", False)
+        kwargs["scale"] = 3
+        out = fn(*args, **kwargs)
+        return out * 2 if flag else out
+    return wrapper
+
+
+@_decorate
+def _decorated(x, scale=1):
+    y = x * scale
+    print("inside")
+    return y + 1
+
+
+def test_break_under_closure_decorator_and_kwargs_edits(capsys):
+    cnt = CompileCounter()
+    compiled = bytegraph.compile(_decorated, backend=cnt)
+    x = torch.randn(3)
+    assert same(_decorated(x, flag=True), compiled(x, flag=True))
+    assert capsys.readouterr().out == "inside\ninside\n"
+    assert cnt.frame_count >= 2   # the decorated body is compiled, not run eagerly
+
+
+def _long_loop_function():
+    # A loop body long enough (over 255 code units) that FOR_ITER needs an EXTENDED_ARG
+    # prefix, which the backward jump then targets.
+    body = "\n".join(f"        total = total + {i % 7}\n        total = total - {i % 7}" for i in range(90))
+    src = (f"def f(x, names):\n    total = x\n    for name in names:\n{body}\n"
+           f"        print(name)\n        total = total * 2\n    return total + len(names)\n")
+    ns = {}
+    exec(compile(src, "<long loop>", "exec"), ns)
+    return ns["f"]
+
+
+def test_long_loop_with_break_keeps_locals_live(capsys):
+    import dis
+    from bytegraph.bytecode.analysis import live_locals
+    f = _long_loop_function()
+    ops = list(dis.get_instructions(f))
+    assert any(i.opname == "EXTENDED_ARG" for i in ops)
+    print_call = next(i for i in ops if i.opname == "LOAD_GLOBAL" and i.argval == "print")
+    assert {"total", "names"} <= live_locals(f.__code__, print_call.offset)
+    x = torch.randn(3)
+    expected = f(x, ["a", "b", "c"])
+    capsys.readouterr()
+    got = bytegraph.compile(f, backend="eager")(x, ["a", "b", "c"])
+    assert capsys.readouterr().out == "a\nb\nc\n"
+    assert same(expected, got)
+
+
+def _callee(x):
+    y = x.sin()
+    print("callee")
+    return y.cos()
+
+
+def test_call_inside_try_goes_through_the_compiler(capsys):
+    def f(x, log):
+        try:
+            z = x + 1
+            print("caller")
+            w = _callee(z)
+        finally:
+            log.append("finally")
+        return w * 2
+
+    cnt = CompileCounter()
+    log = []
+    x = torch.randn(3)
+    got = bytegraph.compile(f, backend=cnt)(x, log)
+    assert log == ["finally"]
+    assert same(f(x, []), got)
+    names = [r.name for r in bytegraph.debug.records.frames]
+    assert "_callee" in names   # called from the step function, still compiled
+
+
+def test_finfo_and_constant_plus_equals_tensor():
+    def f(x):
+        n = 0
+        n += (x > 0).to(torch.long) * 4
+        return x.masked_fill(x < 0, torch.finfo(x.dtype).min), n
+
+    check(f, torch.randn(5))
+
+
+def test_is_compiling_is_true_inside():
+    def f(x):
+        if torch.compiler.is_compiling() and bytegraph.is_compiling():
+            return x + 1
+        return x - 1
+
+    x = torch.randn(3)
+    assert same(bytegraph.compile(f, backend="eager", fullgraph=True)(x), x + 1)
+    assert not bytegraph.is_compiling()
