@@ -19,7 +19,7 @@ from ..runtime.continuation import (AutocastExit, Continuation, GradModeExit, Ro
 from ..values.base import NULL, ExitValue
 from ..trace.frame import PendingLocal
 from .rebuild import Namespace, Rebuilder
-from .transformed import emit, finish_graph
+from .transformed import emit, finish_graph, replay_side_effects, side_effect_values
 
 # resume code object -> ResumeInfo
 RESUME_INFO = {}
@@ -95,8 +95,11 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
 
     live_names = [n for n in code.co_varnames if n in bound]
     live_values = stack + [bound[n] for n in live_names if not isinstance(bound[n], PendingLocal)]
-    lines, tensor_exprs, gm = finish_graph(tx, ns, live_values, compile_graph)
+    lines, tensor_exprs, gm = finish_graph(tx, ns, live_values + side_effect_values(tx), compile_graph)
     rb = Rebuilder(ns, tensor_exprs)
+    # Attribute stores traced before the break happen now, before the native step.
+    stores = replay_side_effects(tx, rb)
+    rb.lines.extend(stores)
     exits = []
     exit_values = {id(v.manager): v for v in stack if isinstance(v, ExitValue)}
     for i, mgr in enumerate(active):

@@ -33,11 +33,25 @@ def emit(name, params, body, ns):
     return ns.ns[name], src
 
 
+def replay_side_effects(tx, rb):
+    """Lines doing, for real, the attribute stores the trace recorded (in program order)."""
+    lines = []
+    for obj, name, value in tx.attr_stores.values():
+        target = rb.expr(obj)
+        lines.append(f"{target}.{name} = {rb.expr(value)}")
+    return lines
+
+
+def side_effect_values(tx):
+    return [value for _, _, value in tx.attr_stores.values()]
+
+
 def generate(name, params, tx, returned, fn_globals, compile_graph):
     """(function, source, graph or None) for a frame traced to its return."""
     ns = Namespace(fn_globals)
-    lines, exprs, gm = finish_graph(tx, ns, [returned], compile_graph)
+    lines, exprs, gm = finish_graph(tx, ns, [returned] + side_effect_values(tx), compile_graph)
     rb = Rebuilder(ns, exprs)
+    stores = replay_side_effects(tx, rb)
     result = rb.expr(returned)
-    run, src = emit(name, params, lines + rb.lines + [f"return {result}"], ns)
+    run, src = emit(name, params, lines + rb.lines + stores + [f"return {result}"], ns)
     return run, src, gm

@@ -133,6 +133,9 @@ def _is_torch_nn_module(obj):
 def _object_attr(frame, v, name):
     tx = frame.tx
     obj, src = v.obj, v.source
+    pending = tx.attr_stores.get((id(obj), name))
+    if pending is not None:
+        return pending[2]
     asrc = AttrSource(src, name) if src is not None else None
     if isinstance(obj, types.ModuleType):
         try:
@@ -158,12 +161,12 @@ def _object_attr(frame, v, name):
             and hasattr(obj, "__dict__"):
         custom_getattribute = False   # a C type with the generic lookup (e.g. SimpleNamespace)
     if custom_getattribute:
-        if cls.__module__.split(".")[0] in ("torch", "builtins"):
-            try:
-                return wrap(tx, getattr(obj, name), asrc)
-            except AttributeError:
-                raise MissingAttribute(f"{cls.__name__!r} object has no attribute {name!r}") from None
-        raise Unsupported(f"{cls.__qualname__} defines __getattribute__; not supported yet")
+        # Read through the object's own __getattribute__ (e.g. a config mapping aliases);
+        # the guard re-reads it the same way on every call.
+        try:
+            return wrap(tx, getattr(obj, name), asrc)
+        except AttributeError:
+            raise MissingAttribute(f"{cls.__name__!r} object has no attribute {name!r}") from None
     class_attr, found = _lookup_static(cls, name)
     if found and _is_data_descriptor(class_attr):
         if isinstance(class_attr, property):
@@ -265,8 +268,28 @@ def _super_attr(frame, sv, name):
             if isinstance(attr, property) and attr.fget is not None:
                 from .calls import call
                 return call(frame, w(frame.tx, attr.fget, None), [sv.obj], {})
+            if klass is dict and name in _DICT_READS and isinstance(sv.obj, ObjectValue) \
+                    and sv.obj.source is not None:
+                # dict's own read methods on a dict subclass that exists outside the trace:
+                # read its contents as a dict value (guarded on keys and items as read).
+                return MethodOfValue(_dict_view(frame, sv.obj), name)
             break
     raise Unsupported(f"super().{name} is not supported yet")
+
+
+_DICT_READS = {"get", "__getitem__", "__contains__", "keys", "items", "values", "__len__"}
+
+
+def _dict_view(frame, ov):
+    from ..guards import builder as g
+    from ..guards.sources import ItemSource
+    obj, src = ov.obj, ov.source
+    if not all(isinstance(k, (str, int)) for k in obj):
+        raise Unsupported("reading a dict subclass with keys other than str/int is not supported yet")
+    frame.tx.guards.add(g.DICT_KEYS, src, list(obj.keys()))
+    items = {k: wrap(frame.tx, dict.__getitem__(obj, k), ItemSource(src, k)) for k in obj}
+    view = DictValue(items, src, cls=dict)
+    return view
 
 
 def _noop_init(*args, **kwargs):
@@ -274,15 +297,34 @@ def _noop_init(*args, **kwargs):
 
 
 def set_attr(frame, obj, name, value):
-    """``obj.name = value``: allowed on objects made while tracing."""
+    """``obj.name = value``: on objects made while tracing, or recorded and replayed after the graph."""
     if isinstance(obj, UserObjectValue):
         attr, found = _lookup_static(obj.cls, name)
         if found and _is_data_descriptor(attr):
             raise Unsupported(f"setting {obj.cls.__qualname__}.{name} (a descriptor) is not supported yet")
         obj.attrs[name] = value
         return
+    if isinstance(obj, ObjectValue) and obj.source is not None and _replayable_store(obj.obj, name, value):
+        frame.tx.attr_stores[(id(obj.obj), name)] = (obj, name, value)
+        return
     raise Unsupported(f"setting attribute {name!r} on {describe(obj)} (a side effect) is not supported yet",
                       hint="side effects on objects that exist outside the compiled function run eagerly")
+
+
+def _replayable_store(obj, name, value):
+    """Can ``obj.name = value`` be recorded now and done for real after the graph?"""
+    cls = type(obj)
+    if isinstance(obj, (type, types.ModuleType, types.FunctionType)):
+        return False
+    if isinstance(obj, torch.nn.Module):
+        # Stores that register parameters, buffers or submodules change the module's structure.
+        if isinstance(value, (ObjectValue, TensorValue)) or any(
+                name in obj.__dict__.get(t, ()) for t in ("_parameters", "_buffers", "_modules")):
+            return False
+    elif cls.__setattr__ is not object.__setattr__:
+        return False
+    attr, found = _lookup_static(cls, name)
+    return not (found and _is_data_descriptor(attr)) and hasattr(obj, "__dict__")
 
 
 def _is_data_descriptor(attr):
