@@ -200,6 +200,15 @@ def small_gpt():
     return TinyGPT(cfg).eval()
 
 
+# torch 2.11's fake kernels specialise the sequence length of this model (a ShapeEnv guard
+# Eq(T, value) raised inside an op's fake implementation), so each length recompiles there;
+# results stay correct. torch 2.13 keeps it symbolic.
+_OLD_TORCH_SPECIALISES_T = pytest.mark.xfail(
+    tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13),
+    reason="torch < 2.13 specialises the sequence length inside a fake kernel", strict=False)
+
+
+@_OLD_TORCH_SPECIALISES_T
 def test_tinygpt_inductor_two_sequence_lengths_one_graph():
     model = small_gpt()
     compiled = bytegraph.compile(model, backend="inductor")
@@ -217,6 +226,7 @@ def test_tinygpt_inductor_two_sequence_lengths_one_graph():
     assert records.recompiles == [], [r.reason for r in records.recompiles]
 
 
+@_OLD_TORCH_SPECIALISES_T
 def test_tinygpt_eager_sequence_lengths_at_most_two_graphs():
     torch.manual_seed(0)
     model = TinyGPT(GPTConfig()).eval()    # block_size 32
