@@ -418,17 +418,10 @@ def _list(frame, args, kwargs):
 
 @builtin(dict)
 def _dict(frame, args, kwargs):
-    out = {}
-    if args:
-        src = args[0]
-        if isinstance(src, DictValue):
-            out.update(src.items)
-        else:
-            for pair in iterate(frame, src):
-                k, v = iterate(frame, pair)
-                out[operators.key_of(k)] = v
-    out.update(kwargs)
-    return DictValue(out)
+    from .containers import call_method
+    out = DictValue({})
+    call_method(frame, out, "update", list(args), kwargs)
+    return out
 
 
 @builtin(torch.Size)

@@ -4,7 +4,7 @@ import types
 import torch
 
 from ..errors import Unsupported
-from ..values.base import ContextManagerValue, ObjectValue, TensorValue
+from ..values.base import ContextManagerValue, TensorValue
 from . import attrs, operators
 
 # Python modules of torch whose functions go into the graph as one node each.
