@@ -184,3 +184,36 @@ def test_is_compiling_is_true_inside():
     x = torch.randn(3)
     assert same(bytegraph.compile(f, backend="eager", fullgraph=True)(x), x + 1)
     assert not bytegraph.is_compiling()
+
+
+def test_closure_made_before_a_break_is_carried_across(capsys):
+    def f(x, k):
+        y = x * 2
+        g = lambda z: z + y * k  # noqa: E731
+        print("mid")
+        return g(x) + y
+
+    cnt = CompileCounter()
+    compiled = bytegraph.compile(f, backend=cnt)
+    for _ in range(3):
+        x = torch.randn(3)
+        assert same(f(x, 3), compiled(x, 3))
+    assert capsys.readouterr().out == "mid\n" * 6
+    assert cnt.frame_count == 2   # before and after the break, no recompiles across calls
+    assert not [r for r in bytegraph.debug.records.frames if r.fallback_reason]
+
+
+def test_cell_reassigned_after_a_break_runs_eagerly_and_correctly(capsys):
+    def h(x):
+        y = x + 1
+
+        def inner():
+            return y * 3
+        print("mid")
+        y = y * 2          # the closure must see this: the frame is not split here
+        return inner()
+
+    x = torch.randn(3)
+    assert same(h(x), bytegraph.compile(h, backend="eager")(x))
+    fallbacks = [r for r in bytegraph.debug.records.frames if r.fallback_reason]
+    assert fallbacks and fallbacks[0].user_stack

@@ -20,6 +20,23 @@ def _raw(code):
     return [i for i in dis.get_instructions(code) if i.opname not in ("CACHE", "EXTENDED_ARG")]
 
 
+def cell_stores(code):
+    """name -> (assignments in ``code``, assignments from nested code) for its cell variables."""
+    out = {}
+
+    def walk(c, nested):
+        for ins in dis.get_instructions(c):
+            if ins.opname in ("STORE_DEREF", "DELETE_DEREF") and (ins.argval in code.co_cellvars):
+                outer, inner = out.get(ins.argval, (0, 0))
+                out[ins.argval] = (outer + (not nested), inner + nested)
+        for const in c.co_consts:
+            if hasattr(const, "co_code"):
+                walk(const, True)
+
+    walk(code, False)
+    return out
+
+
 def exception_entries(code):
     return list(dis.Bytecode(code).exception_entries)
 

@@ -72,8 +72,7 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
     tx = result.tx
     frame = result.frame
     code = fn.__code__
-    if code.co_cellvars:
-        raise Unsupported("graph break in a function whose locals are captured by an inner function")
+    cell_names = _carried_cells(code, frame, kind)
     rows = decode(code)
     stack = list(frame.stack)
     bound = {n: v for n, v in frame.locals.items()}
@@ -93,8 +92,9 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
     if break_grad != entry_grad:
         graph.create_node("call_function", torch._C._set_grad_enabled, (entry_grad,), {})
 
-    live_names = [n for n in code.co_varnames if n in bound]
+    live_names = [n for n in code.co_varnames if n in bound and n not in code.co_cellvars]
     live_values = stack + [bound[n] for n in live_names if not isinstance(bound[n], PendingLocal)]
+    live_values += [frame.cells[n].contents for n in cell_names]
     lines, tensor_exprs, gm = finish_graph(tx, ns, live_values + side_effect_values(tx), compile_graph)
     rb = Rebuilder(ns, tensor_exprs)
     # Attribute stores traced before the break happen now, before the native step.
@@ -135,7 +135,9 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
                 args.append(v if isinstance(v, str) else slot_expr(v))
         live = [n for n in live_names if n in analysis.live_locals(code, target_offset)]
         args += [rb.expr(bound[n]) for n in live]
-        resume_fn = _resume_function(fn, code, target_offset, layout, live)
+        # Cell variables travel by value; the resume function's MAKE_CELL makes their cells.
+        args += [rb.expr(frame.cells[n].contents) for n in cell_names]
+        resume_fn = _resume_function(fn, code, target_offset, layout, live + cell_names)
         ref = ns.ref(compiler.wrapper_for(resume_fn), "resume")
         call = "__Continuation" if is_resume else "__resolve"
         return f"return {call}({ref}, ({', '.join(args)}{',' if len(args) == 1 else ''}))"
@@ -253,6 +255,32 @@ def _generic_step(fn, code, ins, stack, live_names, bound, slot_expr, rb, ns, co
     args += [rb.expr(bound[n]) for n in live_before]
     call = "__Continuation" if is_resume else "__resolve"
     return f"return {call}({ns.ref(step, 'step')}, ({', '.join(args)}{',' if len(args) == 1 else ''}))"
+
+
+def _carried_cells(code, frame, kind):
+    """Names of the frame's cell variables to pass to a resume function (by value).
+
+    A cell is re-made in the resume function, so closures made before the break keep
+    the old one. That is only safe if the variable is never assigned again: at most
+    one assignment in this function, already done, and none from inner functions.
+    """
+    if not code.co_cellvars:
+        return []
+    if kind not in _CALLS and kind not in _BRANCHES and kind not in _KEEP_BRANCHES \
+            and kind not in ("TO_BOOL", "FOR_ITER", "STORE_ATTR", "STORE_SUBSCR"):
+        raise Unsupported("graph break at this instruction in a function whose locals inner functions capture")
+    stores = analysis.cell_stores(code)
+    names = []
+    for name in code.co_cellvars:
+        cell = frame.cells.get(name)
+        contents = getattr(cell, "contents", None)
+        outer, inner = stores.get(name, (0, 0))
+        if inner or outer > 1 or (outer == 1 and contents is None):
+            raise Unsupported(f"graph break while {name!r} (captured by an inner function) may still be "
+                              "reassigned; the rest of the function runs eagerly")
+        if contents is not None:
+            names.append(name)
+    return names
 
 
 def _callable_slot(ins, stack):

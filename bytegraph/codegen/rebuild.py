@@ -5,12 +5,15 @@ code at a graph break (rebuilding the live stack and locals). Tensors and
 symbolic ints come from the graph's outputs or are re-read from their sources;
 each symbolic container is built once, so identity between uses is kept.
 """
+import types
+
 import torch
 
 from ..errors import Unsupported
-from ..guards.sources import ObjectSource
+from ..guards.sources import AttrSource, ObjectSource
 from ..trace.frame import PendingLocal
-from ..values.base import (BoundMethodValue, ConstantValue, DictValue, IteratorValue, ListValue,
+from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, FunctionValue,
+                           IteratorValue, ListValue, RealCell,
                            MethodOfValue, ObjectValue, SymValue, TensorMethodValue, TensorValue,
                            TupleValue, UserObjectValue)
 
@@ -46,6 +49,26 @@ class Rebuilder:
         self.tensor_exprs = tensor_exprs
         self.lines = []
         self._done = {}
+
+    def _function(self, v):
+        cells = []
+        for cell in v.closure:
+            if isinstance(cell, CellValue):
+                if id(cell) not in self._done:
+                    contents = "" if cell.contents is None else self.expr(cell.contents)
+                    self._done[id(cell)] = self.temp(f"__CellType({contents})")
+                cells.append(self._done[id(cell)])
+            elif isinstance(cell, RealCell) and isinstance(cell.source, AttrSource) \
+                    and cell.source.attr == "cell_contents":
+                cells.append(self.ns.source(cell.source.base))
+            else:
+                raise Unsupported("cannot rebuild a closure over this cell yet")
+        self.ns.ns.update({"__make_function": make_function, "__CellType": types.CellType})
+        defaults = f"({', '.join(self.expr(d) for d in v.defaults)}{',' if len(v.defaults) == 1 else ''})"
+        kwdefaults = "{" + ", ".join(f"{k!r}: {self.expr(d)}" for k, d in v.kwdefaults.items()) + "}"
+        closure = f"({', '.join(cells)}{',' if len(cells) == 1 else ''})"
+        return self.temp(f"__make_function({self.ns.ref(v.code, 'code')}, {self.ns.ref(v.globals, 'g')}, "
+                         f"{v.name!r}, {defaults}, {kwdefaults}, {closure})")
 
     def temp(self, expr):
         name = f"__v{len(self._done)}_{len(self.lines)}"
@@ -99,6 +122,8 @@ class Rebuilder:
             return f"{self.expr(owner)}.{v.name}"
         if isinstance(v, BoundMethodValue):
             return f"__MethodType({self.expr(v.func)}, {self.expr(v.self_value)})"
+        if isinstance(v, FunctionValue):
+            return self._function(v)
         if isinstance(v, UserObjectValue):
             body = ", ".join(f"{k!r}: {self.expr(i)}" for k, i in v.attrs.items())
             self.ns.ns["__new_object"] = new_object
@@ -127,6 +152,9 @@ def tensors_in(values, out):
             tensors_in([v.self_value], out)
         elif isinstance(v, UserObjectValue):
             tensors_in(v.attrs.values(), out)
+        elif isinstance(v, FunctionValue):
+            tensors_in(list(v.defaults) + list(v.kwdefaults.values())
+                       + [c.contents for c in v.closure if isinstance(c, CellValue) and c.contents is not None], out)
     return out
 
 
@@ -134,6 +162,13 @@ def _key_expr(k, ns):
     if isinstance(k, (str, int, bool)) or k is None:
         return repr(k)
     return ns.ref(k)
+
+
+def make_function(code, fn_globals, name, defaults, kwdefaults, closure):
+    fn = types.FunctionType(code, fn_globals, name, defaults or None, closure or None)
+    fn.__kwdefaults__ = kwdefaults or None
+    fn.__qualname__ = code.co_qualname
+    return fn
 
 
 def new_object(cls, attrs):

@@ -52,6 +52,8 @@ class Compiler:
             # Calling a generator or coroutine function only creates the generator; its body
             # runs later, frame by frame, which a wrapper cannot follow. It runs as it is.
             return fn
+        if not all(n.isidentifier() for n in fn.__code__.co_varnames[:_param_count(fn.__code__)]):
+            return fn   # e.g. a comprehension's hidden ".0" argument: no wrapper can spell it
         cache = self.cache_for(fn.__code__)
         wrapper = _generate_wrapper(fn, cache, self)
         wrapper._bytegraph_original = fn
@@ -97,6 +99,10 @@ class Compiler:
         cache.add(entry)
         _total_entries[0] += 1
         return entry.run
+
+
+def _param_count(code):
+    return code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)
 
 
 def _note_changed_sizes(cache, entry, frame_args):

@@ -112,6 +112,12 @@ def _wrap(tx, obj, source):
             _guard(tx, g.TYPE_MATCH, source, t)
             _guard(tx, g.DICT_KEYS, source, list(obj))
             return DictValue({k: wrap(tx, v, _item(source, k)) for k, v in obj.items()}, source, cls=t)
+    if t is types.FunctionType and source is not None and "<locals>" in obj.__qualname__:
+        # A nested function is made anew by each call of the function that makes it: guard
+        # its code; its cells and defaults are read through sources (and guarded) when used.
+        _guard(tx, g.TYPE_MATCH, source, t)
+        _guard(tx, g.ID_MATCH, AttrSource(source, "__code__"), obj.__code__)
+        return ObjectValue(obj, source)
     if t is types.MethodType and source is not None:
         # A bound method is made anew on each attribute read: guard its function and the
         # type of its object, not its own identity.
