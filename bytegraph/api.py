@@ -8,6 +8,7 @@ import torch
 from .errors import BytegraphError
 from .backends.registry import lookup_backend
 from .runtime.dispatch import Compiler, reset_all
+from .trace.calls import has_hooks
 
 _MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -120,7 +121,7 @@ class OptimizedModule(torch.nn.Module):
 
     def __call__(self, *args, **kwargs):
         mod = self._orig_mod
-        if not _has_hooks(mod):
+        if not has_hooks(mod):
             return self._compiled_forward(*args, **kwargs)
         return _call_with_hooks(mod, self._compiled_forward, args, kwargs)
 
@@ -133,13 +134,6 @@ class OptimizedModule(torch.nn.Module):
 
     def __repr__(self):
         return f"OptimizedModule({self._orig_mod!r})"
-
-
-def _has_hooks(mod):
-    from torch.nn.modules import module as m
-    return bool(mod._forward_hooks or mod._forward_pre_hooks or m._global_forward_hooks
-                or m._global_forward_pre_hooks or mod._backward_hooks or mod._backward_pre_hooks
-                or m._global_backward_hooks or m._global_backward_pre_hooks)
 
 
 def _call_with_hooks(mod, forward, args, kwargs):

@@ -10,6 +10,8 @@ import types
 
 import torch
 
+from ..trace.calls import has_hooks
+
 
 class Continuation:
     __slots__ = ("fn", "args")
@@ -61,7 +63,7 @@ def call_through(compiler, fn, args, kwargs):
     elif isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType) \
             and _is_user_function(fn.__func__) and not hasattr(fn.__func__, "_bytegraph_original"):
         target = types.MethodType(compiler.wrapper_for(fn.__func__), fn.__self__)
-    elif isinstance(fn, torch.nn.Module) and not _has_hooks(fn) and _is_user_function(type(fn).forward) \
+    elif isinstance(fn, torch.nn.Module) and not has_hooks(fn) and _is_user_function(type(fn).forward) \
             and "forward" not in fn.__dict__:
         return compiler.wrapper_for(type(fn).forward)(fn, *args, **kwargs)
     return target(*args, **kwargs)
@@ -87,10 +89,6 @@ def _is_disallowed(fn):
         return False
 
 
-def _has_hooks(m):
-    from torch.nn.modules import module as mm
-    return bool(m._forward_hooks or m._forward_pre_hooks or mm._global_forward_hooks
-                or mm._global_forward_pre_hooks)
 
 
 def set_autocast_state(device_type, enabled, dtype, cache_enabled):

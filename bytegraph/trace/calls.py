@@ -124,13 +124,18 @@ def call_python_function(frame, fv, args, kwargs):
                        closure, args, kwargs)
 
 
+def has_hooks(m):
+    """True if calling ``m`` would run hooks (its own or global ones)."""
+    from torch.nn.modules import module as mm
+    return bool(m._forward_hooks or m._forward_pre_hooks or mm._global_forward_hooks
+                or mm._global_forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+                or mm._global_backward_hooks or mm._global_backward_pre_hooks)
+
+
 def call_module(frame, mv, args, kwargs):
     """``module(*args)``: inline its forward (hooks are not traced yet)."""
     m = mv.obj
-    from torch.nn.modules import module as mm
-    if (m._forward_hooks or m._forward_pre_hooks or mm._global_forward_hooks
-            or mm._global_forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
-            or mm._global_backward_hooks or mm._global_backward_pre_hooks):
+    if has_hooks(m):
         raise Unsupported(f"{type(m).__name__} has hooks; tracing module hooks is not supported yet")
     if mv.source is not None:
         from ..guards.builder import NO_HOOKS

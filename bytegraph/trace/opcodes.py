@@ -381,10 +381,7 @@ def list_append(f, ins):
 @handler("SET_ADD")
 def set_add(f, ins):
     v = f.pop()
-    target = f.stack[-ins.arg]
-    if not isinstance(target, ConstantValue) or target.source is not None:
-        raise Unsupported("SET_ADD on an existing set is not supported yet")
-    target.value.add(operators.as_constant(v))
+    _new_set(f.stack[-ins.arg], "SET_ADD").add(operators.as_constant(v))
 
 
 @handler("MAP_ADD")
@@ -403,10 +400,7 @@ def list_extend(f, ins):
 @handler("SET_UPDATE")
 def set_update(f, ins):
     v = f.pop()
-    target = f.stack[-ins.arg]
-    if not isinstance(target, ConstantValue) or target.source is not None:
-        raise Unsupported("SET_UPDATE on an existing set is not supported yet")
-    target.value.update(operators.as_constant(x) for x in iterate(f, v))
+    _new_set(f.stack[-ins.arg], "SET_UPDATE").update(operators.as_constant(x) for x in iterate(f, v))
 
 
 @handler("LIST_TO_TUPLE")
@@ -428,6 +422,13 @@ def dict_update(f, ins):
         target.items.update({k: ConstantValue(x) for k, x in v.value.items()})
     else:
         raise Unsupported(f"** of {attrs.describe(v)} is not supported yet")
+
+
+def _new_set(v, what):
+    """The set a set display is building (sets are kept as constants)."""
+    if not isinstance(v, ConstantValue) or v.source is not None or not isinstance(v.value, set):
+        raise Unsupported(f"{what} on an existing set is not supported yet")
+    return v.value
 
 
 def _require(v, cls, what):
