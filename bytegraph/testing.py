@@ -1,4 +1,6 @@
 """Helpers for tests: backends that count what they are given."""
+import dataclasses
+
 import torch
 
 
@@ -40,4 +42,11 @@ def same(a, b, rtol=1e-5, atol=1e-6):
         return type(a) is type(b) and len(a) == len(b) and all(same(x, y, rtol, atol) for x, y in zip(a, b))
     if isinstance(a, dict):
         return type(a) is type(b) and a.keys() == b.keys() and all(same(a[k], b[k], rtol, atol) for k in a)
-    return type(a) is type(b) and a == b
+    if type(a) is not type(b):
+        return False
+    if dataclasses.is_dataclass(a) and not isinstance(a, type):
+        return all(same(getattr(a, f.name), getattr(b, f.name), rtol, atol) for f in dataclasses.fields(a))
+    if type(a).__eq__ is object.__eq__ and hasattr(a, "__dict__") and not callable(a):
+        # Plain user objects compare by their attributes (their == is identity).
+        return same(vars(a), vars(b), rtol, atol)
+    return a == b

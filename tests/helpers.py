@@ -17,7 +17,7 @@ import torch
 import bytegraph
 from bytegraph.testing import CompileCounter, same
 
-__all__ = ["check", "clone_input", "assert_same", "compile_counted", "CompileCounter", "same"]
+__all__ = ["check", "check_program", "clone_input", "assert_same", "compile_counted", "CompileCounter", "same"]
 
 
 def clone_input(value):
@@ -102,3 +102,48 @@ def check(fn, *args, graphs=1, ops=None, fullgraph=None, dynamic=None, rtol=1e-5
     assert cnt.frame_count == graphs, (
         f"recompiled on the second call with identical inputs: {cnt.frame_count} graphs, expected {graphs}")
     return cnt, actual
+
+
+def _run_observed(fn, args, kwargs, observe):
+    """(result, exception type and message, printed output, observed state, inputs afterwards)."""
+    import contextlib
+    import io
+    out = io.StringIO()
+    result, exc = None, None
+    with contextlib.redirect_stdout(out):
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as e:  # the same exception must escape the compiled function
+            exc = (type(e), str(e))
+    return result, exc, out.getvalue(), observe() if observe else None, (args, kwargs)
+
+
+def check_program(fn, make, graphs=1, fullgraph=None, calls=2, rtol=1e-5, atol=1e-6):
+    """Differential test of a program with effects: eager vs compiled, on everything users see.
+
+    ``make()`` returns ``(args, kwargs, observe)``: fresh inputs and fresh program
+    state (it resets any globals/objects the program touches), and ``observe()``
+    returns a snapshot of that state after the call (or ``observe`` is None).
+    Eager and compiled runs are compared on the return value, the exception
+    escaping (type and message), printed output, the observed state and the
+    inputs afterwards. The compiled function is called ``calls`` times (each on
+    fresh state from ``make``); the number of graphs must be ``graphs`` after
+    all calls (so later calls hit the cache). Returns the CompileCounter.
+    """
+    if fullgraph is None:
+        fullgraph = graphs == 1
+    args, kwargs, observe = make()
+    expected = _run_observed(fn, args, kwargs, observe)
+    compiled, cnt = compile_counted(fn, fullgraph=fullgraph)
+    for i in range(calls):
+        args, kwargs, observe = make()
+        actual = _run_observed(compiled, args, kwargs, observe)
+        what = f"(call {i + 1})"
+        assert actual[1] == expected[1], f"exception differs {what}: eager {expected[1]}, compiled {actual[1]}"
+        assert_same(expected[0], actual[0], rtol, atol, what=f"result {what}")
+        assert actual[2] == expected[2], (
+            f"printed output differs {what}:\n  eager:    {expected[2]!r}\n  compiled: {actual[2]!r}")
+        assert_same(expected[3], actual[3], rtol, atol, what=f"observed state {what}")
+        assert_same(expected[4], actual[4], rtol, atol, what=f"inputs after the call {what}")
+    assert cnt.frame_count == graphs, f"expected {graphs} graph(s), got {cnt.frame_count}"
+    return cnt
