@@ -127,7 +127,10 @@ class Rebuilder:
         if isinstance(v, UserObjectValue):
             body = ", ".join(f"{k!r}: {self.expr(i)}" for k, i in v.attrs.items())
             self.ns.ns["__new_object"] = new_object
-            return self.temp(f"__new_object({self.ns.ref(v.cls, 'cls')}, {{{body}}})")
+            if v.dict_items is None:
+                return self.temp(f"__new_object({self.ns.ref(v.cls, 'cls')}, {{{body}}})")
+            items = ", ".join(f"({_key_expr(k, self.ns)}, {self.expr(i)})" for k, i in v.dict_items.items.items())
+            return self.temp(f"__new_object({self.ns.ref(v.cls, 'cls')}, {{{body}}}, [{items}])")
         if isinstance(v, IteratorValue):
             rest = v.items[v.pos:]
             return self.temp(f"iter([{', '.join(self.expr(i) for i in rest)}])")
@@ -152,6 +155,8 @@ def tensors_in(values, out):
             tensors_in([v.self_value], out)
         elif isinstance(v, UserObjectValue):
             tensors_in(v.attrs.values(), out)
+            if v.dict_items is not None:
+                tensors_in(v.dict_items.items.values(), out)
         elif isinstance(v, FunctionValue):
             tensors_in(list(v.defaults) + list(v.kwdefaults.values())
                        + [c.contents for c in v.closure if isinstance(c, CellValue) and c.contents is not None], out)
@@ -171,9 +176,15 @@ def make_function(code, fn_globals, name, defaults, kwdefaults, closure):
     return fn
 
 
-def new_object(cls, attrs):
-    """An instance of ``cls`` with these attributes, made without calling ``__init__`` again."""
+def new_object(cls, attrs, dict_items=None):
+    """An instance of ``cls`` with these attributes (and, for a dict subclass, these items),
+    made without calling ``__init__`` or a ``__setitem__`` of the class again."""
     obj = cls.__new__(cls)
+    if dict_items is not None:
+        # The nearest native dict type's own store keeps an OrderedDict's order bookkeeping right.
+        store = next(b for b in cls.__mro__ if b.__module__ in ("builtins", "collections")).__setitem__
+        for key, value in dict_items:
+            store(obj, key, value)
     for name, value in attrs.items():
         object.__setattr__(obj, name, value)
     return obj

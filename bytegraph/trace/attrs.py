@@ -1,5 +1,6 @@
 """Attribute reads on values: ``value.name`` while tracing."""
 import types
+from collections import OrderedDict
 
 import torch
 
@@ -232,12 +233,17 @@ def _user_object_attr(frame, v, name):
     if name == "__class__":
         return wrap(frame.tx, v.cls, None)
     if name == "__dict__":
-        raise Unsupported("__dict__ of an object made in the compiled function is not supported yet")
+        # A dict value sharing the attribute table: changes through it are attribute changes.
+        table = DictValue({})
+        table.items = v.attrs
+        return table
     attr, found = _lookup_static(v.cls, name)
     if found and _is_data_descriptor(attr):
         return _class_attribute(frame, v.cls, name, v)[0]
     if name in v.attrs:
         return v.attrs[name]
+    if v.dict_items is not None and found and _defined_by_dict(v.cls, name):
+        return dict_method(frame, v, name)
     value, found = _class_attribute(frame, v.cls, name, v)
     if found:
         return value
@@ -259,6 +265,11 @@ def _super_attr(frame, sv, name):
             from ..values.builder import wrap as w
             if attr is object.__init__:
                 return ObjectValue(_noop_init)
+            if attr is object.__setattr__ and isinstance(sv.obj, UserObjectValue):
+                return BoundMethodValue(ObjectValue(object.__setattr__), sv.obj)
+            if klass in (dict, OrderedDict) and isinstance(sv.obj, UserObjectValue) \
+                    and sv.obj.dict_items is not None:
+                return dict_method(frame, sv.obj, name)
             if isinstance(attr, types.FunctionType):
                 return BoundMethodValue(w(frame.tx, attr, None), sv.obj)
             if isinstance(attr, classmethod):
@@ -275,6 +286,21 @@ def _super_attr(frame, sv, name):
                 return MethodOfValue(_dict_view(frame, sv.obj), name)
             break
     raise Unsupported(f"super().{name} is not supported yet")
+
+
+def _defined_by_dict(cls, name):
+    """True if ``cls.name`` comes from ``dict``/``OrderedDict`` rather than Python code."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass in (dict, OrderedDict)
+    return False
+
+
+def dict_method(frame, v, name):
+    """A method of ``dict`` acting on the items of ``v``, an object of a dict subclass made in the frame."""
+    if name == "__init__":
+        name = "update"
+    return MethodOfValue(v.dict_items, name)
 
 
 _DICT_READS = {"get", "__getitem__", "__contains__", "keys", "items", "values", "__len__"}
@@ -296,9 +322,17 @@ def _noop_init(*args, **kwargs):
     return None
 
 
-def set_attr(frame, obj, name, value):
-    """``obj.name = value``: on objects made while tracing, or recorded and replayed after the graph."""
+def set_attr(frame, obj, name, value, plain=False):
+    """``obj.name = value``: on objects made while tracing, or recorded and replayed after the graph.
+
+    ``plain``: ``object.__setattr__`` itself, skipping a ``__setattr__`` the class defines.
+    """
     if isinstance(obj, UserObjectValue):
+        hook = obj.cls.__setattr__
+        if not plain and hook is not object.__setattr__:
+            from .calls import call
+            call(frame, wrap(frame.tx, hook, None), [obj, ConstantValue(name), value], {})
+            return
         attr, found = _lookup_static(obj.cls, name)
         if found and _is_data_descriptor(attr):
             raise Unsupported(f"setting {obj.cls.__qualname__}.{name} (a descriptor) is not supported yet")

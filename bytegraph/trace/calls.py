@@ -6,8 +6,10 @@ graph node (torch functions, tensor methods), is folded to a constant (pure
 builtins on constants), or is unsupported.
 """
 import abc
+import inspect
 import operator
 import types
+from collections import OrderedDict
 
 import torch
 
@@ -157,13 +159,20 @@ def _call_class(frame, cls, args, kwargs):
         return _make_namedtuple(frame, cls, args, kwargs)
     if issubclass(cls, BaseException):
         raise Unsupported(f"creating {cls.__qualname__} objects inside the compiled function is not supported yet")
-    if type(cls) not in (type, abc.ABCMeta) or cls.__new__ is not object.__new__ \
-            or any(b.__module__ == "builtins" for b in cls.__mro__[1:-1]) \
-            or issubclass(cls, torch.nn.Module) or cls.__setattr__ is not object.__setattr__ \
-            or cls.__getattribute__ is not object.__getattribute__ or cls.__delattr__ is not object.__delattr__:
+    dict_base = _dict_base(cls)
+    native_bases = [b for b in cls.__mro__[1:-1] if b.__module__ == "builtins" or b is OrderedDict]
+    if type(cls) not in (type, abc.ABCMeta) or cls.__new__ not in (object.__new__, dict.__new__) \
+            or any(b not in (dict, OrderedDict) for b in native_bases) \
+            or issubclass(cls, torch.nn.Module) \
+            or not _python_or(cls.__setattr__, object.__setattr__) \
+            or cls.__getattribute__ not in (object.__getattribute__, dict.__getattribute__) \
+            or cls.__delattr__ not in (object.__delattr__, dict.__delattr__):
         raise Unsupported(f"creating {cls.__qualname__} objects inside the compiled function is not supported yet")
-    obj = UserObjectValue(cls)
+    obj = UserObjectValue(cls, dict_items=DictValue({}) if dict_base is not None else None)
     init = cls.__init__
+    if dict_base is not None and init in (dict.__init__, OrderedDict.__init__):
+        call(frame, attrs.dict_method(frame, obj, "__init__"), list(args), kwargs)
+        return obj
     if init is object.__init__:
         if args or kwargs:
             raise Unsupported(f"{cls.__qualname__}() takes no arguments")
@@ -174,6 +183,19 @@ def _call_class(frame, cls, args, kwargs):
     if not operators.is_none(result):
         raise Unsupported(f"{cls.__qualname__}.__init__ returned a value")
     return obj
+
+
+def _dict_base(cls):
+    """``dict`` or ``OrderedDict`` when ``cls`` subclasses one of them, else None."""
+    for b in cls.__mro__:
+        if b in (dict, OrderedDict):
+            return b
+    return None
+
+
+def _python_or(attr, native):
+    """True if a class's slot is ``native`` itself or written in Python (and so traced)."""
+    return attr is native or isinstance(attr, types.FunctionType)
 
 
 def _make_namedtuple(frame, cls, args, kwargs):
@@ -496,6 +518,26 @@ def _abs(frame, args, kwargs):
     return operators.unary(frame, operator.abs, args[0])
 
 
+@builtin(inspect.signature)
+def _signature(frame, args, kwargs):
+    """The signature of a function whose code and defaults are fixed by its guards."""
+    if len(args) != 1 or kwargs:
+        raise Unsupported("inspect.signature() with options is not supported yet")
+    v = args[0]
+    drop_first = isinstance(v, BoundMethodValue)
+    fn = v.func if drop_first else v
+    if not isinstance(fn, ObjectValue) or not isinstance(fn.obj, (types.FunctionType, types.MethodType)):
+        raise Unsupported(f"inspect.signature() of {attrs.describe(v)} is not supported yet")
+    target = fn.obj.__func__ if isinstance(fn.obj, types.MethodType) else fn.obj
+    if "<locals>" in target.__qualname__ and (target.__defaults__ or target.__kwdefaults__):
+        # Such a function is guarded by its code only; its defaults may differ between calls.
+        raise Unsupported("inspect.signature() of a nested function with defaults is not supported yet")
+    sig = inspect.signature(fn.obj)
+    if drop_first:
+        sig = sig.replace(parameters=list(sig.parameters.values())[1:])
+    return ConstantValue(sig)
+
+
 @builtin(print)
 def _print(frame, args, kwargs):
     raise Unsupported("print() cannot be put in a graph",
@@ -548,7 +590,7 @@ def _super(frame, args, kwargs):
 @builtin(object.__setattr__)
 def _object_setattr(frame, args, kwargs):
     obj, name, value = args
-    attrs.set_attr(frame, obj, operators.as_constant(name), value)
+    attrs.set_attr(frame, obj, operators.as_constant(name), value, plain=True)
     return ConstantValue(None)
 
 

@@ -120,4 +120,12 @@ def _dict_method(frame, d, name, args, kwargs):
     if name == "clear":
         items.clear()
         return ConstantValue(None)
+    if name == "__delitem__":
+        operators.delitem(frame, d, args[0])
+        return ConstantValue(None)
+    if name == "__len__":
+        return ConstantValue(len(items))
+    if name == "__iter__":
+        from ..values.base import IteratorValue
+        return IteratorValue(iterate(frame, d))
     raise Unsupported(f"dict.{name}() is not supported yet")

@@ -32,6 +32,14 @@ def iterate(frame, v):
             raise Unsupported("iteration over a 0-d tensor")
         from .operators import getitem
         return [getitem(frame, v, ConstantValue(i)) for i in range(n)]
+    from . import protocols
+    if protocols.has_special_method(v, "__iter__"):
+        it = protocols.call_special_method(frame, v, "__iter__", [])
+        if it is v:
+            raise Unsupported(f"iterating over {attrs.describe(v)} (its own iterator) is not supported yet")
+        return iterate(frame, it)
+    if protocols.dict_part(v) is not v:
+        return iterate(frame, protocols.dict_part(v))
     if isinstance(v, ObjectValue):
         m = v.obj
         if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)):

@@ -9,7 +9,7 @@ from ..values.base import (NULL, BoundMethodValue, ConstantValue, ContextManager
                            DictViewValue, FunctionValue, IteratorValue, ListValue, MethodOfValue,
                            ObjectValue, SliceValue, SymValue, TensorMethodValue, TensorValue,
                            TupleValue, UserObjectValue)
-from . import attrs
+from . import attrs, protocols
 
 BINARY = {
     "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
@@ -21,6 +21,12 @@ BINARY = {
     "&=": operator.iand, "|=": operator.ior, "^=": operator.ixor, "<<=": operator.ilshift,
     ">>=": operator.irshift,
 }
+# Special-method names of the binary operators (in-place forms fall back to the plain one).
+SPECIAL_NAMES = {"+": "add", "-": "sub", "*": "mul", "/": "truediv", "//": "floordiv", "%": "mod",
+                 "**": "pow", "@": "matmul", "&": "and", "|": "or", "^": "xor", "<<": "lshift",
+                 ">>": "rshift"}
+REFLECTED_COMPARE = {"<": "gt", "<=": "ge", "==": "eq", "!=": "ne", ">": "lt", ">=": "le"}
+COMPARE_NAMES = {"<": "lt", "<=": "le", "==": "eq", "!=": "ne", ">": "gt", ">=": "ge"}
 COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
            ">": operator.gt, ">=": operator.ge}
 
@@ -95,8 +101,25 @@ def graph_op(frame, fn, args, kwargs=None):
     return frame.tx.graph.call("call_function", fn, list(args), kwargs or {})
 
 
+def is_not_implemented(v):
+    return isinstance(v, ConstantValue) and v.value is NotImplemented
+
+
+def _user_objects(*values):
+    return any(isinstance(v, (UserObjectValue, ObjectValue)) for v in values)
+
+
 def binary(frame, op, a, b):
     fn = BINARY[op]
+    if _user_objects(a, b):
+        name = SPECIAL_NAMES[op.rstrip("=")] if op not in ("<<=", ">>=", "**=") else SPECIAL_NAMES[op[:-1]]
+        if op.endswith("=") and protocols.has_special_method(a, f"__i{name}__"):
+            result = protocols.call_special_method(frame, a, f"__i{name}__", [b])
+            if not is_not_implemented(result):
+                return result
+        result = protocols.binary_special_method(frame, name, a, b)
+        if result is not None:
+            return result
     if isinstance(a, TensorValue) or isinstance(b, TensorValue):
         if op.endswith("=") and not isinstance(a, TensorValue):
             # `n += tensor` with a Python number on the left is just `n + tensor`.
@@ -156,6 +179,10 @@ def _empty(cls):
 
 def compare(frame, op, a, b):
     fn = COMPARE[op]
+    if _user_objects(a, b):
+        result = _compare_special(frame, op, a, b)
+        if result is not None:
+            return result
     if (isinstance(a, SymValue) or isinstance(b, SymValue)) and not (
             isinstance(a, TensorValue) or isinstance(b, TensorValue)):
         if is_none(a) or is_none(b):
@@ -174,6 +201,28 @@ def compare(frame, op, a, b):
             same = oa is ob
             return ConstantValue(same if op == "==" else not same)
     return constant_fold(frame, fn, [a, b], f"comparison {op}")
+
+
+def _compare_special(frame, op, a, b):
+    name = f"__{COMPARE_NAMES[op]}__"
+    if protocols.has_special_method(a, name):
+        result = protocols.call_special_method(frame, a, name, [b])
+        if not is_not_implemented(result):
+            return result
+    reflected = f"__{REFLECTED_COMPARE[op]}__"
+    if protocols.has_special_method(b, reflected):
+        result = protocols.call_special_method(frame, b, reflected, [a])
+        if not is_not_implemented(result):
+            return result
+    if op == "!=" and protocols.has_special_method(a, "__eq__"):
+        # Python's default __ne__ inverts __eq__.
+        result = protocols.call_special_method(frame, a, "__eq__", [b])
+        if not is_not_implemented(result):
+            return ConstantValue(not truth(frame, result))
+    if op in ("==", "!=") and (isinstance(a, UserObjectValue) or isinstance(b, UserObjectValue)):
+        same = is_same(a, b)   # no __eq__ anywhere: identity
+        return ConstantValue(same if op == "==" else not same)
+    return None
 
 
 def is_same(a, b):
@@ -197,6 +246,9 @@ def is_none(v):
 
 
 def contains(frame, container, item):
+    if protocols.has_special_method(container, "__contains__"):
+        return truth(frame, protocols.call_special_method(frame, container, "__contains__", [item]))
+    container = protocols.dict_part(container)
     if isinstance(container, DictValue):
         return key_of(item) in container.items
     if isinstance(container, (TupleValue, ListValue)):
@@ -236,6 +288,12 @@ def truth(frame, v):
                           hint="use torch.where / torch.cond, or move the branch out of the compiled function")
     if isinstance(v, (TupleValue, ListValue, DictValue)):
         return bool(v.items)
+    for name in ("__bool__", "__len__"):
+        if protocols.has_special_method(v, name):
+            return truth(frame, protocols.call_special_method(frame, v, name, []))
+        if isinstance(v, (ObjectValue, UserObjectValue)) and getattr(python_type(v), name, None) is not None:
+            break
+    v = protocols.dict_part(v)
     if isinstance(v, ObjectValue):
         obj = v.obj
         cls = type(obj)
@@ -265,6 +323,12 @@ def python_type(v):
 
 
 def length(frame, v):
+    if protocols.has_special_method(v, "__len__"):
+        n = protocols.call_special_method(frame, v, "__len__", [])
+        if isinstance(n, SymValue):
+            return n.sym
+        return as_constant(n)
+    v = protocols.dict_part(v)
     if isinstance(v, (TupleValue, ListValue, DictValue)):
         return len(v.items)
     if isinstance(v, ConstantValue):
@@ -309,6 +373,10 @@ def getitem(frame, obj, index):
         return constant_fold(frame, operator.getitem, [obj, index], "indexing")
     if isinstance(obj, ObjectValue) and isinstance(obj.obj, torch.nn.Module):
         return _module_item(frame, obj, as_constant(index))
+    if protocols.has_special_method(obj, "__getitem__"):
+        return protocols.call_special_method(frame, obj, "__getitem__", [index])
+    if protocols.dict_part(obj) is not obj:
+        return getitem(frame, protocols.dict_part(obj), index)
     raise Unsupported(f"indexing {attrs.describe(obj)} is not supported yet")
 
 
@@ -342,6 +410,10 @@ def setitem(frame, obj, index, value):
     if isinstance(obj, TensorValue):
         graph_op(frame, operator.setitem, [obj, index, value])
         return
+    if protocols.has_special_method(obj, "__setitem__"):
+        protocols.call_special_method(frame, obj, "__setitem__", [index, value])
+        return
+    obj = protocols.dict_part(obj)
     if obj.source is None and isinstance(obj, ListValue):
         obj.items[as_constant(index)] = value
         return
@@ -353,6 +425,10 @@ def setitem(frame, obj, index, value):
 
 
 def delitem(frame, obj, index):
+    if protocols.has_special_method(obj, "__delitem__"):
+        protocols.call_special_method(frame, obj, "__delitem__", [index])
+        return
+    obj = protocols.dict_part(obj)
     if obj.source is None and isinstance(obj, (ListValue, DictValue)):
         k = as_constant(index) if isinstance(obj, ListValue) else key_of(index)
         del obj.items[k]

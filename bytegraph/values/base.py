@@ -215,14 +215,20 @@ class ObjectValue(Value):
 
 
 class UserObjectValue(Value):
-    """An instance of a user class created while tracing; its attributes are values."""
+    """An instance of a user class created while tracing; its attributes are values.
 
-    __slots__ = ("cls", "attrs")
+    An instance of a ``dict``/``OrderedDict`` subclass (HF's ``ModelOutput``) also
+    has ``dict_items``: a DictValue holding its items, which the dict methods
+    the class inherits read and change.
+    """
 
-    def __init__(self, cls, attrs=None):
+    __slots__ = ("cls", "attrs", "dict_items")
+
+    def __init__(self, cls, attrs=None, dict_items=None):
         super().__init__(None)
         self.cls = cls
         self.attrs = dict(attrs or {})
+        self.dict_items = dict_items
 
     def python_type(self):
         return self.cls

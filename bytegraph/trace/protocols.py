@@ -1,0 +1,66 @@
+"""Python's special-method protocols on objects whose class implements them in Python.
+
+``obj[k]``, ``k in obj``, ``len(obj)``, ``bool(obj)``, ``iter(obj)`` and the
+binary operators on a user object (one made in the frame, or a pre-existing one
+read through a source) run the class's own ``__getitem__``/``__contains__``/...
+by inlining it, exactly as CPython would look it up: on the type, along the
+MRO, never on the instance. Mixin methods written in Python (``collections.abc``
+``Mapping.get``, ``Sequence.__iter__``...) are traced the same way.
+"""
+import types
+
+import torch
+
+from ..values.base import ObjectValue, UserObjectValue
+
+# Classes whose Python-level special methods are *not* traced: their behaviour is known natively.
+_NATIVE_BASES = (torch.nn.Module, torch.Tensor, type)
+
+
+def python_special_method(v, name):
+    """The Python function behind special method ``name`` of ``v``'s class, or None."""
+    if isinstance(v, UserObjectValue):
+        cls = v.cls
+    elif isinstance(v, ObjectValue) and not isinstance(v.obj, _NATIVE_BASES):
+        cls = type(v.obj)
+    else:
+        return None
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            attr = klass.__dict__[name]
+            return attr if isinstance(attr, types.FunctionType) else None
+    return None
+
+
+def dict_part(v):
+    """The items of an object of a dict subclass made in the frame (what dict's own methods see), else ``v``."""
+    if isinstance(v, UserObjectValue) and v.dict_items is not None:
+        return v.dict_items
+    return v
+
+
+def has_special_method(v, name):
+    return python_special_method(v, name) is not None
+
+
+def call_special_method(frame, v, name, args):
+    """Inline ``type(v).name(v, *args)``; the method must exist (see ``python_special_method``)."""
+    from ..values.builder import wrap
+    from .calls import call
+    fn = python_special_method(v, name)
+    # No guard on the function: it is fixed by the class, which is guarded (or made here).
+    return call(frame, wrap(frame.tx, fn, None), [v] + list(args), {})
+
+
+def binary_special_method(frame, op_name, a, b):
+    """``a <op> b`` through ``__op__`` / ``__rop__`` written in Python; None if neither applies."""
+    from .operators import is_not_implemented
+    if has_special_method(a, f"__{op_name}__"):
+        result = call_special_method(frame, a, f"__{op_name}__", [b])
+        if not is_not_implemented(result):
+            return result
+    if has_special_method(b, f"__r{op_name}__"):
+        result = call_special_method(frame, b, f"__r{op_name}__", [a])
+        if not is_not_implemented(result):
+            return result
+    return None
