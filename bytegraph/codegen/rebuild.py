@@ -5,6 +5,7 @@ code at a graph break (rebuilding the live stack and locals). Tensors and
 symbolic ints come from the graph's outputs or are re-read from their sources;
 each symbolic container is built once, so identity between uses is kept.
 """
+import copy
 import types
 
 import torch
@@ -14,7 +15,7 @@ from ..guards.sources import AttrSource, ObjectSource
 from ..trace.frame import PendingLocal
 from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, FunctionValue,
                            IteratorValue, ListValue, RealCell,
-                           MethodOfValue, ObjectValue, SymValue, TensorMethodValue, TensorValue,
+                           MethodOfValue, ObjectValue, PrivateObjectValue, SymValue, TensorMethodValue, TensorValue,
                            TupleValue, UserObjectValue)
 
 
@@ -93,7 +94,14 @@ class Rebuilder:
             c = v.value
             if c is None or isinstance(c, (bool, str)) or type(c) is int:
                 return repr(c)
+            if type(c) in (list, dict, set):
+                # A container read from an object private to the trace: each call gets its own.
+                self.ns.ns["__deepcopy"] = copy.deepcopy
+                return self.temp(f"__deepcopy({self.ns.ref(c)})")
             return self.ns.ref(c)
+        if isinstance(v, PrivateObjectValue):
+            raise Unsupported(f"a {type(v.obj).__qualname__} object deep-copied inside the compiled function "
+                              "is returned or kept after it; that is not supported yet")
         if isinstance(v, ObjectValue):
             return self.ns.source(v.source) if v.source is not None else self.ns.ref(v.obj, "obj")
         if isinstance(v, TupleValue):

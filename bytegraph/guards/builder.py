@@ -27,6 +27,7 @@ DICT_KEYS = "DICT_KEYS"
 TENSOR_MATCH = "TENSOR_MATCH"
 ALIAS = "ALIAS"   # two sources named the same object when traced
 SHAPE_ENV = "SHAPE_ENV"   # relations between symbolic sizes (expected: graph.shapes.Shapes)
+STATE_MATCH = "STATE_MATCH"   # an object's __dict__ equals a snapshot (the object is deep-copied)
 NO_HOOKS = "NO_HOOKS"   # an nn.Module called while tracing had no forward hooks
 
 
@@ -196,6 +197,9 @@ class _Emitter:
             other = self.render(g.expected)
             return [(f"{e} is {other}",
                      f"f'{who} and {g.expected.name()} were the same object when compiled, now they differ'")]
+        if g.kind == STATE_MATCH:
+            return [(f"{e}.__dict__ == {self.const(g.expected)}",
+                     f"f'state of {who} changed since it was deep-copied while compiling'")]
         if g.kind == NO_HOOKS:
             return [(f"not ({e}._forward_hooks or {e}._forward_pre_hooks)",
                      f"f'{who} has forward hooks now; they were not traced'")]

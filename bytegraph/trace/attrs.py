@@ -7,7 +7,8 @@ import torch
 from ..errors import Unsupported
 from ..guards.sources import AttrSource, ModuleEntrySource
 from ..values.base import (BoundMethodValue, ConstantValue, ContextManagerValue, DictValue,
-                           FunctionValue, ListValue, MethodOfValue, ObjectValue, SuperValue,
+                           FunctionValue, ListValue, MethodOfValue, ObjectValue, PrivateObjectValue,
+                           SuperValue,
                            TensorMethodValue, TensorValue, TupleValue, UserObjectValue)
 from ..values.builder import CONSTANT_TYPES, is_trusted_module, wrap
 
@@ -131,7 +132,34 @@ def _is_torch_nn_module(obj):
     return type(obj).__module__.startswith("torch.nn.")
 
 
+def _private_attr(frame, v, name):
+    """An attribute of an object only the trace can see: read now, kept private or read-only."""
+    try:
+        value = getattr(v.obj, name)
+    except AttributeError:
+        raise MissingAttribute(f"{type(v.obj).__name__!r} object has no attribute {name!r}") from None
+    return private_value(frame, value, v)
+
+
+def private_value(frame, value, owner):
+    """The value for ``value``, found inside the private object ``owner``."""
+    if isinstance(value, types.MethodType) and value.__self__ is owner.obj \
+            and isinstance(value.__func__, types.FunctionType):
+        return BoundMethodValue(wrap(frame.tx, value.__func__, None), owner)
+    if isinstance(value, CONSTANT_TYPES + (type, types.FunctionType, types.BuiltinFunctionType,
+                                             types.ModuleType)):
+        return wrap(frame.tx, value, None)
+    if type(value) in (list, dict, set, tuple, frozenset):
+        # Read-only: changing it would have to change the private object too.
+        return ConstantValue(value)
+    if isinstance(value, (torch.Tensor, torch.nn.Module)):
+        raise Unsupported(f"a {type(value).__name__} inside a deep-copied object is not supported yet")
+    return PrivateObjectValue(value)
+
+
 def _object_attr(frame, v, name):
+    if isinstance(v, PrivateObjectValue):
+        return _private_attr(frame, v, name)
     tx = frame.tx
     obj, src = v.obj, v.source
     pending = tx.attr_stores.get((id(obj), name))
@@ -265,8 +293,9 @@ def _super_attr(frame, sv, name):
             from ..values.builder import wrap as w
             if attr is object.__init__:
                 return ObjectValue(_noop_init)
-            if attr is object.__setattr__ and isinstance(sv.obj, UserObjectValue):
-                return BoundMethodValue(ObjectValue(object.__setattr__), sv.obj)
+            if attr in (object.__setattr__, object.__getattribute__) \
+                    and isinstance(sv.obj, (UserObjectValue, PrivateObjectValue)):
+                return BoundMethodValue(ObjectValue(attr), sv.obj)
             if klass in (dict, OrderedDict) and isinstance(sv.obj, UserObjectValue) \
                     and sv.obj.dict_items is not None:
                 return dict_method(frame, sv.obj, name)
@@ -337,6 +366,16 @@ def set_attr(frame, obj, name, value, plain=False):
         if found and _is_data_descriptor(attr):
             raise Unsupported(f"setting {obj.cls.__qualname__}.{name} (a descriptor) is not supported yet")
         obj.attrs[name] = value
+        return
+    if isinstance(obj, PrivateObjectValue):
+        hook = type(obj.obj).__setattr__
+        if not plain and isinstance(hook, types.FunctionType):
+            from .calls import call
+            call(frame, wrap(frame.tx, hook, None), [obj, ConstantValue(name), value], {})
+            return
+        from .operators import as_constant
+        # Nothing outside the trace sees this object: the store happens now.
+        object.__setattr__(obj.obj, name, as_constant(value))
         return
     if isinstance(obj, ObjectValue) and obj.source is not None and _replayable_store(obj.obj, name, value):
         frame.tx.attr_stores[(id(obj.obj), name)] = (obj, name, value)

@@ -6,6 +6,7 @@ graph node (torch functions, tensor methods), is folded to a constant (pure
 builtins on constants), or is unsupported.
 """
 import abc
+import copy
 import inspect
 import operator
 import types
@@ -17,6 +18,7 @@ from ..errors import Unsupported
 from ..guards.sources import AttrSource, DefaultSource, ItemSource
 from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, ExitValue,
                            FunctionValue, IteratorValue, ListValue, MethodOfValue, ObjectValue,
+                           PrivateObjectValue,
                            RealCell, SuperValue, TensorMethodValue, TensorValue, TupleValue,
                            UserObjectValue)
 from ..values.builder import wrap
@@ -516,6 +518,58 @@ BUILTIN_HANDLERS[all] = _any_all(all)
 @builtin(abs)
 def _abs(frame, args, kwargs):
     return operators.unary(frame, operator.abs, args[0])
+
+
+@builtin(copy.deepcopy)
+def _deepcopy(frame, args, kwargs):
+    """A deep copy: of constants, a constant; of a guarded plain-data object, a private copy."""
+    if len(args) != 1 or kwargs:
+        raise Unsupported("copy.deepcopy() with a memo is not supported yet")
+    v = args[0]
+    if isinstance(v, PrivateObjectValue):
+        return PrivateObjectValue(copy.deepcopy(v.obj))
+    if isinstance(v, ObjectValue) and v.source is not None and not isinstance(
+            v.obj, (type, types.FunctionType, types.ModuleType, torch.nn.Module, torch.Tensor)):
+        state = getattr(v.obj, "__dict__", None)
+        snapshot = copy.deepcopy(state) if type(state) is dict else None
+        try:
+            plain = snapshot is not None and _has_no_tensors(snapshot) and state == snapshot
+        except Exception:
+            plain = False
+        if not plain:
+            raise Unsupported(f"copy.deepcopy() of {attrs.describe(v)}: its state is not plain data",
+                              hint="copy it outside the compiled function")
+        from ..guards import builder as g
+        frame.tx.guards.add(g.STATE_MATCH, v.source, snapshot)
+        return PrivateObjectValue(copy.deepcopy(v.obj))
+    if operators.is_constant(v):
+        return operators.constant_value(copy.deepcopy(operators.as_constant(v)))
+    raise Unsupported(f"copy.deepcopy() of {attrs.describe(v)} is not supported yet")
+
+
+def _has_no_tensors(x, depth=0):
+    if isinstance(x, torch.Tensor) or depth > 20:
+        return False
+    if isinstance(x, dict):
+        return all(_has_no_tensors(v, depth + 1) for v in x.values())
+    if isinstance(x, (list, tuple, set, frozenset)):
+        return all(_has_no_tensors(v, depth + 1) for v in x)
+    state = getattr(x, "__dict__", None)
+    if isinstance(state, dict) and not isinstance(x, type):
+        return _has_no_tensors(state, depth + 1)
+    return True
+
+
+@builtin(object.__getattribute__)
+def _object_getattribute(frame, args, kwargs):
+    obj, name = args[0], operators.as_constant(args[1])
+    if isinstance(obj, PrivateObjectValue):
+        try:
+            value = object.__getattribute__(obj.obj, name)
+        except AttributeError:
+            raise attrs.MissingAttribute(f"{type(obj.obj).__name__!r} object has no attribute {name!r}") from None
+        return attrs.private_value(frame, value, obj)
+    raise Unsupported(f"object.__getattribute__ on {attrs.describe(obj)} is not supported yet")
 
 
 @builtin(inspect.signature)

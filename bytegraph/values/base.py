@@ -214,6 +214,14 @@ class ObjectValue(Value):
         return type(self.obj).__name__
 
 
+class PrivateObjectValue(ObjectValue):
+    """A real object made at trace time (``copy.deepcopy`` of a guarded object) that only the
+    trace can see: reads need no guards, stores are done on it at once, and it must not
+    escape the trace (nothing could make the same object again on the next call)."""
+
+    __slots__ = ()
+
+
 class UserObjectValue(Value):
     """An instance of a user class created while tracing; its attributes are values.
 
