@@ -7,6 +7,7 @@ builtins on constants), or is unsupported.
 """
 import abc
 import copy
+import functools
 import inspect
 import operator
 import types
@@ -75,6 +76,8 @@ def _call_object(frame, fv, args, kwargs):
             else _call_class(frame, obj, args, kwargs)
     if _is_foldable(obj):
         return fold(frame, obj, args, kwargs)
+    if isinstance(obj, functools._lru_cache_wrapper):
+        return _call_memoized(frame, fv, args, kwargs)
     call_attr = getattr(type(obj), "__call__", None)
     if isinstance(call_attr, types.FunctionType):
         return call(frame, wrap(tx, call_attr, None), [fv] + args, kwargs)
@@ -185,6 +188,28 @@ def _call_class(frame, cls, args, kwargs):
     if not operators.is_none(result):
         raise Unsupported(f"{cls.__qualname__}.__init__ returned a value")
     return obj
+
+
+def _call_memoized(frame, fv, args, kwargs):
+    """A ``functools.lru_cache``d function on constant (or guarded-object) arguments, called now.
+
+    The cache promises one result per arguments, so the call is made while tracing (where
+    eager would make it on its first call) and its result taken as a constant.
+    """
+    def real(v):
+        if isinstance(v, ObjectValue) and not isinstance(v, PrivateObjectValue):
+            return v.obj
+        if operators.is_constant(v):
+            return operators.as_constant(v)
+        raise Unsupported(f"{fv.obj.__qualname__}() (an lru_cache'd function) on {attrs.describe(v)}",
+                          hint="call it with constant arguments, or outside the compiled function")
+    result = fv.obj(*[real(a) for a in args], **{k: real(v) for k, v in kwargs.items()})
+    from ..values.builder import CONSTANT_TYPES
+    if isinstance(result, CONSTANT_TYPES) or (type(result) is tuple and all(
+            isinstance(x, CONSTANT_TYPES) for x in result)):
+        return ConstantValue(result)
+    raise Unsupported(f"{fv.obj.__qualname__}() (an lru_cache'd function) returned a "
+                      f"{type(result).__name__}; only constant results are supported yet")
 
 
 def _dict_base(cls):

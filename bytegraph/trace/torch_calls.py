@@ -64,6 +64,21 @@ def torch_call(frame, fn, args, kwargs):
 
 # --- global-state context managers ---------------------------------------------------------
 
+def _stateless_module(cls, args, kwargs):
+    """A torch.nn layer without parameters or buffers (a loss, an activation) built from
+    constant arguments, or None: such a module made in forward is private to the trace."""
+    if not cls.__module__.startswith("torch.nn.modules."):
+        return None
+    if not all(operators.is_constant(a) for a in list(args) + list(kwargs.values())):
+        return None
+    module = cls(*[operators.as_constant(a) for a in args],
+                 **{k: operators.as_constant(v) for k, v in kwargs.items()})
+    if any(True for _ in module.parameters()) or any(True for _ in module.buffers()) \
+            or any(True for _ in module.children()):
+        return None
+    return module
+
+
 def call_torch_class(frame, cls, args, kwargs):
     if cls is torch.no_grad:
         return ContextManagerValue("grad", (False,))
@@ -92,6 +107,10 @@ def call_torch_class(frame, cls, args, kwargs):
         from .calls import fold
         return fold(frame, cls, args, kwargs)
     if issubclass(cls, torch.nn.Module):
+        module = _stateless_module(cls, args, kwargs)
+        if module is not None:
+            from ..values.base import PrivateObjectValue
+            return PrivateObjectValue(module)
         raise Unsupported(f"creating a {cls.__name__} module inside the compiled function is not supported yet",
                           hint="create modules in __init__, not in forward")
     raise Unsupported(f"calling torch class {cls.__qualname__} is not supported yet")
