@@ -106,6 +106,10 @@ def _same(a, b):
         return isinstance(b, torch.Tensor) and a.shape == b.shape and torch.allclose(a, b, rtol=1e-5, atol=1e-6)
     if isinstance(a, (tuple, list)):
         return isinstance(b, (tuple, list)) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):   # includes transformers' ModelOutput
+        return type(a) is type(b) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if type(a).__eq__ is object.__eq__ and hasattr(a, "__dict__"):
+        return type(a) is type(b) and _same(vars(a), vars(b))
     return a == b
 
 

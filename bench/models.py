@@ -10,6 +10,8 @@ example inputs, built with fixed seeds so every run sees the same numbers.
 * ``mlp``: three Linear layers with ReLU (``bytegraph.demo.models.MLP``).
 * ``tinygpt``: the 2-layer nanoGPT-style model (``bytegraph.demo.models.TinyGPT``).
 * ``cnn``: a small Conv2d/BatchNorm2d/ReLU/MaxPool CNN, defined here.
+* ``hf_gpt2``, ``hf_bert``, ``hf_llama``, ``hf_t5``: tiny transformers models
+  (``bytegraph.demo.hf_models``), called with ``input_ids``; only when transformers is installed.
 """
 import importlib.util
 import sys
@@ -112,6 +114,26 @@ def _make_cnn():
     return model, (_seeded(torch.randn, 4, 3, 32, 32, seed=2),)
 
 
+def _make_hf(name):
+    def make():
+        from bytegraph.demo import hf_models
+        model = hf_models.build(name).eval()
+        kw = hf_models.inputs(name)
+        if name == "t5":
+            def run(input_ids, decoder_input_ids):
+                return model(input_ids=input_ids, decoder_input_ids=decoder_input_ids)
+            return run, (kw["input_ids"], kw["decoder_input_ids"])
+
+        def run(input_ids):
+            return model(input_ids=input_ids)
+        return run, (kw["input_ids"],)
+    return make
+
+
+def _hf_available():
+    return importlib.util.find_spec("transformers") is not None
+
+
 SUBJECTS = {s.name: s for s in (
     Subject("pointwise", "x + 1 on a 1-element tensor", _make_pointwise),
     Subject("pointwise_chain", "10 pointwise ops on 1024 elements", _make_pointwise_chain),
@@ -119,3 +141,8 @@ SUBJECTS = {s.name: s for s in (
     Subject("tinygpt", "nanoGPT-style, 2 layers, n_embd 64, batch 2x32", _make_demo("tinygpt")),
     Subject("cnn", "2x(Conv2d/BN/ReLU/MaxPool) + pool + Linear, 4x3x32x32", _make_cnn),
 )}
+if _hf_available():
+    for _name, _what in (("gpt2", "GPT2LMHeadModel"), ("bert", "BertModel"), ("llama", "LlamaForCausalLM"),
+                         ("t5", "T5ForConditionalGeneration")):
+        SUBJECTS[f"hf_{_name}"] = Subject(f"hf_{_name}", f"transformers {_what}, 2 layers, tiny config, ids 2x16",
+                                          _make_hf(_name))

@@ -15,45 +15,7 @@ from bytegraph.testing import CompileCounter, same
 
 transformers = pytest.importorskip("transformers")
 
-VOCAB = 100
-
-
-def build(name, dropout=0.0):
-    torch.manual_seed(0)
-    t = transformers
-    if name == "gpt2":
-        cfg = t.GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=VOCAB, n_positions=64,
-                           resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
-                           bos_token_id=0, eos_token_id=0)
-        return t.GPT2LMHeadModel(cfg)
-    if name == "bert":
-        cfg = t.BertConfig(num_hidden_layers=2, num_attention_heads=2, hidden_size=32, intermediate_size=64,
-                           vocab_size=VOCAB, max_position_embeddings=64,
-                           hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
-        return t.BertModel(cfg)
-    if name == "llama":
-        cfg = t.LlamaConfig(num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, hidden_size=32,
-                            intermediate_size=64, vocab_size=VOCAB, max_position_embeddings=64,
-                            attention_dropout=dropout)
-        return t.LlamaForCausalLM(cfg)
-    if name == "t5":
-        cfg = t.T5Config(num_layers=2, num_decoder_layers=2, num_heads=2, d_model=32, d_kv=16, d_ff=64,
-                         vocab_size=VOCAB, dropout_rate=dropout)
-        return t.T5ForConditionalGeneration(cfg)
-    raise ValueError(name)
-
-
-def inputs(name, labels=False):
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, VOCAB, (2, 16), generator=g)
-    kw = {"input_ids": ids}
-    if name == "t5":
-        kw["decoder_input_ids"] = ids[:, :8].clone()
-        if labels:
-            kw["labels"] = ids[:, 1:9].clone()
-    elif labels and name != "bert":
-        kw["labels"] = ids.clone()
-    return kw
+from bytegraph.demo.hf_models import build, inputs  # noqa: E402
 
 
 # Sequence.__iter__ (the per-layer config view) ends on IndexError: needs exceptions in the trace.
