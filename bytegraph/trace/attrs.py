@@ -180,6 +180,12 @@ def _object_attr(frame, v, name):
         trusted = obj.__module__.split(".")[0] in ("torch", "builtins", "collections", "typing", "enum")
         return wrap(tx, value, None if trusted else asrc)
     cls = type(obj)
+    if isinstance(obj, types.CodeType):
+        # Code objects are immutable: once the code is guarded, its attributes are fixed.
+        try:
+            return wrap(tx, getattr(obj, name), None)
+        except AttributeError:
+            raise MissingAttribute(f"code object has no attribute {name!r}") from None
     if isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
         if name in ("__name__", "__qualname__", "__module__", "__doc__"):
             return ConstantValue(getattr(obj, name))

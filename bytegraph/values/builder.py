@@ -28,7 +28,7 @@ TRUSTED_MODULE_PREFIXES = ("torch", "math", "operator", "builtins", "functools",
 _IDENTITY_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodType,
                    types.ModuleType, type, types.MethodDescriptorType,
                    types.WrapperDescriptorType, types.MethodWrapperType,
-                   types.BuiltinMethodType, types.ClassMethodDescriptorType)
+                   types.BuiltinMethodType, types.ClassMethodDescriptorType, types.CodeType)
 
 
 def constant(value):
