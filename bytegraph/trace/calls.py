@@ -13,12 +13,13 @@ import torch
 
 from ..errors import Unsupported
 from ..guards.sources import AttrSource, DefaultSource, ItemSource
-from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, ExitValue,
-                           FunctionValue, IteratorValue, ListValue, MethodOfValue, ObjectValue,
-                           RealCell, SuperValue, TensorMethodValue, TensorValue, TupleValue,
-                           UserObjectValue)
+from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, ExceptionValue,
+                           ExitValue, FunctionValue, IteratorValue, ListValue, MethodOfValue,
+                           ObjectValue, RealCell, SuperValue, TensorMethodValue, TensorValue,
+                           TracerCallableValue, TupleValue, UserObjectValue)
 from ..values.builder import wrap
-from . import attrs, operators
+from . import attrs, generators, operators
+from .exceptions import PythonError, TracedRaise, make_exception, to_str
 from .frame import inline_call
 from .iteration import iterate
 
@@ -37,6 +38,8 @@ def call(frame, fn, args, kwargs):
     if isinstance(fn, ExitValue):
         exit_context(frame, fn.manager)
         return ConstantValue(None)
+    if isinstance(fn, TracerCallableValue):
+        return fn.impl(frame, list(args), kwargs)
     if isinstance(fn, ObjectValue):
         return _call_object(frame, fn, list(args), kwargs)
     if isinstance(fn, ConstantValue) and callable(fn.value):
@@ -156,7 +159,7 @@ def _call_class(frame, cls, args, kwargs):
     if issubclass(cls, tuple) and hasattr(cls, "_fields"):
         return _make_namedtuple(frame, cls, args, kwargs)
     if issubclass(cls, BaseException):
-        raise Unsupported(f"creating {cls.__qualname__} objects inside the compiled function is not supported yet")
+        return make_exception(frame, cls, args, kwargs)
     if type(cls) not in (type, abc.ABCMeta) or cls.__new__ is not object.__new__ \
             or any(b.__module__ == "builtins" for b in cls.__mro__[1:-1]) \
             or issubclass(cls, torch.nn.Module) or cls.__setattr__ is not object.__setattr__ \
@@ -223,7 +226,7 @@ def fold(frame, fn, args, kwargs, what=None):
     try:
         result = fn(*cargs, **ckwargs)
     except Exception as e:
-        raise Unsupported(f"{name}() raised {type(e).__name__}: {e}") from e
+        raise PythonError(f"{name}() raised {type(e).__name__}: {e}", e) from e
     return operators.constant_value(result)
 
 
@@ -353,6 +356,10 @@ def _getattr(frame, args, kwargs):
             return attrs.get_attr(frame, obj, name)
         except attrs.MissingAttribute:
             return args[2]
+        except TracedRaise as e:
+            if not issubclass(e.value.cls, AttributeError):
+                raise
+            return args[2]
     return attrs.get_attr(frame, obj, name)
 
 
@@ -362,6 +369,10 @@ def _hasattr(frame, args, kwargs):
     try:
         attrs.get_attr(frame, obj, name)
     except attrs.MissingAttribute:
+        return ConstantValue(False)
+    except TracedRaise as e:
+        if not issubclass(e.value.cls, AttributeError):
+            raise
         return ConstantValue(False)
     return ConstantValue(True)
 
@@ -373,6 +384,8 @@ def _range(frame, args, kwargs):
 
 @builtin(enumerate)
 def _enumerate(frame, args, kwargs):
+    if not isinstance(args[0], (TupleValue, ListValue, IteratorValue, DictValue, ConstantValue)):
+        return generators.lazy_enumerate(frame, args, kwargs)
     start = operators.as_constant(kwargs.get("start", args[1] if len(args) > 1 else ConstantValue(0)))
     items = iterate(frame, args[0])
     return IteratorValue([TupleValue([ConstantValue(i + start), v]) for i, v in enumerate(items)])
@@ -380,6 +393,8 @@ def _enumerate(frame, args, kwargs):
 
 @builtin(zip)
 def _zip(frame, args, kwargs):
+    if not all(isinstance(a, (TupleValue, ListValue, IteratorValue, DictValue, ConstantValue)) for a in args):
+        return generators.lazy_zip(frame, args, kwargs)
     strict = operators.as_constant(kwargs.get("strict", ConstantValue(False)))
     seqs = [iterate(frame, a) for a in args]
     if strict and len({len(s) for s in seqs}) > 1:
@@ -394,19 +409,20 @@ def _reversed(frame, args, kwargs):
 
 @builtin(iter)
 def _iter(frame, args, kwargs):
-    v = args[0]
-    return v if isinstance(v, IteratorValue) else IteratorValue(iterate(frame, v))
+    return generators.get_iter(frame, args[0])
 
 
 @builtin(next)
 def _next(frame, args, kwargs):
     it = args[0]
     if not isinstance(it, IteratorValue):
+        return generators.builtin_next(frame, args, kwargs)
+    if not isinstance(it, IteratorValue):
         raise Unsupported(f"next() on {attrs.describe(it)} is not supported yet")
     if it.pos >= len(it.items):
         if len(args) > 1:
             return args[1]
-        raise Unsupported("next() on an exhausted iterator raises StopIteration")
+        generators.raise_new(StopIteration)
     it.pos += 1
     return it.items[it.pos - 1]
 
@@ -481,6 +497,8 @@ def _sum(frame, args, kwargs):
 
 def _any_all(fn):
     def h(frame, args, kwargs):
+        if generators.is_lazy(args[0]) or isinstance(args[0], UserObjectValue):
+            return generators.any_all(frame, fn, generators.get_iter(frame, args[0]))
         items = iterate(frame, args[0])
         truths = [operators.truth(frame, i) for i in items]
         return ConstantValue(fn(truths))
@@ -516,6 +534,8 @@ def _make_fold(fn):
             return ConstantValue(operators.truth(frame, args[0]))
         if fn in (int, float) and len(args) == 1 and isinstance(args[0], TensorValue):
             raise Unsupported(f"{fn.__name__}(tensor) needs the tensor's data, which is unknown while tracing")
+        if fn in (str, repr) and len(args) == 1 and isinstance(args[0], ExceptionValue):
+            return to_str(frame, args[0], fn)
         if fn is sorted and args and not isinstance(args[0], ConstantValue):
             return fold(frame, fn, [ListValue(iterate(frame, args[0]))], kwargs)
         return fold(frame, fn, args, kwargs)
@@ -524,6 +544,11 @@ def _make_fold(fn):
 
 for _fn in (int, float, bool, str, repr, round, divmod, pow, hash, ord, chr, format, sorted):
     BUILTIN_HANDLERS[_fn] = _make_fold(_fn)
+
+
+BUILTIN_HANDLERS[map] = generators.lazy_map
+BUILTIN_HANDLERS[filter] = generators.lazy_filter
+BUILTIN_HANDLERS.update(generators.LAZY_BUILTINS)
 
 
 @builtin(super)

@@ -10,7 +10,7 @@ from ..values.builder import wrap
 
 def iterate(frame, v):
     """All items of an iterable value, as a new list."""
-    from . import attrs
+    from . import attrs, generators
     if isinstance(v, (TupleValue, ListValue)):
         return list(v.items)
     if isinstance(v, IteratorValue):
@@ -42,6 +42,11 @@ def iterate(frame, v):
         if isinstance(m, torch.nn.ParameterList):
             return [wrap(frame.tx, p, ModuleEntrySource(v.source, "_parameters", k) if v.source else None)
                     for k, p in m._parameters.items()]
+    if generators.is_lazy(v):
+        return generators.drain(frame, v)
+    user = generators.user_iterator(frame, v)
+    if user is not None:
+        return generators.drain(frame, user)
     raise Unsupported(f"iterating over {attrs.describe(v)} is not supported yet")
 
 
