@@ -215,6 +215,7 @@ def _is_foldable(obj):
 def fold(frame, fn, args, kwargs, what=None):
     """Call a pure function on constant arguments at trace time."""
     name = what or getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))
+    args = generators.materialize_args(frame, fn, args)
     try:
         cargs = [operators.as_constant(a) for a in args]
         ckwargs = {k: operators.as_constant(v) for k, v in kwargs.items()}

@@ -378,4 +378,18 @@ def get_attr(frame, gen, name):
     raise Unsupported(f"attribute {name!r} of a generator is not supported yet")
 
 
+# Builtins folded on constants that consume a whole iterable argument before returning:
+# a lazy iterator passed to them can be drained into a list first.
+_CONSUMERS = {sorted, min, max, set, frozenset, str.join, bytes.join}
+
+
+def materialize_args(frame, fn, args):
+    consumes = fn in _CONSUMERS or getattr(fn, "__name__", None) == "join" and isinstance(
+        getattr(fn, "__self__", None), (str, bytes))
+    if not consumes or not any(is_lazy(a) for a in args):
+        return args
+    from ..values.base import ListValue
+    return [ListValue(drain(frame, a)) if is_lazy(a) else a for a in args]
+
+
 LAZY_BUILTINS = {itertools.islice: islice, itertools.count: count}

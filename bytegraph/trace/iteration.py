@@ -24,8 +24,9 @@ def iterate(frame, v):
     if isinstance(v, ConstantValue):
         try:
             return [ConstantValue(x) for x in v.value]
-        except TypeError:
-            raise Unsupported(f"{type(v.value).__name__} object is not iterable") from None
+        except TypeError as e:
+            from .exceptions import PythonError
+            raise PythonError(f"{type(v.value).__name__} object is not iterable", e) from None
     if isinstance(v, TensorValue):
         n = v.fake.shape[0] if v.fake.dim() else None
         if n is None:

@@ -348,6 +348,8 @@ def format_value(f, ins):
     spec = f.pop() if flags & 0x04 else ConstantValue("")
     value = f.pop()
     conv = {0: None, 1: str, 2: repr, 3: ascii}[flags & 0x03]
+    if isinstance(value, ExceptionValue) and conv is not ascii:
+        value, conv = exceptions.to_str(f, value, conv or str), None
     def fmt(v, s):
         return format(conv(v) if conv else v, s)
     f.push(operators.constant_fold(f, fmt, [value, spec], "f-string formatting"))
@@ -355,7 +357,10 @@ def format_value(f, ins):
 
 @handler("FORMAT_SIMPLE")
 def format_simple(f, ins):
-    f.push(operators.constant_fold(f, format, [f.pop()], "f-string formatting"))
+    value = f.pop()
+    if isinstance(value, ExceptionValue):
+        value = exceptions.to_str(f, value)
+    f.push(operators.constant_fold(f, format, [value], "f-string formatting"))
 
 
 @handler("FORMAT_WITH_SPEC")
@@ -368,7 +373,11 @@ def format_with_spec(f, ins):
 @handler("CONVERT_VALUE")
 def convert_value(f, ins):
     conv = {1: str, 2: repr, 3: ascii}[ins.arg]
-    f.push(operators.constant_fold(f, conv, [f.pop()], "f-string conversion"))
+    value = f.pop()
+    if isinstance(value, ExceptionValue) and conv is not ascii:
+        f.push(exceptions.to_str(f, value, conv))
+        return
+    f.push(operators.constant_fold(f, conv, [value], "f-string conversion"))
 
 
 @handler("LIST_APPEND")
