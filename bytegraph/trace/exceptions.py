@@ -16,7 +16,7 @@ import types
 from functools import lru_cache
 
 from ..errors import Unsupported
-from ..values.base import (ConstantValue, ExceptionValue, ObjectValue, TupleValue)
+from ..values.base import (ConstantValue, ExceptionValue, ObjectValue, TupleValue, UserObjectValue)
 
 
 class TracedRaise(Exception):
@@ -118,6 +118,10 @@ def make_exception(frame, cls, args, kwargs):
     if not is_supported_class(cls):
         raise Unsupported(f"creating {cls.__qualname__} exceptions inside the compiled function is not supported yet")
     value = ExceptionValue(cls, args)
+    if frame.parent is None and frame.current is not None:
+        # Made in the compiled frame: if it escapes, replay from here (the stack at its
+        # raise holds the object itself, which cannot be rebuilt outside the trace).
+        value.root_index = frame.current.index
     init = cls.__init__
     if isinstance(init, types.FunctionType):
         result = call(frame, wrap(frame.tx, init, None), [value] + list(args), kwargs)
@@ -208,7 +212,9 @@ def to_exception(frame, v):
             raise_new(TypeError, f"calling {v.obj!r} should have returned an instance of BaseException, "
                                  f"not {type(made).__name__}")
         return made
-    if isinstance(v, (ConstantValue, ObjectValue, TupleValue)):
+    if isinstance(v, ObjectValue) and isinstance(v.obj, BaseException):
+        raise Unsupported("raising an exception object made outside the compiled function is not supported yet")
+    if isinstance(v, (ConstantValue, ObjectValue, TupleValue, UserObjectValue)):
         raise_new(TypeError, "exceptions must derive from BaseException")
     raise Unsupported("raising this kind of value is not supported yet")
 
