@@ -316,6 +316,10 @@ def _len(frame, args, kwargs):
         if v.fake.dim() == 0:
             raise Unsupported("len() of a 0-d tensor")
         return frame.tx.graph.size_value(v, 0)
+    if isinstance(v, (UserObjectValue, ObjectValue)):
+        n = generators.user_dunder(frame, v, "__len__", [])
+        if n is not None:
+            return n
     return ConstantValue(operators.length(frame, v))
 
 

@@ -22,7 +22,11 @@ EXHAUSTED = object()   # next_item's answer when the iterator is done
 def make_generator(frame, name):
     gen = GeneratorValue(frame, name)
     frame.generator = gen
-    frame.tx.__dict__.setdefault("generators", []).append(gen)
+    root = frame.tx.frames[0] if frame.tx.frames else None
+    # Remember where the compiled frame was when the generator was made: if it cannot be
+    # finished in the trace, the frame breaks there and the generator is made natively.
+    root_index = root.current.index if root is not None and root.current is not None else None
+    frame.tx.__dict__.setdefault("generators", []).append((gen, root_index))
     return gen
 
 
@@ -82,14 +86,16 @@ def check_finished_generators(tx):
     """At the end of the trace: a generator left suspended inside try/with would run its
     handlers when Python closes it; that cannot be traced, so such frames run eagerly."""
     from .exceptions import handler_table
-    for gen in tx.__dict__.get("generators", ()):
+    for gen, root_index in tx.__dict__.get("generators", ()):
         if gen.state != "suspended":
             continue
         frame = gen.frame
         entry = handler_table(frame.code)[frame.yield_index]
         if entry is not None and frame.instructions[entry[0]].opname != "STOPITERATION_ERROR":
-            raise Unsupported(f"generator {gen.name}() left suspended inside try/with "
+            err = Unsupported(f"generator {gen.name}() left suspended inside try/with "
                               "(closing it would run its handlers)")
+            err.root_index = root_index
+            raise err
 
 
 # --- advancing iterator values -------------------------------------------------------------
@@ -390,6 +396,23 @@ def materialize_args(frame, fn, args):
         return args
     from ..values.base import ListValue
     return [ListValue(drain(frame, a)) if is_lazy(a) else a for a in args]
+
+
+def user_dunder(frame, obj, name, args):
+    """``obj.<name>(*args)`` for a special method that a user class defines in Python, or None."""
+    from . import attrs
+    from .calls import call
+    if isinstance(obj, UserObjectValue):
+        cls = obj.cls
+    elif isinstance(obj, ObjectValue) and not isinstance(obj.obj, type) \
+            and type(obj.obj).__module__.split(".")[0] not in ("torch", "builtins"):
+        cls = type(obj.obj)
+    else:
+        return None
+    method, found = attrs._lookup_static(cls, name)
+    if not found or not isinstance(method, types.FunctionType):
+        return None
+    return call(frame, attrs.get_attr(frame, obj, name), list(args), {})
 
 
 LAZY_BUILTINS = {itertools.islice: islice, itertools.count: count}

@@ -317,6 +317,10 @@ def getitem(frame, obj, index):
         return constant_fold(frame, operator.getitem, [obj, index], "indexing")
     if isinstance(obj, ObjectValue) and isinstance(obj.obj, torch.nn.Module):
         return _module_item(frame, obj, as_constant(index))
+    from .generators import user_dunder
+    item = user_dunder(frame, obj, "__getitem__", [index])
+    if item is not None:
+        return item
     raise Unsupported(f"indexing {attrs.describe(obj)} is not supported yet")
 
 
