@@ -483,3 +483,54 @@ def test_generator_left_suspended_in_try_runs_eagerly():
     check_program(f, make, graphs=1, fullgraph=False)
     from bytegraph.debug import records
     assert not [r for r in records.frames if r.fallback_reason]
+
+
+def test_generator_suspended_in_except_keeps_its_own_exception():
+    def recover():
+        try:
+            raise KeyError("inside")
+        except KeyError as e:
+            yield str(e)
+            yield "still handling"
+
+    def f(x):
+        g = recover()
+        first = next(g)
+        try:
+            try:
+                raise ValueError("consumer")
+            except ValueError:
+                second = next(g)
+                raise       # the consumer's exception, not the generator's KeyError
+        except LookupError:
+            which = "generator's"
+        except ValueError as again:
+            which = str(again)
+        rest = list(g)
+        return x + len(first), second, which, rest
+    check(f, t(2))
+
+
+def test_unfinished_generator_dropped_at_break_runs_eagerly():
+    closed = []
+
+    def guarded():
+        try:
+            yield 1
+            yield 2
+        finally:
+            closed.append("closed")
+
+    def f(x):
+        g = guarded()
+        first = next(g)
+        print("between")
+        return x * first
+
+    def make():
+        closed.clear()
+        return (X.clone(),), {}, lambda: list(closed)
+    check_program(f, make, graphs=0, fullgraph=False)
+    from bytegraph.debug import records
+    # The break at print() cannot drop the suspended generator: the frame runs eagerly.
+    assert [r.fallback_reason for r in records.frames if r.fallback_reason]

@@ -21,6 +21,7 @@ class TraceContext:
         self.frames = []               # active frames, innermost last
         self.state_changes = []        # global state entered by with-blocks, undone at the end
         self.handled_exception = None  # the exception an except block is handling (sys.exc_info)
+        self.outer_handled = []        # handled exceptions of the callers of running generators
         self.attr_stores = {}          # (id(obj), name) -> (ObjectValue, name, value): replayed after the graph
         import torch
         self.entry_grad_mode = torch.is_grad_enabled()

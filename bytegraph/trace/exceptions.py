@@ -221,7 +221,9 @@ def to_exception(frame, v):
 
 def handled(tx):
     """The exception being handled (``sys.exc_info()[1]`` of the traced code), or None."""
-    return getattr(tx, "handled_exception", None)
+    if tx.handled_exception is not None:
+        return tx.handled_exception
+    return next((e for e in reversed(tx.outer_handled) if e is not None), None)
 
 
 def raise_value(frame, exc, cause=None, has_cause=False):

@@ -44,6 +44,7 @@ class Frame:
         self.suspended = False    # a generator frame stopped at a yield
         self.yield_index = None   # index of that YIELD_VALUE (throw() raises there)
         self.yield_from = False   # ... and it is the yield of a `yield from` loop
+        self.own_handled = None   # a generator frame's handled exception while suspended
         self.stop_before = None   # root frame only: stop when about to run this instruction index
         self.fresh_containers = ()  # root frame only: names of its *args / **kwargs parameters
         self.stopped = False
@@ -58,6 +59,8 @@ class Frame:
             while not self.done:
                 if self.ip == stop_before:
                     self.stopped = True
+                    # Generators dropped at the break would be closed natively later.
+                    check_finished_generators(tx)
                     return None
                 ins = instructions[self.ip]
                 self.ip += 1

@@ -62,6 +62,10 @@ def resume(gen, sent=None, thrown=None):
     gen.state = "running"
     frame.done = False
     frame.suspended = False
+    # The generator's own handled exception stacks on the caller's (CPython's exc_info chain).
+    tx = frame.tx
+    tx.outer_handled.append(tx.handled_exception)
+    tx.handled_exception = frame.own_handled
     try:
         result = frame.run()
     except TracedRaise as e:
@@ -75,6 +79,9 @@ def resume(gen, sent=None, thrown=None):
     except BaseException:
         gen.state = "done"
         raise
+    finally:
+        frame.own_handled = tx.handled_exception
+        tx.handled_exception = tx.outer_handled.pop()
     if frame.suspended:
         gen.state = "suspended"
         return "yield", frame.yielded

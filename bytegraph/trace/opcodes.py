@@ -634,7 +634,7 @@ def load_assertion_error(f, ins):
 @handler("PUSH_EXC_INFO")
 def push_exc_info(f, ins):
     exc = f.pop()
-    f.push(SavedExcInfoValue(exceptions.handled(f.tx)))
+    f.push(SavedExcInfoValue(f.tx.handled_exception))
     f.tx.handled_exception = exc
     f.push(exc)
 
