@@ -18,10 +18,7 @@ transformers = pytest.importorskip("transformers")
 from bytegraph.demo.hf_models import build, inputs  # noqa: E402
 
 
-# Sequence.__iter__ (the per-layer config view) ends on IndexError: needs exceptions in the trace.
-_NEEDS_EXCEPTIONS = pytest.mark.xfail(raises=bytegraph.Unsupported, strict=True,
-                                      reason="Sequence.__iter__ ends on IndexError (exceptions in the trace)")
-MODELS = ["bert"] + [pytest.param(n, marks=_NEEDS_EXCEPTIONS) for n in ("gpt2", "llama", "t5")]
+MODELS = ["gpt2", "bert", "llama", "t5"]
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -95,3 +95,17 @@ def call_sequence(callable_const, arg_names):
     if PY >= (3, 12):
         return [("PUSH_NULL", None), ("LOAD_CONST", callable_const)] + loads + [("CALL", n)]
     return [("PUSH_NULL", None), ("LOAD_CONST", callable_const)] + loads + [("PRECALL", n), ("CALL", n)]
+
+
+# When SEND finds the sub-iterator finished: 3.11 replaces the receiver with the
+# return value and jumps past the loop; 3.12+ pushes the value and jumps to
+# END_SEND, which then removes the receiver.
+SEND_KEEPS_RECEIVER = PY >= (3, 12)
+
+
+def send_returned(stack, value):
+    """Leave ``value`` on ``stack`` the way this version's SEND does when its receiver returns."""
+    if SEND_KEEPS_RECEIVER:
+        stack.append(value)
+    else:
+        stack[-1] = value

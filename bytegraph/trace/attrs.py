@@ -7,9 +7,9 @@ import torch
 from ..errors import Unsupported
 from ..guards.sources import AttrSource, ModuleEntrySource
 from ..values.base import (BoundMethodValue, ConstantValue, ContextManagerValue, DictValue,
-                           FunctionValue, ListValue, MethodOfValue, ObjectValue, PrivateObjectValue,
-                           SuperValue,
-                           TensorMethodValue, TensorValue, TupleValue, UserObjectValue)
+                           ExceptionValue, FunctionValue, GeneratorValue, ListValue, MethodOfValue,
+                           ObjectValue, PrivateObjectValue, SuperValue, TensorMethodValue, TensorValue,
+                           TupleValue, UserObjectValue)
 from ..values.builder import CONSTANT_TYPES, is_trusted_module, wrap
 
 
@@ -48,6 +48,9 @@ def get_attr(frame, v, name):
         return _user_object_attr(frame, v, name)
     if isinstance(v, SuperValue):
         return _super_attr(frame, v, name)
+    if isinstance(v, (ExceptionValue, GeneratorValue)):
+        from . import exceptions, generators
+        return (exceptions if isinstance(v, ExceptionValue) else generators).get_attr(frame, v, name)
     if isinstance(v, TupleValue):
         fields = getattr(v.cls, "_fields", None) or getattr(v.cls, "__match_args__", None)
         if fields and name in fields:
@@ -289,6 +292,11 @@ def _user_object_attr(frame, v, name):
 
 
 def _super_attr(frame, sv, name):
+    if isinstance(sv.obj, ExceptionValue):
+        from .exceptions import super_attr
+        found = super_attr(frame, sv, name)
+        if found is not None:
+            return found
     obj_type = sv.obj.python_type() if not isinstance(sv.obj, ObjectValue) else type(sv.obj.obj)
     mro = obj_type.__mro__
     if sv.cls not in mro:
@@ -362,6 +370,9 @@ def set_attr(frame, obj, name, value, plain=False):
 
     ``plain``: ``object.__setattr__`` itself, skipping a ``__setattr__`` the class defines.
     """
+    if isinstance(obj, ExceptionValue):
+        from .exceptions import set_attr as set_exception_attr
+        return set_exception_attr(frame, obj, name, value)
     if isinstance(obj, UserObjectValue):
         hook = obj.cls.__setattr__
         if not plain and hook is not object.__setattr__:

@@ -17,13 +17,13 @@ import torch
 
 from ..errors import Unsupported
 from ..guards.sources import AttrSource, DefaultSource, ItemSource
-from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, ExitValue,
-                           FunctionValue, IteratorValue, ListValue, MethodOfValue, ObjectValue,
-                           PrivateObjectValue,
-                           RealCell, SuperValue, TensorMethodValue, TensorValue, TupleValue,
-                           UserObjectValue)
+from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, ExceptionValue,
+                           ExitValue, FunctionValue, IteratorValue, ListValue, MethodOfValue,
+                           ObjectValue, PrivateObjectValue, RealCell, SuperValue, TensorMethodValue,
+                           TensorValue, TracerCallableValue, TupleValue, UserObjectValue)
 from ..values.builder import wrap
-from . import attrs, operators
+from . import attrs, generators, operators
+from .exceptions import PythonError, TracedRaise, make_exception, to_str
 from .frame import inline_call
 from .iteration import iterate
 
@@ -42,6 +42,8 @@ def call(frame, fn, args, kwargs):
     if isinstance(fn, ExitValue):
         exit_context(frame, fn.manager)
         return ConstantValue(None)
+    if isinstance(fn, TracerCallableValue):
+        return fn.impl(frame, list(args), kwargs)
     if isinstance(fn, ObjectValue):
         return _call_object(frame, fn, list(args), kwargs)
     if isinstance(fn, ConstantValue) and callable(fn.value):
@@ -163,7 +165,7 @@ def _call_class(frame, cls, args, kwargs):
     if issubclass(cls, tuple) and hasattr(cls, "_fields"):
         return _make_namedtuple(frame, cls, args, kwargs)
     if issubclass(cls, BaseException):
-        raise Unsupported(f"creating {cls.__qualname__} objects inside the compiled function is not supported yet")
+        return make_exception(frame, cls, args, kwargs)
     dict_base = _dict_base(cls)
     native_bases = [b for b in cls.__mro__[1:-1] if b.__module__ == "builtins" or b is OrderedDict]
     if type(cls) not in (type, abc.ABCMeta) or cls.__new__ not in (object.__new__, dict.__new__) \
@@ -261,6 +263,7 @@ def _is_foldable(obj):
 def fold(frame, fn, args, kwargs, what=None):
     """Call a pure function on constant arguments at trace time."""
     name = what or getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))
+    args = generators.materialize_args(frame, fn, args)
     try:
         cargs = [operators.as_constant(a) for a in args]
         ckwargs = {k: operators.as_constant(v) for k, v in kwargs.items()}
@@ -272,7 +275,7 @@ def fold(frame, fn, args, kwargs, what=None):
     try:
         result = fn(*cargs, **ckwargs)
     except Exception as e:
-        raise Unsupported(f"{name}() raised {type(e).__name__}: {e}") from e
+        raise PythonError(f"{name}() raised {type(e).__name__}: {e}", e) from e
     return operators.constant_value(result)
 
 
@@ -361,6 +364,10 @@ def _len(frame, args, kwargs):
         if v.fake.dim() == 0:
             raise Unsupported("len() of a 0-d tensor")
         return frame.tx.graph.size_value(v, 0)
+    if isinstance(v, (UserObjectValue, ObjectValue)):
+        n = generators.user_dunder(frame, v, "__len__", [])
+        if n is not None:
+            return n
     return ConstantValue(operators.length(frame, v))
 
 
@@ -402,6 +409,10 @@ def _getattr(frame, args, kwargs):
             return attrs.get_attr(frame, obj, name)
         except attrs.MissingAttribute:
             return args[2]
+        except TracedRaise as e:
+            if not issubclass(e.value.cls, AttributeError):
+                raise
+            return args[2]
     return attrs.get_attr(frame, obj, name)
 
 
@@ -411,6 +422,10 @@ def _hasattr(frame, args, kwargs):
     try:
         attrs.get_attr(frame, obj, name)
     except attrs.MissingAttribute:
+        return ConstantValue(False)
+    except TracedRaise as e:
+        if not issubclass(e.value.cls, AttributeError):
+            raise
         return ConstantValue(False)
     return ConstantValue(True)
 
@@ -422,6 +437,8 @@ def _range(frame, args, kwargs):
 
 @builtin(enumerate)
 def _enumerate(frame, args, kwargs):
+    if not isinstance(args[0], (TupleValue, ListValue, IteratorValue, DictValue, ConstantValue)):
+        return generators.lazy_enumerate(frame, args, kwargs)
     start = operators.as_constant(kwargs.get("start", args[1] if len(args) > 1 else ConstantValue(0)))
     items = iterate(frame, args[0])
     return IteratorValue([TupleValue([ConstantValue(i + start), v]) for i, v in enumerate(items)])
@@ -429,6 +446,8 @@ def _enumerate(frame, args, kwargs):
 
 @builtin(zip)
 def _zip(frame, args, kwargs):
+    if not all(isinstance(a, (TupleValue, ListValue, IteratorValue, DictValue, ConstantValue)) for a in args):
+        return generators.lazy_zip(frame, args, kwargs)
     strict = operators.as_constant(kwargs.get("strict", ConstantValue(False)))
     seqs = [iterate(frame, a) for a in args]
     if strict and len({len(s) for s in seqs}) > 1:
@@ -443,19 +462,20 @@ def _reversed(frame, args, kwargs):
 
 @builtin(iter)
 def _iter(frame, args, kwargs):
-    v = args[0]
-    return v if isinstance(v, IteratorValue) else IteratorValue(iterate(frame, v))
+    return generators.get_iter(frame, args[0])
 
 
 @builtin(next)
 def _next(frame, args, kwargs):
     it = args[0]
     if not isinstance(it, IteratorValue):
+        return generators.builtin_next(frame, args, kwargs)
+    if not isinstance(it, IteratorValue):
         raise Unsupported(f"next() on {attrs.describe(it)} is not supported yet")
     if it.pos >= len(it.items):
         if len(args) > 1:
             return args[1]
-        raise Unsupported("next() on an exhausted iterator raises StopIteration")
+        generators.raise_new(StopIteration)
     it.pos += 1
     return it.items[it.pos - 1]
 
@@ -530,6 +550,8 @@ def _sum(frame, args, kwargs):
 
 def _any_all(fn):
     def h(frame, args, kwargs):
+        if generators.is_lazy(args[0]) or isinstance(args[0], UserObjectValue):
+            return generators.any_all(frame, fn, generators.get_iter(frame, args[0]))
         items = iterate(frame, args[0])
         truths = [operators.truth(frame, i) for i in items]
         return ConstantValue(fn(truths))
@@ -637,6 +659,8 @@ def _make_fold(fn):
             return ConstantValue(operators.truth(frame, args[0]))
         if fn in (int, float) and len(args) == 1 and isinstance(args[0], TensorValue):
             raise Unsupported(f"{fn.__name__}(tensor) needs the tensor's data, which is unknown while tracing")
+        if fn in (str, repr) and len(args) == 1 and isinstance(args[0], ExceptionValue):
+            return to_str(frame, args[0], fn)
         if fn is sorted and args and not isinstance(args[0], ConstantValue):
             return fold(frame, fn, [ListValue(iterate(frame, args[0]))], kwargs)
         return fold(frame, fn, args, kwargs)
@@ -645,6 +669,11 @@ def _make_fold(fn):
 
 for _fn in (int, float, bool, str, repr, round, divmod, pow, hash, ord, chr, format, sorted):
     BUILTIN_HANDLERS[_fn] = _make_fold(_fn)
+
+
+BUILTIN_HANDLERS[map] = generators.lazy_map
+BUILTIN_HANDLERS[filter] = generators.lazy_filter
+BUILTIN_HANDLERS.update(generators.LAZY_BUILTINS)
 
 
 @builtin(super)

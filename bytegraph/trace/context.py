@@ -20,9 +20,15 @@ class TraceContext:
         self.instructions_left = INSTRUCTION_BUDGET
         self.frames = []               # active frames, innermost last
         self.state_changes = []        # global state entered by with-blocks, undone at the end
+        self.handled_exception = None  # the exception an except block is handling (sys.exc_info)
+        self.outer_handled = []        # handled exceptions of the callers of running generators
         self.attr_stores = {}          # (id(obj), name) -> (ObjectValue, name, value): replayed after the graph
         import torch
         self.entry_grad_mode = torch.is_grad_enabled()
+
+    def effect_count(self):
+        """How many side effects the trace has recorded so far (to tell whether code made any)."""
+        return len(self.attr_stores)
 
     def is_trusted_source(self, source):
         return False

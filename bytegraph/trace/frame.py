@@ -7,8 +7,10 @@ import inspect
 
 from ..bytecode.instructions import decode
 from ..errors import Unsupported
-from ..values.base import ConstantValue, DictValue, IteratorValue, TupleValue
+from ..values.base import ConstantValue, DictValue, TupleValue
 from .context import MAX_INLINE_DEPTH
+from .exceptions import TracedRaise, converted, escape_error, unwind
+from .generators import check_finished_generators, make_generator
 
 _GENERATOR_FLAGS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
@@ -37,7 +39,12 @@ class Frame:
         self.kw_names = None
         self.return_value = None
         self.done = False
-        self.yielded = None       # a list while running a generator
+        self.generator = None     # the GeneratorValue running this frame, for generator frames
+        self.yielded = None       # the value a generator frame just yielded
+        self.suspended = False    # a generator frame stopped at a yield
+        self.yield_index = None   # index of that YIELD_VALUE (throw() raises there)
+        self.yield_from = False   # ... and it is the yield of a `yield from` loop
+        self.own_handled = None   # a generator frame's handled exception while suspended
         self.stop_before = None   # root frame only: stop when about to run this instruction index
         self.fresh_containers = ()  # root frame only: names of its *args / **kwargs parameters
         self.stopped = False
@@ -52,6 +59,8 @@ class Frame:
             while not self.done:
                 if self.ip == stop_before:
                     self.stopped = True
+                    # Generators dropped at the break would be closed natively later.
+                    check_finished_generators(tx)
                     return None
                 ins = instructions[self.ip]
                 self.ip += 1
@@ -63,8 +72,24 @@ class Frame:
                 handler = HANDLERS.get(ins.opname)
                 if handler is None:
                     raise Unsupported(f"opcode {ins.opname} is not supported yet")
-                handler(self, ins)
+                try:
+                    handler(self, ins)
+                except TracedRaise as e:
+                    self._raise_here(e.value, ins)
+                except Unsupported as e:
+                    value = converted(e)
+                    if value is None:
+                        raise
+                    self._raise_here(value, ins)
+            if self.parent is None:
+                check_finished_generators(tx)
             return self.return_value
+        except TracedRaise as e:
+            if self.parent is None:
+                err = escape_error(e.value)
+                err.user_stack = tx.user_stack()
+                raise err from None
+            raise
         except Unsupported as e:
             if not e.user_stack:
                 e.user_stack = tx.user_stack()
@@ -78,6 +103,13 @@ class Frame:
             raise
         finally:
             tx.frames.pop()
+
+    def _raise_here(self, value, ins):
+        """The instruction ``ins`` raised ``value``: go to its handler, or leave the frame."""
+        if self.parent is None and value.root_index is None:
+            value.root_index = ins.index
+        if not unwind(self, value, ins.index):
+            raise TracedRaise(value)
 
     # stack helpers
     def local(self, name):
@@ -165,11 +197,8 @@ def inline_call(parent, code, fn_globals, name, defaults, kwdefaults, closure, a
     cells = dict(zip(code.co_freevars, closure))   # cellvars are made by MAKE_CELL
     frame = Frame(tx, code, fn_globals, local_values, cells, parent)
     if code.co_flags & inspect.CO_GENERATOR:
-        # Generators run to completion at once; their items become an iterator value.
-        # Only the order of side effects could tell the difference, and those are refused.
-        frame.yielded = []
-        frame.run()
-        return IteratorValue(frame.yielded)
+        # Lazy, as in Python: the body runs a step at a time as the generator is consumed.
+        return make_generator(frame, name)
     return frame.run()
 
 

@@ -10,7 +10,7 @@ from ..values.builder import wrap
 
 def iterate(frame, v):
     """All items of an iterable value, as a new list."""
-    from . import attrs
+    from . import attrs, generators
     if isinstance(v, (TupleValue, ListValue)):
         return list(v.items)
     if isinstance(v, IteratorValue):
@@ -24,8 +24,9 @@ def iterate(frame, v):
     if isinstance(v, ConstantValue):
         try:
             return [ConstantValue(x) for x in v.value]
-        except TypeError:
-            raise Unsupported(f"{type(v.value).__name__} object is not iterable") from None
+        except TypeError as e:
+            from .exceptions import PythonError
+            raise PythonError(f"{type(v.value).__name__} object is not iterable", e) from None
     if isinstance(v, TensorValue):
         n = v.fake.shape[0] if v.fake.dim() else None
         if n is None:
@@ -33,12 +34,7 @@ def iterate(frame, v):
         from .operators import getitem
         return [getitem(frame, v, ConstantValue(i)) for i in range(n)]
     from . import protocols
-    if protocols.has_special_method(v, "__iter__"):
-        it = protocols.call_special_method(frame, v, "__iter__", [])
-        if it is v:
-            raise Unsupported(f"iterating over {attrs.describe(v)} (its own iterator) is not supported yet")
-        return iterate(frame, it)
-    if protocols.dict_part(v) is not v:
+    if protocols.dict_part(v) is not v and not protocols.has_special_method(v, "__iter__"):
         return iterate(frame, protocols.dict_part(v))
     if isinstance(v, ObjectValue):
         m = v.obj
@@ -50,6 +46,11 @@ def iterate(frame, v):
         if isinstance(m, torch.nn.ParameterList):
             return [wrap(frame.tx, p, ModuleEntrySource(v.source, "_parameters", k) if v.source else None)
                     for k, p in m._parameters.items()]
+    if generators.is_lazy(v):
+        return generators.drain(frame, v)
+    user = generators.user_iterator(frame, v)
+    if user is not None:
+        return generators.drain(frame, user)
     raise Unsupported(f"iterating over {attrs.describe(v)} is not supported yet")
 
 

@@ -10,12 +10,12 @@ import operator
 from ..errors import Unsupported
 from ..guards.sources import GlobalSource, ItemSource, ObjectSource
 from ..values.base import (NULL, CellValue, ConstantValue, ContextManagerValue, DictValue,
-                           ExitValue, FunctionValue, IteratorValue, ListValue, ObjectValue,
-                           SuperValue, TupleValue)
+                           ExceptionValue, ExitValue, FunctionValue, GeneratorValue, IteratorValue,
+                           ListValue, ObjectValue, SavedExcInfoValue, SuperValue, TupleValue)
 from ..values.builder import TRUSTED_MODULE_PREFIXES, wrap
-from . import attrs, calls, operators
+from . import attrs, calls, exceptions, generators, operators, with_blocks
 from .iteration import iterate, unpack
-from ..bytecode.versions import method_pair
+from ..bytecode.versions import method_pair, send_returned
 
 HANDLERS = {}
 
@@ -348,6 +348,8 @@ def format_value(f, ins):
     spec = f.pop() if flags & 0x04 else ConstantValue("")
     value = f.pop()
     conv = {0: None, 1: str, 2: repr, 3: ascii}[flags & 0x03]
+    if isinstance(value, ExceptionValue) and conv is not ascii:
+        value, conv = exceptions.to_str(f, value, conv or str), None
     def fmt(v, s):
         return format(conv(v) if conv else v, s)
     f.push(operators.constant_fold(f, fmt, [value, spec], "f-string formatting"))
@@ -355,7 +357,10 @@ def format_value(f, ins):
 
 @handler("FORMAT_SIMPLE")
 def format_simple(f, ins):
-    f.push(operators.constant_fold(f, format, [f.pop()], "f-string formatting"))
+    value = f.pop()
+    if isinstance(value, ExceptionValue):
+        value = exceptions.to_str(f, value)
+    f.push(operators.constant_fold(f, format, [value], "f-string formatting"))
 
 
 @handler("FORMAT_WITH_SPEC")
@@ -368,7 +373,11 @@ def format_with_spec(f, ins):
 @handler("CONVERT_VALUE")
 def convert_value(f, ins):
     conv = {1: str, 2: repr, 3: ascii}[ins.arg]
-    f.push(operators.constant_fold(f, conv, [f.pop()], "f-string conversion"))
+    value = f.pop()
+    if isinstance(value, ExceptionValue) and conv is not ascii:
+        f.push(exceptions.to_str(f, value, conv))
+        return
+    f.push(operators.constant_fold(f, conv, [value], "f-string conversion"))
 
 
 @handler("LIST_APPEND")
@@ -509,21 +518,27 @@ def jump_if_true_or_pop(f, ins):
 
 @handler("GET_ITER")
 def get_iter(f, ins):
-    v = f.pop()
-    f.push(v if isinstance(v, IteratorValue) else IteratorValue(iterate(f, v)))
+    f.push(generators.get_iter(f, f.pop()))
 
 
 @handler("FOR_ITER")
 def for_iter(f, ins):
     it = f.stack[-1]
-    if not isinstance(it, IteratorValue):
-        raise Unsupported(f"iterating over {attrs.describe(it)} is not supported yet")
-    if it.pos < len(it.items):
-        f.push(it.items[it.pos])
-        it.pos += 1
+    if isinstance(it, IteratorValue):
+        if it.pos < len(it.items):
+            f.push(it.items[it.pos])
+            it.pos += 1
+            return
+        item = generators.EXHAUSTED
+    elif generators.is_lazy(it):
+        item = generators.next_item(f, it)
     else:
+        raise Unsupported(f"iterating over {attrs.describe(it)} is not supported yet")
+    if item is generators.EXHAUSTED:
         f.pop()
         f.jump(ins)
+    else:
+        f.push(item)
 
 
 @handler("RETURN_VALUE")
@@ -539,23 +554,118 @@ def return_generator(f, ins):
 
 @handler("YIELD_VALUE")
 def yield_value(f, ins):
-    if f.yielded is None:
-        raise Unsupported("yield outside a generator being consumed")
-    f.yielded.append(f.pop())
-    f.push(ConstantValue(None))
+    if f.generator is None:
+        raise Unsupported("yield outside a generator frame")
+    f.yielded = f.pop()
+    f.yield_index = ins.index
+    f.yield_from = ins.index > 0 and f.instructions[ins.index - 1].opname == "SEND"
+    f.suspended = True
+    f.done = True
 
+
+@handler("GET_YIELD_FROM_ITER")
+def get_yield_from_iter(f, ins):
+    f.push(generators.get_iter(f, f.pop()))
+
+
+@handler("SEND")
+def send(f, ins):
+    value = f.pop()
+    receiver = f.stack[-1]
+    if isinstance(receiver, GeneratorValue):
+        kind, result = generators.resume(receiver, sent=value)
+    elif operators.is_none(value):
+        result = generators.next_item(f, receiver)
+        kind = "return" if result is generators.EXHAUSTED else "yield"
+        if kind == "return":
+            result = ConstantValue(None)
+    else:
+        raise Unsupported(f"send() to {attrs.describe(receiver)} is not supported yet")
+    if kind == "yield":
+        f.push(result)
+    else:
+        send_returned(f.stack, result)
+        f.jump(ins)
+
+
+@handler("END_SEND")
+def end_send(f, ins):
+    del f.stack[-2]
+
+
+@handler("CLEANUP_THROW")
+def cleanup_throw(f, ins):
+    exc = f.stack[-1]
+    if isinstance(exc, ExceptionValue) and issubclass(exc.cls, StopIteration):
+        del f.stack[-3:]
+        f.push(exceptions.get_attr(f, exc, "value"))
+    else:
+        raise exceptions.TracedRaise(f.pop())
+
+
+@handler("STOPITERATION_ERROR")
+def stopiteration_error(f, ins):
+    exc = f.pop()
+    if isinstance(exc, ExceptionValue) and issubclass(exc.cls, StopIteration):
+        err = exceptions.new(RuntimeError, "generator raised StopIteration")
+        err.cause = err.context = exc
+        err.suppress_context = True
+        exc = err
+    f.push(exc)
+
+
+# --- exceptions --------------------------------------------------------------------------
 
 @handler("RAISE_VARARGS")
 def raise_varargs(f, ins):
-    exc = f.stack[-1] if ins.arg else None
-    what = attrs.describe(exc) if exc is not None else "a re-raise"
-    raise Unsupported(f"the traced code raises {what}",
-                      hint="an exception raised inside the compiled function runs it eagerly")
+    if ins.arg == 0:
+        exceptions.reraise_current(f)
+    if ins.arg == 2:
+        cause = f.pop()
+        exceptions.raise_value(f, f.pop(), cause, has_cause=True)
+    exceptions.raise_value(f, f.pop())
 
 
 @handler("LOAD_ASSERTION_ERROR")
 def load_assertion_error(f, ins):
     f.push(ObjectValue(AssertionError))
+
+
+@handler("PUSH_EXC_INFO")
+def push_exc_info(f, ins):
+    exc = f.pop()
+    f.push(SavedExcInfoValue(f.tx.handled_exception))
+    f.tx.handled_exception = exc
+    f.push(exc)
+
+
+@handler("POP_EXCEPT")
+def pop_except(f, ins):
+    saved = f.pop()
+    if not isinstance(saved, SavedExcInfoValue):
+        raise Unsupported("POP_EXCEPT without a saved exception state")
+    f.tx.handled_exception = saved.prev
+
+
+@handler("CHECK_EXC_MATCH")
+def check_exc_match(f, ins):
+    classes = f.pop()
+    f.push(ConstantValue(exceptions.matches(f.stack[-1], classes)))
+
+
+@handler("RERAISE")
+def reraise(f, ins):
+    exc = f.pop()
+    if not isinstance(exc, ExceptionValue):
+        raise Unsupported("re-raising a value that is not a traced exception")
+    raise exceptions.TracedRaise(exc)
+
+
+@handler("WITH_EXCEPT_START")
+def with_except_start(f, ins):
+    exc = f.stack[-1]
+    exit_fn = f.stack[-4]
+    f.push(with_blocks.call_exit(f, exit_fn, exc))
 
 
 # --- calls ------------------------------------------------------------------------------
@@ -641,8 +751,11 @@ def set_function_attribute(f, ins):
 @handler("BEFORE_WITH")
 def before_with(f, ins):
     mgr = f.pop()
-    if not isinstance(mgr, ContextManagerValue):
-        raise Unsupported(f"with-block on {attrs.describe(mgr)} is not supported yet")
-    calls.enter_context(f, mgr)
-    f.push(ExitValue(mgr))
-    f.push(ConstantValue(None))
+    if isinstance(mgr, ContextManagerValue):
+        calls.enter_context(f, mgr)
+        f.push(ExitValue(mgr))
+        f.push(ConstantValue(None))
+        return
+    exit_fn, entered = with_blocks.enter(f, mgr)
+    f.push(exit_fn)
+    f.push(entered)

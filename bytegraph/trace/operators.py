@@ -5,7 +5,7 @@ import torch
 
 from ..errors import Unsupported
 from ..guards.sources import ModuleEntrySource
-from ..values.base import (NULL, BoundMethodValue, ConstantValue, ContextManagerValue, DictValue,
+from ..values.base import (NULL, BoundMethodValue, ExceptionValue, GeneratorValue, LazyIteratorValue, ConstantValue, ContextManagerValue, DictValue,
                            DictViewValue, FunctionValue, IteratorValue, ListValue, MethodOfValue,
                            ObjectValue, SliceValue, SymValue, TensorMethodValue, TensorValue,
                            TupleValue, UserObjectValue)
@@ -94,7 +94,8 @@ def constant_fold(frame, fn, args, what):
     try:
         return constant_value(fn(*cargs))
     except Exception as e:
-        raise Unsupported(f"{what} raised {type(e).__name__}: {e}") from e
+        from .exceptions import PythonError
+        raise PythonError(f"{what} raised {type(e).__name__}: {e}", e) from e
 
 
 def graph_op(frame, fn, args, kwargs=None):
@@ -309,6 +310,11 @@ def truth(frame, v):
         return True
     if isinstance(v, DictViewValue):
         return bool(v.dict_value.items)
+    if isinstance(v, (GeneratorValue, LazyIteratorValue)):
+        return True
+    if isinstance(v, ExceptionValue) and getattr(v.cls, "__bool__", None) is None \
+            and getattr(v.cls, "__len__", None) is None:
+        return True
     if isinstance(v, UserObjectValue):
         if getattr(v.cls, "__bool__", None) is None and getattr(v.cls, "__len__", None) is None:
             return True
@@ -358,7 +364,8 @@ def getitem(frame, obj, index):
         try:
             picked = obj.items[i]
         except (IndexError, TypeError) as e:
-            raise Unsupported(f"indexing raised {type(e).__name__}: {e}") from e
+            from .exceptions import PythonError
+            raise PythonError(f"indexing raised {type(e).__name__}: {e}", e) from e
         if isinstance(i, slice):
             if isinstance(obj, ListValue):
                 return ListValue(picked)
@@ -367,7 +374,8 @@ def getitem(frame, obj, index):
     if isinstance(obj, DictValue):
         k = key_of(index)
         if k not in obj.items:
-            raise Unsupported(f"KeyError: {k!r}")
+            from .exceptions import PythonError
+            raise PythonError(f"KeyError: {k!r}", KeyError(k))
         return obj.items[k]
     if isinstance(obj, ConstantValue):
         return constant_fold(frame, operator.getitem, [obj, index], "indexing")

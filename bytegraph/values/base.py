@@ -380,3 +380,116 @@ class ExitValue(Value):
     def __init__(self, manager, source=None):
         super().__init__(source)
         self.manager = manager
+
+
+class ExceptionValue(Value):
+    """An exception object made while tracing (raised by the code, or by a fold on constants).
+
+    ``cls`` is its class, ``args`` a list of values, ``attrs`` attributes its
+    ``__init__`` set; ``cause``/``context`` are ExceptionValues or None.
+    ``root_index`` is the instruction of the compiled frame where it first
+    entered that frame (where a break replays it natively when it escapes).
+    """
+
+    __slots__ = ("cls", "args", "attrs", "cause", "context", "suppress_context", "root_index")
+
+    def __init__(self, cls, args=(), attrs=None):
+        super().__init__(None)
+        self.cls = cls
+        self.args = list(args)
+        self.attrs = dict(attrs or {})
+        self.cause = None
+        self.context = None
+        self.suppress_context = False
+        self.root_index = None
+
+    def python_type(self):
+        return self.cls
+
+    def _repr_body(self):
+        return f"{self.cls.__name__}{tuple(self.args)!r}"
+
+
+class SavedExcInfoValue(Value):
+    """The exception handled before an except block, as PUSH_EXC_INFO saves it on the stack.
+
+    Deliberately not rebuildable: a graph break inside a handler cannot restore
+    ``sys.exc_info()``, so such frames run eagerly.
+    """
+
+    __slots__ = ("prev",)
+
+    def __init__(self, prev):
+        super().__init__(None)
+        self.prev = prev
+
+
+class TracebackValue(Value):
+    """The traceback handed to ``__exit__``; only its identity can be used while tracing."""
+    __slots__ = ()
+
+    def python_type(self):
+        import types
+        return types.TracebackType
+
+
+class GeneratorValue(Value):
+    """A generator made while tracing: its suspended Frame, resumed on each ``next()``."""
+
+    __slots__ = ("frame", "name", "state")
+
+    def __init__(self, frame, name):
+        super().__init__(None)
+        self.frame = frame
+        self.name = name
+        self.state = "created"     # created, suspended, running, done
+
+    def python_type(self):
+        import types
+        return types.GeneratorType
+
+    def _repr_body(self):
+        return f"{self.name} {self.state}"
+
+
+class LazyIteratorValue(Value):
+    """A lazy iterator over other iterators: zip, enumerate, map, filter, islice, count, sequence.
+
+    ``kind`` names the combinator; ``parts`` are its iterator values; ``state``
+    holds what it needs between items (a counter, the function, slice bounds).
+    """
+
+    __slots__ = ("kind", "parts", "state", "done")
+
+    def __init__(self, kind, parts, state=None):
+        super().__init__(None)
+        self.kind = kind
+        self.parts = list(parts)
+        self.state = dict(state or {})
+        self.done = False
+
+    def python_type(self):
+        import itertools
+        return {"zip": zip, "enumerate": enumerate, "map": map, "filter": filter,
+                "islice": itertools.islice, "count": itertools.count}.get(self.kind, object)
+
+    def _repr_body(self):
+        return self.kind
+
+
+class TracerCallableValue(Value):
+    """A callable implemented by the tracer itself (e.g. the ``__exit__`` of a
+    ``@contextmanager`` object): ``impl(frame, args, kwargs) -> value``."""
+
+    __slots__ = ("name", "impl")
+
+    def __init__(self, name, impl):
+        super().__init__(None)
+        self.name = name
+        self.impl = impl
+
+    def python_type(self):
+        return type(len)
+
+    def _repr_body(self):
+        return self.name

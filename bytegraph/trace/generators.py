@@ -1,0 +1,433 @@
+"""Lazy generators and lazy iterators.
+
+A generator function called in the trace gives a ``GeneratorValue`` holding a
+suspended ``Frame``; each ``next()`` / FOR_ITER / ``send()`` resumes that frame
+until its next YIELD_VALUE (which suspends it again) or its return, so the
+generator's effects interleave with the consumer's exactly as in Python.
+``zip``/``enumerate``/``map``/``filter``/``itertools.islice``/``itertools.count``
+over such iterators are ``LazyIteratorValue``s that pull items one at a time
+in CPython's order. ``next_item`` is the one way to advance any iterator value.
+"""
+import itertools
+import types
+
+from ..errors import Unsupported
+from ..values.base import (ConstantValue, GeneratorValue, IteratorValue, LazyIteratorValue,
+                           ObjectValue, TracerCallableValue, TupleValue, UserObjectValue)
+from .exceptions import TracedRaise, new, raise_new, unwind
+
+EXHAUSTED = object()   # next_item's answer when the iterator is done
+
+
+def make_generator(frame, name):
+    gen = GeneratorValue(frame, name)
+    frame.generator = gen
+    root = frame.tx.frames[0] if frame.tx.frames else None
+    # Remember where the compiled frame was when the generator was made: if it cannot be
+    # finished in the trace, the frame breaks there and the generator is made natively.
+    root_index = root.current.index if root is not None and root.current is not None else None
+    frame.tx.__dict__.setdefault("generators", []).append((gen, root_index))
+    return gen
+
+
+def is_lazy(v):
+    return isinstance(v, (GeneratorValue, LazyIteratorValue))
+
+
+# --- running a generator's frame -----------------------------------------------------------
+
+def resume(gen, sent=None, thrown=None):
+    """Run ``gen`` to its next yield: ("yield", value) or ("return", value); raises TracedRaise."""
+    frame = gen.frame
+    if gen.state == "running":
+        raise_new(ValueError, "generator already executing")
+    if gen.state == "done":
+        if thrown is not None:
+            raise TracedRaise(thrown)
+        return "return", ConstantValue(None)
+    if gen.state == "created":
+        if thrown is not None:
+            gen.state = "done"
+            raise TracedRaise(thrown)
+        if sent is not None and not (isinstance(sent, ConstantValue) and sent.value is None):
+            raise_new(TypeError, "can't send non-None value to a just-started generator")
+    elif thrown is not None:
+        if frame.yield_from:
+            raise Unsupported("throw() into a generator suspended in `yield from` is not supported yet")
+        if not unwind(frame, thrown, frame.yield_index):
+            gen.state = "done"
+            raise TracedRaise(thrown)
+    else:
+        frame.push(sent if sent is not None else ConstantValue(None))
+    gen.state = "running"
+    frame.done = False
+    frame.suspended = False
+    # The generator's own handled exception stacks on the caller's (CPython's exc_info chain).
+    tx = frame.tx
+    tx.outer_handled.append(tx.handled_exception)
+    tx.handled_exception = frame.own_handled
+    try:
+        result = frame.run()
+    except TracedRaise as e:
+        gen.state = "done"
+        if issubclass(e.value.cls, StopIteration):
+            err = new(RuntimeError, "generator raised StopIteration")
+            err.cause = err.context = e.value
+            err.suppress_context = True
+            raise TracedRaise(err) from None
+        raise
+    except BaseException:
+        gen.state = "done"
+        raise
+    finally:
+        frame.own_handled = tx.handled_exception
+        tx.handled_exception = tx.outer_handled.pop()
+    if frame.suspended:
+        gen.state = "suspended"
+        return "yield", frame.yielded
+    gen.state = "done"
+    return "return", result
+
+
+def check_finished_generators(tx):
+    """At the end of the trace: a generator left suspended inside try/with would run its
+    handlers when Python closes it; that cannot be traced, so such frames run eagerly."""
+    from .exceptions import handler_table
+    for gen, root_index in tx.__dict__.get("generators", ()):
+        if gen.state != "suspended":
+            continue
+        frame = gen.frame
+        entry = handler_table(frame.code)[frame.yield_index]
+        if entry is not None and frame.instructions[entry[0]].opname != "STOPITERATION_ERROR" \
+                and not _closes_quietly(tx, gen):
+            err = Unsupported(f"generator {gen.name}() left suspended inside try/with "
+                              "(closing it would run its handlers)")
+            err.root_index = root_index
+            raise err
+
+
+def _closes_quietly(tx, gen):
+    """Close ``gen`` in the trace (GeneratorExit at its yield): True if its handlers let the
+    exception through without doing anything observable (e.g. ``except IndexError:``), so
+    when Python closes it does not matter."""
+    nodes = len(tx.graph.graph.nodes)
+    effects = tx.effect_count()
+    try:
+        resume(gen, thrown=new(GeneratorExit))
+    except TracedRaise as e:
+        return issubclass(e.value.cls, GeneratorExit) and len(tx.graph.graph.nodes) == nodes \
+            and tx.effect_count() == effects
+    except Unsupported:
+        return False
+    return False   # it yielded again or returned: Python would raise or run code
+
+
+# --- advancing iterator values -------------------------------------------------------------
+
+def next_item(frame, it):
+    """The next item of an iterator value, or EXHAUSTED."""
+    if isinstance(it, IteratorValue):
+        if it.pos < len(it.items):
+            it.pos += 1
+            return it.items[it.pos - 1]
+        return EXHAUSTED
+    if isinstance(it, GeneratorValue):
+        kind, value = resume(it)
+        return value if kind == "yield" else EXHAUSTED
+    if isinstance(it, LazyIteratorValue):
+        if it.done:
+            return EXHAUSTED
+        item = _LAZY_NEXT[it.kind](frame, it)
+        if item is EXHAUSTED:
+            it.done = True
+        return item
+    from . import attrs
+    raise Unsupported(f"next() on {attrs.describe(it)} is not supported yet")
+
+
+def drain(frame, it):
+    items = []
+    while True:
+        item = next_item(frame, it)
+        if item is EXHAUSTED:
+            return items
+        items.append(item)
+
+
+def _zip_next(frame, it):
+    items = []
+    for part in it.parts:
+        item = next_item(frame, part)
+        if item is EXHAUSTED:
+            if it.state.get("strict") and (items or any(next_item(frame, p) is not EXHAUSTED for p in it.parts[1:])):
+                raise Unsupported("zip(strict=True) on iterators of different lengths raises")
+            return EXHAUSTED
+        items.append(item)
+    return TupleValue(items)
+
+
+def _enumerate_next(frame, it):
+    item = next_item(frame, it.parts[0])
+    if item is EXHAUSTED:
+        return EXHAUSTED
+    n = it.state["count"]
+    it.state["count"] = n + 1
+    return TupleValue([ConstantValue(n), item])
+
+
+def _map_next(frame, it):
+    from .calls import call
+    args = []
+    for part in it.parts:
+        item = next_item(frame, part)
+        if item is EXHAUSTED:
+            return EXHAUSTED
+        args.append(item)
+    return call(frame, it.state["fn"], args, {})
+
+
+def _filter_next(frame, it):
+    from .calls import call
+    from .operators import truth
+    fn = it.state["fn"]
+    while True:
+        item = next_item(frame, it.parts[0])
+        if item is EXHAUSTED:
+            return EXHAUSTED
+        keep = item if fn is None else call(frame, fn, [item], {})
+        if truth(frame, keep):
+            return item
+
+
+def _islice_next(frame, it):
+    # CPython's islice_next, step for step: which items are pulled matters.
+    s = it.state
+    stop = s["stop"]
+    while s["cnt"] < s["next"]:
+        if next_item(frame, it.parts[0]) is EXHAUSTED:
+            return EXHAUSTED
+        s["cnt"] += 1
+    if stop is not None and s["cnt"] >= stop:
+        return EXHAUSTED
+    item = next_item(frame, it.parts[0])
+    if item is EXHAUSTED:
+        return EXHAUSTED
+    s["cnt"] += 1
+    old = s["next"]
+    s["next"] += s["step"]
+    if s["next"] < old or (stop is not None and s["next"] > stop):
+        s["next"] = stop
+    return item
+
+
+def _count_next(frame, it):
+    n = it.state["n"]
+    it.state["n"] = n + it.state["step"]
+    return ConstantValue(n)
+
+
+def _sequence_next(frame, it):
+    # Old-style iteration: __getitem__(0), (1), ... until IndexError or StopIteration.
+    from .calls import call
+    i = it.state["i"]
+    try:
+        item = call(frame, it.state["getitem"], [ConstantValue(i)], {})
+    except TracedRaise as e:
+        if issubclass(e.value.cls, (IndexError, StopIteration)):
+            return EXHAUSTED
+        raise
+    it.state["i"] = i + 1
+    return item
+
+
+_LAZY_NEXT = {"zip": _zip_next, "enumerate": _enumerate_next, "map": _map_next,
+              "filter": _filter_next, "islice": _islice_next, "count": _count_next,
+              "sequence": _sequence_next}
+
+
+# --- iter() and the iteration protocol of user objects ----------------------------------------
+
+def get_iter(frame, v):
+    """``iter(v)``: iterators are their own iterators; user classes run ``__iter__``."""
+    if isinstance(v, (IteratorValue, GeneratorValue, LazyIteratorValue)):
+        return v
+    user = user_iterator(frame, v)
+    if user is not None:
+        return user
+    from .iteration import iterate
+    return IteratorValue(iterate(frame, v))
+
+
+def user_iterator(frame, v):
+    """The iterator of an object of a user class (``__iter__`` or ``__getitem__``), or None."""
+    from . import attrs
+    from .calls import call
+    from ..values.builder import wrap
+    if isinstance(v, UserObjectValue):
+        cls = v.cls
+    elif isinstance(v, ObjectValue) and not isinstance(v.obj, type) \
+            and type(v.obj).__module__.split(".")[0] not in ("torch", "builtins"):
+        cls = type(v.obj)
+    else:
+        return None
+    method, found = attrs._lookup_static(cls, "__iter__")
+    if found and isinstance(method, types.FunctionType):
+        it = call(frame, wrap(frame.tx, method, None), [v], {})
+        if not isinstance(it, (IteratorValue, GeneratorValue, LazyIteratorValue)):
+            raise Unsupported(f"{cls.__qualname__}.__iter__ returned {attrs.describe(it)}")
+        return it
+    getitem, has_getitem = attrs._lookup_static(cls, "__getitem__")
+    if not found and has_getitem and isinstance(getitem, types.FunctionType):
+        return LazyIteratorValue("sequence", [v], {"i": 0, "getitem": attrs.get_attr(frame, v, "__getitem__")})
+    return None
+
+
+# --- builtins over lazy iterators (hooks from trace/calls.py) -----------------------------------
+
+def lazy_zip(frame, args, kwargs):
+    from .operators import as_constant
+    strict = as_constant(kwargs.get("strict", ConstantValue(False)))
+    return LazyIteratorValue("zip", [get_iter(frame, a) for a in args], {"strict": strict})
+
+
+def lazy_enumerate(frame, args, kwargs):
+    from .operators import as_constant
+    start = as_constant(kwargs.get("start", args[1] if len(args) > 1 else ConstantValue(0)))
+    return LazyIteratorValue("enumerate", [get_iter(frame, args[0])], {"count": start})
+
+
+def lazy_map(frame, args, kwargs):
+    if kwargs or len(args) < 2:
+        raise Unsupported("map() with keyword arguments or no iterable")
+    return LazyIteratorValue("map", [get_iter(frame, a) for a in args[1:]], {"fn": args[0]})
+
+
+def lazy_filter(frame, args, kwargs):
+    fn = args[0]
+    if isinstance(fn, ConstantValue) and fn.value is None:
+        fn = None
+    return LazyIteratorValue("filter", [get_iter(frame, args[1])], {"fn": fn})
+
+
+def islice(frame, args, kwargs):
+    from .operators import as_constant
+    if kwargs:
+        raise_new(TypeError, "islice() takes no keyword arguments")
+    bounds = [as_constant(a) for a in args[1:]]
+    if len(bounds) == 1:
+        start, stop, step = 0, bounds[0], 1
+    else:
+        start, stop, step = (bounds + [None])[:3]
+        start = 0 if start is None else start
+        step = 1 if step is None else step
+    for b in (start, stop, step):
+        if b is not None and (not isinstance(b, int) or b < 0):
+            raise Unsupported("islice() bounds that are not non-negative ints raise ValueError")
+    if step == 0:
+        raise Unsupported("islice() with step 0 raises ValueError")
+    return LazyIteratorValue("islice", [get_iter(frame, args[0])],
+                             {"next": start, "stop": stop, "step": step, "cnt": 0})
+
+
+def count(frame, args, kwargs):
+    from .operators import as_constant
+    start = as_constant(kwargs.get("start", args[0] if args else ConstantValue(0)))
+    step = as_constant(kwargs.get("step", args[1] if len(args) > 1 else ConstantValue(1)))
+    return LazyIteratorValue("count", [], {"n": start, "step": step})
+
+
+def builtin_next(frame, args, kwargs):
+    it = args[0]
+    if not isinstance(it, (IteratorValue, GeneratorValue, LazyIteratorValue)):
+        from . import attrs
+        raise Unsupported(f"next() on {attrs.describe(it)} is not supported yet")
+    if isinstance(it, GeneratorValue):
+        kind, value = resume(it)
+        if kind == "yield":
+            return value
+        if len(args) > 1:
+            return args[1]
+        raise_new(StopIteration, value.value) if isinstance(value, ConstantValue) else _stop(value)
+    item = next_item(frame, it)
+    if item is EXHAUSTED:
+        if len(args) > 1:
+            return args[1]
+        raise_new(StopIteration)
+    return item
+
+
+def _stop(value):
+    exc = new(StopIteration)
+    exc.args = [value]
+    exc.attrs["value"] = value
+    raise TracedRaise(exc)
+
+
+def any_all(frame, fn, it):
+    from .operators import truth
+    while True:
+        item = next_item(frame, it)
+        if item is EXHAUSTED:
+            return ConstantValue(fn is all)
+        if truth(frame, item) == (fn is any):
+            return ConstantValue(fn is any)
+
+
+# --- generator methods: send, throw, close ------------------------------------------------------
+
+def get_attr(frame, gen, name):
+    from .exceptions import to_exception
+
+    def send(f, args, kwargs):
+        kind, value = resume(gen, sent=args[0])
+        if kind == "yield":
+            return value
+        _stop(value) if not (isinstance(value, ConstantValue) and value.value is None) else raise_new(StopIteration)
+
+    def next_(f, args, kwargs):
+        return builtin_next(f, [gen], {})
+
+    def throw(f, args, kwargs):
+        exc = to_exception(f, args[0])
+        kind, value = resume(gen, thrown=exc)
+        if kind == "yield":
+            return value
+        _stop(value) if not (isinstance(value, ConstantValue) and value.value is None) else raise_new(StopIteration)
+
+    def close(f, args, kwargs):
+        if gen.state == "suspended":
+            raise Unsupported("close() of a suspended generator (GeneratorExit) is not supported yet")
+        gen.state = "done"
+        return ConstantValue(None)
+
+    methods = {"send": send, "__next__": next_, "throw": throw, "close": close}
+    if name in methods:
+        return TracerCallableValue(f"generator.{name}", methods[name])
+    if name == "__name__":
+        return ConstantValue(gen.name)
+    raise Unsupported(f"attribute {name!r} of a generator is not supported yet")
+
+
+# Builtins folded on constants that consume a whole iterable argument before returning:
+# a lazy iterator passed to them can be drained into a list first.
+_CONSUMERS = {sorted, min, max, set, frozenset, str.join, bytes.join}
+
+
+def materialize_args(frame, fn, args):
+    consumes = fn in _CONSUMERS or getattr(fn, "__name__", None) == "join" and isinstance(
+        getattr(fn, "__self__", None), (str, bytes))
+    if not consumes or not any(is_lazy(a) for a in args):
+        return args
+    from ..values.base import ListValue
+    return [ListValue(drain(frame, a)) if is_lazy(a) else a for a in args]
+
+
+def user_dunder(frame, obj, name, args):
+    """``type(obj).<name>(obj, *args)`` for a special method written in Python, or None."""
+    from . import protocols
+    if not protocols.has_special_method(obj, name):
+        return None
+    return protocols.call_special_method(frame, obj, name, args)
+
+
+LAZY_BUILTINS = {itertools.islice: islice, itertools.count: count}

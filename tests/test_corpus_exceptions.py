@@ -1,0 +1,583 @@
+"""Corpus: exceptions raised and caught inside the compiled function.
+
+try/except/else/finally, raise/raise from/bare raise, exception objects of
+builtin and user classes, Python errors of folds (KeyError, IndexError,
+AttributeError, ValueError, StopIteration) used as control flow, and
+exceptions escaping the compiled function (same type and message as eager).
+
+PYTEST_DONT_REWRITE: the traced functions use ``assert`` as user code does.
+"""
+import pytest
+import torch
+import torch.nn as nn
+
+import bytegraph
+from helpers import check, check_program
+
+
+def t(*shape):
+    return torch.randn(*shape)
+
+
+X = torch.randn(4, 3)
+
+
+def make_x():
+    return (X.clone(),), {}, None
+
+
+def fallback_reasons():
+    from bytegraph.debug import records
+    return [r.fallback_reason for r in records.frames if r.fallback_reason]
+
+
+class ConfigError(ValueError):
+    def __init__(self, key, code=2):
+        super().__init__(f"bad config key {key!r}")
+        self.key = key
+        self.code = code
+
+
+class ShapeMismatch(Exception):
+    def __str__(self):
+        return "shape mismatch: " + ", ".join(str(a) for a in self.args)
+
+
+class RetryableError(RuntimeError):
+    pass
+
+
+DEFAULTS = {"scale": 2.0, "shift": 0.5}
+
+
+class Cfg:
+    scale = 3.0
+
+
+CFG = Cfg()
+
+# ---------------------------------------------------------------- caught inside the frame
+
+
+def test_raise_and_catch_message():
+    def f(x):
+        try:
+            raise ValueError("negative scale")
+        except ValueError as e:
+            msg = str(e)
+            y = x.abs()
+        return y, msg
+    check(f, t(4))
+
+
+def test_dict_key_error_default():
+    def f(x, opts):
+        try:
+            scale = opts["scale"]
+        except KeyError:
+            scale = DEFAULTS["scale"]
+        try:
+            shift = opts["shift"]
+        except KeyError:
+            shift = DEFAULTS["shift"]
+        return x * scale + shift
+    check(f, t(4), {"scale": 3.0})
+
+
+def test_index_error_as_loop_end():
+    def f(x):
+        layers = [1.0, 2.0, 3.0]
+        i = 0
+        out = x
+        while True:
+            try:
+                w = layers[i]
+            except IndexError:
+                break
+            out = out * w + i
+            i += 1
+        return out
+    check(f, t(3))
+
+
+def test_hasattr_missing_attribute():
+    def f(x, module):
+        if hasattr(module, "bias_scale"):
+            x = x * module.bias_scale
+        if hasattr(module, "weight"):
+            x = x @ module.weight.t()
+        return x
+    check(f, t(2, 3), nn.Linear(3, 5))
+
+
+def test_attribute_error_caught():
+    def f(x):
+        try:
+            s = CFG.shift
+        except AttributeError as e:
+            s = 0.25
+            kind = type(e).__name__
+        return x + CFG.scale + s, kind
+    check(f, t(4))
+
+
+def test_getattr_default_on_object_made_in_frame():
+    class Box:
+        def __init__(self, v):
+            self.v = v
+
+    def f(x):
+        b = Box(x * 2)
+        extra = getattr(b, "extra", None)
+        return b.v if extra is None else b.v + extra
+    check(f, t(4))
+
+
+def test_raise_from_sets_cause():
+    def f(x):
+        try:
+            try:
+                {}["missing"]
+            except KeyError as e:
+                raise ConfigError("missing") from e
+        except ConfigError as err:
+            return x + err.code, type(err.__cause__).__name__, err.key, str(err)
+    check(f, t(3))
+
+
+def test_except_tuple_binds_name():
+    def parse(v):
+        if v < 0:
+            raise ValueError(f"negative: {v}")
+        if v > 10:
+            raise OverflowError("too large")
+        return v
+
+    def f(x):
+        outs = []
+        for v in (3, -1, 12, 5):
+            try:
+                outs.append(x * parse(v))
+            except (ValueError, OverflowError) as e:
+                outs.append(x * 0 + len(str(e)))
+        return outs
+    check(f, t(2))
+
+
+def test_user_exception_attributes_and_isinstance():
+    def f(x):
+        try:
+            raise ConfigError("lr", code=7)
+        except Exception as e:
+            flags = (isinstance(e, ConfigError), isinstance(e, ValueError), isinstance(e, KeyError))
+            return x * e.code, e.args, flags
+    check(f, t(3))
+
+
+def test_exception_through_inlined_finally():
+    def load(store, key, log):
+        try:
+            return store[key]
+        finally:
+            log.append(key)
+
+    def f(x):
+        log = []
+        store = {"w": x * 2}
+        try:
+            a = load(store, "w", log)
+            b = load(store, "b", log)
+        except KeyError as e:
+            b = x - 1
+            log.append(f"missing {e}")
+        return a + b, log
+    check(f, t(4))
+
+
+def test_nested_try_inner_does_not_match():
+    def f(x):
+        log = []
+        try:
+            try:
+                raise IndexError("out of range")
+            except KeyError:
+                log.append("inner")
+            finally:
+                log.append("finally")
+        except LookupError as e:
+            log.append("outer " + type(e).__name__)
+            x = x + 1
+        return x, log
+    check(f, t(3))
+
+
+def test_else_branch_runs_without_exception():
+    def f(x, opts):
+        log = []
+        try:
+            k = opts["k"]
+        except KeyError:
+            k = 1
+            log.append("default")
+        else:
+            log.append("found")
+        finally:
+            log.append("done")
+        return x * k, log
+    check(f, t(3), {"k": 4})
+
+
+def test_return_in_finally_swallows_exception():
+    def guarded(x):
+        try:
+            raise RuntimeError("lost")
+        finally:
+            return x * 3
+
+    def f(x):
+        return guarded(x) + 1
+    check(f, t(3))
+
+
+def test_bare_reraise_caught_outside():
+    def step(x, log):
+        try:
+            raise RetryableError("transient")
+        except RetryableError:
+            log.append("cleanup")
+            raise
+
+    def f(x):
+        log = []
+        try:
+            step(x, log)
+        except RuntimeError as e:
+            log.append(str(e))
+        return x + len(log), log
+    check(f, t(3))
+
+
+def test_int_parse_errors_skipped():
+    def f(x, tokens):
+        total = 0
+        bad = []
+        for tok in tokens:
+            try:
+                total += int(tok)
+            except ValueError:
+                bad.append(tok)
+        return x * total, bad
+    check(f, t(3), ["1", "two", "3", "4.5"])
+
+
+def test_stop_iteration_from_next():
+    def f(x):
+        it = iter([x, x * 2])
+        outs = []
+        while True:
+            try:
+                outs.append(next(it))
+            except StopIteration:
+                break
+        return outs
+    check(f, t(3))
+
+
+def test_next_with_default():
+    def f(x):
+        it = iter([x + 1])
+        first = next(it, None)
+        second = next(it, None)
+        return first, second is None
+    check(f, t(3))
+
+
+def test_assert_passes_and_failure_caught():
+    def f(x):
+        assert x.dim() == 2, "expects a matrix"
+        try:
+            assert x.shape[0] == 7, "rows"
+            ok = True
+        except AssertionError as e:
+            ok = str(e)
+        return x.sum(0), ok
+    check(f, t(4, 3))
+
+
+def test_except_lookup_error_hierarchy():
+    def f(x, table):
+        hits = []
+        for key in ("a", 5, "c"):
+            try:
+                hits.append(table[key] if isinstance(key, str) else [1, 2][key])
+            except LookupError as e:
+                hits.append(type(e).__name__)
+        return x * 2, hits
+    check(f, t(2), {"a": 1})
+
+
+def test_raise_class_not_instance():
+    def f(x):
+        try:
+            raise KeyError
+        except KeyError as e:
+            return x + 1, e.args, type(e).__name__
+    check(f, t(2))
+
+
+def test_module_forward_with_fallback():
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(3, 3)
+            self.scales = {"train": 1.0}
+
+        def forward(self, x, mode):
+            try:
+                s = self.scales[mode]
+            except KeyError:
+                s = 0.5
+            return self.proj(x) * s
+
+    m = Head()
+
+    def f(x):
+        return m(x, "eval") + m(x, "train")
+    check(f, t(2, 3))
+
+
+def test_user_str_override():
+    def f(x):
+        try:
+            raise ShapeMismatch(3, 4)
+        except ShapeMismatch as e:
+            return x.cos(), str(e), repr(ValueError("v")), e.args
+    check(f, t(2))
+
+
+def test_exception_two_levels_deep_with_finally_log():
+    def inner(v):
+        if v.shape[0] > 2:
+            raise ValueError("too long")
+        return v
+
+    def middle(v, log):
+        try:
+            return inner(v) * 2
+        finally:
+            log.append("middle cleanup")
+
+    def f(x):
+        log = []
+        try:
+            y = middle(x, log)
+        except ValueError as e:
+            y = x[:2]
+            log.append(e.args[0])
+        return y, log
+    check(f, t(4))
+
+
+def test_zero_division_from_fold():
+    def f(x, n):
+        try:
+            r = 1 / n
+        except ZeroDivisionError:
+            r = 0.0
+        return x * r
+    check(f, t(3), 0)
+
+
+def test_retry_loop():
+    def attempt(i):
+        if i < 2:
+            raise RetryableError(f"attempt {i}")
+        return i
+
+    def f(x):
+        errors = []
+        for i in range(5):
+            try:
+                n = attempt(i)
+                break
+            except RetryableError as e:
+                errors.append(str(e))
+                continue
+        return x + n, errors
+    check(f, t(3))
+
+
+def test_exception_object_not_raised():
+    def f(x):
+        err = ValueError("bad", 3)
+        return x - 1, err.args, str(err), isinstance(err, Exception)
+    check(f, t(2))
+
+
+def test_stop_iteration_value_of_generator():
+    def gen(x):
+        yield x
+        return "done"
+
+    def f(x):
+        g = gen(x)
+        first = next(g)
+        try:
+            next(g)
+        except StopIteration as e:
+            status = e.value
+        return first * 2, status
+    check(f, t(3))
+
+
+def test_exception_from_generator_caught_by_consumer():
+    def rows(x):
+        for i in range(3):
+            if i == 2:
+                raise IndexError("row 2 missing")
+            yield x[i]
+
+    def f(x):
+        got = []
+        try:
+            for r in rows(x):
+                got.append(r * 2)
+        except IndexError as e:
+            got.append(x.sum())
+        return got
+    check(f, t(4, 3))
+
+
+def test_exception_state_restored_after_handler():
+    def f(x):
+        try:
+            raise KeyError("a")
+        except KeyError:
+            pass
+        try:
+            raise ValueError("b")
+        except ValueError as e:
+            second = e.args
+        return x + 1, second
+    check(f, t(2))
+
+
+def test_try_except_in_loop_with_tensors():
+    def f(x, ws):
+        acc = torch.zeros_like(x)
+        skipped = 0
+        for w in ws:
+            try:
+                if w is None:
+                    raise TypeError("no weight")
+                acc = acc + x * w
+            except TypeError:
+                skipped += 1
+        return acc, skipped
+    check(f, t(3), [1.0, None, 2.0, None])
+
+
+# ---------------------------------------------------------------- escaping the compiled function
+
+
+def test_escape_after_tensor_work():
+    def f(x):
+        y = x.relu() * 2
+        if y.shape[0] != 5:
+            raise ValueError(f"expected 5 rows, got {y.shape[0]}")
+        return y
+    check_program(f, make_x, graphs=1, fullgraph=False)
+
+
+def test_escape_user_exception_from_inlined_call():
+    def validate(x):
+        if x.dim() != 3:
+            raise ConfigError("ndim")
+        return x
+
+    def f(x):
+        y = x + 1
+        return validate(y)
+    check_program(f, make_x, graphs=1, fullgraph=False)
+
+
+def test_escape_key_error_from_dict():
+    def f(x):
+        table = {"relu": torch.relu, "tanh": torch.tanh}
+        return table["gelu"](x)
+    check_program(f, make_x, graphs=0)
+
+
+def test_escape_reraised_after_handler():
+    def f(x):
+        y = x * 3
+        try:
+            int("nan?")
+        except ValueError as e:
+            raise RuntimeError("parse failed") from e
+        return y
+    check_program(f, make_x, graphs=1, fullgraph=False)
+
+
+def test_escape_through_finally_runs_it_once():
+    events = []
+
+    def f(x):
+        y = x - 1
+        try:
+            raise KeyError("k")
+        finally:
+            events.append("finally")
+
+    def make():
+        events.clear()
+        return (X.clone(),), {}, lambda: list(events)
+    # The global list's append in the finally block breaks inside a handler, where
+    # sys.exc_info() cannot be restored: the frame runs eagerly (its graph is discarded).
+    check_program(f, make, graphs=1, fullgraph=False)
+    assert any("side effect" in r for r in fallback_reasons())
+
+
+def test_escape_with_printing_handler():
+    def f(x):
+        y = x.sum()
+        try:
+            raise IndexError("i")
+        except IndexError as e:
+            print("caught", type(e).__name__)
+            raise
+    # print() inside the handler: the frame runs eagerly (its graph is discarded).
+    check_program(f, make_x, graphs=1, fullgraph=False)
+    assert any("print" in r for r in fallback_reasons())
+
+
+def test_escape_after_print_before_try():
+    def f(x):
+        print("start")
+        y = x * 2
+        try:
+            raise IndexError("i")
+        except KeyError:
+            y = y + 1
+        return y
+    check_program(f, make_x, graphs=1, fullgraph=False)   # y = x * 2 in the resume function
+    assert not fallback_reasons()
+
+
+def test_fullgraph_escaping_exception_is_unsupported():
+    def f(x):
+        raise ValueError("nope")
+    compiled = bytegraph.compile(f, backend="eager", fullgraph=True)
+    with pytest.raises(bytegraph.errors.Unsupported, match="raises ValueError"):
+        compiled(t(2))
+
+
+def test_caught_exception_then_graph_continues():
+    def f(x):
+        try:
+            x = x + [1, 2][5]
+        except IndexError:
+            x = x * 2
+        return x.sin()
+    cnt, _ = check(f, t(3))
+    assert cnt.op_count == 2

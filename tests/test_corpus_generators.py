@@ -1,0 +1,536 @@
+"""Corpus: lazy generators and iterators inside the compiled function.
+
+Generators run a step at a time as they are consumed, so their effects (in-place
+tensor ops, list appends) interleave with the consumer's exactly as in eager;
+infinite generators consumed partly; ``yield from``, ``send``, return values,
+generator expressions, zip/enumerate/map/filter/islice over generators, and the
+iteration protocol of user classes (``__iter__`` generators, ``__getitem__``).
+
+PYTEST_DONT_REWRITE
+"""
+import collections.abc
+import itertools
+
+import torch
+import torch.nn as nn
+
+from helpers import check, check_program
+
+
+def t(*shape):
+    return torch.randn(*shape)
+
+
+X = torch.randn(4, 3)
+
+
+def naturals(start=0):
+    n = start
+    while True:
+        yield n
+        n += 1
+
+
+def scaled_rows(x, log):
+    for i in range(x.shape[0]):
+        log.append(f"row {i}")
+        yield x[i] * (i + 1)
+
+
+class Window(collections.abc.Sequence):
+    def __init__(self, data, start, stop):
+        self.data, self.start, self.stop = data, start, stop
+
+    def __len__(self):
+        return self.stop - self.start
+
+    def __getitem__(self, i):
+        if i < 0 or i >= len(self):
+            raise IndexError("window index out of range")
+        return self.data[self.start + i]
+
+
+class Pairs:
+    def __init__(self, items):
+        self.items = items
+
+    def __iter__(self):
+        for i in range(0, len(self.items) - 1, 2):
+            yield self.items[i], self.items[i + 1]
+
+
+class OldStyle:
+    def __init__(self, n):
+        self.n = n
+
+    def __getitem__(self, i):
+        if i >= self.n:
+            raise IndexError(i)
+        return i * 10
+
+
+def test_for_loop_over_generator():
+    def f(x):
+        out = torch.zeros(3)
+        for row in scaled_rows(x, []):
+            out = out + row
+        return out
+    check(f, t(4, 3))
+
+
+def test_in_place_effects_interleave():
+    def bump(x):
+        for i in range(3):
+            x.add_(1)
+            yield x * 1
+
+    def f(x):
+        seen = []
+        for y in bump(x):
+            seen.append(y + x)
+            x.mul_(2)
+        return seen
+    check(f, t(3))
+
+
+def test_log_interleaves_with_consumer():
+    def f(x):
+        log = []
+        total = 0
+        for r in scaled_rows(x, log):
+            log.append("consume")
+            total = total + r.sum()
+        return total, log
+    check(f, t(3, 2))
+
+
+def test_infinite_generator_islice():
+    def f(x):
+        return [x * n for n in itertools.islice(naturals(1), 3)]
+    check(f, t(2))
+
+
+def test_infinite_generator_islice_start_step():
+    def f(x):
+        return [x + n for n in itertools.islice(naturals(), 2, 9, 3)]
+    check(f, t(2))
+
+
+def test_zip_infinite_with_finite_list():
+    def f(x, ws):
+        return [x * w + i for i, w in zip(naturals(), ws)]
+    check(f, t(3), [0.5, 2.0, -1.0])
+
+
+def test_zip_order_consumes_one_extra():
+    def f(x):
+        gen = naturals()
+        pairs = list(zip(gen, [10, 20]))
+        after = next(gen)        # zip pulled 2 from the generator before seeing the list end
+        return x + after, pairs
+    check(f, t(2))
+
+
+def test_next_twice():
+    def f(x):
+        g = naturals(5)
+        a = next(g)
+        b = next(g)
+        return x * a + b
+    check(f, t(3))
+
+
+def test_generator_expression_sum():
+    def f(x, ws):
+        return sum(w * x for w in ws)
+    check(f, t(3), [1.0, 2.0, 3.0])
+
+
+def test_generator_expression_tuple_and_list():
+    def f(x):
+        return tuple(x[i] * 2 for i in range(2)), list(x.sum() + j for j in (1, 2))
+    check(f, t(3, 2))
+
+
+def test_any_short_circuits():
+    def f(x):
+        log = []
+
+        def checks():
+            for name in ("nan", "inf", "neg", "big"):
+                log.append(name)
+                yield name == "neg"
+        found = any(checks())
+        return x * 2 if found else x, log
+    check(f, t(3))
+
+
+def test_all_short_circuits():
+    def f(x, limits):
+        log = []
+
+        def within():
+            for lim in limits:
+                log.append(lim)
+                yield lim < 5
+        return x + int(all(within())), log
+    check(f, t(3), [1, 7, 2])
+
+
+def test_yield_from_list_and_generator():
+    def inner(x):
+        yield x + 1
+        yield x + 2
+        return "inner done"
+
+    def outer(x):
+        yield from [x * 0]
+        status = yield from inner(x)
+        yield x * len(status)
+
+    def f(x):
+        return list(outer(x))
+    check(f, t(3))
+
+
+def test_send_running_average():
+    def averager():
+        total, count, avg = 0.0, 0, None
+        while True:
+            value = yield avg
+            total += value
+            count += 1
+            avg = total / count
+
+    def f(x):
+        g = averager()
+        next(g)
+        g.send(2.0)
+        avg = g.send(4.0)
+        return x * avg
+    check(f, t(3))
+
+
+def test_return_value_via_stop_iteration():
+    def steps(x):
+        y = x
+        for _ in range(2):
+            y = y * 2
+            yield y
+        return y.sum()
+
+    def f(x):
+        g = steps(x)
+        outs = []
+        while True:
+            try:
+                outs.append(next(g))
+            except StopIteration as stop:
+                outs.append(stop.value)
+                break
+        return outs
+    check(f, t(3))
+
+
+def test_enumerate_generator():
+    def f(x):
+        return [r * i for i, r in enumerate(scaled_rows(x, []), start=1)]
+    check(f, t(3, 2))
+
+
+def test_map_and_filter_over_generator():
+    def f(x):
+        doubled = map(lambda r: r * 2, scaled_rows(x, []))
+        kept = filter(lambda n: n % 2 == 0, itertools.islice(naturals(), 6))
+        return list(doubled), list(kept)
+    check(f, t(3, 2))
+
+
+def test_module_stages_generator():
+    class Stack(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([nn.Linear(4, 4) for _ in range(3)])
+
+        def stages(self, x):
+            for layer in self.layers:
+                x = torch.relu(layer(x))
+                yield x
+
+        def forward(self, x):
+            feats = []
+            for h in self.stages(x):
+                feats.append(h.mean(-1))
+            return torch.stack(feats, 0)
+
+    m = Stack()
+    check(m, t(2, 4))
+
+
+def test_generator_try_finally_fully_consumed():
+    def guarded(x, log):
+        try:
+            yield x + 1
+            yield x + 2
+        finally:
+            log.append("closed")
+
+    def f(x):
+        log = []
+        out = [y * 2 for y in guarded(x, log)]
+        return out, log
+    check(f, t(2))
+
+
+def test_generator_error_then_exhausted():
+    def flaky(x):
+        yield x
+        raise ValueError("broken source")
+
+    def f(x):
+        g = flaky(x)
+        got = [next(g) * 2]
+        try:
+            next(g)
+        except ValueError as e:
+            got.append(str(e))
+        got.append(next(g, "exhausted"))
+        return got
+    check(f, t(2))
+
+
+def test_generator_closure_over_local():
+    def f(x):
+        scale = 3
+
+        def gen():
+            for i in range(2):
+                yield x * scale + i
+        return list(gen())
+    check(f, t(3))
+
+
+def test_pipeline_of_generators():
+    def source(x):
+        for i in range(x.shape[0]):
+            yield x[i]
+
+    def normalize(rows):
+        for r in rows:
+            yield r / (r.norm() + 1e-6)
+
+    def pairwise(rows):
+        prev = None
+        for r in rows:
+            if prev is not None:
+                yield (prev * r).sum()
+            prev = r
+
+    def f(x):
+        return torch.stack(list(pairwise(normalize(source(x)))))
+    check(f, t(4, 3))
+
+
+def test_dict_from_zip_with_generator():
+    def f(x):
+        names = ["a", "b", "c"]
+        feats = dict(zip(names, (x * i for i in naturals())))
+        return feats["c"] - feats["a"]
+    check(f, t(3))
+
+
+def test_sorted_and_max_of_generator():
+    def f(x, sizes):
+        return x * max(s * 2 for s in sizes), sorted(-s for s in sizes)
+    check(f, t(2), [3, 1, 2])
+
+
+def test_unpack_generator():
+    def two(x):
+        yield x.sin()
+        yield x.cos()
+
+    def f(x):
+        a, b = two(x)
+        return a * a + b * b
+    check(f, t(3))
+
+
+def test_partial_consumption_with_break():
+    def f(x):
+        out = []
+        for n in naturals():
+            if n >= 3:
+                break
+            out.append(x ** n)
+        return out
+    check(f, t(3))
+
+
+def test_sequence_subclass_iteration():
+    def f(x, data):
+        w = Window(data, 1, 3)
+        return [x * v for v in w], len(w)
+    check(f, t(2), [1.0, 2.0, 3.0, 4.0])
+
+
+def test_pre_existing_sequence_object():
+    win = Window([0.5, 1.5, 2.5], 0, 3)
+
+    def f(x):
+        return sum(x * v for v in win)
+    check(f, t(3))
+
+
+def test_class_iter_generator_method():
+    def f(x):
+        acc = x * 0
+        for a, b in Pairs([1, 2, 3, 4, 5]):
+            acc = acc + x * a - b
+        return acc
+    check(f, t(3))
+
+
+def test_old_style_getitem_iteration():
+    def f(x):
+        return [x + v for v in OldStyle(3)]
+    check(f, t(2))
+
+
+def test_count_with_zip():
+    def f(x, names):
+        return {name: x * k for k, name in zip(itertools.count(10, 5), names)}
+    check(f, t(2), ["q", "k", "v"])
+
+
+def test_stop_iteration_inside_generator_becomes_runtime_error():
+    def bad():
+        yield 1
+        raise StopIteration("leaked")
+
+    def f(x):
+        try:
+            list(bad())
+        except RuntimeError as e:
+            return x + 1, str(e), type(e.__cause__).__name__
+    check(f, t(2))
+
+
+def test_send_to_just_started_generator():
+    def f(x):
+        g = naturals()
+        try:
+            g.send(3)
+        except TypeError as e:
+            msg = str(e)
+        return x + next(g), msg
+    check(f, t(2))
+
+
+def test_nested_generator_expressions():
+    def f(xs, ws):
+        return sum(sum(w * x for w in ws) for x in xs)
+    check(f, [t(2), t(2)], [0.5, 1.5])
+
+
+def test_torch_cat_of_generator_items():
+    def f(x):
+        return torch.cat([r.unsqueeze(0) * 2 for r in scaled_rows(x, [])], 0)
+    check(f, t(3, 2))
+
+
+def test_str_join_of_generator():
+    def f(x, names):
+        return x * len(names), "-".join(n.upper() for n in names)
+    check(f, t(2), ["a", "bc"])
+
+
+def test_generator_with_prints_matches_eager():
+    def noisy(x):
+        for i in range(2):
+            print("produce", i)
+            yield x + i
+
+    def f(x):
+        outs = []
+        for y in noisy(x):
+            print("consume")
+            outs.append(y * 2)
+        return outs
+    check_program(f, lambda: ((X.clone(),), {}, None), graphs=0, fullgraph=False)
+
+
+def test_generator_left_suspended_in_try_runs_eagerly():
+    log = []
+
+    def guarded():
+        try:
+            yield 1
+            yield 2
+        finally:
+            log.append("closed")
+
+    def f(x):
+        g = guarded()
+        first = next(g)
+        return x * first
+
+    def make():
+        log.clear()
+        return (X.clone(),), {}, lambda: list(log)
+    # The trace refuses to leave the generator suspended inside try: the frame breaks where
+    # it is made, the generator runs natively (and is closed natively), x * first is traced.
+    check_program(f, make, graphs=1, fullgraph=False)
+    from bytegraph.debug import records
+    assert not [r for r in records.frames if r.fallback_reason]
+
+
+def test_generator_suspended_in_except_keeps_its_own_exception():
+    def recover():
+        try:
+            raise KeyError("inside")
+        except KeyError as e:
+            yield str(e)
+            yield "still handling"
+
+    def f(x):
+        g = recover()
+        first = next(g)
+        try:
+            try:
+                raise ValueError("consumer")
+            except ValueError:
+                second = next(g)
+                raise       # the consumer's exception, not the generator's KeyError
+        except LookupError:
+            which = "generator's"
+        except ValueError as again:
+            which = str(again)
+        rest = list(g)
+        return x + len(first), second, which, rest
+    check(f, t(2))
+
+
+def test_unfinished_generator_dropped_at_break_runs_eagerly():
+    closed = []
+
+    def guarded():
+        try:
+            yield 1
+            yield 2
+        finally:
+            closed.append("closed")
+
+    def f(x):
+        g = guarded()
+        first = next(g)
+        print("between")
+        return x * first
+
+    def make():
+        closed.clear()
+        return (X.clone(),), {}, lambda: list(closed)
+    check_program(f, make, graphs=0, fullgraph=False)
+    from bytegraph.debug import records
+    # The break at print() cannot drop the suspended generator: the frame runs eagerly.
+    assert [r.fallback_reason for r in records.frames if r.fallback_reason]
