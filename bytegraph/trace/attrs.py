@@ -107,6 +107,8 @@ def _real_from_source(frame, v):
 
 
 def _constant_attr(v, name):
+    if isinstance(v.value, set) and hasattr(set, name):
+        return MethodOfValue(v, name)   # trace/containers.py: sets are changed in place
     try:
         out = getattr(v.value, name)
     except AttributeError:

@@ -114,8 +114,7 @@ def binary(frame, op, a, b):
 def _sequence_op(frame, op, a, b):
     if op in ("+", "+="):
         if isinstance(a, ListValue) and isinstance(b, (ListValue, TupleValue)) and op == "+=":
-            if a.source is not None:
-                raise Unsupported("+= on an existing list (a side effect) is not supported yet")
+            frame.tx.mark_mutated(a, "+= on")
             a.items.extend(b.items)
             return a
         if type(a) is type(b) and isinstance(a, ListValue):
@@ -342,10 +341,15 @@ def setitem(frame, obj, index, value):
     if isinstance(obj, TensorValue):
         graph_op(frame, operator.setitem, [obj, index, value])
         return
-    if obj.source is None and isinstance(obj, ListValue):
-        obj.items[as_constant(index)] = value
+    if isinstance(obj, ListValue):
+        i = as_constant(index)
+        if isinstance(i, slice) or not -len(obj.items) <= i < len(obj.items):
+            raise Unsupported("list item assignment with a slice or an index out of range is not supported yet")
+        frame.tx.mark_mutated(obj, "item assignment on")
+        obj.items[i] = value
         return
-    if obj.source is None and isinstance(obj, DictValue):
+    if isinstance(obj, DictValue):
+        frame.tx.mark_mutated(obj, "item assignment on")
         obj.items[key_of(index)] = value
         return
     raise Unsupported(f"item assignment on {attrs.describe(obj)} (a side effect on an existing object) "
@@ -353,8 +357,13 @@ def setitem(frame, obj, index, value):
 
 
 def delitem(frame, obj, index):
-    if obj.source is None and isinstance(obj, (ListValue, DictValue)):
+    if isinstance(obj, (ListValue, DictValue)):
         k = as_constant(index) if isinstance(obj, ListValue) else key_of(index)
+        try:
+            obj.items[k]
+        except (KeyError, IndexError, TypeError) as e:
+            raise Unsupported(f"del raised {type(e).__name__}: {e}") from e
+        frame.tx.mark_mutated(obj, "del on")
         del obj.items[k]
         return
     raise Unsupported(f"del on {attrs.describe(obj)} is not supported yet")

@@ -106,12 +106,19 @@ def _wrap(tx, obj, source):
     if t is list:
         _guard(tx, g.TYPE_MATCH, source, t)
         _guard(tx, g.LENGTH_MATCH, source, len(obj))
-        return ListValue([wrap(tx, x, _item(source, i)) for i, x in enumerate(obj)], source)
+        return _existing(tx, ListValue([wrap(tx, x, _item(source, i)) for i, x in enumerate(obj)], source))
     if t is dict or (isinstance(obj, dict) and t.__module__ == "collections"):
         if all(isinstance(k, (str, int)) for k in obj):
             _guard(tx, g.TYPE_MATCH, source, t)
             _guard(tx, g.DICT_KEYS, source, list(obj))
-            return DictValue({k: wrap(tx, v, _item(source, k)) for k, v in obj.items()}, source, cls=t)
+            return _existing(tx, DictValue({k: wrap(tx, v, _item(source, k)) for k, v in obj.items()},
+                                           source, cls=t))
+    if t is set and all(type(x) in CONSTANT_TYPES for x in obj):
+        # A set of constants is a constant the trace may change (a copy; the guard keeps a
+        # snapshot of the contents seen here).
+        snapshot = set(obj)
+        return _existing(tx, ConstantValue(set(obj), source, pending_guard=lambda: _guard(
+            tx, g.CONSTANT_MATCH, source, snapshot)))
     if t is types.FunctionType and source is not None and "<locals>" in obj.__qualname__:
         # A nested function is made anew by each call of the function that makes it: guard
         # its code; its cells and defaults are read through sources (and guarded) when used.
@@ -133,6 +140,12 @@ def _wrap(tx, obj, source):
     # Other user objects: the type is fixed; attributes get guards as they are read.
     _guard(tx, g.TYPE_MATCH, source, t)
     return ObjectValue(obj, source)
+
+
+def _existing(tx, value):
+    """Remember that ``value`` stands for a real container: changing it is a side effect."""
+    tx.existing_containers[id(value)] = value
+    return value
 
 
 def _compiled_original(obj):
