@@ -4,7 +4,11 @@ It is generated Python source with a ``linecache`` entry, so tracebacks,
 ``inspect.getsource`` and ``pdb`` show real lines.
 """
 import linecache
+import operator
 
+import torch
+
+from ..guards import builder as g
 from ..errors import Unsupported
 from ..guards.sources import AttrSource, ClosureSource
 from ..testing import count_ops
@@ -21,11 +25,37 @@ def finish_graph(tx, ns, live_values, compile_graph):
     """
     exprs, outputs = graph_value_exprs(ns, tensors_in(live_values, []), tx.graph.inputs, tx.graph.state_root)
     gm = tx.graph.output(outputs)
+    guard_input_aliasing(tx, gm)
     if count_ops(gm) == 0:
         return [], exprs, None
     ns.ns["__compiled_fn"] = compile_graph(gm, tx.graph.example_inputs())
     args = ", ".join(ns.source(i.source) for i in tx.graph.inputs)
     return [f"__out = __compiled_fn({args})"], exprs, gm
+
+
+def guard_input_aliasing(tx, gm):
+    """A graph that mutates tensors was traced for one aliasing of its tensor inputs (the same
+    tensor twice, views of one storage, or none): guard that later calls alias them the same way,
+    as a backend that functionalizes the graph (AOTAutograd) relies on it."""
+    if not any(_mutates(node) for node in gm.graph.nodes):
+        return
+    tensors = [i for i in tx.graph.inputs if isinstance(i.example, torch.Tensor)]
+    for i, a in enumerate(tensors):
+        for b in tensors[i + 1:]:
+            shared = a.example.untyped_storage().data_ptr() == b.example.untyped_storage().data_ptr()
+            tx.guards.add(g.STORAGE_SHARED, a.source, (b.source, shared), detail=b.source.name())
+
+
+def _mutates(node):
+    if node.op not in ("call_function", "call_method"):
+        return False
+    if "out" in node.kwargs:
+        return True
+    target = node.target
+    if target is operator.setitem:
+        return True
+    name = target if isinstance(target, str) else getattr(target, "__name__", "")
+    return name.endswith("_") and not name.endswith("__")
 
 
 def emit(name, params, body, ns):

@@ -28,6 +28,7 @@ TENSOR_MATCH = "TENSOR_MATCH"
 ALIAS = "ALIAS"   # two sources named the same object when traced
 SHAPE_ENV = "SHAPE_ENV"   # relations between symbolic sizes (expected: graph.shapes.Shapes)
 NO_HOOKS = "NO_HOOKS"   # an nn.Module called while tracing had no forward hooks
+STORAGE_SHARED = "STORAGE_SHARED"   # two tensor inputs of a graph that mutates: share storage or not
 
 
 class TensorMeta:
@@ -73,6 +74,8 @@ class Guard:
             return f"{self.detail}: {self.expected[1]!r}"
         if self.kind == ALIAS:
             return f"{where}: is {self.expected.name()}"
+        if self.kind == STORAGE_SHARED:
+            return f"{where}: {'shares' if self.expected[1] else 'shares no'} storage with {self.expected[0].name()}"
         return f"{where}: {self.kind} {self.expected!r}"
 
 
@@ -196,6 +199,14 @@ class _Emitter:
             other = self.render(g.expected)
             return [(f"{e} is {other}",
                      f"f'{who} and {g.expected.name()} were the same object when compiled, now they differ'")]
+        if g.kind == STORAGE_SHARED:
+            other_source, shared = g.expected
+            other = self.render(other_source)
+            same = f"{e}.untyped_storage().data_ptr() == {other}.untyped_storage().data_ptr()"
+            relation = "shared" if shared else "did not share"
+            return [(f"({same}) is {shared}",
+                     f"f'{who} and {other_source.name()} {relation} storage when compiled (the graph mutates "
+                     f"inputs), now they differ'")]
         if g.kind == NO_HOOKS:
             return [(f"not ({e}._forward_hooks or {e}._forward_pre_hooks)",
                      f"f'{who} has forward hooks now; they were not traced'")]

@@ -319,6 +319,11 @@ def _replayable_store(obj, name, value):
     if isinstance(obj, (type, types.ModuleType, types.FunctionType)):
         return False
     if isinstance(obj, torch.nn.Module):
+        if isinstance(value, TensorValue) and name in obj.__dict__.get("_buffers", ()):
+            # A new tensor for an existing buffer (nn.Module.__setattr__ puts it in _buffers).
+            from ..values.builder import note_reassigned_buffer
+            note_reassigned_buffer(obj, name)
+            return True
         # Stores that register parameters, buffers or submodules change the module's structure.
         if isinstance(value, (ObjectValue, TensorValue)) or any(
                 name in obj.__dict__.get(t, ()) for t in ("_parameters", "_buffers", "_modules")):

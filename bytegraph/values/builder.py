@@ -8,6 +8,7 @@ function's or module's identity, a container's length or keys.
 """
 import functools
 import types
+import weakref
 
 import torch
 
@@ -165,8 +166,24 @@ def _item(source, index):
     return ItemSource(source, index) if source is not None else None
 
 
+# nn.Module -> names of buffers that traced code assigned a new tensor to. Such a buffer is
+# a different object on every call, so it is read as a graph input (guarded by its
+# metadata) rather than through get_attr (guarded by identity).
+_reassigned_buffers = weakref.WeakKeyDictionary()
+
+
+def note_reassigned_buffer(module, name):
+    _reassigned_buffers.setdefault(module, set()).add(name)
+
+
+def _buffer_reassigned(tensor, source):
+    return any(source.key in names and m._buffers.get(source.key) is tensor
+               for m, names in list(_reassigned_buffers.items()))
+
+
 def _wrap_tensor(tx, tensor, source):
-    if isinstance(source, ModuleEntrySource) and source.table in ("_parameters", "_buffers"):
+    if isinstance(source, ModuleEntrySource) and source.table in ("_parameters", "_buffers") \
+            and not (source.table == "_buffers" and _buffer_reassigned(tensor, source)):
         # Module state is reached through get_attr; its identity is what we rely on.
         _guard(tx, g.ID_MATCH, source, tensor)
         return tx.graph.add_module_state(tensor, source, is_parameter=source.table == "_parameters")
