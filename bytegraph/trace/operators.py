@@ -113,9 +113,11 @@ def binary(frame, op, a, b):
 
 def _sequence_op(frame, op, a, b):
     if op in ("+", "+="):
-        if isinstance(a, ListValue) and isinstance(b, (ListValue, TupleValue)) and op == "+=":
+        if isinstance(a, ListValue) and op == "+=":
+            from .iteration import iterate
+            items = iterate(frame, b)
             frame.tx.mark_mutated(a, "+= on")
-            a.items.extend(b.items)
+            a.items.extend(items)
             return a
         if type(a) is type(b) and isinstance(a, ListValue):
             return ListValue(a.items + b.items)
