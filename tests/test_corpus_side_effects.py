@@ -686,3 +686,40 @@ def test_check_still_compares_mutated_inputs():
         xs[0] = 5
         return x
     check(f, [1, 2], t(2))
+
+
+def test_different_lists_then_same_list_recompiles():
+    cnt = CompileCounter()
+    compiled = bytegraph.compile(same_list_twice, backend=cnt)
+    x = t(2)
+    a, b = [1], [1]
+    assert same(compiled(a, b, x), x + 1)
+    shared = [1]
+    assert same(compiled(shared, shared, x), x + 2)
+    assert shared == [1, x] and cnt.frame_count == 2
+
+
+def test_generator_changing_outside_state_is_not_reordered():
+    def gen(xs):
+        for i in range(3):
+            xs.append(i)
+            yield i
+
+    def f(xs, x):
+        seen = []
+        for i in gen(xs):
+            seen.append(len(xs))
+        return x * sum(seen)
+    check_program(f, args_only(lambda: [], lambda: t(2)), graphs=1, fullgraph=False)
+
+
+def test_set_made_in_the_function_is_new_on_every_call():
+    def f(x):
+        s = {1, 2}
+        s.add(3)
+        return s, x + len(s)
+    compiled = bytegraph.compile(f, backend=CompileCounter(), fullgraph=True)
+    first, _ = compiled(t(2))
+    first.add(99)
+    second, _ = compiled(t(2))
+    assert second == {1, 2, 3}

@@ -105,6 +105,8 @@ class Rebuilder:
             c = v.value
             if c is None or isinstance(c, (bool, str)) or type(c) is int:
                 return repr(c)
+            if type(c) is set:
+                return self.temp(f"set({self.ns.ref(c)})")   # a new set on every call, as in eager
             return self.ns.ref(c)
         if isinstance(v, ObjectValue):
             return self.ns.source(v.source) if v.source is not None else self.ns.ref(v.obj, "obj")

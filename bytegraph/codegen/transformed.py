@@ -26,6 +26,7 @@ def finish_graph(tx, ns, live_values, compile_graph):
     exprs, outputs = graph_value_exprs(ns, tensors_in(live_values, []), tx.graph.inputs, tx.graph.state_root)
     gm = tx.graph.output(outputs)
     guard_input_aliasing(tx, gm)
+    guard_container_aliasing(tx)
     if count_ops(gm) == 0:
         return [], exprs, None
     ns.ns["__compiled_fn"] = compile_graph(gm, tx.graph.example_inputs())
@@ -44,6 +45,15 @@ def guard_input_aliasing(tx, gm):
         for b in tensors[i + 1:]:
             shared = a.example.untyped_storage().data_ptr() == b.example.untyped_storage().data_ptr()
             tx.guards.add(g.STORAGE_SHARED, a.source, (b.source, shared), detail=b.source.name())
+
+
+def guard_container_aliasing(tx):
+    """A container the trace changed was distinct from every other container it read: guard
+    that later calls do not pass the same list (say) through two sources."""
+    for m in tx.mutated.values():
+        for other in tx.existing_containers.values():
+            if other is not m and other.source is not None and other.python_type() is m.python_type():
+                tx.guards.add(g.NOT_ALIAS, m.source, other.source, detail=other.source.name())
 
 
 def _mutates(node):

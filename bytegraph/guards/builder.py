@@ -28,6 +28,7 @@ TENSOR_MATCH = "TENSOR_MATCH"
 ALIAS = "ALIAS"   # two sources named the same object when traced
 SHAPE_ENV = "SHAPE_ENV"   # relations between symbolic sizes (expected: graph.shapes.Shapes)
 NO_HOOKS = "NO_HOOKS"   # an nn.Module called while tracing had no forward hooks
+NOT_ALIAS = "NOT_ALIAS"   # two sources named different objects when traced (one of them is mutated)
 STORAGE_SHARED = "STORAGE_SHARED"   # two tensor inputs of a graph that mutates: share storage or not
 
 
@@ -74,6 +75,8 @@ class Guard:
             return f"{self.detail}: {self.expected[1]!r}"
         if self.kind == ALIAS:
             return f"{where}: is {self.expected.name()}"
+        if self.kind == NOT_ALIAS:
+            return f"{where}: is not {self.expected.name()}"
         if self.kind == STORAGE_SHARED:
             return f"{where}: {'shares' if self.expected[1] else 'shares no'} storage with {self.expected[0].name()}"
         return f"{where}: {self.kind} {self.expected!r}"
@@ -199,6 +202,10 @@ class _Emitter:
             other = self.render(g.expected)
             return [(f"{e} is {other}",
                      f"f'{who} and {g.expected.name()} were the same object when compiled, now they differ'")]
+        if g.kind == NOT_ALIAS:
+            other = self.render(g.expected)
+            return [(f"{e} is not {other}",
+                     f"f'{who} and {g.expected.name()} were different objects when compiled, now they are the same'")]
         if g.kind == STORAGE_SHARED:
             other_source, shared = g.expected
             other = self.render(other_source)

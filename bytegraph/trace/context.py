@@ -30,6 +30,7 @@ class TraceContext:
         self.existing_containers = {}  # id(value) -> value: containers wrapped from real objects
         self.global_stores = {}        # (id(globals dict), name) -> (target source, value or DELETED)
         self.cell_stores = {}          # id(real cell) -> (RealCell, value)
+        self.effects_recorded = 0      # changes to state outside the trace so far (all kinds above but attrs)
         import torch
         self.entry_grad_mode = torch.is_grad_enabled()
 
@@ -42,6 +43,7 @@ class TraceContext:
         """``value`` is changed in place by the trace; a real container is updated after the graph."""
         if value.source is not None:
             self.mutated.setdefault(id(value), value)
+            self.effects_recorded += 1
         elif id(value) in self.existing_containers:
             from ..errors import Unsupported
             raise Unsupported(f"{what} a {value.python_type().__name__} that exists outside the compiled "

@@ -169,7 +169,11 @@ def inline_call(parent, code, fn_globals, name, defaults, kwdefaults, closure, a
         # Generators run to completion at once; their items become an iterator value.
         # Only the order of side effects could tell the difference, and those are refused.
         frame.yielded = []
+        effects = tx.effects_recorded
         frame.run()
+        if tx.effects_recorded != effects:
+            raise Unsupported(f"generator {name}() changes state that exists outside the compiled function; "
+                              "running it to completion would reorder those changes")
         return IteratorValue(frame.yielded)
     return frame.run()
 

@@ -116,6 +116,7 @@ def store_global(f, ins):
         value = DELETED
     f.tx.global_stores.pop(key, None)   # keep program order: the latest store goes last
     f.tx.global_stores[key] = (source, value)
+    f.tx.effects_recorded += 1
 
 
 @handler("STORE_NAME")
@@ -165,6 +166,7 @@ def store_deref(f, ins):
         # A real cell of a function that exists outside the trace: set after the graph.
         f.tx.cell_stores.pop(id(cell.cell), None)
         f.tx.cell_stores[id(cell.cell)] = (cell, v)
+        f.tx.effects_recorded += 1
 
 
 @handler("LOAD_ATTR")
