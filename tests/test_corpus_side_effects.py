@@ -723,3 +723,62 @@ def test_set_made_in_the_function_is_new_on_every_call():
     first.add(99)
     second, _ = compiled(t(2))
     assert second == {1, 2, 3}
+
+
+def test_list_changed_inside_loop_over_it():
+    def f(xs, x):
+        for v in xs:
+            if v < 3:
+                xs.append(v + 3)
+        return x * len(xs)
+    # The loop breaks the graph where the list changes; the loop then runs natively.
+    check_program(f, args_only(lambda: [1, 2], lambda: t(2)), graphs=2, fullgraph=False)
+
+
+def test_delete_global_made_in_the_same_call():
+    def f(x):
+        global temporary
+        temporary = x * 2
+        y = temporary + 1
+        del temporary
+        return y
+
+    def make():
+        globals().pop("temporary", None)
+        return (t(2),), {}, lambda: "temporary" in globals()
+    check_program(f, make)
+
+
+class Cache(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.last = None
+        self.steps = 0
+
+    def forward(self, x):
+        prev = self.last if self.last is not None else torch.zeros_like(x)
+        self.last = x + prev
+        self.steps += 1
+        return self.last * 2
+
+
+def test_module_plain_tensor_attribute():
+    m = Cache()
+
+    def make():
+        m.last = torch.ones(2)
+        m.steps = 0
+        return (t(2),), {}, lambda: (m.last, m.steps)
+    check_program(m, make)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_view_of_input_mutated_backends(backend):
+    def f(x):
+        x[1:].mul_(3)
+        x.view(-1)[0] = 7.0
+        return x.sum()
+    xe, xc = t(3, 2), t(3, 2)
+    expected = f(xe)
+    actual = bytegraph.compile(f, backend=backend, fullgraph=True)(xc)
+    assert same(expected, actual) and same(xe, xc)

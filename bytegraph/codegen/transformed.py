@@ -10,7 +10,7 @@ import torch
 
 from ..guards import builder as g
 from ..errors import Unsupported
-from ..guards.sources import AttrSource, ClosureSource
+from ..guards.sources import AttrSource, ClosureSource, GlobalSource
 from ..testing import count_ops
 from ..trace.context import DELETED
 from ..values.base import ConstantValue, DictValue, ListValue
@@ -127,8 +127,15 @@ def replay_side_effects(tx, rb, live=()):
     for obj, name, value in tx.attr_stores.values():
         lines.append(f"{rb.expr(obj)}.{name} = {rb.expr(value)}")
     for source, value in tx.global_stores.values():
-        target = ns.source(source)
-        lines.append(f"del {target}" if value is DELETED else f"{target} = {rb.expr(value)}")
+        if value is DELETED:
+            # The trace checked that the name exists (it may have been made by this trace).
+            if isinstance(source, GlobalSource):
+                table, key = "G", source.global_name
+            else:
+                table, key = ns.source(source.base), source.index
+            lines.append(f"{table}.pop({key!r}, None)")
+        else:
+            lines.append(f"{ns.source(source)} = {rb.expr(value)}")
     for key, (_, value) in tx.cell_stores.items():
         lines.append(f"{cells[key]}.cell_contents = {rb.expr(value)}")
     return lines

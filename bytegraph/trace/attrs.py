@@ -324,6 +324,9 @@ def _replayable_store(obj, name, value):
             from ..values.builder import note_reassigned_buffer
             note_reassigned_buffer(obj, name)
             return True
+        if isinstance(value, TensorValue) and not any(
+                name in obj.__dict__.get(t, ()) for t in ("_parameters", "_buffers", "_modules")):
+            return True   # a plain tensor attribute
         # Stores that register parameters, buffers or submodules change the module's structure.
         if isinstance(value, (ObjectValue, TensorValue)) or any(
                 name in obj.__dict__.get(t, ()) for t in ("_parameters", "_buffers", "_modules")):

@@ -556,7 +556,10 @@ def jump_if_true_or_pop(f, ins):
 @handler("GET_ITER")
 def get_iter(f, ins):
     v = f.pop()
-    f.push(v if isinstance(v, IteratorValue) else IteratorValue(iterate(f, v)))
+    if isinstance(v, IteratorValue):
+        f.push(v)
+    else:
+        f.push(IteratorValue(iterate(f, v), origin=v if isinstance(v, (ListValue, DictValue)) else None))
 
 
 @handler("FOR_ITER")
@@ -564,12 +567,21 @@ def for_iter(f, ins):
     it = f.stack[-1]
     if not isinstance(it, IteratorValue):
         raise Unsupported(f"iterating over {attrs.describe(it)} is not supported yet")
+    if it.origin is not None and not _same_items(it.origin.items, it.origin_items):
+        raise Unsupported(f"the {it.origin.python_type().__name__} a for-loop iterates over was changed "
+                          "inside the loop; this is not supported")
     if it.pos < len(it.items):
         f.push(it.items[it.pos])
         it.pos += 1
     else:
         f.pop()
         f.jump(ins)
+
+
+def _same_items(now, then):
+    if isinstance(now, dict):
+        return list(now) == list(then)
+    return len(now) == len(then) and all(a is b for a, b in zip(now, then))
 
 
 @handler("RETURN_VALUE")
