@@ -782,3 +782,18 @@ def test_view_of_input_mutated_backends(backend):
     expected = f(xe)
     actual = bytegraph.compile(f, backend=backend, fullgraph=True)(xc)
     assert same(expected, actual) and same(xe, xc)
+
+
+def inplace_operators_on_containers(xs, d, s, x):
+    xs *= 2
+    d |= {"b": 2}
+    s |= {7}
+    s -= {1}
+    ys = xs
+    ys += [x]
+    return x * len(xs) + len(d) + len(s)
+
+
+def test_inplace_operators_change_the_container():
+    check_program(inplace_operators_on_containers,
+                  args_only(lambda: [1, 2], lambda: {"a": 1}, lambda: {1, 2}, lambda: t(2)))

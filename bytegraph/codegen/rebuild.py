@@ -82,7 +82,8 @@ class Rebuilder:
         if isinstance(v, PendingLocal):
             return self.ns.source(v.source)
         out = self.expr(v)
-        if not (out.startswith("__v") and out.isidentifier()) and not _is_literal(out):
+        # A plain name (a temp, a local, a namespace reference) cannot change under an effect.
+        if not out.isidentifier() and not _is_literal(out):
             out = self.temp(out)
             self._done[id(v)] = out
         return out

@@ -175,3 +175,30 @@ def _set_method(frame, s, name, args, kwargs):
         others = [{operators.as_constant(x) for x in iterate(frame, a)} for a in args]
         return operators.constant_value(getattr(target, name)(*others))
     raise Unsupported(f"set.{name}() is not supported yet")
+
+
+_SET_INPLACE = {"|=": "update", "&=": "intersection_update", "-=": "difference_update",
+                "^=": "symmetric_difference_update"}
+
+
+def inplace_operator(frame, op, a, b):
+    """``a op= b`` that changes the container ``a`` itself (as CPython does), or None."""
+    if isinstance(a, ListValue) and op == "+=":
+        items = iterate(frame, b)
+        frame.tx.mark_mutated(a, "+= on")
+        a.items.extend(items)
+        return a
+    if isinstance(a, ListValue) and op == "*=":
+        n = operators.as_constant(b)
+        if not isinstance(n, int):
+            return None
+        frame.tx.mark_mutated(a, "*= on")
+        a.items *= n
+        return a
+    if isinstance(a, DictValue) and op == "|=":
+        call_method(frame, a, "update", [b], {})
+        return a
+    if isinstance(a, ConstantValue) and type(a.value) is set and op in _SET_INPLACE:
+        call_method(frame, a, _SET_INPLACE[op], [b], {})
+        return a
+    return None

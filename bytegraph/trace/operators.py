@@ -97,6 +97,11 @@ def graph_op(frame, fn, args, kwargs=None):
 
 def binary(frame, op, a, b):
     fn = BINARY[op]
+    if op.endswith("=") and isinstance(a, (ListValue, DictValue, ConstantValue)):
+        from .containers import inplace_operator
+        changed = inplace_operator(frame, op, a, b)
+        if changed is not None:
+            return changed
     if isinstance(a, TensorValue) or isinstance(b, TensorValue):
         if op.endswith("=") and not isinstance(a, TensorValue):
             # `n += tensor` with a Python number on the left is just `n + tensor`.
