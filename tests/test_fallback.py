@@ -44,8 +44,13 @@ def uses_item(x):
 
 
 def mutates_input_list(xs, x):
-    xs.append(x * 2)  # <-- unsupported
+    xs.append(x * 2)
     return x + len(xs)
+
+
+def sorts_with_key(xs, x):
+    xs.sort(key=abs)  # <-- unsupported
+    return x + xs[0]
 
 
 def _helper_that_prints(y):
@@ -62,7 +67,7 @@ CASES = {
     "tensor_branch_pos": (branches_on_tensor_value, lambda: (torch.ones(3),)),
     "tensor_branch_neg": (branches_on_tensor_value, lambda: (-torch.ones(3) * 5,)),
     "item": (uses_item, lambda: (t(4),)),
-    "list_mutation": (mutates_input_list, lambda: ([t(2)], t(2))),
+    "list_sort_key": (sorts_with_key, lambda: ([3, -1, 2], t(2))),
     "nested_print": (calls_printing_helper, lambda: (t(3),)),
 }
 

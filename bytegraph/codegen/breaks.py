@@ -97,9 +97,9 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
     live_values += [frame.cells[n].contents for n in cell_names]
     lines, tensor_exprs, gm = finish_graph(tx, ns, live_values + side_effect_values(tx), compile_graph)
     rb = Rebuilder(ns, tensor_exprs)
-    # Attribute stores traced before the break happen now, before the native step.
-    stores = replay_side_effects(tx, rb)
-    rb.lines.extend(stores)
+    # Side effects traced before the break happen now, before the native step.
+    rb.lines.extend(replay_side_effects(tx, rb, [v for v in live_values
+                                                 if v is not NULL and not isinstance(v, ExitValue)]))
     exits = []
     exit_values = {id(v.manager): v for v in stack if isinstance(v, ExitValue)}
     for i, mgr in enumerate(active):

@@ -50,6 +50,7 @@ class Rebuilder:
         self.tensor_exprs = tensor_exprs
         self.lines = []
         self._done = {}
+        self._temps = 0
 
     def _function(self, v):
         cells = []
@@ -72,9 +73,21 @@ class Rebuilder:
                          f"{v.name!r}, {defaults}, {kwdefaults}, {closure})")
 
     def temp(self, expr):
-        name = f"__v{len(self._done)}_{len(self.lines)}"
+        name = f"__v{self._temps}"
+        self._temps += 1
         self.lines.append(f"{name} = {expr}")
         return name
+
+    def bind(self, v):
+        """Compute ``v`` now, into a name later uses refer to (no re-read after effects)."""
+        if isinstance(v, PendingLocal):
+            return self.ns.source(v.source)
+        out = self.expr(v)
+        # A plain name (a temp, a local, a namespace reference) cannot change under an effect.
+        if not out.isidentifier() and not _is_literal(out):
+            out = self.temp(out)
+            self._done[id(v)] = out
+        return out
 
     def expr(self, v):
         if isinstance(v, PendingLocal):
@@ -94,7 +107,9 @@ class Rebuilder:
             c = v.value
             if c is None or isinstance(c, (bool, str)) or type(c) is int:
                 return repr(c)
-            if type(c) in (list, dict, set):
+            if type(c) is set:
+                return self.temp(f"set({self.ns.ref(c)})")   # a new set on every call, as in eager
+            if type(c) in (list, dict):
                 # A container read from an object private to the trace: each call gets its own.
                 self.ns.ns["__deepcopy"] = copy.deepcopy
                 return self.temp(f"__deepcopy({self.ns.ref(c)})")
@@ -143,6 +158,11 @@ class Rebuilder:
             rest = v.items[v.pos:]
             return self.temp(f"iter([{', '.join(self.expr(i) for i in rest)}])")
         raise Unsupported(f"cannot rebuild a {type(v).__name__} outside the graph yet")
+
+
+def _is_literal(text):
+    return text in ("None", "True", "False") or text.lstrip("-").isdigit() or (
+        text[:1] in "'\"" and text[-1:] == text[:1])
 
 
 def tensors_in(values, out):

@@ -4,9 +4,17 @@ It is generated Python source with a ``linecache`` entry, so tracebacks,
 ``inspect.getsource`` and ``pdb`` show real lines.
 """
 import linecache
+import operator
 
+import torch
+
+from ..guards import builder as g
+from ..errors import Unsupported
+from ..guards.sources import AttrSource, ClosureSource, GlobalSource
 from ..testing import count_ops
-from .rebuild import Namespace, Rebuilder, graph_value_exprs, tensors_in
+from ..trace.context import DELETED
+from ..values.base import ConstantValue, DictValue, ListValue
+from .rebuild import Namespace, Rebuilder, _key_expr, graph_value_exprs, tensors_in
 
 
 def finish_graph(tx, ns, live_values, compile_graph):
@@ -17,11 +25,47 @@ def finish_graph(tx, ns, live_values, compile_graph):
     """
     exprs, outputs = graph_value_exprs(ns, tensors_in(live_values, []), tx.graph.inputs, tx.graph.state_root)
     gm = tx.graph.output(outputs)
+    guard_input_aliasing(tx, gm)
+    guard_container_aliasing(tx)
     if count_ops(gm) == 0:
         return [], exprs, None
     ns.ns["__compiled_fn"] = compile_graph(gm, tx.graph.example_inputs())
     args = ", ".join(ns.source(i.source) for i in tx.graph.inputs)
     return [f"__out = __compiled_fn({args})"], exprs, gm
+
+
+def guard_input_aliasing(tx, gm):
+    """A graph that mutates tensors was traced for one aliasing of its tensor inputs (the same
+    tensor twice, views of one storage, or none): guard that later calls alias them the same way,
+    as a backend that functionalizes the graph (AOTAutograd) relies on it."""
+    if not any(_mutates(node) for node in gm.graph.nodes):
+        return
+    tensors = [i for i in tx.graph.inputs if isinstance(i.example, torch.Tensor)]
+    for i, a in enumerate(tensors):
+        for b in tensors[i + 1:]:
+            shared = a.example.untyped_storage().data_ptr() == b.example.untyped_storage().data_ptr()
+            tx.guards.add(g.STORAGE_SHARED, a.source, (b.source, shared), detail=b.source.name())
+
+
+def guard_container_aliasing(tx):
+    """A container the trace changed was distinct from every other container it read: guard
+    that later calls do not pass the same list (say) through two sources."""
+    for m in tx.mutated.values():
+        for other in tx.existing_containers.values():
+            if other is not m and other.source is not None and other.python_type() is m.python_type():
+                tx.guards.add(g.NOT_ALIAS, m.source, other.source, detail=other.source.name())
+
+
+def _mutates(node):
+    if node.op not in ("call_function", "call_method"):
+        return False
+    if "out" in node.kwargs:
+        return True
+    target = node.target
+    if target is operator.setitem:
+        return True
+    name = target if isinstance(target, str) else getattr(target, "__name__", "")
+    return name.endswith("_") and not name.endswith("__")
 
 
 def emit(name, params, body, ns):
@@ -33,17 +77,86 @@ def emit(name, params, body, ns):
     return ns.ns[name], src
 
 
-def replay_side_effects(tx, rb):
-    """Lines doing, for real, the attribute stores the trace recorded (in program order)."""
-    lines = []
+def replay_side_effects(tx, rb, live=()):
+    """Lines doing, for real, the side effects the trace recorded.
+
+    Everything is read before anything changes: first the objects to change
+    (through their sources), then the new contents and stored values and the
+    ``live`` values the caller will use afterwards (so a source re-read after
+    the effects cannot see the new state), then the effects themselves:
+    containers updated in place (identity kept), attributes, globals, cells.
+    """
+    if not tx.has_side_effects():
+        return []
+    ns = rb.ns
+    # 1. The objects to change, as they are on entry.
+    for v in tx.mutated.values():
+        rb.bind(v)
+    for obj, _, _ in tx.attr_stores.values():
+        rb.bind(obj)
+    cells = {key: rb.temp(_cell_expr(ns, cell.source)) for key, (cell, _) in tx.cell_stores.items()}
+    # 2. Everything computed from the traced values.
+    contents = {}
+    for key, v in tx.mutated.items():
+        if isinstance(v, ListValue):
+            contents[key] = rb.temp(f"[{', '.join(rb.expr(i) for i in v.items)}]")
+        elif isinstance(v, DictValue):
+            body = ", ".join(f"{_key_expr(k, ns)}: {rb.expr(i)}" for k, i in v.items.items())
+            contents[key] = rb.temp(f"{{{body}}}")
+        else:
+            contents[key] = ns.ref(frozenset(v.value), "set")
+    stored = [value for _, _, value in tx.attr_stores.values()]
+    stored += [value for _, value in tx.global_stores.values() if value is not DELETED]
+    stored += [value for _, value in tx.cell_stores.values()]
+    for v in stored + list(live):
+        try:
+            rb.bind(v)
+        except Unsupported:
+            if v in stored:
+                raise
+            # A live value the caller may not need; it reports the failure if it does.
+    lines = list(rb.lines)
+    rb.lines.clear()
+    # 3. The effects.
+    for key, v in tx.mutated.items():
+        target = rb.expr(v)
+        if isinstance(v, ListValue):
+            lines.append(f"{target}[:] = {contents[key]}")
+        else:
+            lines += [f"{target}.clear()", f"{target}.update({contents[key]})"]
     for obj, name, value in tx.attr_stores.values():
-        target = rb.expr(obj)
-        lines.append(f"{target}.{name} = {rb.expr(value)}")
+        lines.append(f"{rb.expr(obj)}.{name} = {rb.expr(value)}")
+    for source, value in tx.global_stores.values():
+        if value is DELETED:
+            # The trace checked that the name exists (it may have been made by this trace).
+            if isinstance(source, GlobalSource):
+                table, key = "G", source.global_name
+            else:
+                table, key = ns.source(source.base), source.index
+            lines.append(f"{table}.pop({key!r}, None)")
+        else:
+            lines.append(f"{ns.source(source)} = {rb.expr(value)}")
+    for key, (_, value) in tx.cell_stores.items():
+        lines.append(f"{cells[key]}.cell_contents = {rb.expr(value)}")
     return lines
 
 
+def _cell_expr(ns, source):
+    """Python for the cell object whose contents ``source`` reads."""
+    if isinstance(source, ClosureSource):
+        return f"__closure[{source.index}]"
+    if isinstance(source, AttrSource) and source.attr == "cell_contents":
+        return ns.source(source.base)
+    raise Unsupported(f"cannot assign to the closure cell read through {source.name()}")
+
+
 def side_effect_values(tx):
-    return [value for _, _, value in tx.attr_stores.values()]
+    """Values the effects store: their tensors must come out of the graph."""
+    out = [value for _, _, value in tx.attr_stores.values()]
+    out += [v for v in tx.mutated.values() if not isinstance(v, ConstantValue)]
+    out += [value for _, value in tx.global_stores.values() if value is not DELETED]
+    out += [value for _, value in tx.cell_stores.values()]
+    return out
 
 
 def generate(name, params, tx, returned, fn_globals, compile_graph):
@@ -51,7 +164,7 @@ def generate(name, params, tx, returned, fn_globals, compile_graph):
     ns = Namespace(fn_globals)
     lines, exprs, gm = finish_graph(tx, ns, [returned] + side_effect_values(tx), compile_graph)
     rb = Rebuilder(ns, exprs)
-    stores = replay_side_effects(tx, rb)
+    effects = replay_side_effects(tx, rb, [returned])
     result = rb.expr(returned)
-    run, src = emit(name, params, lines + rb.lines + stores + [f"return {result}"], ns)
+    run, src = emit(name, params, lines + effects + rb.lines + [f"return {result}"], ns)
     return run, src, gm

@@ -29,6 +29,8 @@ ALIAS = "ALIAS"   # two sources named the same object when traced
 SHAPE_ENV = "SHAPE_ENV"   # relations between symbolic sizes (expected: graph.shapes.Shapes)
 STATE_MATCH = "STATE_MATCH"   # an object's __dict__ equals a snapshot (the object is deep-copied)
 NO_HOOKS = "NO_HOOKS"   # an nn.Module called while tracing had no forward hooks
+NOT_ALIAS = "NOT_ALIAS"   # two sources named different objects when traced (one of them is mutated)
+STORAGE_SHARED = "STORAGE_SHARED"   # two tensor inputs of a graph that mutates: share storage or not
 
 
 class TensorMeta:
@@ -74,6 +76,10 @@ class Guard:
             return f"{self.detail}: {self.expected[1]!r}"
         if self.kind == ALIAS:
             return f"{where}: is {self.expected.name()}"
+        if self.kind == NOT_ALIAS:
+            return f"{where}: is not {self.expected.name()}"
+        if self.kind == STORAGE_SHARED:
+            return f"{where}: {'shares' if self.expected[1] else 'shares no'} storage with {self.expected[0].name()}"
         return f"{where}: {self.kind} {self.expected!r}"
 
 
@@ -200,6 +206,18 @@ class _Emitter:
         if g.kind == STATE_MATCH:
             return [(f"{e}.__dict__ == {self.const(g.expected)}",
                      f"f'state of {who} changed since it was deep-copied while compiling'")]
+        if g.kind == NOT_ALIAS:
+            other = self.render(g.expected)
+            return [(f"{e} is not {other}",
+                     f"f'{who} and {g.expected.name()} were different objects when compiled, now they are the same'")]
+        if g.kind == STORAGE_SHARED:
+            other_source, shared = g.expected
+            other = self.render(other_source)
+            same = f"{e}.untyped_storage().data_ptr() == {other}.untyped_storage().data_ptr()"
+            relation = "shared" if shared else "did not share"
+            return [(f"({same}) is {shared}",
+                     f"f'{who} and {other_source.name()} {relation} storage when compiled (the graph mutates "
+                     f"inputs), now they differ'")]
         if g.kind == NO_HOOKS:
             return [(f"not ({e}._forward_hooks or {e}._forward_pre_hooks)",
                      f"f'{who} has forward hooks now; they were not traced'")]

@@ -112,6 +112,8 @@ def _real_from_source(frame, v):
 
 
 def _constant_attr(v, name):
+    if isinstance(v.value, set) and hasattr(set, name):
+        return MethodOfValue(v, name)   # trace/containers.py: sets are changed in place
     try:
         out = getattr(v.value, name)
     except AttributeError:
@@ -407,6 +409,14 @@ def _replayable_store(obj, name, value):
     if isinstance(obj, (type, types.ModuleType, types.FunctionType)):
         return False
     if isinstance(obj, torch.nn.Module):
+        if isinstance(value, TensorValue) and name in obj.__dict__.get("_buffers", ()):
+            # A new tensor for an existing buffer (nn.Module.__setattr__ puts it in _buffers).
+            from ..values.builder import note_reassigned_buffer
+            note_reassigned_buffer(obj, name)
+            return True
+        if isinstance(value, TensorValue) and not any(
+                name in obj.__dict__.get(t, ()) for t in ("_parameters", "_buffers", "_modules")):
+            return True   # a plain tensor attribute
         # Stores that register parameters, buffers or submodules change the module's structure.
         if isinstance(value, (ObjectValue, TensorValue)) or any(
                 name in obj.__dict__.get(t, ()) for t in ("_parameters", "_buffers", "_modules")):

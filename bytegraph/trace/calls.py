@@ -142,13 +142,19 @@ def has_hooks(m):
 
 
 def call_module(frame, mv, args, kwargs):
-    """``module(*args)``: inline its forward (hooks are not traced yet)."""
+    """``module(*args)``: inline its forward, and its forward hooks if it has any (trace/hooks.py)."""
     m = mv.obj
     if has_hooks(m):
-        raise Unsupported(f"{type(m).__name__} has hooks; tracing module hooks is not supported yet")
+        from .hooks import call_with_hooks
+        return call_with_hooks(frame, mv, args, kwargs, lambda a, k: _call_forward(frame, mv, a, k))
     if mv.source is not None:
         from ..guards.builder import NO_HOOKS
         frame.tx.guards.add(NO_HOOKS, mv.source, None)
+    return _call_forward(frame, mv, args, kwargs)
+
+
+def _call_forward(frame, mv, args, kwargs):
+    m = mv.obj
     forward = m.__dict__.get("forward")
     if forward is not None:
         return call(frame, wrap(frame.tx, forward, AttrSource(mv.source, "forward") if mv.source else None),

@@ -1,16 +1,20 @@
-"""Methods of symbolic containers: lists, dicts and tuples made or read while tracing.
+"""Methods of symbolic containers: lists, dicts, sets and tuples made or read while tracing.
 
-Containers that exist outside the traced code (they have a source) are read
-only; mutating them is a side effect the core tracer does not replay yet.
+A container that exists outside the traced code (it has a source) is changed
+on its symbolic copy, so later reads in the trace see the change, and recorded
+in ``TraceContext.mutated``: the transformed function updates the real object
+in place after the graph (``codegen.transformed.replay_side_effects``).
 """
 from ..errors import Unsupported
 from ..values.base import (ConstantValue, ContextManagerValue, DictValue, DictViewValue,
-                           ListValue, TupleValue)
+                           ListValue, ObjectValue, TupleValue)
 from . import operators
 from .iteration import iterate
 
 _MUTATING = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse",
-             "update", "setdefault", "popitem", "__setitem__", "__delitem__"}
+             "update", "setdefault", "popitem", "__setitem__", "__delitem__", "add", "discard",
+             "difference_update", "intersection_update", "symmetric_difference_update",
+             "__iadd__"}
 
 
 def call_method(frame, owner, name, args, kwargs):
@@ -21,9 +25,10 @@ def call_method(frame, owner, name, args, kwargs):
         else:
             exit_context(frame, owner)
         return ConstantValue(None)
-    if name in _MUTATING and owner.source is not None:
-        raise Unsupported(f"{type(owner).__name__.replace('Value', '').lower()}.{name}() on an object that exists "
-                          "outside the compiled function (a side effect) is not supported yet")
+    if name in _MUTATING and isinstance(owner, (ListValue, DictValue, ConstantValue)):
+        frame.tx.mark_mutated(owner, f"{owner.python_type().__name__}.{name}() on")
+    if isinstance(owner, ConstantValue) and isinstance(owner.value, set):
+        return _set_method(frame, owner, name, args, kwargs)
     if isinstance(owner, ListValue):
         return _list_method(frame, owner, name, args, kwargs)
     if isinstance(owner, DictValue):
@@ -37,11 +42,15 @@ def _list_method(frame, lst, name, args, kwargs):
     items = lst.items
     if name == "append":
         items.append(args[0])
-    elif name == "extend":
+    elif name in ("extend", "__iadd__"):
         items.extend(iterate(frame, args[0]))
+        if name == "__iadd__":
+            return lst
     elif name == "insert":
         items.insert(operators.as_constant(args[0]), args[1])
     elif name == "pop":
+        if not items:
+            raise Unsupported("list.pop() on an empty list raises IndexError")
         return items.pop(operators.as_constant(args[0]) if args else -1)
     elif name == "clear":
         items.clear()
@@ -60,6 +69,8 @@ def _list_method(frame, lst, name, args, kwargs):
         else:
             raise Unsupported("list.remove(x): x not in list")
     elif name == "sort":
+        if kwargs or args:
+            raise Unsupported("list.sort() with key or reverse is not supported yet")
         values = sorted(operators.as_constant(x) for x in items)
         lst.items = [ConstantValue(v) for v in values]
     else:
@@ -117,6 +128,17 @@ def _dict_method(frame, d, name, args, kwargs):
     if name == "__setitem__":
         items[operators.key_of(args[0])] = args[1]
         return ConstantValue(None)
+    if name == "__delitem__":
+        k = operators.key_of(args[0])
+        if k not in items:
+            raise Unsupported(f"del on a dict: KeyError {k!r}")
+        del items[k]
+        return ConstantValue(None)
+    if name == "popitem":
+        if not items:
+            raise Unsupported("dict.popitem() on an empty dict raises KeyError")
+        k, v = items.popitem()
+        return TupleValue([ConstantValue(k) if isinstance(k, (str, int)) else ObjectValue(k), v])
     if name == "clear":
         items.clear()
         return ConstantValue(None)
@@ -129,3 +151,60 @@ def _dict_method(frame, d, name, args, kwargs):
         from ..values.base import IteratorValue
         return IteratorValue(iterate(frame, d))
     raise Unsupported(f"dict.{name}() is not supported yet")
+
+
+_SET_QUERIES = {"__contains__", "__len__", "issubset", "issuperset", "isdisjoint", "union",
+                "intersection", "difference", "symmetric_difference", "copy"}
+
+
+def _set_method(frame, s, name, args, kwargs):
+    """Methods of a set kept as a constant (sets hold only constants)."""
+    if kwargs:
+        raise Unsupported(f"set.{name}() with keyword arguments")
+    target = s.value
+    if name in ("add", "discard", "remove"):
+        x = operators.as_constant(args[0])
+        if name == "remove" and x not in target:
+            raise Unsupported(f"set.remove(x): KeyError {x!r}")
+        getattr(target, name)(x)
+        return ConstantValue(None)
+    if name in ("update", "difference_update", "intersection_update", "symmetric_difference_update"):
+        others = [{operators.as_constant(x) for x in iterate(frame, a)} for a in args]
+        getattr(target, name)(*others)
+        return ConstantValue(None)
+    if name == "clear":
+        target.clear()
+        return ConstantValue(None)
+    if name == "pop":
+        raise Unsupported("set.pop() removes an arbitrary element; not supported")
+    if name in _SET_QUERIES:
+        others = [{operators.as_constant(x) for x in iterate(frame, a)} for a in args]
+        return operators.constant_value(getattr(target, name)(*others))
+    raise Unsupported(f"set.{name}() is not supported yet")
+
+
+_SET_INPLACE = {"|=": "update", "&=": "intersection_update", "-=": "difference_update",
+                "^=": "symmetric_difference_update"}
+
+
+def inplace_operator(frame, op, a, b):
+    """``a op= b`` that changes the container ``a`` itself (as CPython does), or None."""
+    if isinstance(a, ListValue) and op == "+=":
+        items = iterate(frame, b)
+        frame.tx.mark_mutated(a, "+= on")
+        a.items.extend(items)
+        return a
+    if isinstance(a, ListValue) and op == "*=":
+        n = operators.as_constant(b)
+        if not isinstance(n, int):
+            return None
+        frame.tx.mark_mutated(a, "*= on")
+        a.items *= n
+        return a
+    if isinstance(a, DictValue) and op == "|=":
+        call_method(frame, a, "update", [b], {})
+        return a
+    if isinstance(a, ConstantValue) and type(a.value) is set and op in _SET_INPLACE:
+        call_method(frame, a, _SET_INPLACE[op], [b], {})
+        return a
+    return None

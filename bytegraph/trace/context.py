@@ -2,6 +2,9 @@
 from ..graph.builder import GraphBuilder
 from ..guards.builder import GuardSet, add_global_state_guards
 
+# The value of a global the trace deleted (``del`` / ``global x; del x``).
+DELETED = object()
+
 # Instructions one trace may execute before giving up (unrolled loops count).
 INSTRUCTION_BUDGET = 200_000
 MAX_INLINE_DEPTH = 48
@@ -22,16 +25,39 @@ class TraceContext:
         self.state_changes = []        # global state entered by with-blocks, undone at the end
         self.handled_exception = None  # the exception an except block is handling (sys.exc_info)
         self.outer_handled = []        # handled exceptions of the callers of running generators
+        # Side effects on state that exists before the call: the trace works on symbolic
+        # copies, the transformed function does them for real after the graph (codegen).
         self.attr_stores = {}          # (id(obj), name) -> (ObjectValue, name, value): replayed after the graph
+        self.mutated = {}              # id(value) -> List/Dict/ConstantValue(set) read from a source and changed
+        self.existing_containers = {}  # id(value) -> value: containers wrapped from real objects
+        self.global_stores = {}        # (id(globals dict), name) -> (target source, value or DELETED)
+        self.cell_stores = {}          # id(real cell) -> (RealCell, value)
+        self.effects_recorded = 0      # changes to state outside the trace so far (all kinds above but attrs)
         import torch
         self.entry_grad_mode = torch.is_grad_enabled()
 
     def effect_count(self):
         """How many side effects the trace has recorded so far (to tell whether code made any)."""
-        return len(self.attr_stores)
+        return len(self.attr_stores) + self.effects_recorded
 
     def is_trusted_source(self, source):
         return False
+
+    # --- side effects ---------------------------------------------------------
+
+    def mark_mutated(self, value, what="changing"):
+        """``value`` is changed in place by the trace; a real container is updated after the graph."""
+        if value.source is not None:
+            self.mutated.setdefault(id(value), value)
+            self.effects_recorded += 1
+        elif id(value) in self.existing_containers:
+            from ..errors import Unsupported
+            raise Unsupported(f"{what} a {value.python_type().__name__} that exists outside the compiled "
+                              "function but cannot be re-read on later calls (no source)")
+        return value
+
+    def has_side_effects(self):
+        return bool(self.attr_stores or self.mutated or self.global_stores or self.cell_stores)
 
     # --- dynamic shapes ---------------------------------------------------------
 

@@ -13,6 +13,7 @@ from ..values.base import (NULL, CellValue, ConstantValue, ContextManagerValue, 
                            ExceptionValue, ExitValue, FunctionValue, GeneratorValue, IteratorValue,
                            ListValue, ObjectValue, SavedExcInfoValue, SuperValue, TupleValue)
 from ..values.builder import TRUSTED_MODULE_PREFIXES, wrap
+from .context import DELETED
 from . import attrs, calls, exceptions, generators, operators, with_blocks
 from .iteration import iterate, unpack
 from ..bytecode.versions import method_pair, send_returned
@@ -64,19 +65,26 @@ def load_const(f, ins):
     f.push(ConstantValue(ins.argval))
 
 
+def _global_source(f, name):
+    """Where global ``name`` of the running frame is read from (None: taken as fixed)."""
+    if f.globals is f.tx.root_globals:
+        return GlobalSource(name)
+    module_name = f.globals.get("__name__", "module")
+    if module_name.split(".")[0] in TRUSTED_MODULE_PREFIXES:
+        return None   # globals of torch's and the standard library's own modules are fixed
+    return ItemSource(ObjectSource(f.globals, module_name + ".__dict__"), name)
+
+
 @handler("LOAD_GLOBAL", "LOAD_NAME")
 def load_global(f, ins):
     name = ins.argval
     tx = f.tx
-    if name in f.globals:
-        module_name = f.globals.get("__name__", "module")
-        if f.globals is tx.root_globals:
-            source = GlobalSource(name)
-        elif module_name.split(".")[0] in TRUSTED_MODULE_PREFIXES:
-            source = None   # globals of torch's and the standard library's own modules are fixed
-        else:
-            source = ItemSource(ObjectSource(f.globals, module_name + ".__dict__"), name)
-        f.push(wrap(tx, f.globals[name], source))
+    stored = tx.global_stores.get((id(f.globals), name))
+    if stored is not None and stored[1] is not DELETED:
+        f.push(stored[1])   # assigned earlier in this trace
+        return
+    if name in f.globals and stored is None:
+        f.push(wrap(tx, f.globals[name], _global_source(f, name)))
         return
     b = f.globals.get("__builtins__", builtins)
     table = b if isinstance(b, dict) else b.__dict__
@@ -85,9 +93,35 @@ def load_global(f, ins):
     f.push(wrap(tx, table[name], None))
 
 
-@handler("STORE_GLOBAL", "DELETE_GLOBAL", "STORE_NAME")
+@handler("STORE_GLOBAL", "DELETE_GLOBAL")
 def store_global(f, ins):
-    raise Unsupported(f"assigning global {ins.argval!r} is not supported yet")
+    """Recorded (later reads in the trace see it) and done for real after the graph."""
+    name = ins.argval
+    source = _global_source(f, name)
+    if source is None:
+        raise Unsupported(f"assigning global {name!r} of module {f.globals.get('__name__')!r} is not supported")
+    key = (id(f.globals), name)
+    if ins.opname == "STORE_GLOBAL":
+        value = f.pop()
+    else:
+        stored = f.tx.global_stores.get(key)
+        exists = stored[1] is not DELETED if stored is not None else name in f.globals
+        if not exists:
+            raise Unsupported(f"del of global {name!r}, which is not defined, raises NameError")
+        if stored is None:
+            # Guard that it exists, as the trace relies on it.
+            current = wrap(f.tx, f.globals[name], source)
+            if isinstance(current, ConstantValue):
+                current.value
+        value = DELETED
+    f.tx.global_stores.pop(key, None)   # keep program order: the latest store goes last
+    f.tx.global_stores[key] = (source, value)
+    f.tx.effects_recorded += 1
+
+
+@handler("STORE_NAME")
+def store_name(f, ins):
+    raise Unsupported(f"assigning name {ins.argval!r} at module or class level is not supported yet")
 
 
 @handler("MAKE_CELL")
@@ -108,6 +142,10 @@ def load_deref(f, ins):
             raise Unsupported(f"free variable {ins.argval!r} read before assignment")
         f.push(cell.contents)
     else:
+        stored = f.tx.cell_stores.get(id(cell.cell))
+        if stored is not None:
+            f.push(stored[1])   # assigned earlier in this trace
+            return
         try:
             contents = cell.cell.cell_contents
         except ValueError:
@@ -121,8 +159,14 @@ def store_deref(f, ins):
     v = f.pop()
     if isinstance(cell, CellValue):
         cell.contents = v
+    elif cell.source is None:
+        raise Unsupported(f"assigning nonlocal {ins.argval!r} of a function that cannot be re-read on "
+                          "later calls is not supported")
     else:
-        raise Unsupported(f"assigning nonlocal {ins.argval!r} of an enclosing function is not supported yet")
+        # A real cell of a function that exists outside the trace: set after the graph.
+        f.tx.cell_stores.pop(id(cell.cell), None)
+        f.tx.cell_stores[id(cell.cell)] = (cell, v)
+        f.tx.effects_recorded += 1
 
 
 @handler("LOAD_ATTR")
@@ -384,43 +428,46 @@ def convert_value(f, ins):
 def list_append(f, ins):
     v = f.pop()
     target = f.stack[-ins.arg]
-    _require(target, ListValue, "LIST_APPEND").items.append(v)
+    _require(f, target, ListValue, "LIST_APPEND").items.append(v)
 
 
 @handler("SET_ADD")
 def set_add(f, ins):
     v = f.pop()
-    _new_set(f.stack[-ins.arg], "SET_ADD").add(operators.as_constant(v))
+    _new_set(f, f.stack[-ins.arg], "SET_ADD").add(operators.as_constant(v))
 
 
 @handler("MAP_ADD")
 def map_add(f, ins):
     v = f.pop()
     k = f.pop()
-    _require(f.stack[-ins.arg], DictValue, "MAP_ADD").items[operators.key_of(k)] = v
+    _require(f, f.stack[-ins.arg], DictValue, "MAP_ADD").items[operators.key_of(k)] = v
 
 
 @handler("LIST_EXTEND")
 def list_extend(f, ins):
     v = f.pop()
-    _require(f.stack[-ins.arg], ListValue, "LIST_EXTEND").items.extend(iterate(f, v))
+    _require(f, f.stack[-ins.arg], ListValue, "LIST_EXTEND").items.extend(iterate(f, v))
 
 
 @handler("SET_UPDATE")
 def set_update(f, ins):
     v = f.pop()
-    _new_set(f.stack[-ins.arg], "SET_UPDATE").update(operators.as_constant(x) for x in iterate(f, v))
+    _new_set(f, f.stack[-ins.arg], "SET_UPDATE").update(operators.as_constant(x) for x in iterate(f, v))
 
 
 @handler("LIST_TO_TUPLE")
 def list_to_tuple(f, ins):
-    f.push(TupleValue(_require(f.pop(), ListValue, "LIST_TO_TUPLE").items))
+    v = f.pop()
+    if not isinstance(v, ListValue):
+        raise Unsupported(f"LIST_TO_TUPLE on {attrs.describe(v)} is not supported yet")
+    f.push(TupleValue(v.items))
 
 
 @handler("DICT_UPDATE", "DICT_MERGE")
 def dict_update(f, ins):
     v = f.pop()
-    target = _require(f.stack[-ins.arg], DictValue, ins.opname)
+    target = _require(f, f.stack[-ins.arg], DictValue, ins.opname)
     if isinstance(v, DictValue):
         if ins.opname == "DICT_MERGE":
             dup = set(target.items) & set(v.items)
@@ -433,22 +480,21 @@ def dict_update(f, ins):
         raise Unsupported(f"** of {attrs.describe(v)} is not supported yet")
 
 
-def _new_set(v, what):
-    """The set a set display is building (sets are kept as constants)."""
-    if not isinstance(v, ConstantValue) or v.source is not None or not isinstance(v.value, set):
-        raise Unsupported(f"{what} on an existing set is not supported yet")
+def _new_set(f, v, what):
+    """The set a set display (or an existing set of constants) is building."""
+    if not isinstance(v, ConstantValue) or not isinstance(v.value, set):
+        raise Unsupported(f"{what} on {attrs.describe(v)} is not supported yet")
+    f.tx.mark_mutated(v, what + " on")
     return v.value
 
 
-def _require(v, cls, what):
+def _require(f, v, cls, what):
+    """``v`` as the container ``what`` changes; one read from a source is recorded as mutated."""
     if not isinstance(v, cls):
         raise Unsupported(f"{what} on {attrs.describe(v)} is not supported yet")
-    if v.source is not None:
-        # A container that exists outside the trace (e.g. handed to a resume function):
-        # changing it is a side effect the trace does not replay.
-        raise Unsupported(f"{what} on an existing {cls.__name__.replace('Value', '').lower()} "
-                          "(a side effect) is not supported yet")
-    return v
+    # A container that exists outside the trace (e.g. handed to a resume function):
+    # the change is replayed on the real object after the graph.
+    return f.tx.mark_mutated(v, what + " on")
 
 
 @handler("UNPACK_SEQUENCE")
@@ -518,13 +564,21 @@ def jump_if_true_or_pop(f, ins):
 
 @handler("GET_ITER")
 def get_iter(f, ins):
-    f.push(generators.get_iter(f, f.pop()))
+    v = f.pop()
+    it = generators.get_iter(f, v)
+    if isinstance(it, IteratorValue) and it is not v and isinstance(v, (ListValue, DictValue)):
+        # Loops over a list/dict walk a snapshot: changing it in the loop is refused (FOR_ITER).
+        it.origin, it.origin_items = v, list(v.items)
+    f.push(it)
 
 
 @handler("FOR_ITER")
 def for_iter(f, ins):
     it = f.stack[-1]
     if isinstance(it, IteratorValue):
+        if it.origin is not None and not _same_items(it.origin.items, it.origin_items):
+            raise Unsupported(f"the {it.origin.python_type().__name__} a for-loop iterates over was changed "
+                              "inside the loop; this is not supported")
         if it.pos < len(it.items):
             f.push(it.items[it.pos])
             it.pos += 1
@@ -539,6 +593,12 @@ def for_iter(f, ins):
         f.jump(ins)
     else:
         f.push(item)
+
+
+def _same_items(now, then):
+    if isinstance(now, dict):
+        return list(now) == list(then)
+    return len(now) == len(then) and all(a is b for a, b in zip(now, then))
 
 
 @handler("RETURN_VALUE")

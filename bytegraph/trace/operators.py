@@ -112,8 +112,13 @@ def _user_objects(*values):
 
 def binary(frame, op, a, b):
     fn = BINARY[op]
+    if op.endswith("=") and isinstance(a, (ListValue, DictValue, ConstantValue)):
+        from .containers import inplace_operator
+        changed = inplace_operator(frame, op, a, b)
+        if changed is not None:
+            return changed
     if _user_objects(a, b):
-        name = SPECIAL_NAMES[op.rstrip("=")] if op not in ("<<=", ">>=", "**=") else SPECIAL_NAMES[op[:-1]]
+        name = SPECIAL_NAMES[op.rstrip("=")]
         if op.endswith("=") and protocols.has_special_method(a, f"__i{name}__"):
             result = protocols.call_special_method(frame, a, f"__i{name}__", [b])
             if not is_not_implemented(result):
@@ -137,10 +142,11 @@ def binary(frame, op, a, b):
 
 def _sequence_op(frame, op, a, b):
     if op in ("+", "+="):
-        if isinstance(a, ListValue) and isinstance(b, (ListValue, TupleValue)) and op == "+=":
-            if a.source is not None:
-                raise Unsupported("+= on an existing list (a side effect) is not supported yet")
-            a.items.extend(b.items)
+        if isinstance(a, ListValue) and op == "+=":
+            from .iteration import iterate
+            items = iterate(frame, b)
+            frame.tx.mark_mutated(a, "+= on")
+            a.items.extend(items)
             return a
         if type(a) is type(b) and isinstance(a, ListValue):
             return ListValue(a.items + b.items)
@@ -422,10 +428,15 @@ def setitem(frame, obj, index, value):
         protocols.call_special_method(frame, obj, "__setitem__", [index, value])
         return
     obj = protocols.dict_part(obj)
-    if obj.source is None and isinstance(obj, ListValue):
-        obj.items[as_constant(index)] = value
+    if isinstance(obj, ListValue):
+        i = as_constant(index)
+        if isinstance(i, slice) or not -len(obj.items) <= i < len(obj.items):
+            raise Unsupported("list item assignment with a slice or an index out of range is not supported yet")
+        frame.tx.mark_mutated(obj, "item assignment on")
+        obj.items[i] = value
         return
-    if obj.source is None and isinstance(obj, DictValue):
+    if isinstance(obj, DictValue):
+        frame.tx.mark_mutated(obj, "item assignment on")
         obj.items[key_of(index)] = value
         return
     raise Unsupported(f"item assignment on {attrs.describe(obj)} (a side effect on an existing object) "
@@ -437,8 +448,13 @@ def delitem(frame, obj, index):
         protocols.call_special_method(frame, obj, "__delitem__", [index])
         return
     obj = protocols.dict_part(obj)
-    if obj.source is None and isinstance(obj, (ListValue, DictValue)):
+    if isinstance(obj, (ListValue, DictValue)):
         k = as_constant(index) if isinstance(obj, ListValue) else key_of(index)
+        try:
+            obj.items[k]
+        except (KeyError, IndexError, TypeError) as e:
+            raise Unsupported(f"del raised {type(e).__name__}: {e}") from e
+        frame.tx.mark_mutated(obj, "del on")
         del obj.items[k]
         return
     raise Unsupported(f"del on {attrs.describe(obj)} is not supported yet")

@@ -343,12 +343,16 @@ class MethodOfValue(Value):
 class IteratorValue(Value):
     """An iterator over a known, finite list of values."""
 
-    __slots__ = ("items", "pos")
+    __slots__ = ("items", "pos", "origin", "origin_items")
 
-    def __init__(self, items):
+    def __init__(self, items, origin=None):
         super().__init__(None)
         self.items = list(items)
         self.pos = 0
+        # The list/dict iterated over directly: changing it while the loop runs is refused,
+        # as the items here are a snapshot.
+        self.origin = origin
+        self.origin_items = list(origin.items) if origin is not None else None
 
     def python_type(self):
         return type(iter([]))

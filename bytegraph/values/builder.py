@@ -8,6 +8,7 @@ function's or module's identity, a container's length or keys.
 """
 import functools
 import types
+import weakref
 
 import torch
 
@@ -106,12 +107,19 @@ def _wrap(tx, obj, source):
     if t is list:
         _guard(tx, g.TYPE_MATCH, source, t)
         _guard(tx, g.LENGTH_MATCH, source, len(obj))
-        return ListValue([wrap(tx, x, _item(source, i)) for i, x in enumerate(obj)], source)
+        return _existing(tx, ListValue([wrap(tx, x, _item(source, i)) for i, x in enumerate(obj)], source))
     if t is dict or (isinstance(obj, dict) and t.__module__ == "collections"):
         if all(isinstance(k, (str, int)) for k in obj):
             _guard(tx, g.TYPE_MATCH, source, t)
             _guard(tx, g.DICT_KEYS, source, list(obj))
-            return DictValue({k: wrap(tx, v, _item(source, k)) for k, v in obj.items()}, source, cls=t)
+            return _existing(tx, DictValue({k: wrap(tx, v, _item(source, k)) for k, v in obj.items()},
+                                           source, cls=t))
+    if t is set and all(type(x) in CONSTANT_TYPES for x in obj):
+        # A set of constants is a constant the trace may change (a copy; the guard keeps a
+        # snapshot of the contents seen here).
+        snapshot = set(obj)
+        return _existing(tx, ConstantValue(set(obj), source, pending_guard=lambda: _guard(
+            tx, g.CONSTANT_MATCH, source, snapshot)))
     if t is types.FunctionType and source is not None and "<locals>" in obj.__qualname__:
         # A nested function is made anew by each call of the function that makes it: guard
         # its code; its cells and defaults are read through sources (and guarded) when used.
@@ -135,6 +143,12 @@ def _wrap(tx, obj, source):
     return ObjectValue(obj, source)
 
 
+def _existing(tx, value):
+    """Remember that ``value`` stands for a real container: changing it is a side effect."""
+    tx.existing_containers[id(value)] = value
+    return value
+
+
 def _compiled_original(obj):
     from ..api import OptimizedModule
     if type(obj) is OptimizedModule:
@@ -152,8 +166,24 @@ def _item(source, index):
     return ItemSource(source, index) if source is not None else None
 
 
+# nn.Module -> names of buffers that traced code assigned a new tensor to. Such a buffer is
+# a different object on every call, so it is read as a graph input (guarded by its
+# metadata) rather than through get_attr (guarded by identity).
+_reassigned_buffers = weakref.WeakKeyDictionary()
+
+
+def note_reassigned_buffer(module, name):
+    _reassigned_buffers.setdefault(module, set()).add(name)
+
+
+def _buffer_reassigned(tensor, source):
+    return any(source.key in names and m._buffers.get(source.key) is tensor
+               for m, names in list(_reassigned_buffers.items()))
+
+
 def _wrap_tensor(tx, tensor, source):
-    if isinstance(source, ModuleEntrySource) and source.table in ("_parameters", "_buffers"):
+    if isinstance(source, ModuleEntrySource) and source.table in ("_parameters", "_buffers") \
+            and not (source.table == "_buffers" and _buffer_reassigned(tensor, source)):
         # Module state is reached through get_attr; its identity is what we rely on.
         _guard(tx, g.ID_MATCH, source, tensor)
         return tx.graph.add_module_state(tensor, source, is_parameter=source.table == "_parameters")
