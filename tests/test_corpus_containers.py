@@ -167,7 +167,7 @@ def dict_int_keys_and_clear(x):
 def dict_view_set_ops(x):
     a = {"a": 1, "b": 2}
     b = {"b": 0, "c": 0}
-    return x, sorted(a.keys() & b.keys()), sorted(a.keys() | b.keys())
+    return x + 1, sorted(a.keys() & b.keys()), sorted(a.keys() | b.keys())
 
 
 # ------------------------------------------------------------------ sets and tuples
@@ -281,7 +281,7 @@ def counter_of_list(x):
 
 def sorted_key_reverse(x):
     names = ["bb", "a", "ccc"]
-    return x, sorted(names, key=len), sorted(names, reverse=True), sorted([3, 1, 2], key=lambda v: -v)
+    return x + 1, sorted(names, key=len), sorted(names, reverse=True), sorted([3, 1, 2], key=lambda v: -v)
 
 
 def sorted_tensors_by_key(x):
@@ -293,7 +293,7 @@ def sorted_tensors_by_key(x):
 
 def sorted_dict_items_by_value(x):
     d = {"a": 3, "b": 1, "c": 2}
-    return x, sorted(d.items(), key=lambda kv: kv[1]), sorted(d, key=d.get)
+    return x + 1, sorted(d.items(), key=lambda kv: kv[1]), sorted(d, key=d.get)
 
 
 def reversed_list_and_range(x):
@@ -331,7 +331,7 @@ def map_over_tensors(x):
 
 def zip_variants(x):
     pairs = list(zip([1, 2, 3], "ab"))
-    return x, pairs, list(zip([1, 2], [3, 4], strict=True)), list(zip())
+    return x + 1, pairs, list(zip([1, 2], [3, 4], strict=True)), list(zip())
 
 
 def zip_unzip(x):
@@ -355,7 +355,7 @@ def len_and_range_args(x):
 
 
 def itertools_chain(x):
-    return x, list(itertools.chain([1, 2], (3,), "ab")), list(itertools.chain.from_iterable([[1], [2, 3]]))
+    return x + 1, list(itertools.chain([1, 2], (3,), "ab")), list(itertools.chain.from_iterable([[1], [2, 3]]))
 
 
 def itertools_product(x):
@@ -366,11 +366,11 @@ def itertools_product(x):
 
 
 def itertools_islice_repeat(x):
-    return x, list(itertools.islice(range(10), 2, 8, 2)), list(itertools.repeat(x, 3))
+    return x + 1, list(itertools.islice(range(10), 2, 8, 2)), list(itertools.repeat(x, 3))
 
 
 def itertools_accumulate(x):
-    return x, list(itertools.accumulate([1, 2, 3, 4])), list(itertools.accumulate([1, 2, 3], operator.mul))
+    return x + 1, list(itertools.accumulate([1, 2, 3, 4])), list(itertools.accumulate([1, 2, 3], operator.mul))
 
 
 def itertools_accumulate_tensors(x):
@@ -378,7 +378,7 @@ def itertools_accumulate_tensors(x):
 
 
 def itertools_zip_longest_pairwise(x):
-    return (x, list(itertools.zip_longest([1, 2, 3], "ab", fillvalue="-")),
+    return (x + 1, list(itertools.zip_longest([1, 2, 3], "ab", fillvalue="-")),
             list(itertools.pairwise([1, 2, 3, 4])))
 
 
