@@ -35,7 +35,7 @@ def listcomp_nested_comprehension(x):
 
 
 def listcomp_over_dims(x):
-    return [x.size(d) * 2 for d in range(x.dim())], [s for s in x.shape]
+    return [x.size(d) * 2 for d in range(x.dim())], [x.sum(d) for d in range(x.dim())], [s for s in x.shape]
 
 
 def listcomp_over_tensor_rows(x):

@@ -5,6 +5,9 @@ code at a graph break (rebuilding the live stack and locals). Tensors and
 symbolic ints come from the graph's outputs or are re-read from their sources;
 each symbolic container is built once, so identity between uses is kept.
 """
+import collections
+import copy
+import functools
 import types
 
 import torch
@@ -12,10 +15,13 @@ import torch
 from ..errors import Unsupported
 from ..guards.sources import AttrSource, ObjectSource
 from ..trace.frame import PendingLocal
-from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, FunctionValue,
-                           IteratorValue, ListValue, RealCell,
+from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DefaultDictValue, DictValue,
+                           FunctionValue, IteratorValue, ListValue, PartialValue, RealCell,
                            MethodOfValue, ObjectValue, SymValue, TensorMethodValue, TensorValue,
-                           TupleValue, UserObjectValue)
+                           TracedId, TupleValue, UserObjectValue)
+
+# Mutable containers of constants that the tracer keeps as real objects (made in the frame).
+MUTABLE_CONSTANT_TYPES = (set, collections.deque, collections.Counter)
 
 
 class Namespace:
@@ -47,6 +53,7 @@ class Rebuilder:
     def __init__(self, ns, tensor_exprs):
         self.ns = ns
         self.tensor_exprs = tensor_exprs
+        self._mutable_copies = {}   # id(real set/deque/Counter) -> its copy, made once
         self.lines = []
         self._done = {}
 
@@ -93,6 +100,15 @@ class Rebuilder:
             c = v.value
             if c is None or isinstance(c, (bool, str)) or type(c) is int:
                 return repr(c)
+            if isinstance(c, TracedId):
+                raise Unsupported("an id() taken while tracing escapes the compiled code; its value is "
+                                  "known only at run time", hint="compare ids inside the function only")
+            if isinstance(c, MUTABLE_CONSTANT_TYPES):
+                # A set/deque/Counter made in the frame: a new copy per call, never the trace's own.
+                if id(c) not in self._mutable_copies:
+                    self.ns.ns["__copy"] = copy.copy
+                    self._mutable_copies[id(c)] = self.temp(f"__copy({self.ns.ref(c)})")
+                return self._mutable_copies[id(c)]
             return self.ns.ref(c)
         if isinstance(v, ObjectValue):
             return self.ns.source(v.source) if v.source is not None else self.ns.ref(v.obj, "obj")
@@ -114,6 +130,8 @@ class Rebuilder:
             if v.source is not None:
                 return self.ns.source(v.source)
             body = ", ".join(f"{_key_expr(k, self.ns)}: {self.expr(i)}" for k, i in v.items.items())
+            if isinstance(v, DefaultDictValue):
+                return self.temp(f"{self.ns.ref(v.cls, 'cls')}({self.expr(v.factory)}, {{{body}}})")
             if v.cls is dict:
                 return self.temp(f"{{{body}}}")
             return self.temp(f"{self.ns.ref(v.cls, 'cls')}({{{body}}})")
@@ -128,6 +146,10 @@ class Rebuilder:
             body = ", ".join(f"{k!r}: {self.expr(i)}" for k, i in v.attrs.items())
             self.ns.ns["__new_object"] = new_object
             return self.temp(f"__new_object({self.ns.ref(v.cls, 'cls')}, {{{body}}})")
+        if isinstance(v, PartialValue):
+            parts = [self.expr(v.func)] + [self.expr(a) for a in v.args] \
+                + [f"{k}={self.expr(a)}" for k, a in v.kwargs.items()]
+            return self.temp(f"{self.ns.ref(functools.partial, 'partial')}({', '.join(parts)})")
         if isinstance(v, IteratorValue):
             rest = v.items[v.pos:]
             return self.temp(f"iter([{', '.join(self.expr(i) for i in rest)}])")
@@ -144,6 +166,8 @@ def tensors_in(values, out):
             tensors_in(v.items.values(), out)
         elif isinstance(v, IteratorValue):
             tensors_in(v.items[v.pos:], out)
+        elif isinstance(v, PartialValue):
+            tensors_in([v.func] + v.args + list(v.kwargs.values()), out)
         elif isinstance(v, TensorMethodValue):
             tensors_in([v.tensor], out)
         elif isinstance(v, MethodOfValue):

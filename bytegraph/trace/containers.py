@@ -3,14 +3,17 @@
 Containers that exist outside the traced code (they have a source) are read
 only; mutating them is a side effect the core tracer does not replay yet.
 """
+import collections
+
 from ..errors import Unsupported
 from ..values.base import (ConstantValue, ContextManagerValue, DictValue, DictViewValue,
                            ListValue, TupleValue)
+from ..values.builder import constant
 from . import operators
 from .iteration import iterate
 
 _MUTATING = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse",
-             "update", "setdefault", "popitem", "__setitem__", "__delitem__"}
+             "update", "setdefault", "popitem", "__setitem__", "__delitem__", "move_to_end", "__ior__"}
 
 
 def call_method(frame, owner, name, args, kwargs):
@@ -29,6 +32,8 @@ def call_method(frame, owner, name, args, kwargs):
     if isinstance(owner, DictValue):
         return _dict_method(frame, owner, name, args, kwargs)
     if isinstance(owner, TupleValue):
+        if name in ("_replace", "_asdict") and hasattr(owner.cls, "_fields"):
+            return _namedtuple_method(frame, owner, name, args, kwargs)
         return _sequence_query(frame, owner, name, args)
     raise Unsupported(f"method {name} of {type(owner).__name__} is not supported yet")
 
@@ -60,8 +65,11 @@ def _list_method(frame, lst, name, args, kwargs):
         else:
             raise Unsupported("list.remove(x): x not in list")
     elif name == "sort":
-        values = sorted(operators.as_constant(x) for x in items)
-        lst.items = [ConstantValue(v) for v in values]
+        from .calls import sort_values
+        unexpected = set(kwargs) - {"key", "reverse"}
+        if args or unexpected:
+            raise Unsupported("list.sort() takes only the keywords key= and reverse=")
+        lst.items = sort_values(frame, items, kwargs.get("key"), kwargs.get("reverse", False))
     else:
         raise Unsupported(f"list.{name}() is not supported yet")
     return ConstantValue(None)
@@ -120,4 +128,42 @@ def _dict_method(frame, d, name, args, kwargs):
     if name == "clear":
         items.clear()
         return ConstantValue(None)
+    if name == "popitem":
+        if not items:
+            raise Unsupported("dict.popitem(): the dict is empty (KeyError)")
+        last = kwargs.get("last", args[0] if args else ConstantValue(True))
+        if operators.as_constant(last):
+            k = next(reversed(items))
+        else:
+            k = next(iter(items))
+        return TupleValue([constant(k), items.pop(k)])
+    if name == "move_to_end" and d.cls is collections.OrderedDict:
+        k = operators.key_of(args[0])
+        last = kwargs.get("last", args[1] if len(args) > 1 else ConstantValue(True))
+        if k not in items:
+            raise Unsupported(f"OrderedDict.move_to_end(): KeyError {k!r}")
+        v = items.pop(k)
+        if operators.as_constant(last):
+            items[k] = v
+        else:
+            d.items = {k: v, **items}
+        return ConstantValue(None)
+    if name == "__or__" or name == "__ior__":
+        other = args[0]
+        if not isinstance(other, DictValue):
+            raise Unsupported(f"dict | {type(other).__name__.replace('Value', '').lower()}")
+        if name == "__ior__":
+            items.update(other.items)
+            return d
+        return DictValue({**items, **other.items}, cls=d.cls)
     raise Unsupported(f"dict.{name}() is not supported yet")
+
+
+def _namedtuple_method(frame, tup, name, args, kwargs):
+    fields = tup.cls._fields
+    if name == "_asdict":
+        return DictValue(dict(zip(fields, tup.items)))
+    unknown = set(kwargs) - set(fields)
+    if args or unknown:
+        raise Unsupported(f"{tup.cls.__name__}._replace() got unexpected field names {sorted(unknown)}")
+    return TupleValue([kwargs.get(f, v) for f, v in zip(fields, tup.items)], cls=tup.cls)

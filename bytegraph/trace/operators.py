@@ -5,7 +5,8 @@ import torch
 
 from ..errors import Unsupported
 from ..guards.sources import ModuleEntrySource
-from ..values.base import (NULL, BoundMethodValue, ConstantValue, ContextManagerValue, DictValue,
+from ..values.base import (NULL, BoundMethodValue, ConstantValue, ContextManagerValue, DefaultDictValue,
+                           DictValue,
                            DictViewValue, FunctionValue, IteratorValue, ListValue, MethodOfValue,
                            ObjectValue, SliceValue, SymValue, TensorMethodValue, TensorValue,
                            TupleValue, UserObjectValue)
@@ -49,6 +50,9 @@ def as_constant(v):
         return slice(as_constant(v.start), as_constant(v.stop), as_constant(v.step))
     if isinstance(v, ObjectValue) and isinstance(v.obj, (type, torch.finfo, torch.iinfo)):
         return v.obj
+    if isinstance(v, DictViewValue):
+        # A real view over a dict of the constants, for set operations and comparisons.
+        return getattr(as_constant(v.dict_value), v.kind)()
     raise Unsupported(f"{attrs.describe(v)} is not a constant")
 
 
@@ -108,6 +112,9 @@ def binary(frame, op, a, b):
         seq = _sequence_op(frame, op, a, b)
         if seq is not None:
             return seq
+    if op in ("|", "|=") and isinstance(a, DictValue) and isinstance(b, DictValue):
+        from .containers import call_method
+        return call_method(frame, a, "__ior__" if op == "|=" else "__or__", [b], {})
     return constant_fold(frame, fn, [a, b], f"operator {op}")
 
 
@@ -303,6 +310,10 @@ def getitem(frame, obj, index):
     if isinstance(obj, DictValue):
         k = key_of(index)
         if k not in obj.items:
+            if isinstance(obj, DefaultDictValue) and not is_none(obj.factory):
+                from .calls import call
+                obj.items[k] = call(frame, obj.factory, [], {})
+                return obj.items[k]
             raise Unsupported(f"KeyError: {k!r}")
         return obj.items[k]
     if isinstance(obj, ConstantValue):
@@ -343,7 +354,19 @@ def setitem(frame, obj, index, value):
         graph_op(frame, operator.setitem, [obj, index, value])
         return
     if obj.source is None and isinstance(obj, ListValue):
-        obj.items[as_constant(index)] = value
+        i = as_constant(index)
+        if isinstance(i, slice):
+            from .iteration import iterate
+            new = iterate(frame, value)
+            try:
+                obj.items[i] = new
+            except ValueError as e:
+                raise Unsupported(f"slice assignment raised ValueError: {e}") from e
+            return
+        try:
+            obj.items[i] = value
+        except (IndexError, TypeError) as e:
+            raise Unsupported(f"item assignment raised {type(e).__name__}: {e}") from e
         return
     if obj.source is None and isinstance(obj, DictValue):
         obj.items[key_of(index)] = value
