@@ -498,3 +498,79 @@ CASES = [
 @pytest.mark.parametrize("fn", CASES, ids=lambda f: f.__name__)
 def test_corpus_containers(fn):
     check(fn, X)
+
+
+# ------------------------------------------------------------------ returned containers keep their type and are fresh
+
+
+def returns_defaultdict_and_ordered_dict(x):
+    d = collections.defaultdict(list)
+    d["a"].append(x)
+    o = collections.OrderedDict(b=x + 1)
+    return d, o
+
+
+def returns_partial(x):
+    return functools.partial(torch.add, x + 1, alpha=2)
+
+
+def returns_set_counter_deque(x):
+    return x + 1, {1, 2}, collections.Counter("aab"), collections.deque([1, 2], maxlen=3)
+
+
+@pytest.mark.parametrize("fn", [returns_defaultdict_and_ordered_dict, returns_set_counter_deque],
+                         ids=lambda f: f.__name__)
+def test_returned_container_types(fn):
+    _, out = check(fn, X)
+    expected = fn(X)
+    assert [type(o) for o in out] == [type(o) for o in expected]
+    if isinstance(out[0], collections.defaultdict):
+        assert out[0].default_factory is list
+
+
+def test_returned_partial_calls_like_eager():
+    import bytegraph
+    compiled = bytegraph.compile(returns_partial, fullgraph=True)
+    y = torch.randn(3, 4)
+    p = compiled(X)
+    assert isinstance(p, functools.partial)
+    assert torch.allclose(p(y), returns_partial(X)(y))
+
+
+def test_returned_set_is_new_each_call():
+    import bytegraph
+    compiled = bytegraph.compile(returns_set_counter_deque, fullgraph=True)
+    first = compiled(X)
+    first[1].add(99)
+    first[2]["z"] += 5
+    second = compiled(X)
+    assert second[1] == {1, 2} and second[2] == collections.Counter("aab")
+    assert second[1] is not first[1]
+
+
+def set_mutated_across_break(x):
+    s = {1}
+    s.add(2)
+    y = x + len(s)
+    print(s)
+    s.add(3)
+    return y * len(s), s
+
+
+def test_set_mutated_across_graph_break():
+    from helpers import check_program
+    check_program(set_mutated_across_break, lambda: ((X,), {}, None), graphs=2, calls=3)
+
+
+def id_escapes(x):
+    a = [x]
+    return x + 1, id(a)
+
+
+def test_id_of_traced_value_cannot_escape():
+    import bytegraph
+    from bytegraph.errors import Unsupported
+    with pytest.raises(Unsupported, match="id\\(\\) taken while tracing escapes"):
+        bytegraph.compile(id_escapes, fullgraph=True)(X)
+    out = bytegraph.compile(id_escapes)(X)     # not fullgraph: runs correctly without the trace
+    assert isinstance(out[1], int)
