@@ -371,8 +371,6 @@ XFAIL = {
     "dunder_len_truth": "Unsupported: truth value of a Sized object (defines __bool__/__len__) is not supported yet",
     "dataclass_frozen_and_replace": "Unsupported: creating Frozen objects inside the compiled function "
                                     "is not supported yet",
-    "dataclass_asdict": "Unsupported: id() of constant 4 depends on how Python shares constants "
-                        "(dataclasses.asdict deep-copies field values through copy.deepcopy's id() memo)",
     "dataclass_eq": "Unsupported: comparison == on non-constant values is not supported yet",
     "enum_members": "Unsupported: creating Mode objects inside the compiled function is not supported yet "
                     "(Mode('train') looks a member up by value)",

@@ -4,6 +4,7 @@ Each case is code users write, run eagerly and compiled as one graph
 (``fullgraph=True``) via ``helpers.check``.
 """
 import collections
+import copy
 import functools
 import itertools
 import operator
@@ -19,6 +20,7 @@ def t(*shape):
 
 
 X = t(3, 4)
+LAYER = torch.nn.Linear(4, 2)
 
 # ------------------------------------------------------------------ list methods
 
@@ -469,6 +471,125 @@ def methodcaller_and_operator_funcs(x):
     return operator.mul(x, 2), operator.neg(x), up("ab"), operator.contains([1, 2], 2)
 
 
+# ------------------------------------------------------------------ more real-world patterns
+
+
+def setdefault_append(x):
+    d = {}
+    d.setdefault("k", []).append(x)
+    d.setdefault("k", []).append(x + 1)
+    return d
+
+
+def unpack_displays(x):
+    a, b = [1, 2], (3,)
+    d1, d2 = {"a": x}, {"b": 1}
+    return [*a, *b], {**d1, **d2}, (*a, x + 1)
+
+
+def reversed_shape(x):
+    return x.permute(*reversed(range(x.dim()))), tuple(reversed(x.shape)), max(x.shape), sum(x.shape), x.shape[::-1]
+
+
+def zip_star_matrix(x):
+    m = [[1, 2, 3], [4, 5, 6]]
+    return x + 1, [list(c) for c in zip(*m)], list(enumerate(zip("ab", [x, x])))
+
+
+def dict_sorted_rebuild(x):
+    d = {"b": x, "a": x + 1}
+    return dict(sorted(d.items(), key=lambda kv: kv[0])), {k: d[k] for k in sorted(d)}
+
+
+def grid(x):
+    g = [[0] * 3 for _ in range(2)]
+    g[1][2] = 5
+    return x * g[1][2], g
+
+
+def set_union_star(x):
+    sets = [{1, 2}, {2, 3}, {4}]
+    return x * len(set.union(*sets)), sorted(set().union(*sets)), len(set("hello"))
+
+
+def any_isinstance(x):
+    args = (x, 1, "a")
+    return x + any(isinstance(a, torch.Tensor) for a in args), all(isinstance(a, int) for a in args[1:])
+
+
+def attrgetter_module(x):
+    get = operator.attrgetter("weight.shape", "bias")
+    shape, bias = get(LAYER)
+    return x[:, : shape[0]] + bias
+
+
+def sum_len_values(x):
+    d = {"a": [1, 2], "b": [3]}
+    return x * sum(len(v) for v in d.values())
+
+
+def chain_star(x):
+    lists = [[x], [x + 1, x + 2]]
+    return list(itertools.chain(*lists))
+
+
+def copy_copy_list(x):
+    a = [x, 1]
+    b = copy.copy(a)
+    b.append(2)
+    return a, b, x + 1
+
+
+def sorted_set_names(x):
+    return x + 1, sorted(set(["b", "a", "b"])), sorted({3: 0, 1: 0})
+
+
+def enumerate_zip_shapes(x):
+    out = []
+    for i, (a, b) in enumerate(zip(x.shape, (10, 20))):
+        out.append(a * b + i)
+    return x * out[0], out
+
+
+def list_of_tensors_ops(x):
+    ts = [x, x * 2, x * 3]
+    ts.reverse()
+    ts.pop(1)
+    ts.insert(0, x - 1)
+    return torch.stack(ts), len(ts)
+
+
+def counter_update_tensor_keys_free(x):
+    c = collections.Counter()
+    for s in x.shape:
+        c[s] += 1
+    return x * c[3], dict(c)
+
+
+def nested_partial_reduce(x):
+    add3 = functools.partial(functools.reduce, operator.add)
+    return add3([x, x, x])
+
+
+def minmax_key_tensor_items(x):
+    ts = [x[:1], x, x[:2]]
+    return max(ts, key=lambda t: t.shape[0]), min(ts, key=len)
+
+
+def dict_iteration_with_del(x):
+    d = {"a": 1, "b": 2, "c": 3}
+    for k in list(d):
+        if d[k] % 2:
+            del d[k]
+    return x * len(d), d
+
+
+def list_comparisons_sorting_tuples(x):
+    pairs = [(2, "b"), (1, "z"), (1, "a")]
+    pairs.sort()
+    return x + 1, pairs, sorted(pairs, key=operator.itemgetter(1), reverse=True)
+
+
 CASES = [
     list_append_extend, list_pop_remove, list_index_count, list_sort_reverse, list_slicing_assign,
     list_copy_clear, list_mul_concat, list_negative_index_and_in, list_equality, list_del_item_and_iadd,
@@ -492,6 +613,7 @@ CASES = [
     partial_of_torch_function, partial_of_user_function, partial_of_lambda_and_nested,
     reduce_python_and_tensors, wraps_decorated, lru_cached_function, itemgetter_attrgetter,
     methodcaller_and_operator_funcs,
+    setdefault_append, unpack_displays, reversed_shape, zip_star_matrix, dict_sorted_rebuild, grid, set_union_star, any_isinstance, attrgetter_module, sum_len_values, chain_star, copy_copy_list, sorted_set_names, enumerate_zip_shapes, list_of_tensors_ops, counter_update_tensor_keys_free, nested_partial_reduce, minmax_key_tensor_items, dict_iteration_with_del, list_comparisons_sorting_tuples,
 ]
 
 

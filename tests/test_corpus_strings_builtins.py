@@ -6,6 +6,7 @@ Each case is one graph (``fullgraph=True``) compared with eager via
 import collections.abc
 import math
 import numbers
+import sys
 
 import pytest
 import torch
@@ -259,6 +260,30 @@ def element_size_and_numel(x):
     return x * x.element_size() + x.numel(), x.nelement(), x.ndim
 
 
+# ------------------------------------------------------------------ more real-world patterns
+
+
+def map_str_join(x):
+    return x + 1, ", ".join(map(str, x.shape)), "x".join(str(s) for s in x.shape)
+
+
+def str_format_misc(x):
+    name = "enc.layer.0"
+    return x + 1, "{:>10}|{:<4}|".format(name[:3], 7), name.split(".")[-1], "{a}-{b}".format_map({"a": 1, "b": 2})
+
+
+def fstring_size(x):
+    return x + 1, f"{x.shape}", "%s" % (x.shape,), str(x.shape), repr(x.dtype)
+
+
+def int_div_round(x):
+    return x[: int(x.shape[0] / 2)], round(x.shape[1] * 0.5), float("nan") != float("nan")
+
+
+def version_check(x):
+    return x * 2 if sys.version_info >= (3, 8) else x
+
+
 CASES = [
     fstring_specs, fstring_conversions, fstring_with_shapes, fstring_nested_spec, percent_formatting,
     str_format_method, str_and_repr_of_constants, str_of_dtype_and_device, string_methods,
@@ -271,6 +296,7 @@ CASES = [
     finfo_iinfo, finfo_default, is_tensor_is_floating_point, dtype_comparisons, dtype_properties,
     device_comparisons, torch_size_methods, torch_size_new, get_default_dtype_and_grad,
     element_size_and_numel,
+    map_str_join, str_format_misc, fstring_size, int_div_round, version_check,
 ]
 
 

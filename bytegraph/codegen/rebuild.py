@@ -5,7 +5,6 @@ code at a graph break (rebuilding the live stack and locals). Tensors and
 symbolic ints come from the graph's outputs or are re-read from their sources;
 each symbolic container is built once, so identity between uses is kept.
 """
-import collections
 import copy
 import functools
 import types
@@ -18,10 +17,7 @@ from ..trace.frame import PendingLocal
 from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DefaultDictValue, DictValue,
                            FunctionValue, IteratorValue, ListValue, PartialValue, RealCell,
                            MethodOfValue, ObjectValue, SymValue, TensorMethodValue, TensorValue,
-                           TracedId, TupleValue, UserObjectValue)
-
-# Mutable containers of constants that the tracer keeps as real objects (made in the frame).
-MUTABLE_CONSTANT_TYPES = (set, collections.deque, collections.Counter)
+                           MUTABLE_CONSTANT_TYPES, TracedId, TupleValue, UserObjectValue)
 
 
 class Namespace:

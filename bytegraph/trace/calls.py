@@ -7,6 +7,7 @@ builtins on constants), or is unsupported.
 """
 import abc
 import collections
+import copy
 import functools
 import itertools
 import operator
@@ -17,7 +18,7 @@ import torch
 from ..errors import Unsupported
 from ..guards.sources import AttrSource, DefaultSource, ItemSource
 from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DefaultDictValue, DictValue,
-                           DictViewValue, ExitValue, FunctionValue, IteratorValue, ListValue,
+                           DictViewValue, ExitValue, MUTABLE_CONSTANT_TYPES, FunctionValue, IteratorValue, ListValue,
                            MethodOfValue, ObjectValue, PartialValue, RealCell, SuperValue,
                            TensorMethodValue, TensorValue, TracedId, TupleValue, UserObjectValue)
 from ..values.builder import wrap
@@ -686,11 +687,25 @@ def _call_stdlib_object(frame, fv, args, kwargs):
                     args, kwargs)
     if type(obj) in (operator.itemgetter, operator.attrgetter, operator.methodcaller):
         return _call_getter(frame, obj, args, kwargs)
+    if isinstance(obj, (types.MethodDescriptorType, types.WrapperDescriptorType)) and args:
+        # ``list.append(xs, v)``, ``set.union(*sets)``, ``str.upper(s)``: a method called through its class.
+        owner_type, self_value = obj.__objclass__, args[0]
+        if isinstance(self_value, (ListValue, DictValue, TupleValue)) \
+                and issubclass(operators.python_type(self_value), owner_type):
+            from .containers import call_method
+            return call_method(frame, self_value, obj.__name__, list(args[1:]), kwargs)
+        if owner_type in _FOLDABLE_METHOD_OWNERS and isinstance(self_value, ConstantValue):
+            return fold(frame, obj, args, kwargs)
+        return None
     owner = getattr(obj, "__self__", None)
     if isinstance(owner, MUTABLE_CONSTANT_TYPES) and src is None and frame.tx.memo.get(id(owner)) is None:
         # A method of a set/deque/Counter made in the frame: run it on the real object.
         return fold(frame, obj, args, kwargs)
     return None
+
+
+# Classes whose methods are pure on constants, or mutate only a set/deque/Counter made in the frame.
+_FOLDABLE_METHOD_OWNERS = (str, bytes, int, float, complex, bool, tuple, frozenset, range) + MUTABLE_CONSTANT_TYPES
 
 
 def _call_getter(frame, getter, args, kwargs):
@@ -715,9 +730,6 @@ def _call_getter(frame, getter, args, kwargs):
                 v = attrs.get_attr(frame, v, part)
             picked.append(v)
     return picked[0] if len(picked) == 1 else TupleValue(picked)
-
-
-MUTABLE_CONSTANT_TYPES = (set, collections.deque, collections.Counter)
 
 
 def _const(v, what):
@@ -931,3 +943,28 @@ BUILTIN_HANDLERS[itertools.dropwhile] = _take_drop_while(False)
 def _compress(frame, args, kwargs):
     items, flags = iterate(frame, args[0]), iterate(frame, args[1])
     return IteratorValue([i for i, f in zip(items, flags) if operators.truth(frame, f)])
+
+
+@builtin(copy.copy)
+def _copy(frame, args, kwargs):
+    (v,) = args
+    if isinstance(v, ListValue):
+        return ListValue(v.items)
+    if isinstance(v, DefaultDictValue):
+        return DefaultDictValue(v.items, v.factory)
+    if isinstance(v, DictValue):
+        return DictValue(v.items, cls=v.cls)
+    if isinstance(v, TupleValue) or (isinstance(v, ConstantValue) and not operators.is_frame_mutable_constant(v)):
+        return v
+    if operators.is_frame_mutable_constant(v):
+        return ConstantValue(copy.copy(v.value))
+    raise Unsupported(f"copy.copy() of {attrs.describe(v)} is not supported yet")
+
+
+@builtin(copy.deepcopy)
+def _deepcopy(frame, args, kwargs):
+    (v,) = args
+    if not isinstance(v, (ListValue, DictValue, TupleValue, ConstantValue)) or isinstance(v, DefaultDictValue):
+        raise Unsupported(f"copy.deepcopy() of {attrs.describe(v)} is not supported yet")
+    # Python values only (tensors are not constants): a new structure of the same shape.
+    return operators.constant_value(copy.deepcopy(_const(v, "copy.deepcopy()")))

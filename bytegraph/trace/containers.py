@@ -104,6 +104,9 @@ def _dict_method(frame, d, name, args, kwargs):
             other = args[0]
             if isinstance(other, DictValue):
                 items.update(other.items)
+            elif isinstance(other, ConstantValue) and isinstance(other.value, dict):
+                # A Counter made in the frame (kept as a real object of Python values).
+                items.update({k: constant(v) for k, v in other.value.items()})
             else:
                 for pair in iterate(frame, other):
                     k, v = iterate(frame, pair)

@@ -1,11 +1,13 @@
 """Python operators on values: arithmetic, comparison, truth, subscripts."""
+import collections
 import operator
+import sys
 
 import torch
 
 from ..errors import Unsupported
 from ..guards.sources import ModuleEntrySource
-from ..values.base import (NULL, BoundMethodValue, ConstantValue, ContextManagerValue, DefaultDictValue,
+from ..values.base import (MUTABLE_CONSTANT_TYPES, NULL, BoundMethodValue, ConstantValue, ContextManagerValue, DefaultDictValue,
                            DictValue,
                            DictViewValue, FunctionValue, IteratorValue, ListValue, MethodOfValue,
                            ObjectValue, SliceValue, SymValue, TensorMethodValue, TensorValue,
@@ -50,6 +52,10 @@ def as_constant(v):
         return slice(as_constant(v.start), as_constant(v.stop), as_constant(v.step))
     if isinstance(v, ObjectValue) and isinstance(v.obj, (type, torch.finfo, torch.iinfo)):
         return v.obj
+    if isinstance(v, ObjectValue) and type(v.obj) is frozenset and v.source is None:
+        return v.obj    # read from a trusted module (e.g. dataclasses._ATOMIC_TYPES): fixed
+    if isinstance(v, ObjectValue) and type(v.obj) is type(sys.version_info):
+        return v.obj    # the only instance of its type; it never changes
     if isinstance(v, DictViewValue):
         # A real view over a dict of the constants, for set operations and comparisons.
         return getattr(as_constant(v.dict_value), v.kind)()
@@ -68,10 +74,15 @@ def is_constant(v):
 
 def constant_value(result):
     """Wrap a Python result computed at trace time."""
+    if isinstance(result, MUTABLE_CONSTANT_TYPES):
+        return ConstantValue(result)
     if isinstance(result, (list,)):
         return ListValue([constant_value(r) for r in result])
     if isinstance(result, dict):
-        return DictValue({k: constant_value(v) for k, v in result.items()})
+        items = {k: constant_value(v) for k, v in result.items()}
+        if isinstance(result, collections.defaultdict):
+            return DefaultDictValue(items, constant_value(result.default_factory))
+        return DictValue(items, cls=type(result) if type(result).__module__ == "collections" else dict)
     if isinstance(result, (torch.finfo, torch.iinfo, type)):
         return ObjectValue(result)
     return ConstantValue(result)
@@ -371,6 +382,9 @@ def setitem(frame, obj, index, value):
     if obj.source is None and isinstance(obj, DictValue):
         obj.items[key_of(index)] = value
         return
+    if is_frame_mutable_constant(obj):
+        _on_real(operator.setitem, obj, index, value, "item assignment")
+        return
     raise Unsupported(f"item assignment on {attrs.describe(obj)} (a side effect on an existing object) "
                       "is not supported yet")
 
@@ -378,6 +392,25 @@ def setitem(frame, obj, index, value):
 def delitem(frame, obj, index):
     if obj.source is None and isinstance(obj, (ListValue, DictValue)):
         k = as_constant(index) if isinstance(obj, ListValue) else key_of(index)
-        del obj.items[k]
+        try:
+            del obj.items[k]
+        except (IndexError, KeyError, TypeError) as e:
+            raise Unsupported(f"del raised {type(e).__name__}: {e}") from e
+        return
+    if is_frame_mutable_constant(obj):
+        _on_real(operator.delitem, obj, index, None, "del")
         return
     raise Unsupported(f"del on {attrs.describe(obj)} is not supported yet")
+
+
+def is_frame_mutable_constant(v):
+    """A set/deque/Counter made in the frame, kept as a real object of Python values."""
+    return isinstance(v, ConstantValue) and v.source is None and isinstance(v._value, MUTABLE_CONSTANT_TYPES)
+
+
+def _on_real(fn, obj, index, value, what):
+    args = [obj.value, as_constant(index)] + ([] if value is None else [as_constant(value)])
+    try:
+        fn(*args)
+    except Exception as e:
+        raise Unsupported(f"{what} raised {type(e).__name__}: {e}") from e

@@ -368,6 +368,13 @@ class ExitValue(Value):
         self.manager = manager
 
 
+# Mutable containers of Python values that a traced frame makes are kept as real objects
+# inside a ConstantValue (no source): methods run on them while tracing, and code
+# generation copies them for each call.
+import collections as _collections  # noqa: E402
+MUTABLE_CONSTANT_TYPES = (set, _collections.deque, _collections.Counter)
+
+
 class DefaultDictValue(DictValue):
     """A ``collections.defaultdict`` made while tracing: a missing key gets ``factory()``."""
 
