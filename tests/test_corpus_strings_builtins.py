@@ -140,6 +140,19 @@ def id_of_existing_objects(x):
     return x + 1 if id(CONFIG) == id(CONFIG) else x
 
 
+def id_of_singletons_and_frame_sets(x):
+    s = {1}
+    t = s
+    seen = {id(None)}
+    return x + 1, id(None) == id(None), id(s) == id(t), id(s) != id({1}), id(None) in seen
+
+
+def id_as_dict_key(x):
+    a, b = [x], [x + 1]
+    table = {id(a): "a", id(b): "b"}
+    return table[id(b)], b[0]
+
+
 def isinstance_tuples(x):
     return x + 1, isinstance(1, (int, float)), isinstance("a", (list, tuple)), isinstance(x, (torch.Tensor, int))
 
@@ -290,7 +303,7 @@ CASES = [
     string_predicates, string_split_variants, string_building_keys, string_indexing_and_slicing,
     string_comparison_branch, string_multiplication_concat, string_encode_ord_chr,
     string_method_on_global_str, assert_on_python_values, type_of_values, type_dispatch,
-    id_not_leaking, id_of_existing_objects, isinstance_tuples, isinstance_abcs, isinstance_bool_is_int,
+    id_not_leaking, id_of_existing_objects, id_of_singletons_and_frame_sets, id_as_dict_key, isinstance_tuples, isinstance_abcs, isinstance_bool_is_int,
     callable_checks, getattr_hasattr, divmod_round_abs, int_float_bool_conversions, numeric_edge_ops,
     math_on_constants, math_of_tensor_shape, int_of_shape_product, bool_of_python_containers,
     finfo_iinfo, finfo_default, is_tensor_is_floating_point, dtype_comparisons, dtype_properties,
@@ -303,3 +316,16 @@ CASES = [
 @pytest.mark.parametrize("fn", CASES, ids=lambda f: f.__name__)
 def test_corpus_strings_builtins(fn):
     check(fn, X)
+
+
+def id_of_tensor(x):
+    y = x + 1
+    return y if id(y) != id(x) else x
+
+
+def test_id_of_tensor_is_refused_not_guessed():
+    import bytegraph
+    from bytegraph.errors import Unsupported
+    with pytest.raises(Unsupported, match="id\\(\\) of a tensor"):
+        bytegraph.compile(id_of_tensor, fullgraph=True)(X)
+    check(id_of_tensor, X, graphs=1, fullgraph=False)   # the id() runs eagerly; x + 1 is one graph

@@ -17,10 +17,11 @@ import torch
 
 from ..errors import Unsupported
 from ..guards.sources import AttrSource, DefaultSource, ItemSource
-from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DefaultDictValue, DictValue,
-                           DictViewValue, ExitValue, MUTABLE_CONSTANT_TYPES, FunctionValue, IteratorValue, ListValue,
-                           MethodOfValue, ObjectValue, PartialValue, RealCell, SuperValue,
-                           TensorMethodValue, TensorValue, TracedId, TupleValue, UserObjectValue)
+from ..values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, CellValue, ConstantValue,
+                           DefaultDictValue, DictValue, DictViewValue, ExitValue, FunctionValue,
+                           IteratorValue, ListValue, MethodOfValue, ObjectValue, PartialValue, RealCell,
+                           SuperValue, SymValue, TensorMethodValue, TensorValue, TracedId, TupleValue,
+                           UserObjectValue)
 from ..values.builder import wrap
 from . import attrs, operators
 from .frame import inline_call
@@ -590,9 +591,15 @@ def _id(frame, args, kwargs):
     v = args[0]
     if isinstance(v, ObjectValue):
         return ConstantValue(TracedId(("object", id(v.obj))))
-    if isinstance(v, ConstantValue) and v.value is not None and not isinstance(v.value, (bool, type)):
+    if isinstance(v, ConstantValue):
+        c = v.value
+        if c is None or c is Ellipsis or isinstance(c, (bool, type)) or operators.is_frame_mutable_constant(v):
+            return ConstantValue(TracedId(("object", id(c))))   # singletons, or one real object per trace
         # Equal constants may or may not be one object in Python (small ints, interned strings).
         raise Unsupported(f"id() of {attrs.describe(v)} depends on how Python shares constants")
+    if isinstance(v, (TensorValue, SymValue)):
+        raise Unsupported("id() of a tensor made or read while tracing is not supported yet",
+                          hint="compare tensors with `is`, or key by a Python value")
     return ConstantValue(TracedId(("value", id(v))))
 
 
