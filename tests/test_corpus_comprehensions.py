@@ -10,6 +10,7 @@ import torch
 from helpers import check
 
 X = torch.randn(3, 4)
+LAYER = torch.nn.Linear(4, 2)
 NAMES = ("q", "k", "v")
 SCALES = {"a": 1.0, "b": 2.0}
 
@@ -219,6 +220,75 @@ def comprehension_reduce_pattern(x):
     return torch.stack([p * 2 for p in parts])
 
 
+# ------------------------------------------------------------------ more real-world patterns
+
+
+def nested_lambda_grid(x):
+    fs = [[lambda i=i, j=j: i + j for j in range(2)] for i in range(2)]
+    return x * sum(f() for row in fs for f in row)
+
+
+def tuple_key_dictcomp(x):
+    d = {(i, j): x * i + j for i in range(2) for j in range(2)}
+    return d[(1, 1)], list(d)
+
+
+def cat_genexp(x):
+    ts = x.unbind(0)
+    return torch.cat(tuple(t * 2 for t in ts)), torch.stack(list(t for t in x.split(1)))
+
+
+def params_sum(x):
+    n = sum(p.numel() for p in LAYER.parameters())
+    return x * n, any(p.requires_grad for p in LAYER.parameters())
+
+
+def max_default_genexp(x):
+    ts = [x, x[:2]]
+    return x * max((t.shape[0] for t in ts), default=0) + max((i for i in []), default=1)
+
+
+def map_star(x):
+    return [*map(lambda t: t + 1, [x, x * 2])]
+
+
+def user_generator(x):
+    def gen(n):
+        for i in range(n):
+            yield x * i
+        yield from [x, x]
+    return list(gen(2))
+
+
+def walrus_in_comprehension(x):
+    vals = [last := i * 2 for i in range(3)]
+    return x * last, vals
+
+
+def inlined_closure_in_comprehension(x):
+    return [(lambda: x * i)() for i in range(3)]
+
+
+def sorted_by_shape(x):
+    ts = [x[:, :3], x[:, :1], x]
+    return sorted(ts, key=lambda t: t.shape[-1])
+
+
+def ternary_genexp(x):
+    return sum((x if i % 2 else -x) for i in range(3))
+
+
+def all_dims_positive(x):
+    if all(d > 0 for d in x.shape) and not any(d == 0 for d in x.shape):
+        return x + 1
+    return x
+
+
+def zip_dict_keys_values(x):
+    d = {"w": x, "b": x.sum(0)}
+    return dict(zip(d.values(), d.keys())) if False else {k: v * 2 for k, v in zip(d.keys(), d.values())}
+
+
 CASES = [
     listcomp_simple, listcomp_conditional, listcomp_ternary, listcomp_nested_loops,
     listcomp_nested_comprehension, listcomp_over_dims, listcomp_over_tensor_rows, listcomp_over_zip,
@@ -233,9 +303,60 @@ CASES = [
     comprehension_chunks, comprehension_conditional_on_shape, comprehension_with_module_list,
     comprehension_zip_strict, comprehension_dict_of_lists, comprehension_filter_none,
     comprehension_reduce_pattern,
+    nested_lambda_grid,
+    tuple_key_dictcomp,
+    cat_genexp,
+    params_sum,
+    max_default_genexp,
+    map_star,
+    pytest.param(user_generator, marks=pytest.mark.xfail(strict=True, reason="yield from in a generator: opcode GET_YIELD_FROM_ITER is not supported yet")),
+    walrus_in_comprehension,
+    inlined_closure_in_comprehension,
+    sorted_by_shape,
+    ternary_genexp,
+    all_dims_positive,
+    zip_dict_keys_values,
 ]
 
 
 @pytest.mark.parametrize("fn", CASES, ids=lambda f: f.__name__)
 def test_corpus_comprehensions(fn):
     check(fn, X)
+
+
+# ------------------------------------------------------------------ over a module's members
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc = torch.nn.Linear(4, 4)
+        self.dec = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.ReLU())
+        self.register_buffer("scale", torch.tensor(2.0))
+
+    def forward(self, x):
+        n = sum(p.numel() for p in self.parameters())
+        names = [name for name, _ in self.named_parameters()]
+        device = next(self.parameters()).device
+        kinds = [type(m).__name__ for m in self.modules()]
+        kids = [name for name, _ in self.named_children()]
+        bufs = {k: b * 1 for k, b in self.named_buffers()}
+        return self.dec(self.enc(x)) * n, names, device, kinds, kids, bufs
+
+
+def test_module_members_in_comprehensions():
+    check(Net(), X)
+
+
+def test_module_members_recompile_when_tree_changes():
+    import bytegraph
+    net = Net()
+    compiled = bytegraph.compile(net)
+    compiled(X)
+    net.enc.extra = torch.nn.Parameter(torch.ones(3))
+    expected = net(X)
+    got = compiled(X)
+    assert got[0].allclose(expected[0]) and got[1] == expected[1] and "enc.extra" in got[1]
+    net.enc.bias = None
+    expected = net(X)
+    got = compiled(X)
+    assert got[0].allclose(expected[0]) and got[1] == expected[1]

@@ -590,6 +590,34 @@ def list_comparisons_sorting_tuples(x):
     return x + 1, pairs, sorted(pairs, key=operator.itemgetter(1), reverse=True)
 
 
+# ------------------------------------------------------------------ more real-world patterns (2)
+
+
+def enumerate_reversed_zip(x):
+    out = []
+    for i, (a, b) in reversed(list(enumerate(zip([x, x * 2], [1, 2])))):
+        out.append(a * b + i)
+    return out
+
+
+def dict_get_with_tensor_default(x):
+    d = {"a": x}
+    return d.get("b", x * 2), d.get("a")
+
+
+def nested_dict_update(x):
+    cfg = {"model": {"dim": 4}, "lr": 0.1}
+    cfg["model"]["dim"] *= 2
+    cfg.update(lr=0.2)
+    return x * cfg["model"]["dim"], cfg
+
+
+def list_sort_key_len(x):
+    words = ["ccc", "a", "bb"]
+    words.sort(key=len)
+    return x * len(words[0]), words
+
+
 CASES = [
     list_append_extend, list_pop_remove, list_index_count, list_sort_reverse, list_slicing_assign,
     list_copy_clear, list_mul_concat, list_negative_index_and_in, list_equality, list_del_item_and_iadd,
@@ -614,6 +642,10 @@ CASES = [
     reduce_python_and_tensors, wraps_decorated, lru_cached_function, itemgetter_attrgetter,
     methodcaller_and_operator_funcs,
     setdefault_append, unpack_displays, reversed_shape, zip_star_matrix, dict_sorted_rebuild, grid, set_union_star, any_isinstance, attrgetter_module, sum_len_values, chain_star, copy_copy_list, sorted_set_names, enumerate_zip_shapes, list_of_tensors_ops, counter_update_tensor_keys_free, nested_partial_reduce, minmax_key_tensor_items, dict_iteration_with_del, list_comparisons_sorting_tuples,
+    enumerate_reversed_zip,
+    dict_get_with_tensor_default,
+    nested_dict_update,
+    list_sort_key_len,
 ]
 
 

@@ -10,12 +10,14 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from helpers import check
 
 X = torch.randn(3, 4)
 CONFIG = {"name": "enc", "layers": 2}
 PREFIX = "layer"
+ACT = "relu"
 
 
 # ------------------------------------------------------------------ formatting
@@ -297,6 +299,69 @@ def version_check(x):
     return x * 2 if sys.version_info >= (3, 8) else x
 
 
+# ------------------------------------------------------------------ more real-world patterns
+
+
+def fstring_selfdoc(x):
+    n = x.size(0)
+    return x + 1, f"{n=}", f"{x.shape[0]:>5}", "{:.3e}".format(1234.5), "{0.real}".format(3)
+
+
+def string_methods_more(x):
+    name = "enc.layer.0.weight"
+    return (x + 1, name.removeprefix("enc."), name.removesuffix(".weight"), "a,b,c".split(",", maxsplit=1),
+            str(x.dtype).split(".")[-1], name.rpartition(".")[0], name.index("layer"), name.casefold())
+
+
+def type_name_and_class(x):
+    return x + 1, type(x).__name__, x.__class__ is torch.Tensor, isinstance(x.shape, tuple), isinstance(x.dtype, torch.dtype)
+
+
+def tensor_predicates(x):
+    return x + 1, x.is_floating_point(), x.is_contiguous(), x.t().is_contiguous(), torch.float32 == torch.float
+
+
+def shape_arith(x):
+    h = math.floor(x.shape[0] / 2)
+    q, r = divmod(x.shape[1], 4)
+    return x[:h, : q + r], int(x.shape[0] ** 0.5), x.size()[-2:], torch.Size([1]) + x.shape, x.shape.index(4)
+
+
+def assert_fmessage(x):
+    assert x.dim() == 2, f"got {x.dim()}"
+    return x + 1
+
+
+def getattr_torch_funcs(x):
+    return getattr(torch, "relu")(x) + getattr(F, ACT)(x), hasattr(torch, "compile"), callable(getattr(x, "sum", None))
+
+
+def number_formatting(x):
+    return x + 1, "%05.1f" % 3.14159, bin(5), hex(255), oct(8), format(x.shape[0], "03d"), len("abc".encode()), str(1) + str(2.0)
+
+
+def iinfo_bits(x):
+    return x * torch.iinfo(torch.int32).bits, torch.finfo(torch.bfloat16).bits
+
+
+def list_in_with_none(x):
+    opts = [None, "a"]
+    return x + 1, None in opts, "b" in opts
+
+
+def chained_comparison(x):
+    n = x.shape[0]
+    return x * (0 < n <= 4), 1 < 2 < 3 > 2
+
+
+def min_of_shapes(x):
+    return x[: min(x.shape[0], 2)], min(x.shape), max(*x.shape)
+
+
+def divmod_neg_round_half(x):
+    return x + 1, round(-2.5), round(0.125, 2), divmod(7.5, 2), abs(-0.0), -7 // 2
+
+
 CASES = [
     fstring_specs, fstring_conversions, fstring_with_shapes, fstring_nested_spec, percent_formatting,
     str_format_method, str_and_repr_of_constants, str_of_dtype_and_device, string_methods,
@@ -310,6 +375,19 @@ CASES = [
     device_comparisons, torch_size_methods, torch_size_new, get_default_dtype_and_grad,
     element_size_and_numel,
     map_str_join, str_format_misc, fstring_size, int_div_round, version_check,
+    fstring_selfdoc,
+    string_methods_more,
+    pytest.param(type_name_and_class, marks=pytest.mark.xfail(strict=True, reason="WRONG RESULT: x.__class__ is read as a Tensor method (trace/attrs.py _tensor_attr), so `x.__class__ is torch.Tensor` is False when compiled")),
+    tensor_predicates,
+    shape_arith,
+    assert_fmessage,
+    getattr_torch_funcs,
+    number_formatting,
+    iinfo_bits,
+    list_in_with_none,
+    chained_comparison,
+    min_of_shapes,
+    divmod_neg_round_half,
 ]
 
 
