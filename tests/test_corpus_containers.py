@@ -298,6 +298,17 @@ def sorted_dict_items_by_value(x):
     return x + 1, sorted(d.items(), key=lambda kv: kv[1]), sorted(d, key=d.get)
 
 
+def sorted_named_tensors(x):
+    state = {"b.weight": x * 2, "a.weight": x, "c": x.sum()}
+    ordered = sorted(state.items())
+    return [name for name, _ in ordered], [t for _, t in sorted(state.items(), reverse=True)]
+
+
+def max_of_pairs_by_first(x):
+    pairs = [(1, x), (3, x * 3), (2, x * 2)]
+    return max(pairs, key=lambda p: p[0])[1], min(pairs)[1]
+
+
 def reversed_list_and_range(x):
     out = x
     for i in reversed(range(3)):
@@ -632,7 +643,8 @@ CASES = [
                             "deque.append() on non-constant arguments (a tensor) is unsupported")),
     counter_basic,
     counter_of_list,
-    sorted_key_reverse, sorted_tensors_by_key, sorted_dict_items_by_value, reversed_list_and_range,
+    sorted_key_reverse, sorted_tensors_by_key, sorted_dict_items_by_value, sorted_named_tensors,
+    max_of_pairs_by_first, reversed_list_and_range,
     min_max_variants, sum_variants, any_all_python, map_filter, map_over_tensors, zip_variants,
     zip_unzip, enumerate_start, len_and_range_args,
     itertools_chain, itertools_product, itertools_islice_repeat, itertools_accumulate,
@@ -728,3 +740,14 @@ def test_id_of_traced_value_cannot_escape():
         bytegraph.compile(id_escapes, fullgraph=True)(X)
     out = bytegraph.compile(id_escapes)(X)     # not fullgraph: runs correctly without the trace
     assert isinstance(out[1], int)
+
+
+def sort_compares_tensors(x):
+    return sorted([(1, x), (1, x + 1)])
+
+
+def test_sort_that_compares_tensors_is_unsupported():
+    import bytegraph
+    from bytegraph.errors import Unsupported
+    with pytest.raises(Unsupported, match="sorting compared values that are not known"):
+        bytegraph.compile(sort_compares_tensors, fullgraph=True)(X)

@@ -522,11 +522,29 @@ def _sort_keys(frame, items, key, what):
         values = items
     else:
         values = [call(frame, key, [i], {}) for i in items]
-    try:
-        return [operators.as_constant(v) for v in values]
-    except Unsupported:
-        raise Unsupported(f"{what}() comparing values that are not known while tracing (tensors?)",
-                          hint="sort by a key that is a Python value (a size, an index, a name)") from None
+    return [_sort_key(v) for v in values]
+
+
+class _Unordered:
+    """A tuple item that is not a Python value (a tensor): fine until the sort has to compare it."""
+
+    __slots__ = ()
+
+    def _refuse(self, other):
+        raise Unsupported("sorting compared values that are not known while tracing (tensors)",
+                          hint="sort by a key that is a Python value (a size, an index, a name)")
+
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _refuse
+    __hash__ = None
+
+
+def _sort_key(v):
+    if isinstance(v, TupleValue) and v.cls is tuple:
+        # (name, tensor) pairs sort by name; tuples compare items only until they differ.
+        return tuple(_sort_key(i) for i in v.items)
+    if isinstance(v, SymValue) or operators.is_constant(v):
+        return operators.as_constant(v)   # a symbolic size is specialised, as everywhere else
+    return _Unordered()
 
 
 def sort_values(frame, items, key=None, reverse=False):
