@@ -4,6 +4,8 @@ naming the user's file and line."""
 import inspect
 import re
 
+import os
+
 import pytest
 import torch
 
@@ -48,9 +50,9 @@ def mutates_input_list(xs, x):
     return x + len(xs)
 
 
-def sorts_with_key(xs, x):
-    xs.sort(key=abs)  # <-- unsupported
-    return x + xs[0]
+def asks_the_os(xs, x):
+    one = os.getpid() % 1 + 1  # <-- unsupported
+    return x + xs[0] * one
 
 
 def _helper_that_prints(y):
@@ -67,7 +69,7 @@ CASES = {
     "tensor_branch_pos": (branches_on_tensor_value, lambda: (torch.ones(3),)),
     "tensor_branch_neg": (branches_on_tensor_value, lambda: (-torch.ones(3) * 5,)),
     "item": (uses_item, lambda: (t(4),)),
-    "list_sort_key": (sorts_with_key, lambda: ([3, -1, 2], t(2))),
+    "os_getpid": (asks_the_os, lambda: ([3, -1, 2], t(2))),
     "nested_print": (calls_printing_helper, lambda: (t(3),)),
 }
 

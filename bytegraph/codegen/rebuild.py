@@ -6,6 +6,7 @@ symbolic ints come from the graph's outputs or are re-read from their sources;
 each symbolic container is built once, so identity between uses is kept.
 """
 import copy
+import functools
 import types
 
 import torch
@@ -13,10 +14,10 @@ import torch
 from ..errors import Unsupported
 from ..guards.sources import AttrSource, ObjectSource
 from ..trace.frame import PendingLocal
-from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, FunctionValue,
-                           IteratorValue, ListValue, RealCell,
-                           MethodOfValue, ObjectValue, PrivateObjectValue, SymValue, TensorMethodValue, TensorValue,
-                           TupleValue, UserObjectValue)
+from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DefaultDictValue, DictValue,
+                           FunctionValue, IteratorValue, ListValue, PartialValue, PrivateObjectValue, RealCell,
+                           MethodOfValue, ObjectValue, SymValue, TensorMethodValue, TensorValue,
+                           MUTABLE_CONSTANT_TYPES, TracedId, TupleValue, UserObjectValue)
 
 
 class Namespace:
@@ -48,6 +49,7 @@ class Rebuilder:
     def __init__(self, ns, tensor_exprs):
         self.ns = ns
         self.tensor_exprs = tensor_exprs
+        self._mutable_copies = {}   # id(real set/deque/Counter) -> its copy, made once
         self.lines = []
         self._done = {}
         self._temps = 0
@@ -107,8 +109,15 @@ class Rebuilder:
             c = v.value
             if c is None or isinstance(c, (bool, str)) or type(c) is int:
                 return repr(c)
-            if type(c) is set:
-                return self.temp(f"set({self.ns.ref(c)})")   # a new set on every call, as in eager
+            if isinstance(c, TracedId):
+                raise Unsupported("an id() taken while tracing escapes the compiled code; its value is "
+                                  "known only at run time", hint="compare ids inside the function only")
+            if isinstance(c, MUTABLE_CONSTANT_TYPES):
+                # A set/deque/Counter made in the frame: a new copy per call, never the trace's own.
+                if id(c) not in self._mutable_copies:
+                    self.ns.ns["__copy"] = copy.copy
+                    self._mutable_copies[id(c)] = self.temp(f"__copy({self.ns.ref(c)})")
+                return self._mutable_copies[id(c)]
             if type(c) in (list, dict):
                 # A container read from an object private to the trace: each call gets its own.
                 self.ns.ns["__deepcopy"] = copy.deepcopy
@@ -137,6 +146,8 @@ class Rebuilder:
             if v.source is not None:
                 return self.ns.source(v.source)
             body = ", ".join(f"{_key_expr(k, self.ns)}: {self.expr(i)}" for k, i in v.items.items())
+            if isinstance(v, DefaultDictValue):
+                return self.temp(f"{self.ns.ref(v.cls, 'cls')}({self.expr(v.factory)}, {{{body}}})")
             if v.cls is dict:
                 return self.temp(f"{{{body}}}")
             return self.temp(f"{self.ns.ref(v.cls, 'cls')}({{{body}}})")
@@ -154,6 +165,10 @@ class Rebuilder:
                 return self.temp(f"__new_object({self.ns.ref(v.cls, 'cls')}, {{{body}}})")
             items = ", ".join(f"({_key_expr(k, self.ns)}, {self.expr(i)})" for k, i in v.dict_items.items.items())
             return self.temp(f"__new_object({self.ns.ref(v.cls, 'cls')}, {{{body}}}, [{items}])")
+        if isinstance(v, PartialValue):
+            parts = [self.expr(v.func)] + [self.expr(a) for a in v.args] \
+                + [f"{k}={self.expr(a)}" for k, a in v.kwargs.items()]
+            return self.temp(f"{self.ns.ref(functools.partial, 'partial')}({', '.join(parts)})")
         if isinstance(v, IteratorValue):
             rest = v.items[v.pos:]
             return self.temp(f"iter([{', '.join(self.expr(i) for i in rest)}])")
@@ -175,6 +190,8 @@ def tensors_in(values, out):
             tensors_in(v.items.values(), out)
         elif isinstance(v, IteratorValue):
             tensors_in(v.items[v.pos:], out)
+        elif isinstance(v, PartialValue):
+            tensors_in([v.func] + v.args + list(v.kwargs.values()), out)
         elif isinstance(v, TensorMethodValue):
             tensors_in([v.tensor], out)
         elif isinstance(v, MethodOfValue):

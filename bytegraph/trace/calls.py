@@ -6,9 +6,11 @@ graph node (torch functions, tensor methods), is folded to a constant (pure
 builtins on constants), or is unsupported.
 """
 import abc
+import collections
 import copy
 import functools
 import inspect
+import itertools
 import operator
 import types
 from collections import OrderedDict
@@ -16,11 +18,13 @@ from collections import OrderedDict
 import torch
 
 from ..errors import Unsupported
-from ..guards.sources import AttrSource, DefaultSource, ItemSource
-from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, ExceptionValue,
-                           ExitValue, FunctionValue, IteratorValue, ListValue, MethodOfValue,
-                           ObjectValue, PrivateObjectValue, RealCell, SuperValue, TensorMethodValue,
-                           TensorValue, TracerCallableValue, TupleValue, UserObjectValue)
+from ..guards.sources import AttrSource, DefaultSource, ItemSource, ModuleEntrySource
+from ..values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, CellValue, ConstantValue,
+                           DefaultDictValue, DictValue, DictViewValue, ExceptionValue, ExitValue,
+                           FunctionValue, IteratorValue, ListValue, MethodOfValue, ObjectValue,
+                           PartialValue, PrivateObjectValue, RealCell, SuperValue, SymValue,
+                           TensorMethodValue, TensorValue, TracedId, TracerCallableValue, TupleValue,
+                           UserObjectValue)
 from ..values.builder import wrap
 from . import attrs, generators, operators
 from .exceptions import PythonError, TracedRaise, make_exception, to_str
@@ -39,6 +43,8 @@ def call(frame, fn, args, kwargs):
     if isinstance(fn, MethodOfValue):
         from .containers import call_method
         return call_method(frame, fn.owner, fn.name, list(args), kwargs)
+    if isinstance(fn, PartialValue):
+        return call(frame, fn.func, fn.args + list(args), {**fn.kwargs, **kwargs})
     if isinstance(fn, ExitValue):
         exit_context(frame, fn.manager)
         return ConstantValue(None)
@@ -61,6 +67,9 @@ def _call_object(frame, fv, args, kwargs):
     handler = BUILTIN_HANDLERS.get(_key(obj))
     if handler is not None:
         return handler(frame, args, kwargs)
+    stdlib = _call_stdlib_object(frame, fv, args, kwargs)
+    if stdlib is not None:
+        return stdlib
     if isinstance(obj, torch.nn.Module):
         return call_module(frame, fv, args, kwargs)
     if isinstance(obj, types.FunctionType):
@@ -78,8 +87,6 @@ def _call_object(frame, fv, args, kwargs):
             else _call_class(frame, obj, args, kwargs)
     if _is_foldable(obj):
         return fold(frame, obj, args, kwargs)
-    if isinstance(obj, functools._lru_cache_wrapper):
-        return _call_memoized(frame, fv, args, kwargs)
     call_attr = getattr(type(obj), "__call__", None)
     if isinstance(call_attr, types.FunctionType):
         return call(frame, wrap(tx, call_attr, None), [fv] + args, kwargs)
@@ -205,12 +212,7 @@ def _call_memoized(frame, fv, args, kwargs):
     eager would make it on its first call) and its result taken as a constant.
     """
     def real(v):
-        if isinstance(v, ObjectValue) and not isinstance(v, PrivateObjectValue):
-            return v.obj
-        if operators.is_constant(v):
-            return operators.as_constant(v)
-        raise Unsupported(f"{fv.obj.__qualname__}() (an lru_cache'd function) on {attrs.describe(v)}",
-                          hint="call it with constant arguments, or outside the compiled function")
+        return v.obj if isinstance(v, ObjectValue) else operators.as_constant(v)
     result = fv.obj(*[real(a) for a in args], **{k: real(v) for k, v in kwargs.items()})
     from ..values.builder import CONSTANT_TYPES
     if isinstance(result, CONSTANT_TYPES) or (type(result) is tuple and all(
@@ -218,6 +220,13 @@ def _call_memoized(frame, fv, args, kwargs):
         return ConstantValue(result)
     raise Unsupported(f"{fv.obj.__qualname__}() (an lru_cache'd function) returned a "
                       f"{type(result).__name__}; only constant results are supported yet")
+
+
+def _is_memo_argument(v):
+    """Can ``v`` be handed, as the real object, to an lru_cache'd function called while tracing?"""
+    if isinstance(v, ObjectValue):
+        return not isinstance(v, PrivateObjectValue)
+    return operators.is_constant(v) and not operators.is_frame_mutable_constant(v)
 
 
 def _dict_base(cls):
@@ -270,9 +279,10 @@ def fold(frame, fn, args, kwargs, what=None):
     """Call a pure function on constant arguments at trace time."""
     name = what or getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))
     args = generators.materialize_args(frame, fn, args)
+    iterators = []   # (value, real iterator handed to fn, items it had)
     try:
-        cargs = [operators.as_constant(a) for a in args]
-        ckwargs = {k: operators.as_constant(v) for k, v in kwargs.items()}
+        cargs = [_fold_arg(a, iterators) for a in args]
+        ckwargs = {k: _fold_arg(v, iterators) for k, v in kwargs.items()}
     except Unsupported:
         # Some operator.* functions are graph operations on tensors.
         if getattr(fn, "__module__", None) in ("_operator", "operator") and _has_tensor(args):
@@ -282,7 +292,20 @@ def fold(frame, fn, args, kwargs, what=None):
         result = fn(*cargs, **ckwargs)
     except Exception as e:
         raise PythonError(f"{name}() raised {type(e).__name__}: {e}", e) from e
+    for value, real, n in iterators:
+        # The iterator value advances by as many items as fn took.
+        value.pos += n - operator.length_hint(real)
     return operators.constant_value(result)
+
+
+def _fold_arg(v, iterators):
+    """The real argument for a folded call; an iterator becomes a real iterator over its constants."""
+    if isinstance(v, IteratorValue):
+        rest = [operators.as_constant(i) for i in v.items[v.pos:]]
+        real = iter(rest)
+        iterators.append((v, real, len(rest)))
+        return real
+    return operators.as_constant(v)
 
 
 def _has_tensor(args):
@@ -411,6 +434,8 @@ def _type(frame, args, kwargs):
 def _getattr(frame, args, kwargs):
     obj, name = args[0], operators.as_constant(args[1])
     if len(args) == 3:
+        if _builtin_lacks_attr(obj, name):
+            return args[2]
         try:
             return attrs.get_attr(frame, obj, name)
         except attrs.MissingAttribute:
@@ -422,9 +447,18 @@ def _getattr(frame, args, kwargs):
     return attrs.get_attr(frame, obj, name)
 
 
+def _builtin_lacks_attr(v, name):
+    """True if ``v`` is a list/dict/tuple/set value (no instance attributes) whose type lacks ``name``."""
+    if isinstance(v, (ListValue, DictValue, TupleValue, DictViewValue)):
+        return not hasattr(operators.python_type(v), name)
+    return False
+
+
 @builtin(hasattr)
 def _hasattr(frame, args, kwargs):
     obj, name = args[0], operators.as_constant(args[1])
+    if _builtin_lacks_attr(obj, name):
+        return ConstantValue(False)
     try:
         attrs.get_attr(frame, obj, name)
     except attrs.MissingAttribute:
@@ -528,21 +562,88 @@ def _callable(frame, args, kwargs):
 
 def _min_max(fn):
     def h(frame, args, kwargs):
+        kwargs = dict(kwargs)
+        key = kwargs.pop("key", None)
+        has_default = "default" in kwargs
+        default = kwargs.pop("default", None)
+        if kwargs:
+            raise Unsupported(f"{fn.__name__}() got unexpected keyword arguments {sorted(kwargs)}")
         items = iterate(frame, args[0]) if len(args) == 1 else list(args)
-        if any(isinstance(i, TensorValue) for i in items):
-            if len(items) == 2 and not kwargs:
-                target = torch.minimum if fn is min else torch.maximum
-                a, b = items
-                if isinstance(a, TensorValue) and isinstance(b, TensorValue):
-                    return frame.tx.graph.call("call_function", target, [a, b], {})
-            raise Unsupported(f"{fn.__name__}() over tensors is not supported yet",
-                              hint=f"use torch.{'minimum' if fn is min else 'maximum'}")
-        return fold(frame, fn, [ListValue(items)], kwargs)
+        if key is None or operators.is_none(key):
+            if any(isinstance(i, TensorValue) for i in items):
+                if len(items) == 2:
+                    target = torch.minimum if fn is min else torch.maximum
+                    a, b = items
+                    if isinstance(a, TensorValue) and isinstance(b, TensorValue):
+                        return frame.tx.graph.call("call_function", target, [a, b], {})
+                raise Unsupported(f"{fn.__name__}() over tensors is not supported yet",
+                                  hint=f"use torch.{'minimum' if fn is min else 'maximum'}")
+        if not items:
+            if has_default:
+                return default
+            raise Unsupported(f"{fn.__name__}() of an empty sequence raises ValueError")
+        keys = _sort_keys(frame, items, key, fn.__name__)
+        try:
+            return items[fn(range(len(items)), key=keys.__getitem__)]
+        except TypeError as e:
+            raise Unsupported(f"{fn.__name__}() raised TypeError: {e}") from e
     return h
+
+
+def _sort_keys(frame, items, key, what):
+    """The constant sort keys of ``items``: the items themselves, or ``key(item)`` traced."""
+    if key is None or operators.is_none(key):
+        values = items
+    else:
+        values = [call(frame, key, [i], {}) for i in items]
+    return [_sort_key(v) for v in values]
+
+
+class _Unordered:
+    """A tuple item that is not a Python value (a tensor): fine until the sort has to compare it."""
+
+    __slots__ = ()
+
+    def _refuse(self, other):
+        raise Unsupported("sorting compared values that are not known while tracing (tensors)",
+                          hint="sort by a key that is a Python value (a size, an index, a name)")
+
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _refuse
+    __hash__ = None
+
+
+def _sort_key(v):
+    if isinstance(v, TupleValue) and v.cls is tuple:
+        # (name, tensor) pairs sort by name; tuples compare items only until they differ.
+        return tuple(_sort_key(i) for i in v.items)
+    if isinstance(v, SymValue) or operators.is_constant(v):
+        return operators.as_constant(v)   # a symbolic size is specialised, as everywhere else
+    return _Unordered()
+
+
+def sort_values(frame, items, key=None, reverse=False):
+    """``sorted(items, key=key, reverse=reverse)`` on values; stable like Python's."""
+    keys = _sort_keys(frame, items, key, "sorted")
+    try:
+        if not isinstance(reverse, bool):
+            reverse = bool(operators.as_constant(reverse))
+        order = sorted(range(len(items)), key=keys.__getitem__, reverse=reverse)
+    except TypeError as e:
+        raise Unsupported(f"sorted() raised TypeError: {e}") from e
+    return [items[i] for i in order]
 
 
 BUILTIN_HANDLERS[min] = _min_max(min)
 BUILTIN_HANDLERS[max] = _min_max(max)
+
+
+@builtin(sorted)
+def _sorted(frame, args, kwargs):
+    unexpected = set(kwargs) - {"key", "reverse"}
+    if len(args) != 1 or unexpected:
+        raise Unsupported("sorted() takes one iterable and the keywords key= and reverse=")
+    return ListValue(sort_values(frame, iterate(frame, args[0]), kwargs.get("key"),
+                                 kwargs.get("reverse", False)))
 
 
 @builtin(sum)
@@ -655,8 +756,17 @@ def _print(frame, args, kwargs):
 def _id(frame, args, kwargs):
     v = args[0]
     if isinstance(v, ObjectValue):
-        return ConstantValue(id(v.obj))
-    raise Unsupported("id() of a value made while tracing is not supported")
+        return ConstantValue(TracedId(("object", id(v.obj))))
+    if isinstance(v, ConstantValue):
+        c = v.value
+        if c is None or c is Ellipsis or isinstance(c, (bool, type)) or operators.is_frame_mutable_constant(v):
+            return ConstantValue(TracedId(("object", id(c))))   # singletons, or one real object per trace
+        # Equal constants may or may not be one object in Python (small ints, interned strings).
+        raise Unsupported(f"id() of {attrs.describe(v)} depends on how Python shares constants")
+    if isinstance(v, (TensorValue, SymValue)):
+        raise Unsupported("id() of a tensor made or read while tracing is not supported yet",
+                          hint="compare tensors with `is`, or key by a Python value")
+    return ConstantValue(TracedId(("value", id(v))))
 
 
 def _make_fold(fn):
@@ -667,13 +777,11 @@ def _make_fold(fn):
             raise Unsupported(f"{fn.__name__}(tensor) needs the tensor's data, which is unknown while tracing")
         if fn in (str, repr) and len(args) == 1 and isinstance(args[0], ExceptionValue):
             return to_str(frame, args[0], fn)
-        if fn is sorted and args and not isinstance(args[0], ConstantValue):
-            return fold(frame, fn, [ListValue(iterate(frame, args[0]))], kwargs)
         return fold(frame, fn, args, kwargs)
     return h
 
 
-for _fn in (int, float, bool, str, repr, round, divmod, pow, hash, ord, chr, format, sorted):
+for _fn in (int, float, bool, str, repr, round, divmod, pow, hash, ord, chr, format, ascii, bin, hex, oct):
     BUILTIN_HANDLERS[_fn] = _make_fold(_fn)
 
 
@@ -736,3 +844,374 @@ def _is_grad_enabled(frame, args, kwargs):
 @builtin(torch.get_default_dtype)
 def _get_default_dtype(frame, args, kwargs):
     return ConstantValue(torch.get_default_dtype())
+
+
+# --- functools, itertools, operator, collections -------------------------------------
+# Iterators are finite lists of values, made at once (like generators, see frame.py).
+
+def _call_stdlib_object(frame, fv, args, kwargs):
+    """Calls of stdlib callable objects: partials, lru_cache wrappers, operator getters,
+    and methods of sets/deques/Counters made in the frame (kept as real constants)."""
+    obj = fv.obj
+    src = fv.source
+    if isinstance(obj, functools.partial):
+        func = wrap(frame.tx, obj.func, AttrSource(src, "func") if src else None)
+        pargs = [wrap(frame.tx, a, ItemSource(AttrSource(src, "args"), i) if src else None)
+                 for i, a in enumerate(obj.args)]
+        pkw = {k: wrap(frame.tx, a, ItemSource(AttrSource(src, "keywords"), k) if src else None)
+               for k, a in obj.keywords.items()}
+        return call(frame, func, pargs + list(args), {**pkw, **kwargs})
+    if isinstance(obj, functools._lru_cache_wrapper):
+        if all(_is_memo_argument(a) for a in list(args) + list(kwargs.values())):
+            return _call_memoized(frame, fv, args, kwargs)
+        # On other arguments the cache only saves work: the wrapped function gives the same values.
+        return call(frame, wrap(frame.tx, obj.__wrapped__, AttrSource(src, "__wrapped__") if src else None),
+                    args, kwargs)
+    if type(obj) in (operator.itemgetter, operator.attrgetter, operator.methodcaller):
+        return _call_getter(frame, obj, args, kwargs)
+    if isinstance(obj, (types.MethodDescriptorType, types.WrapperDescriptorType)) and args:
+        # ``list.append(xs, v)``, ``set.union(*sets)``, ``str.upper(s)``: a method called through its class.
+        owner_type, self_value = obj.__objclass__, args[0]
+        if isinstance(self_value, (ListValue, DictValue, TupleValue)) \
+                and issubclass(operators.python_type(self_value), owner_type):
+            from .containers import call_method
+            return call_method(frame, self_value, obj.__name__, list(args[1:]), kwargs)
+        if owner_type in _FOLDABLE_METHOD_OWNERS and isinstance(self_value, ConstantValue):
+            return fold(frame, obj, args, kwargs)
+        return None
+    owner = getattr(obj, "__self__", None)
+    if isinstance(owner, MUTABLE_CONSTANT_TYPES) and src is None and frame.tx.memo.get(id(owner)) is None:
+        # A method of a set/deque/Counter made in the frame: run it on the real object.
+        return fold(frame, obj, args, kwargs)
+    return None
+
+
+# Classes whose methods are pure on constants, or mutate only a set/deque/Counter made in the frame.
+_FOLDABLE_METHOD_OWNERS = (str, bytes, int, float, complex, bool, tuple, frozenset, range) + MUTABLE_CONSTANT_TYPES
+
+
+def _call_getter(frame, getter, args, kwargs):
+    if len(args) != 1 or kwargs:
+        raise Unsupported(f"{type(getter).__name__} takes exactly one argument")
+    (target,) = args
+    reduced = getter.__reduce__()
+    if isinstance(getter, operator.methodcaller):
+        ctor, margs = reduced[0], reduced[1]
+        name, mkw = margs[0], getattr(ctor, "keywords", {})
+        method = attrs.get_attr(frame, target, name)
+        return call(frame, method, [ConstantValue(a) for a in margs[1:]],
+                    {k: ConstantValue(a) for k, a in mkw.items()})
+    keys = reduced[1]
+    if isinstance(getter, operator.itemgetter):
+        picked = [operators.getitem(frame, target, ConstantValue(k)) for k in keys]
+    else:
+        picked = []
+        for dotted in keys:
+            v = target
+            for part in dotted.split("."):
+                v = attrs.get_attr(frame, v, part)
+            picked.append(v)
+    return picked[0] if len(picked) == 1 else TupleValue(picked)
+
+
+def _const(v, what):
+    try:
+        return operators.as_constant(v)
+    except Unsupported:
+        raise Unsupported(f"{what} of {attrs.describe(v)}: only Python values (not tensors) are supported yet") from None
+
+
+def _consts(frame, iterable, what):
+    return [_const(i, what) for i in iterate(frame, iterable)]
+
+
+@builtin(set, frozenset)
+def _set(frame, args, kwargs):
+    return ConstantValue(set(_consts(frame, args[0], "set()")) if args else set())
+
+
+def _frozenset(frame, args, kwargs):
+    return ConstantValue(frozenset(_consts(frame, args[0], "frozenset()")) if args else frozenset())
+
+
+BUILTIN_HANDLERS[frozenset] = _frozenset
+
+
+@builtin(collections.Counter)
+def _counter(frame, args, kwargs):
+    if len(args) > 1:
+        raise Unsupported("Counter() takes at most one positional argument")
+    counts = collections.Counter()
+    if args:
+        source = args[0]
+        if isinstance(source, DictValue):
+            counts.update({k: _const(v, "Counter()") for k, v in source.items.items()})
+        else:
+            counts.update(_consts(frame, source, "Counter()"))
+    counts.update({k: _const(v, "Counter()") for k, v in kwargs.items()})
+    return ConstantValue(counts)
+
+
+@builtin(collections.deque)
+def _deque(frame, args, kwargs):
+    maxlen = kwargs.get("maxlen", args[1] if len(args) > 1 else ConstantValue(None))
+    items = _consts(frame, args[0], "deque()") if args else []
+    return ConstantValue(collections.deque(items, _const(maxlen, "deque()")))
+
+
+@builtin(collections.OrderedDict)
+def _ordered_dict(frame, args, kwargs):
+    from .containers import call_method
+    out = DictValue({}, cls=collections.OrderedDict)
+    call_method(frame, out, "update", list(args), kwargs)
+    return out
+
+
+@builtin(collections.defaultdict)
+def _defaultdict(frame, args, kwargs):
+    from .containers import call_method
+    factory = args[0] if args else ConstantValue(None)
+    out = DefaultDictValue({}, factory)
+    call_method(frame, out, "update", list(args[1:]), kwargs)
+    return out
+
+
+@builtin(dict.fromkeys)
+def _dict_fromkeys(frame, args, kwargs):
+    value = args[1] if len(args) > 1 else ConstantValue(None)
+    return DictValue({operators.key_of(k): value for k in iterate(frame, args[0])})
+
+
+@builtin(functools.reduce)
+def _reduce(frame, args, kwargs):
+    fn, items = args[0], iterate(frame, args[1])
+    if len(args) > 2:
+        acc = args[2]
+    elif items:
+        acc, items = items[0], items[1:]
+    else:
+        raise Unsupported("reduce() of an empty iterable with no initial value raises TypeError")
+    for item in items:
+        acc = call(frame, fn, [acc, item], {})
+    return acc
+
+
+@builtin(functools.partial)
+def _partial(frame, args, kwargs):
+    fn = args[0]
+    if isinstance(fn, PartialValue):
+        return PartialValue(fn.func, fn.args + list(args[1:]), {**fn.kwargs, **kwargs})
+    return PartialValue(fn, args[1:], kwargs)
+
+
+def _make_getter(cls):
+    def h(frame, args, kwargs):
+        cargs = [_const(a, cls.__name__) for a in args]
+        ckwargs = {k: _const(v, cls.__name__) for k, v in kwargs.items()}
+        return ObjectValue(cls(*cargs, **ckwargs))
+    return h
+
+
+for _cls in (operator.itemgetter, operator.attrgetter, operator.methodcaller):
+    BUILTIN_HANDLERS[_cls] = _make_getter(_cls)
+
+
+def _iterator_builtin(fn, what, const_kwargs=()):
+    """An itertools function run on lists of values; tuples it yields become tuple values."""
+    def h(frame, args, kwargs):
+        lists = [iterate(frame, a) for a in args]
+        ckw = {}
+        for k, v in kwargs.items():
+            ckw[k] = _const(v, what) if k in const_kwargs else v
+        out = [TupleValue(list(x)) if isinstance(x, tuple) else x for x in fn(*lists, **ckw)]
+        return IteratorValue(out)
+    return h
+
+
+BUILTIN_HANDLERS[itertools.chain] = _iterator_builtin(itertools.chain, "chain()")
+BUILTIN_HANDLERS[itertools.chain.from_iterable] = lambda frame, args, kwargs: IteratorValue(
+    [x for part in iterate(frame, args[0]) for x in iterate(frame, part)])
+BUILTIN_HANDLERS[itertools.product] = _iterator_builtin(itertools.product, "product()", ("repeat",))
+BUILTIN_HANDLERS[itertools.zip_longest] = _iterator_builtin(itertools.zip_longest, "zip_longest()")
+BUILTIN_HANDLERS[itertools.pairwise] = _iterator_builtin(itertools.pairwise, "pairwise()")
+
+
+def _with_constant_tail(fn, what):
+    """fn(iterable, *constants): the first argument iterated, the rest Python values."""
+    def h(frame, args, kwargs):
+        items = iterate(frame, args[0])
+        tail = [_const(a, what) for a in args[1:]]
+        ckw = {k: _const(v, what) for k, v in kwargs.items()}
+        out = [TupleValue(list(x)) if isinstance(x, tuple) else x for x in fn(items, *tail, **ckw)]
+        return IteratorValue(out)
+    return h
+
+
+# islice (and count, map, filter, zip, enumerate) are lazy: trace/generators.py.
+for _fn in (itertools.combinations, itertools.permutations, itertools.combinations_with_replacement):
+    BUILTIN_HANDLERS[_fn] = _with_constant_tail(_fn, f"{_fn.__name__}()")
+
+
+@builtin(itertools.repeat)
+def _repeat(frame, args, kwargs):
+    times = kwargs.get("times", args[1] if len(args) > 1 else None)
+    if times is None:
+        raise Unsupported("itertools.repeat() without a count is infinite",
+                          hint="pass times=, or use [x] * n")
+    return IteratorValue([args[0]] * _const(times, "repeat()"))
+
+
+@builtin(itertools.cycle)
+def _infinite(frame, args, kwargs):
+    raise Unsupported("itertools.cycle() is not supported yet",
+                      hint="use range() or zip() with a finite sequence")
+
+
+@builtin(itertools.accumulate)
+def _accumulate(frame, args, kwargs):
+    items = iterate(frame, args[0])
+    fn = kwargs.get("func", args[1] if len(args) > 1 else None)
+    initial = kwargs.get("initial")
+    out = []
+    acc = None
+    if initial is not None and not operators.is_none(initial):
+        acc = initial
+        out.append(acc)
+    for item in items:
+        if acc is None:
+            acc = item
+        elif fn is None or operators.is_none(fn):
+            acc = operators.binary(frame, "+", acc, item)
+        else:
+            acc = call(frame, fn, [acc, item], {})
+        out.append(acc)
+    return IteratorValue(out)
+
+
+@builtin(itertools.starmap)
+def _starmap(frame, args, kwargs):
+    return IteratorValue([call(frame, args[0], iterate(frame, t), {}) for t in iterate(frame, args[1])])
+
+
+def _take_drop_while(take):
+    def h(frame, args, kwargs):
+        pred, items = args[0], iterate(frame, args[1])
+        n = 0
+        while n < len(items) and operators.truth(frame, call(frame, pred, [items[n]], {})):
+            n += 1
+        return IteratorValue(items[:n] if take else items[n:])
+    return h
+
+
+BUILTIN_HANDLERS[itertools.takewhile] = _take_drop_while(True)
+BUILTIN_HANDLERS[itertools.dropwhile] = _take_drop_while(False)
+
+
+@builtin(itertools.compress)
+def _compress(frame, args, kwargs):
+    items, flags = iterate(frame, args[0]), iterate(frame, args[1])
+    return IteratorValue([i for i, f in zip(items, flags) if operators.truth(frame, f)])
+
+
+@builtin(copy.copy)
+def _copy(frame, args, kwargs):
+    (v,) = args
+    if isinstance(v, ListValue):
+        return ListValue(v.items)
+    if isinstance(v, DefaultDictValue):
+        return DefaultDictValue(v.items, v.factory)
+    if isinstance(v, DictValue):
+        return DictValue(v.items, cls=v.cls)
+    if isinstance(v, TupleValue) or (isinstance(v, ConstantValue) and not operators.is_frame_mutable_constant(v)):
+        return v
+    if operators.is_frame_mutable_constant(v):
+        return ConstantValue(copy.copy(v.value))
+    raise Unsupported(f"copy.copy() of {attrs.describe(v)} is not supported yet")
+
+
+# --- nn.Module enumeration: parameters(), named_modules(), children()... ------------------
+# The real module tree is walked while tracing; every dict the walk reads is guarded by its
+# keys (and None entries by identity), every member is read through its own source.
+
+def _module_walk(frame, mv, remove_duplicate=True):
+    """[(prefix, module, source)] like ``named_modules()``, guarding each ``_modules`` dict."""
+    if mv.source is None:
+        raise Unsupported(f"enumerating the members of {attrs.describe(mv)} that has no source")
+    out, seen = [], set()
+
+    def visit(prefix, m, src):
+        if remove_duplicate and id(m) in seen:
+            return
+        seen.add(id(m))
+        out.append((prefix, m, src))
+        _guard_table(frame, m, src, "_modules")
+        for name, sub in m._modules.items():
+            if sub is not None:
+                visit(prefix + ("." if prefix else "") + name, sub, ModuleEntrySource(src, "_modules", name))
+
+    visit("", mv.obj, mv.source)
+    return out
+
+
+def _guard_table(frame, m, src, table):
+    from ..guards import builder as g
+    entries = m.__dict__[table]
+    frame.tx.guards.add(g.DICT_KEYS, AttrSource(src, table), list(entries))
+    for k, v in entries.items():
+        if v is None:
+            frame.tx.guards.add(g.ID_MATCH, ModuleEntrySource(src, table, k), None)
+
+
+def _module_members(table, named):
+    def h(frame, args, kwargs):
+        mv = args[0]
+        recurse = operators.as_constant(kwargs.get("recurse", args[1] if len(args) > 1 else ConstantValue(True)))
+        if len(args) > 2 or set(kwargs) - {"recurse"}:
+            raise Unsupported(f"Module.{'named_' if named else ''}{table[1:]}() with prefix/remove_duplicate")
+        modules = _module_walk(frame, mv) if recurse else [("", mv.obj, mv.source)]
+        out, seen = [], set()
+        for prefix, m, src in modules:
+            _guard_table(frame, m, src, table)
+            for k, v in m.__dict__[table].items():
+                if v is None or id(v) in seen:
+                    continue
+                seen.add(id(v))
+                value = wrap(frame.tx, v, ModuleEntrySource(src, table, k))
+                name = prefix + ("." if prefix else "") + k
+                out.append(TupleValue([ConstantValue(name), value]) if named else value)
+        return IteratorValue(out)
+    return h
+
+
+def _module_tree(children, named):
+    def h(frame, args, kwargs):
+        mv = args[0]
+        if len(args) > 1 or kwargs:
+            raise Unsupported("Module.named_modules() with memo/prefix/remove_duplicate")
+        if children:
+            if mv.source is None:
+                raise Unsupported(f"enumerating the members of {attrs.describe(mv)} that has no source")
+            _guard_table(frame, mv.obj, mv.source, "_modules")
+            found, seen = [], set()
+            for k, sub in mv.obj._modules.items():
+                if sub is not None and id(sub) not in seen:
+                    seen.add(id(sub))
+                    found.append((k, sub, ModuleEntrySource(mv.source, "_modules", k)))
+        else:
+            found = _module_walk(frame, mv)
+        out = []
+        for name, m, src in found:
+            value = mv if m is mv.obj else wrap(frame.tx, m, src)
+            out.append(TupleValue([ConstantValue(name), value]) if named else value)
+        return IteratorValue(out)
+    return h
+
+
+BUILTIN_HANDLERS[torch.nn.Module.parameters] = _module_members("_parameters", named=False)
+BUILTIN_HANDLERS[torch.nn.Module.named_parameters] = _module_members("_parameters", named=True)
+BUILTIN_HANDLERS[torch.nn.Module.buffers] = _module_members("_buffers", named=False)
+BUILTIN_HANDLERS[torch.nn.Module.named_buffers] = _module_members("_buffers", named=True)
+BUILTIN_HANDLERS[torch.nn.Module.children] = _module_tree(children=True, named=False)
+BUILTIN_HANDLERS[torch.nn.Module.named_children] = _module_tree(children=True, named=True)
+BUILTIN_HANDLERS[torch.nn.Module.modules] = _module_tree(children=False, named=False)
+BUILTIN_HANDLERS[torch.nn.Module.named_modules] = _module_tree(children=False, named=True)

@@ -5,16 +5,19 @@ on its symbolic copy, so later reads in the trace see the change, and recorded
 in ``TraceContext.mutated``: the transformed function updates the real object
 in place after the graph (``codegen.transformed.replay_side_effects``).
 """
+import collections
+
 from ..errors import Unsupported
 from ..values.base import (ConstantValue, ContextManagerValue, DictValue, DictViewValue,
                            ListValue, ObjectValue, TupleValue)
+from ..values.builder import constant
 from . import operators
 from .iteration import iterate
 
 _MUTATING = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse",
              "update", "setdefault", "popitem", "__setitem__", "__delitem__", "add", "discard",
              "difference_update", "intersection_update", "symmetric_difference_update",
-             "__iadd__"}
+             "__iadd__", "move_to_end", "__ior__"}
 
 
 def call_method(frame, owner, name, args, kwargs):
@@ -34,6 +37,8 @@ def call_method(frame, owner, name, args, kwargs):
     if isinstance(owner, DictValue):
         return _dict_method(frame, owner, name, args, kwargs)
     if isinstance(owner, TupleValue):
+        if name in ("_replace", "_asdict") and hasattr(owner.cls, "_fields"):
+            return _namedtuple_method(frame, owner, name, args, kwargs)
         return _sequence_query(frame, owner, name, args)
     raise Unsupported(f"method {name} of {type(owner).__name__} is not supported yet")
 
@@ -69,10 +74,11 @@ def _list_method(frame, lst, name, args, kwargs):
         else:
             raise Unsupported("list.remove(x): x not in list")
     elif name == "sort":
-        if kwargs or args:
-            raise Unsupported("list.sort() with key or reverse is not supported yet")
-        values = sorted(operators.as_constant(x) for x in items)
-        lst.items = [ConstantValue(v) for v in values]
+        from .calls import sort_values
+        unexpected = set(kwargs) - {"key", "reverse"}
+        if args or unexpected:
+            raise Unsupported("list.sort() takes only the keywords key= and reverse=")
+        lst.items = sort_values(frame, items, kwargs.get("key"), kwargs.get("reverse", False))
     else:
         raise Unsupported(f"list.{name}() is not supported yet")
     return ConstantValue(None)
@@ -107,6 +113,9 @@ def _dict_method(frame, d, name, args, kwargs):
             other = args[0]
             if isinstance(other, DictValue):
                 items.update(other.items)
+            elif isinstance(other, ConstantValue) and isinstance(other.value, dict):
+                # A Counter made in the frame (kept as a real object of Python values).
+                items.update({k: constant(v) for k, v in other.value.items()})
             else:
                 for pair in iterate(frame, other):
                     k, v = iterate(frame, pair)
@@ -142,14 +151,30 @@ def _dict_method(frame, d, name, args, kwargs):
     if name == "clear":
         items.clear()
         return ConstantValue(None)
-    if name == "__delitem__":
-        operators.delitem(frame, d, args[0])
-        return ConstantValue(None)
     if name == "__len__":
         return ConstantValue(len(items))
     if name == "__iter__":
         from ..values.base import IteratorValue
         return IteratorValue(iterate(frame, d))
+    if name == "move_to_end" and d.cls is collections.OrderedDict:
+        k = operators.key_of(args[0])
+        last = kwargs.get("last", args[1] if len(args) > 1 else ConstantValue(True))
+        if k not in items:
+            raise Unsupported(f"OrderedDict.move_to_end(): KeyError {k!r}")
+        v = items.pop(k)
+        if operators.as_constant(last):
+            items[k] = v
+        else:
+            d.items = {k: v, **items}
+        return ConstantValue(None)
+    if name == "__or__" or name == "__ior__":
+        other = args[0]
+        if not isinstance(other, DictValue):
+            raise Unsupported(f"dict | {type(other).__name__.replace('Value', '').lower()}")
+        if name == "__ior__":
+            items.update(other.items)
+            return d
+        return DictValue({**items, **other.items}, cls=d.cls)
     raise Unsupported(f"dict.{name}() is not supported yet")
 
 
@@ -208,3 +233,13 @@ def inplace_operator(frame, op, a, b):
         call_method(frame, a, _SET_INPLACE[op], [b], {})
         return a
     return None
+
+
+def _namedtuple_method(frame, tup, name, args, kwargs):
+    fields = tup.cls._fields
+    if name == "_asdict":
+        return DictValue(dict(zip(fields, tup.items)))
+    unknown = set(kwargs) - set(fields)
+    if args or unknown:
+        raise Unsupported(f"{tup.cls.__name__}._replace() got unexpected field names {sorted(unknown)}")
+    return TupleValue([kwargs.get(f, v) for f, v in zip(fields, tup.items)], cls=tup.cls)

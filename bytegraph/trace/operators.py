@@ -1,11 +1,14 @@
 """Python operators on values: arithmetic, comparison, truth, subscripts."""
+import collections
 import operator
+import sys
 
 import torch
 
 from ..errors import Unsupported
 from ..guards.sources import ModuleEntrySource
-from ..values.base import (NULL, BoundMethodValue, ExceptionValue, GeneratorValue, LazyIteratorValue, ConstantValue, ContextManagerValue, DictValue,
+from ..values.base import (MUTABLE_CONSTANT_TYPES, NULL, BoundMethodValue, ConstantValue, ContextManagerValue,
+                           DefaultDictValue, DictValue, ExceptionValue, GeneratorValue, LazyIteratorValue,
                            DictViewValue, FunctionValue, IteratorValue, ListValue, MethodOfValue,
                            ObjectValue, SliceValue, SymValue, TensorMethodValue, TensorValue,
                            TupleValue, UserObjectValue)
@@ -55,6 +58,13 @@ def as_constant(v):
         return slice(as_constant(v.start), as_constant(v.stop), as_constant(v.step))
     if isinstance(v, ObjectValue) and isinstance(v.obj, (type, torch.finfo, torch.iinfo)):
         return v.obj
+    if isinstance(v, ObjectValue) and type(v.obj) is frozenset and v.source is None:
+        return v.obj    # read from a trusted module (e.g. dataclasses._ATOMIC_TYPES): fixed
+    if isinstance(v, ObjectValue) and type(v.obj) is type(sys.version_info):
+        return v.obj    # the only instance of its type; it never changes
+    if isinstance(v, DictViewValue):
+        # A real view over a dict of the constants, for set operations and comparisons.
+        return getattr(as_constant(v.dict_value), v.kind)()
     raise Unsupported(f"{attrs.describe(v)} is not a constant")
 
 
@@ -70,10 +80,15 @@ def is_constant(v):
 
 def constant_value(result):
     """Wrap a Python result computed at trace time."""
+    if isinstance(result, MUTABLE_CONSTANT_TYPES):
+        return ConstantValue(result)
     if isinstance(result, (list,)):
         return ListValue([constant_value(r) for r in result])
     if isinstance(result, dict):
-        return DictValue({k: constant_value(v) for k, v in result.items()})
+        items = {k: constant_value(v) for k, v in result.items()}
+        if isinstance(result, collections.defaultdict):
+            return DefaultDictValue(items, constant_value(result.default_factory))
+        return DictValue(items, cls=type(result) if type(result).__module__ == "collections" else dict)
     if isinstance(result, (torch.finfo, torch.iinfo, type)):
         return ObjectValue(result)
     return ConstantValue(result)
@@ -137,6 +152,9 @@ def binary(frame, op, a, b):
         seq = _sequence_op(frame, op, a, b)
         if seq is not None:
             return seq
+    if op in ("|", "|=") and isinstance(a, DictValue) and isinstance(b, DictValue):
+        from .containers import call_method
+        return call_method(frame, a, "__ior__" if op == "|=" else "__or__", [b], {})
     return constant_fold(frame, fn, [a, b], f"operator {op}")
 
 
@@ -380,6 +398,10 @@ def getitem(frame, obj, index):
     if isinstance(obj, DictValue):
         k = key_of(index)
         if k not in obj.items:
+            if isinstance(obj, DefaultDictValue) and not is_none(obj.factory):
+                from .calls import call
+                obj.items[k] = call(frame, obj.factory, [], {})
+                return obj.items[k]
             from .exceptions import PythonError
             raise PythonError(f"KeyError: {k!r}", KeyError(k))
         return obj.items[k]
@@ -430,14 +452,27 @@ def setitem(frame, obj, index, value):
     obj = protocols.dict_part(obj)
     if isinstance(obj, ListValue):
         i = as_constant(index)
-        if isinstance(i, slice) or not -len(obj.items) <= i < len(obj.items):
-            raise Unsupported("list item assignment with a slice or an index out of range is not supported yet")
+        if isinstance(i, slice):
+            from .iteration import iterate
+            new = iterate(frame, value)
+            frame.tx.mark_mutated(obj, "slice assignment on")
+            try:
+                obj.items[i] = new
+            except ValueError as e:
+                raise Unsupported(f"slice assignment raised ValueError: {e}") from e
+            return
+        if not isinstance(i, int) or not -len(obj.items) <= i < len(obj.items):
+            from .exceptions import PythonError
+            raise PythonError("list assignment index out of range", IndexError("list assignment index out of range"))
         frame.tx.mark_mutated(obj, "item assignment on")
         obj.items[i] = value
         return
     if isinstance(obj, DictValue):
         frame.tx.mark_mutated(obj, "item assignment on")
         obj.items[key_of(index)] = value
+        return
+    if is_frame_mutable_constant(obj):
+        _on_real(operator.setitem, obj, index, value, "item assignment")
         return
     raise Unsupported(f"item assignment on {attrs.describe(obj)} (a side effect on an existing object) "
                       "is not supported yet")
@@ -453,8 +488,25 @@ def delitem(frame, obj, index):
         try:
             obj.items[k]
         except (KeyError, IndexError, TypeError) as e:
-            raise Unsupported(f"del raised {type(e).__name__}: {e}") from e
+            from .exceptions import PythonError
+            raise PythonError(f"del raised {type(e).__name__}: {e}", e) from e
         frame.tx.mark_mutated(obj, "del on")
         del obj.items[k]
         return
+    if is_frame_mutable_constant(obj):
+        _on_real(operator.delitem, obj, index, None, "del")
+        return
     raise Unsupported(f"del on {attrs.describe(obj)} is not supported yet")
+
+
+def is_frame_mutable_constant(v):
+    """A set/deque/Counter made in the frame, kept as a real object of Python values."""
+    return isinstance(v, ConstantValue) and v.source is None and isinstance(v._value, MUTABLE_CONSTANT_TYPES)
+
+
+def _on_real(fn, obj, index, value, what):
+    args = [obj.value, as_constant(index)] + ([] if value is None else [as_constant(value)])
+    try:
+        fn(*args)
+    except Exception as e:
+        raise Unsupported(f"{what} raised {type(e).__name__}: {e}") from e

@@ -497,3 +497,62 @@ class TracerCallableValue(Value):
 
     def _repr_body(self):
         return self.name
+
+
+# Mutable containers of Python values that a traced frame makes are kept as real objects
+# inside a ConstantValue (no source): methods run on them while tracing, and code
+# generation copies them for each call.
+import collections as _collections  # noqa: E402
+MUTABLE_CONSTANT_TYPES = (set, _collections.deque, _collections.Counter)
+
+
+class DefaultDictValue(DictValue):
+    """A ``collections.defaultdict`` made while tracing: a missing key gets ``factory()``."""
+
+    __slots__ = ("factory",)
+
+    def __init__(self, items, factory, source=None):
+        import collections
+        super().__init__(items, source, cls=collections.defaultdict)
+        self.factory = factory
+
+
+class PartialValue(Value):
+    """``functools.partial(func, *args, **kwargs)`` made while tracing."""
+
+    __slots__ = ("func", "args", "kwargs")
+
+    def __init__(self, func, args, kwargs):
+        super().__init__(None)
+        self.func = func
+        self.args = list(args)
+        self.kwargs = dict(kwargs)
+
+    def python_type(self):
+        import functools
+        return functools.partial
+
+
+class TracedId:
+    """What ``id()`` of a value gives while tracing: equal exactly when the objects are the same.
+
+    The real number is unknown until run time, so it only supports ``==``/``!=``
+    and hashing; code generation refuses to let one escape the trace.
+    """
+
+    __slots__ = ("key",)
+
+    def __init__(self, key):
+        self.key = key
+
+    def __eq__(self, other):
+        return isinstance(other, TracedId) and self.key == other.key
+
+    def __ne__(self, other):
+        return not self == other
+
+    def __hash__(self):
+        return hash(("TracedId", self.key))
+
+    def __repr__(self):
+        return "<id known only at run time>"
