@@ -4,6 +4,8 @@ Each case is one graph (``fullgraph=True``) compared with eager via
 ``helpers.check`` (results compared by type and fields). Cases that do not
 work yet are strict xfails carrying the current error.
 """
+import collections
+import collections.abc
 import dataclasses
 import enum
 import typing
@@ -348,6 +350,123 @@ def object_method_on_passed_in(a, x):
     return a(x)
 
 
+# ------------------------------------------------------------------ dict subclasses, mixins, protocols
+
+
+@dataclasses.dataclass
+class Outputs(collections.OrderedDict):
+    """Like transformers' ModelOutput: a dataclass that is also an ordered dict of its set fields."""
+    logits: torch.Tensor = None
+    loss: torch.Tensor = None
+    extra: typing.Any = None
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if v is not None:
+                self[f.name] = v
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        super().__setattr__(key, value)
+
+    def __setattr__(self, name, value):
+        if name in {f.name for f in dataclasses.fields(self)} and value is not None:
+            super().__setitem__(name, value)
+        super().__setattr__(name, value)
+
+    def to_tuple(self):
+        return tuple(self[k] for k in self.keys())
+
+
+def dict_subclass_dataclass(x):
+    out = Outputs(logits=x * 2)
+    out.loss = out.logits.sum()
+    return out, out.to_tuple()[1], len(out), "loss" in out, list(out.keys())
+
+
+class ActivationTable(collections.abc.Mapping):
+    def __init__(self, table):
+        self._table = table
+
+    def __getitem__(self, key):
+        return self._table[key]
+
+    def __iter__(self):
+        return iter(self._table)
+
+    def __len__(self):
+        return len(self._table)
+
+
+ACTIVATIONS = ActivationTable({"relu": torch.relu, "tanh": torch.tanh})
+
+
+def mapping_mixin_methods(x):
+    act = ACTIVATIONS["tanh"]
+    missing = ACTIVATIONS.get("gelu", None)
+    return act(x), missing is None, "relu" in ACTIVATIONS, sorted(ACTIVATIONS.keys()), len(ACTIVATIONS)
+
+
+class Layers(collections.abc.Sequence):
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i >= self.n:
+            raise IndexError("layer index out of range")
+        return i * 10
+
+
+def sequence_mixin_iteration(x):
+    total = 0
+    for v in Layers(3):         # Sequence.__iter__ stops on IndexError
+        total += v
+    return x + total, list(reversed(Layers(2))), Layers(4).index(20)
+
+
+class Vec:
+    def __init__(self, t):
+        self.t = t
+
+    def __add__(self, other):
+        return Vec(self.t + (other.t if isinstance(other, Vec) else other))
+
+    def __radd__(self, other):
+        return Vec(self.t + other)
+
+    def __neg__(self):
+        return Vec(-self.t)
+
+    def __matmul__(self, other):
+        return self.t @ other.t.T
+
+
+def operator_special_methods(x):
+    a = Vec(x)
+    b = 1.0 + a + Vec(x * 2)
+    return b.t, a @ b, sum([Vec(x), Vec(x)], Vec(x * 0)).t
+
+
+class Config2:
+    def __init__(self):
+        self.hidden = 4
+        self.names = ["a", "b"]
+
+
+CFG2 = Config2()
+
+
+def deepcopy_of_config(x):
+    import copy
+    c = copy.deepcopy(CFG2)
+    c.hidden = c.hidden * 2     # a private copy: CFG2 itself must not change
+    return x * c.hidden + CFG2.hidden, len(c.names)
+
+
 # ------------------------------------------------------------------ tables
 
 CASES = [
@@ -357,22 +476,12 @@ CASES = [
     dunder_len_truth, dataclass_defaults_and_factory, dataclass_frozen_and_replace, dataclass_asdict,
     dataclass_returned, dataclass_fields_loop, dataclass_eq, typing_namedtuple, enum_members,
     int_enum_arithmetic, enum_iteration, slots_object, returns_user_object, reads_preexisting_object,
+    dict_subclass_dataclass, mapping_mixin_methods, sequence_mixin_iteration, operator_special_methods,
+    deepcopy_of_config,
 ]
 
-# name -> exact current error (the main developer is reworking user-object support).
-XFAIL = {
-    "object_made_in_frame": "Unsupported: calling userobject is not supported yet",
-    "method_calling_method": "Unsupported: calling userobject is not supported yet",
-    "attribute_set_after_init": "Unsupported: calling userobject is not supported yet",
-    "dataclass_frozen_and_replace": "Unsupported: creating Frozen objects inside the compiled function "
-                                    "is not supported yet",
-    "dataclass_eq": "Unsupported: comparison == on non-constant values is not supported yet",
-    "enum_members": "Unsupported: creating Mode objects inside the compiled function is not supported yet "
-                    "(Mode('train') looks a member up by value)",
-    "int_enum_arithmetic": "Unsupported: comparison > on non-constant values is not supported yet",
-    "enum_iteration": "Unsupported: len() of EnumType Mode is not supported yet",
-    "slots_object": "Unsupported: setting Slotted.a (a descriptor) is not supported yet",
-}
+# name -> exact current error, for cases that do not work yet.
+XFAIL = {}
 
 
 def _param(fn):
@@ -393,3 +502,19 @@ def test_object_passed_in():
 
 def test_callable_object_passed_in():
     check(object_method_on_passed_in, Affine(3.0, -1.0), X)
+
+
+def test_deepcopy_guard_sees_changed_state():
+    # The copy is made while tracing, guarded on the copied object's state.
+    check(deepcopy_of_config, X)
+    from helpers import compile_counted
+    compiled, cnt = compile_counted(deepcopy_of_config)
+    before = compiled(X)[0]
+    CFG2.hidden = 5
+    try:
+        after = compiled(X)[0]
+        assert torch.allclose(after, X * 10 + 5)
+        assert cnt.frame_count == 2, "a changed state must recompile"
+    finally:
+        CFG2.hidden = 4
+    assert torch.allclose(before, X * 8 + 4)

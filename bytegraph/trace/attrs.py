@@ -277,10 +277,12 @@ def _user_object_attr(frame, v, name):
         table.items = v.attrs
         return table
     attr, found = _lookup_static(v.cls, name)
-    if found and _is_data_descriptor(attr):
+    if found and _is_data_descriptor(attr) and not isinstance(attr, types.MemberDescriptorType):
         return _class_attribute(frame, v.cls, name, v)[0]
     if name in v.attrs:
         return v.attrs[name]
+    if found and isinstance(attr, types.MemberDescriptorType):
+        raise MissingAttribute(f"{v.cls.__name__!r} object has no attribute {name!r}")
     if v.dict_items is not None and found and _defined_by_dict(v.cls, name):
         return dict_method(frame, v, name)
     value, found = _class_attribute(frame, v.cls, name, v)
@@ -382,9 +384,9 @@ def set_attr(frame, obj, name, value, plain=False):
             call(frame, wrap(frame.tx, hook, None), [obj, ConstantValue(name), value], {})
             return
         attr, found = _lookup_static(obj.cls, name)
-        if found and _is_data_descriptor(attr):
+        if found and _is_data_descriptor(attr) and not isinstance(attr, types.MemberDescriptorType):
             raise Unsupported(f"setting {obj.cls.__qualname__}.{name} (a descriptor) is not supported yet")
-        obj.attrs[name] = value
+        obj.attrs[name] = value   # a __slots__ member is stored like an attribute
         return
     if isinstance(obj, PrivateObjectValue):
         hook = type(obj.obj).__setattr__

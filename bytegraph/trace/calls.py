@@ -8,6 +8,7 @@ builtins on constants), or is unsupported.
 import abc
 import collections
 import copy
+import enum
 import functools
 import inspect
 import itertools
@@ -54,6 +55,10 @@ def call(frame, fn, args, kwargs):
         return _call_object(frame, fn, list(args), kwargs)
     if isinstance(fn, ConstantValue) and callable(fn.value):
         return _call_object(frame, ObjectValue(fn.value), list(args), kwargs)
+    if isinstance(fn, UserObjectValue):
+        from . import protocols
+        if protocols.has_special_method(fn, "__call__"):
+            return protocols.call_special_method(frame, fn, "__call__", list(args), kwargs)
     raise Unsupported(f"calling {attrs.describe(fn)} is not supported yet")
 
 
@@ -82,6 +87,9 @@ def _call_object(frame, fv, args, kwargs):
         return call(frame, func, [self_value] + args, kwargs)
     if is_graph_function(obj):
         return torch_call(frame, obj, args, kwargs)
+    if isinstance(obj, enum.EnumMeta):
+        # Looking a member up by value: members are fixed once the class is guarded.
+        return fold(frame, obj, args, kwargs, what=f"{obj.__qualname__}()")
     if isinstance(obj, type):
         return call_torch_class(frame, obj, args, kwargs) if obj.__module__.startswith("torch") \
             else _call_class(frame, obj, args, kwargs)
@@ -186,7 +194,8 @@ def _call_class(frame, cls, args, kwargs):
             or issubclass(cls, torch.nn.Module) \
             or not _python_or(cls.__setattr__, object.__setattr__) \
             or cls.__getattribute__ not in (object.__getattribute__, dict.__getattribute__) \
-            or cls.__delattr__ not in (object.__delattr__, dict.__delattr__):
+            or not (cls.__delattr__ in (object.__delattr__, dict.__delattr__)
+                    or isinstance(cls.__delattr__, types.FunctionType)):
         raise Unsupported(f"creating {cls.__qualname__} objects inside the compiled function is not supported yet")
     obj = UserObjectValue(cls, dict_items=DictValue({}) if dict_base is not None else None)
     init = cls.__init__

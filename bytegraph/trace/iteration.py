@@ -1,4 +1,6 @@
 """Turning iterable values into lists of values (loops are unrolled)."""
+import enum
+
 import torch
 
 from ..errors import Unsupported
@@ -36,6 +38,8 @@ def iterate(frame, v):
     from . import protocols
     if protocols.dict_part(v) is not v and not protocols.has_special_method(v, "__iter__"):
         return iterate(frame, protocols.dict_part(v))
+    if isinstance(v, ObjectValue) and isinstance(v.obj, enum.EnumMeta):
+        return [wrap(frame.tx, member, None) for member in v.obj]   # fixed with the class
     if isinstance(v, ObjectValue):
         m = v.obj
         if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)):

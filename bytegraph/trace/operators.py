@@ -1,5 +1,6 @@
 """Python operators on values: arithmetic, comparison, truth, subscripts."""
 import collections
+import enum
 import operator
 import sys
 
@@ -56,8 +57,8 @@ def as_constant(v):
         return {k: as_constant(i) for k, i in v.items.items()}
     if isinstance(v, SliceValue):
         return slice(as_constant(v.start), as_constant(v.stop), as_constant(v.step))
-    if isinstance(v, ObjectValue) and isinstance(v.obj, (type, torch.finfo, torch.iinfo)):
-        return v.obj
+    if isinstance(v, ObjectValue) and isinstance(v.obj, (type, torch.finfo, torch.iinfo, enum.Enum)):
+        return v.obj   # classes and enum members: fixed once guarded by identity
     if isinstance(v, ObjectValue) and type(v.obj) is frozenset and v.source is None:
         return v.obj    # read from a trusted module (e.g. dataclasses._ATOMIC_TYPES): fixed
     if isinstance(v, ObjectValue) and type(v.obj) is type(sys.version_info):
@@ -371,6 +372,8 @@ def length(frame, v):
         return len(v.dict_value.items)
     if isinstance(v, ObjectValue) and isinstance(v.obj, torch.nn.Module) and hasattr(type(v.obj), "__len__"):
         return len(v.obj)
+    if isinstance(v, ObjectValue) and isinstance(v.obj, enum.EnumMeta):
+        return len(v.obj)   # an enum's members are fixed when its class is made
     raise Unsupported(f"len() of {attrs.describe(v)} is not supported yet")
 
 

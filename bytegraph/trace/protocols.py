@@ -43,13 +43,13 @@ def has_special_method(v, name):
     return python_special_method(v, name) is not None
 
 
-def call_special_method(frame, v, name, args):
+def call_special_method(frame, v, name, args, kwargs=None):
     """Inline ``type(v).name(v, *args)``; the method must exist (see ``python_special_method``)."""
     from ..values.builder import wrap
     from .calls import call
     fn = python_special_method(v, name)
     # No guard on the function: it is fixed by the class, which is guarded (or made here).
-    return call(frame, wrap(frame.tx, fn, None), [v] + list(args), {})
+    return call(frame, wrap(frame.tx, fn, None), [v] + list(args), kwargs or {})
 
 
 def binary_special_method(frame, op_name, a, b):

@@ -6,6 +6,7 @@ attribute of a module. The guard it installs is the least that keeps the
 trace valid: a tensor's type/dtype/device/shape/stride, a number's value, a
 function's or module's identity, a container's length or keys.
 """
+import enum
 import functools
 import types
 import weakref
@@ -135,7 +136,7 @@ def _wrap(tx, obj, source):
         owner_kind = g.ID_MATCH if isinstance(owner, (torch.nn.Module, type, types.ModuleType)) else g.TYPE_MATCH
         _guard(tx, owner_kind, AttrSource(source, "__self__"), owner if owner_kind == g.ID_MATCH else type(owner))
         return ObjectValue(obj, source)
-    if isinstance(obj, (torch.nn.Module,) + _IDENTITY_TYPES) or (callable(obj) and _is_c_callable(obj)):
+    if isinstance(obj, (torch.nn.Module, enum.Enum) + _IDENTITY_TYPES) or (callable(obj) and _is_c_callable(obj)):
         _guard(tx, g.ID_MATCH, source, obj)
         return ObjectValue(obj, source)
     # Other user objects: the type is fixed; attributes get guards as they are read.
