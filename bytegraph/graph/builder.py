@@ -252,7 +252,9 @@ def _unwrap(obj):
     if isinstance(obj, TupleValue):
         nodes, fakes = _unwrap(obj.items)
         if obj.cls is torch.Size:
-            return torch.Size(nodes), torch.Size(fakes)
+            # A size holding symbolic dims is a plain tuple in the graph (torch.Size takes only ints).
+            graph_side = tuple(nodes) if any(isinstance(n, fx.Node) for n in nodes) else torch.Size(nodes)
+            return graph_side, torch.Size(fakes)
         return tuple(nodes), tuple(fakes)
     if isinstance(obj, ListValue):
         return _unwrap(obj.items)
