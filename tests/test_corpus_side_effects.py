@@ -797,3 +797,65 @@ def inplace_operators_on_containers(xs, d, s, x):
 def test_inplace_operators_change_the_container():
     check_program(inplace_operators_on_containers,
                   args_only(lambda: [1, 2], lambda: {"a": 1}, lambda: {1, 2}, lambda: t(2)))
+
+
+def relu_inplace_then_read(a, b):
+    torch.nn.functional.relu(a, inplace=True)
+    return b + 1
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_inplace_functional_with_aliased_inputs(backend):
+    compiled = bytegraph.compile(relu_inplace_then_read, backend=backend)
+    x = torch.tensor([-1.0, 2.0])
+    assert same(compiled(x.clone(), x.clone()), x + 1)
+    shared = x.clone()
+    assert same(compiled(shared, shared), torch.tensor([1.0, 3.0]))
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(3, 3) for _ in range(2)])
+        self.seen = 0
+
+    def forward(self, x, scale=1.0):
+        for layer in self.layers:
+            x = layer(x) * scale
+        return x
+
+
+def _count_hook(mod, args, out):
+    mod.hook_calls = getattr(mod, "hook_calls", 0) + 1
+
+
+def test_hooks_inside_module_list_with_kwargs():
+    torch.manual_seed(0)
+    block = Block()
+    block.layers[0].register_forward_hook(_count_hook)
+    block.layers[1].register_forward_pre_hook(lambda mod, args: args[0].tanh())
+
+    def outer(b, x):
+        return b(x, scale=0.5)
+
+    def make():
+        for layer in block.layers:
+            layer.hook_calls = 0
+        return (block, torch.ones(2, 3)), {}, lambda: [layer.hook_calls for layer in block.layers]
+    check_program(outer, make)
+
+
+def _helper_logs_and_prints(log, x):
+    log.append("helper")
+    print("in helper", len(log))
+    log.append("after print")
+    return x * 2
+
+
+def test_effects_in_inlined_function_that_breaks():
+    def f(log, x):
+        log.append("start")
+        y = _helper_logs_and_prints(log, x + 1)
+        log.append("end")
+        return y
+    check_program(f, args_only(lambda: [], lambda: t(2)), graphs=2, fullgraph=False)

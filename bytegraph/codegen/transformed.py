@@ -56,12 +56,18 @@ def guard_container_aliasing(tx):
                 tx.guards.add(g.NOT_ALIAS, m.source, other.source, detail=other.source.name())
 
 
+# torch.nn.functional ops that update tensors they are given (running statistics).
+_STATS_UPDATING = {"batch_norm", "instance_norm"}
+
+
 def _mutates(node):
     if node.op not in ("call_function", "call_method"):
         return False
-    if "out" in node.kwargs:
+    if "out" in node.kwargs or node.kwargs.get("inplace") is True:
         return True
     target = node.target
+    if getattr(target, "__name__", None) in _STATS_UPDATING:
+        return True
     if target is operator.setitem:
         return True
     name = target if isinstance(target, str) else getattr(target, "__name__", "")
