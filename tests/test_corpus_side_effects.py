@@ -859,3 +859,35 @@ def test_effects_in_inlined_function_that_breaks():
         log.append("end")
         return y
     check_program(f, args_only(lambda: [], lambda: t(2)), graphs=2, fullgraph=False)
+
+
+def test_setattr_builtin_is_a_recorded_store():
+    def f(rec, x):
+        setattr(rec, "last", x * 2)
+        rec.events.append(getattr(rec, "last").sum())
+        return rec.last + 1
+
+    def make():
+        rec = Recorder()
+        return (rec, t(2)), {}, lambda: (rec.last, rec.events)
+    check_program(f, make)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_sgd_step_on_parameters(backend):
+    def step(params, lr):
+        with torch.no_grad():
+            for p in params:
+                p.add_(p.grad, alpha=-lr)
+                p.grad.zero_()
+
+    def make_model():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 2)
+        model(torch.ones(4, 3)).sum().backward()
+        return model
+    eager_model, comp_model = make_model(), make_model()
+    step(list(eager_model.parameters()), 0.1)
+    bytegraph.compile(step, backend=backend, fullgraph=True)(list(comp_model.parameters()), 0.1)
+    for p_e, p_c in zip(eager_model.parameters(), comp_model.parameters()):
+        assert same(p_e, p_c) and same(p_e.grad, p_c.grad)

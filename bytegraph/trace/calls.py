@@ -551,7 +551,7 @@ def _super(frame, args, kwargs):
     return SuperValue(cls.obj if isinstance(cls, ObjectValue) else operators.as_constant(cls), self_value)
 
 
-@builtin(object.__setattr__)
+@builtin(object.__setattr__, setattr)
 def _object_setattr(frame, args, kwargs):
     obj, name, value = args
     attrs.set_attr(frame, obj, operators.as_constant(name), value)
