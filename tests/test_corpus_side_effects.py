@@ -891,3 +891,30 @@ def test_sgd_step_on_parameters(backend):
     bytegraph.compile(step, backend=backend, fullgraph=True)(list(comp_model.parameters()), 0.1)
     for p_e, p_c in zip(eager_model.parameters(), comp_model.parameters()):
         assert same(p_e, p_c) and same(p_e.grad, p_c.grad)
+
+
+def test_top_module_hooks_traced_in_one_graph():
+    torch.manual_seed(0)
+    m = TwoLayers()
+    m.register_forward_pre_hook(lambda mod, args: (args[0] + 1,))
+
+    def post(mod, args, out):
+        HOOK_LOG.append("top post")
+        return out * 3
+    m.register_forward_hook(post)
+    compiled = bytegraph.compile(m, backend=CompileCounter(), fullgraph=True)
+
+    def make():
+        HOOK_LOG.clear()
+        return (torch.ones(2, 3),), {}, lambda: list(HOOK_LOG)
+    # Same program as the compiled module: check_program compiles its own copy.
+    check_program(lambda x: m(x), make)
+    HOOK_LOG.clear()
+    x = torch.ones(2, 3)
+    expected = m(x)
+    assert same(compiled(x), expected) and HOOK_LOG == ["top post", "top post"]
+    # The hook runs inside the trace (is_compiling() is True there), not around it.
+    traced = []
+    m.register_forward_hook(lambda mod, args, out: traced.append(bytegraph.is_compiling()))
+    compiled(x)
+    assert traced == [True]
