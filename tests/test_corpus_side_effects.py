@@ -918,3 +918,12 @@ def test_top_module_hooks_traced_in_one_graph():
     m.register_forward_hook(lambda mod, args, out: traced.append(bytegraph.is_compiling()))
     compiled(x)
     assert traced == [True]
+
+
+def test_enumerate_over_list_changed_in_loop():
+    def f(xs, x):
+        for i, v in enumerate(xs):
+            if i < 2:
+                xs.append(v * 10)
+        return x * len(xs)
+    check_program(f, args_only(lambda: [1, 2], lambda: t(2)), graphs=2, fullgraph=False)

@@ -381,7 +381,8 @@ def _range(frame, args, kwargs):
 def _enumerate(frame, args, kwargs):
     start = operators.as_constant(kwargs.get("start", args[1] if len(args) > 1 else ConstantValue(0)))
     items = iterate(frame, args[0])
-    return IteratorValue([TupleValue([ConstantValue(i + start), v]) for i, v in enumerate(items)])
+    return IteratorValue([TupleValue([ConstantValue(i + start), v]) for i, v in enumerate(items)],
+                         origin=args[0] if isinstance(args[0], (ListValue, DictValue)) else None)
 
 
 @builtin(zip)
@@ -401,7 +402,8 @@ def _reversed(frame, args, kwargs):
 @builtin(iter)
 def _iter(frame, args, kwargs):
     v = args[0]
-    return v if isinstance(v, IteratorValue) else IteratorValue(iterate(frame, v))
+    return v if isinstance(v, IteratorValue) else IteratorValue(
+        iterate(frame, v), origin=v if isinstance(v, (ListValue, DictValue)) else None)
 
 
 @builtin(next)
