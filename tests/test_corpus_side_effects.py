@@ -927,3 +927,11 @@ def test_enumerate_over_list_changed_in_loop():
                 xs.append(v * 10)
         return x * len(xs)
     check_program(f, args_only(lambda: [1, 2], lambda: t(2)), graphs=2, fullgraph=False)
+
+
+def test_failing_method_on_existing_list_raises_as_in_eager():
+    def f(xs, x):
+        xs.append(1)
+        xs.pop(10)
+        return x
+    check_program(f, args_only(lambda: [], lambda: t(2)), graphs=0, fullgraph=False)

@@ -27,12 +27,16 @@ def call_method(frame, owner, name, args, kwargs):
         return ConstantValue(None)
     if name in _MUTATING and isinstance(owner, (ListValue, DictValue, ConstantValue)):
         frame.tx.mark_mutated(owner, f"{owner.python_type().__name__}.{name}() on")
-    if isinstance(owner, ConstantValue) and isinstance(owner.value, set):
-        return _set_method(frame, owner, name, args, kwargs)
-    if isinstance(owner, ListValue):
-        return _list_method(frame, owner, name, args, kwargs)
-    if isinstance(owner, DictValue):
-        return _dict_method(frame, owner, name, args, kwargs)
+    try:
+        if isinstance(owner, ConstantValue) and isinstance(owner.value, set):
+            return _set_method(frame, owner, name, args, kwargs)
+        if isinstance(owner, ListValue):
+            return _list_method(frame, owner, name, args, kwargs)
+        if isinstance(owner, DictValue):
+            return _dict_method(frame, owner, name, args, kwargs)
+    except (IndexError, KeyError, TypeError, ValueError) as e:
+        # What eager would raise here: the frame breaks before the call, which runs natively.
+        raise Unsupported(f"{owner.python_type().__name__}.{name}() raised {type(e).__name__}: {e}") from e
     if isinstance(owner, TupleValue):
         return _sequence_query(frame, owner, name, args)
     raise Unsupported(f"method {name} of {type(owner).__name__} is not supported yet")
