@@ -52,8 +52,13 @@ def guard_container_aliasing(tx):
     that later calls do not pass the same list (say) through two sources."""
     for m in tx.mutated.values():
         for other in tx.existing_containers.values():
-            if other is not m and other.source is not None and other.python_type() is m.python_type():
+            if other is not m and other.source is not None and _kind(other) is _kind(m):
                 tx.guards.add(g.NOT_ALIAS, m.source, other.source, detail=other.source.name())
+
+
+def _kind(container):
+    # Without reading a constant's value (that would guard it).
+    return type(container._value) if isinstance(container, ConstantValue) else type(container)
 
 
 # torch.nn.functional ops that update tensors they are given (running statistics).
