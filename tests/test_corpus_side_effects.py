@@ -935,3 +935,27 @@ def test_failing_method_on_existing_list_raises_as_in_eager():
         xs.pop(10)
         return x
     check_program(f, args_only(lambda: [], lambda: t(2)), graphs=0, fullgraph=False)
+
+
+def test_aliasing_recompiles_say_why():
+    from bytegraph.debug import records
+
+    def f(a, b, x):
+        a.append(1)
+        x.add_(1)
+        return b
+
+    compiled = bytegraph.compile(f, backend=CompileCounter())
+    compiled([], [], torch.ones(1))
+    shared = []
+    assert compiled(shared, shared, torch.ones(1)) == [1]
+    assert "were different objects when compiled, now they are the same" in records.recompiles[-1].reason
+
+    def g(a, b):
+        a.add_(1)
+        return b * 2
+    compiled_g = bytegraph.compile(g, backend="aot_eager")
+    compiled_g(torch.ones(2), torch.ones(2))
+    base = torch.ones(3)
+    assert same(compiled_g(base[:2], base[1:]), torch.tensor([4.0, 2.0]))
+    assert "did not share storage when compiled" in records.recompiles[-1].reason
