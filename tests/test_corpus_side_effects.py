@@ -959,3 +959,39 @@ def test_aliasing_recompiles_say_why():
     base = torch.ones(3)
     assert same(compiled_g(base[:2], base[1:]), torch.tensor([4.0, 2.0]))
     assert "did not share storage when compiled" in records.recompiles[-1].reason
+
+
+def test_zip_over_list_changed_in_loop():
+    def f(xs, ys, x):
+        for a, b in zip(xs, ys):
+            xs.append(a)
+        return x * len(xs)
+    check_program(f, args_only(lambda: [1, 2], lambda: [1, 2, 3], lambda: t(2)), graphs=1, fullgraph=False)
+
+
+def test_dict_values_changed_in_loop_raises_as_in_eager():
+    def f(d, x):
+        for v in d.values():
+            d[v + 10] = v
+        return x
+    check_program(f, args_only(lambda: {1: 1}, lambda: t(2)), graphs=0, fullgraph=False)
+
+
+def test_loop_with_break_in_body_over_list_changed_after_it():
+    def f(xs, x):
+        for v in xs:
+            print("visit", v)
+            if v < 3:
+                xs.append(v + 3)
+        return x * len(xs)
+    check_program(f, args_only(lambda: [1, 2], lambda: t(2)), graphs=2, fullgraph=False)
+
+
+def test_enumerate_loop_with_break_in_body():
+    def f(d, x):
+        out = x
+        for i, k in enumerate(d):
+            print("key", k)
+            out = out + d[k] * i
+        return out
+    check_program(f, args_only(lambda: {"a": 1, "b": 2, "c": 3}, lambda: t(2)), graphs=3, fullgraph=False)

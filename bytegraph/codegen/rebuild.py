@@ -12,7 +12,7 @@ import torch
 from ..errors import Unsupported
 from ..guards.sources import AttrSource, ObjectSource
 from ..trace.frame import PendingLocal
-from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, FunctionValue,
+from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, DictViewValue, FunctionValue,
                            IteratorValue, ListValue, RealCell,
                            MethodOfValue, ObjectValue, SymValue, TensorMethodValue, TensorValue,
                            TupleValue, UserObjectValue)
@@ -144,8 +144,17 @@ class Rebuilder:
             self.ns.ns["__new_object"] = new_object
             return self.temp(f"__new_object({self.ns.ref(v.cls, 'cls')}, {{{body}}})")
         if isinstance(v, IteratorValue):
+            if v.remake is not None:
+                # Over containers the code after a break may still change: the same lazy
+                # iterator over the (rebuilt or re-read) containers, moved past what was consumed.
+                maker, args = v.remake
+                self.ns.ns["__advanced"] = advanced
+                parts = ", ".join(self.expr(a) for a in args)
+                return self.temp(f"__advanced({self.ns.ref(maker, 'builtin')}({parts}), {v.pos})")
             rest = v.items[v.pos:]
             return self.temp(f"iter([{', '.join(self.expr(i) for i in rest)}])")
+        if isinstance(v, DictViewValue):
+            return f"{self.expr(v.dict_value)}.{v.kind}()"
         raise Unsupported(f"cannot rebuild a {type(v).__name__} outside the graph yet")
 
 
@@ -163,7 +172,9 @@ def tensors_in(values, out):
         elif isinstance(v, DictValue):
             tensors_in(v.items.values(), out)
         elif isinstance(v, IteratorValue):
-            tensors_in(v.items[v.pos:], out)
+            tensors_in(v.remake[1] if v.remake is not None else v.items[v.pos:], out)
+        elif isinstance(v, DictViewValue):
+            tensors_in([v.dict_value], out)
         elif isinstance(v, TensorMethodValue):
             tensors_in([v.tensor], out)
         elif isinstance(v, MethodOfValue):
@@ -182,6 +193,13 @@ def _key_expr(k, ns):
     if isinstance(k, (str, int, bool)) or k is None:
         return repr(k)
     return ns.ref(k)
+
+
+def advanced(iterator, n):
+    """``iterator`` after ``n`` items were taken from it."""
+    for _ in range(n):
+        next(iterator)
+    return iterator
 
 
 def make_function(code, fn_globals, name, defaults, kwdefaults, closure):

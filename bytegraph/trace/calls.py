@@ -377,12 +377,25 @@ def _range(frame, args, kwargs):
     return ConstantValue(range(*_const_args(args, "range")))
 
 
+def iterated_containers(values):
+    """The lists/dicts an iterator over ``values`` reads lazily in eager (see FOR_ITER)."""
+    from ..values.base import DictViewValue
+    out = []
+    for v in values:
+        if isinstance(v, DictViewValue):
+            v = v.dict_value
+        if isinstance(v, (ListValue, DictValue)):
+            out.append(v)
+    return out
+
+
 @builtin(enumerate)
 def _enumerate(frame, args, kwargs):
     start = operators.as_constant(kwargs.get("start", args[1] if len(args) > 1 else ConstantValue(0)))
     items = iterate(frame, args[0])
     return IteratorValue([TupleValue([ConstantValue(i + start), v]) for i, v in enumerate(items)],
-                         origin=args[0] if isinstance(args[0], (ListValue, DictValue)) else None)
+                         origins=iterated_containers(args[:1]),
+                         remake=(enumerate, [args[0], ConstantValue(start)]))
 
 
 @builtin(zip)
@@ -391,19 +404,24 @@ def _zip(frame, args, kwargs):
     seqs = [iterate(frame, a) for a in args]
     if strict and len({len(s) for s in seqs}) > 1:
         raise Unsupported("zip(strict=True) on sequences of different lengths raises")
-    return IteratorValue([TupleValue(list(t)) for t in zip(*seqs)])
+    if kwargs:
+        return IteratorValue([TupleValue(list(t)) for t in zip(*seqs)])
+    return IteratorValue([TupleValue(list(t)) for t in zip(*seqs)], origins=iterated_containers(args),
+                         remake=(zip, list(args)))
 
 
 @builtin(reversed)
 def _reversed(frame, args, kwargs):
-    return IteratorValue(list(reversed(iterate(frame, args[0]))))
+    return IteratorValue(list(reversed(iterate(frame, args[0]))), origins=iterated_containers(args[:1]),
+                         remake=(reversed, args[:1]))
 
 
 @builtin(iter)
 def _iter(frame, args, kwargs):
     v = args[0]
-    return v if isinstance(v, IteratorValue) else IteratorValue(
-        iterate(frame, v), origin=v if isinstance(v, (ListValue, DictValue)) else None)
+    return v if isinstance(v, IteratorValue) else IteratorValue(iterate(frame, v),
+                                                                origins=iterated_containers([v]),
+                                                                remake=(iter, [v]))
 
 
 @builtin(next)

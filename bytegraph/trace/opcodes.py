@@ -559,7 +559,7 @@ def get_iter(f, ins):
     if isinstance(v, IteratorValue):
         f.push(v)
     else:
-        f.push(IteratorValue(iterate(f, v), origin=v if isinstance(v, (ListValue, DictValue)) else None))
+        f.push(IteratorValue(iterate(f, v), origins=calls.iterated_containers([v]), remake=(iter, [v])))
 
 
 @handler("FOR_ITER")
@@ -567,9 +567,10 @@ def for_iter(f, ins):
     it = f.stack[-1]
     if not isinstance(it, IteratorValue):
         raise Unsupported(f"iterating over {attrs.describe(it)} is not supported yet")
-    if it.origin is not None and not _same_items(it.origin.items, it.origin_items):
-        raise Unsupported(f"the {it.origin.python_type().__name__} a for-loop iterates over was changed "
-                          "inside the loop; this is not supported")
+    for origin, then in it.origins:
+        if not _same_items(origin.items, then):
+            raise Unsupported(f"the {origin.python_type().__name__} a for-loop iterates over was changed "
+                              "inside the loop; this is not supported")
     if it.pos < len(it.items):
         f.push(it.items[it.pos])
         it.pos += 1
