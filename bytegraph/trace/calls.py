@@ -429,6 +429,8 @@ def _next(frame, args, kwargs):
     it = args[0]
     if not isinstance(it, IteratorValue):
         raise Unsupported(f"next() on {attrs.describe(it)} is not supported yet")
+    from .containers import check_unchanged
+    check_unchanged(it)
     if it.pos >= len(it.items):
         if len(args) > 1:
             return args[1]

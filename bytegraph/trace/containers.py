@@ -206,3 +206,14 @@ def inplace_operator(frame, op, a, b):
         call_method(frame, a, _SET_INPLACE[op], [b], {})
         return a
     return None
+
+
+def check_unchanged(it):
+    """Before taking the next item of an iterator value: the containers it reads are unchanged."""
+    for origin, then in it.origins:
+        now = origin.items
+        same = list(now) == then if isinstance(now, dict) else (
+            len(now) == len(then) and all(a is b for a, b in zip(now, then)))
+        if not same:
+            raise Unsupported(f"the {origin.python_type().__name__} being iterated over was changed "
+                              "while iterating; this is not supported")

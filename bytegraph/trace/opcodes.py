@@ -15,6 +15,7 @@ from ..values.base import (NULL, CellValue, ConstantValue, ContextManagerValue, 
 from ..values.builder import TRUSTED_MODULE_PREFIXES, wrap
 from .context import DELETED
 from . import attrs, calls, operators
+from .containers import check_unchanged
 from .iteration import iterate, unpack
 from ..bytecode.versions import method_pair
 
@@ -567,22 +568,13 @@ def for_iter(f, ins):
     it = f.stack[-1]
     if not isinstance(it, IteratorValue):
         raise Unsupported(f"iterating over {attrs.describe(it)} is not supported yet")
-    for origin, then in it.origins:
-        if not _same_items(origin.items, then):
-            raise Unsupported(f"the {origin.python_type().__name__} a for-loop iterates over was changed "
-                              "inside the loop; this is not supported")
+    check_unchanged(it)
     if it.pos < len(it.items):
         f.push(it.items[it.pos])
         it.pos += 1
     else:
         f.pop()
         f.jump(ins)
-
-
-def _same_items(now, then):
-    if isinstance(now, dict):
-        return list(now) == list(then)
-    return len(now) == len(then) and all(a is b for a, b in zip(now, then))
 
 
 @handler("RETURN_VALUE")
