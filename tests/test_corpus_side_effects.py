@@ -995,3 +995,17 @@ def test_enumerate_loop_with_break_in_body():
             out = out + d[k] * i
         return out
     check_program(f, args_only(lambda: {"a": 1, "b": 2, "c": 3}, lambda: t(2)), graphs=3, fullgraph=False)
+
+
+def test_delete_attribute_of_existing_object():
+    def f(rec, x):
+        rec.tmp = x * 2
+        y = rec.tmp + 1
+        del rec.tmp
+        del rec.meta
+        return y, hasattr(rec, "tmp"), getattr(rec, "meta", None)
+
+    def make():
+        rec = Recorder()
+        return (rec, t(2)), {}, lambda: sorted(vars(rec))
+    check_program(f, make)

@@ -116,7 +116,7 @@ def replay_side_effects(tx, rb, live=()):
             contents[key] = rb.temp(f"{{{body}}}")
         else:
             contents[key] = ns.ref(frozenset(v.value), "set")
-    stored = [value for _, _, value in tx.attr_stores.values()]
+    stored = [value for _, _, value in tx.attr_stores.values() if value is not DELETED]
     stored += [value for _, value in tx.global_stores.values() if value is not DELETED]
     stored += [value for _, value in tx.cell_stores.values()]
     for v in stored + list(live):
@@ -136,7 +136,7 @@ def replay_side_effects(tx, rb, live=()):
         else:
             lines += [f"{target}.clear()", f"{target}.update({contents[key]})"]
     for obj, name, value in tx.attr_stores.values():
-        lines.append(f"{rb.expr(obj)}.{name} = {rb.expr(value)}")
+        lines.append(f"del {rb.expr(obj)}.{name}" if value is DELETED else f"{rb.expr(obj)}.{name} = {rb.expr(value)}")
     for source, value in tx.global_stores.values():
         if value is DELETED:
             # The trace checked that the name exists (it may have been made by this trace).
@@ -163,7 +163,7 @@ def _cell_expr(ns, source):
 
 def side_effect_values(tx):
     """Values the effects store: their tensors must come out of the graph."""
-    out = [value for _, _, value in tx.attr_stores.values()]
+    out = [value for _, _, value in tx.attr_stores.values() if value is not DELETED]
     out += [v for v in tx.mutated.values() if not isinstance(v, ConstantValue)]
     out += [value for _, value in tx.global_stores.values() if value is not DELETED]
     out += [value for _, value in tx.cell_stores.values()]
