@@ -52,6 +52,7 @@ def list_clear_reverse_sort(a, b, c, x):
     a.clear()
     b.reverse()
     c.sort()
+    b.sort(reverse=True)
     return x * b[0] + c[0]
 
 

@@ -73,9 +73,10 @@ def _list_method(frame, lst, name, args, kwargs):
         else:
             raise Unsupported("list.remove(x): x not in list")
     elif name == "sort":
-        if kwargs or args:
-            raise Unsupported("list.sort() with key or reverse is not supported yet")
-        values = sorted(operators.as_constant(x) for x in items)
+        if args or set(kwargs) - {"reverse"}:
+            raise Unsupported("list.sort() with a key is not supported yet")
+        reverse = operators.as_constant(kwargs.get("reverse", ConstantValue(False)))
+        values = sorted((operators.as_constant(x) for x in items), reverse=reverse)
         lst.items = [ConstantValue(v) for v in values]
     else:
         raise Unsupported(f"list.{name}() is not supported yet")
