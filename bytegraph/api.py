@@ -89,8 +89,9 @@ class OptimizedModule(torch.nn.Module):
 
     Parameters, buffers, submodules and attributes are the original module's:
     reads, writes, ``state_dict()`` and ``load_state_dict()`` go straight to
-    it. Calling the wrapper runs the original module's hooks around a
-    compiled ``forward``.
+    it. Calling the wrapper compiles ``forward``, traced together with the
+    module's forward (pre-)hooks when it has any (global and backward hooks run
+    natively around the compiled ``forward``).
     """
 
     _own = frozenset({"_orig_mod", "_compiler", "_compiled_forward", "forward", "__call__",
@@ -123,7 +124,12 @@ class OptimizedModule(torch.nn.Module):
         mod = self._orig_mod
         if not has_hooks(mod):
             return self._compiled_forward(*args, **kwargs)
-        return _call_with_hooks(mod, self._compiled_forward, args, kwargs)
+        from .trace.hooks import has_unsupported_hooks
+        if has_unsupported_hooks(mod):
+            # Global or backward hooks: run them natively around the compiled forward.
+            return _call_with_hooks(mod, self._compiled_forward, args, kwargs)
+        # The module's own forward (pre-)hooks are traced with its forward.
+        return self._compiler.wrapper_for(_call_module)(mod, *args, **kwargs)
 
     def train(self, mode=True):
         self._orig_mod.train(mode)
@@ -134,6 +140,10 @@ class OptimizedModule(torch.nn.Module):
 
     def __repr__(self):
         return f"OptimizedModule({self._orig_mod!r})"
+
+
+def _call_module(module, *args, **kwargs):
+    return module(*args, **kwargs)
 
 
 def _call_with_hooks(mod, forward, args, kwargs):

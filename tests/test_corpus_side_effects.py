@@ -52,6 +52,7 @@ def list_clear_reverse_sort(a, b, c, x):
     a.clear()
     b.reverse()
     c.sort()
+    b.sort(reverse=True)
     return x * b[0] + c[0]
 
 
@@ -795,3 +796,215 @@ def inplace_operators_on_containers(xs, d, s, x):
 def test_inplace_operators_change_the_container():
     check_program(inplace_operators_on_containers,
                   args_only(lambda: [1, 2], lambda: {"a": 1}, lambda: {1, 2}, lambda: t(2)))
+
+
+def relu_inplace_then_read(a, b):
+    torch.nn.functional.relu(a, inplace=True)
+    return b + 1
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_inplace_functional_with_aliased_inputs(backend):
+    compiled = bytegraph.compile(relu_inplace_then_read, backend=backend)
+    x = torch.tensor([-1.0, 2.0])
+    assert same(compiled(x.clone(), x.clone()), x + 1)
+    shared = x.clone()
+    assert same(compiled(shared, shared), torch.tensor([1.0, 3.0]))
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(3, 3) for _ in range(2)])
+        self.seen = 0
+
+    def forward(self, x, scale=1.0):
+        for layer in self.layers:
+            x = layer(x) * scale
+        return x
+
+
+def _count_hook(mod, args, out):
+    mod.hook_calls = getattr(mod, "hook_calls", 0) + 1
+
+
+def test_hooks_inside_module_list_with_kwargs():
+    torch.manual_seed(0)
+    block = Block()
+    block.layers[0].register_forward_hook(_count_hook)
+    block.layers[1].register_forward_pre_hook(lambda mod, args: args[0].tanh())
+
+    def outer(b, x):
+        return b(x, scale=0.5)
+
+    def make():
+        for layer in block.layers:
+            layer.hook_calls = 0
+        return (block, torch.ones(2, 3)), {}, lambda: [layer.hook_calls for layer in block.layers]
+    check_program(outer, make)
+
+
+def _helper_logs_and_prints(log, x):
+    log.append("helper")
+    print("in helper", len(log))
+    log.append("after print")
+    return x * 2
+
+
+def test_effects_in_inlined_function_that_breaks():
+    def f(log, x):
+        log.append("start")
+        y = _helper_logs_and_prints(log, x + 1)
+        log.append("end")
+        return y
+    check_program(f, args_only(lambda: [], lambda: t(2)), graphs=2, fullgraph=False)
+
+
+def test_setattr_builtin_is_a_recorded_store():
+    def f(rec, x):
+        setattr(rec, "last", x * 2)
+        rec.events.append(getattr(rec, "last").sum())
+        return rec.last + 1
+
+    def make():
+        rec = Recorder()
+        return (rec, t(2)), {}, lambda: (rec.last, rec.events)
+    check_program(f, make)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_sgd_step_on_parameters(backend):
+    def step(params, lr):
+        with torch.no_grad():
+            for p in params:
+                p.add_(p.grad, alpha=-lr)
+                p.grad.zero_()
+
+    def make_model():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 2)
+        model(torch.ones(4, 3)).sum().backward()
+        return model
+    eager_model, comp_model = make_model(), make_model()
+    step(list(eager_model.parameters()), 0.1)
+    bytegraph.compile(step, backend=backend, fullgraph=True)(list(comp_model.parameters()), 0.1)
+    for p_e, p_c in zip(eager_model.parameters(), comp_model.parameters()):
+        assert same(p_e, p_c) and same(p_e.grad, p_c.grad)
+
+
+def test_top_module_hooks_traced_in_one_graph():
+    torch.manual_seed(0)
+    m = TwoLayers()
+    m.register_forward_pre_hook(lambda mod, args: (args[0] + 1,))
+
+    def post(mod, args, out):
+        HOOK_LOG.append("top post")
+        return out * 3
+    m.register_forward_hook(post)
+    compiled = bytegraph.compile(m, backend=CompileCounter(), fullgraph=True)
+
+    def make():
+        HOOK_LOG.clear()
+        return (torch.ones(2, 3),), {}, lambda: list(HOOK_LOG)
+    # Same program as the compiled module: check_program compiles its own copy.
+    check_program(lambda x: m(x), make)
+    HOOK_LOG.clear()
+    x = torch.ones(2, 3)
+    expected = m(x)
+    assert same(compiled(x), expected) and HOOK_LOG == ["top post", "top post"]
+    # The hook runs inside the trace (is_compiling() is True there), not around it.
+    traced = []
+    m.register_forward_hook(lambda mod, args, out: traced.append(bytegraph.is_compiling()))
+    compiled(x)
+    assert traced == [True]
+
+
+def test_enumerate_over_list_changed_in_loop():
+    def f(xs, x):
+        for i, v in enumerate(xs):
+            if i < 2:
+                xs.append(v * 10)
+        return x * len(xs)
+    check_program(f, args_only(lambda: [1, 2], lambda: t(2)), graphs=2, fullgraph=False)
+
+
+def test_failing_method_on_existing_list_raises_as_in_eager():
+    def f(xs, x):
+        xs.append(1)
+        xs.pop(10)
+        return x
+    check_program(f, args_only(lambda: [], lambda: t(2)), graphs=0, fullgraph=False)
+
+
+def test_aliasing_recompiles_say_why():
+    from bytegraph.debug import records
+
+    def f(a, b, x):
+        a.append(1)
+        x.add_(1)
+        return b
+
+    compiled = bytegraph.compile(f, backend=CompileCounter())
+    compiled([], [], torch.ones(1))
+    shared = []
+    assert compiled(shared, shared, torch.ones(1)) == [1]
+    assert "were different objects when compiled, now they are the same" in records.recompiles[-1].reason
+
+    def g(a, b):
+        a.add_(1)
+        return b * 2
+    compiled_g = bytegraph.compile(g, backend="aot_eager")
+    compiled_g(torch.ones(2), torch.ones(2))
+    base = torch.ones(3)
+    assert same(compiled_g(base[:2], base[1:]), torch.tensor([4.0, 2.0]))
+    assert "did not share storage when compiled" in records.recompiles[-1].reason
+
+
+def test_zip_over_list_changed_in_loop():
+    def f(xs, ys, x):
+        for a, b in zip(xs, ys):
+            xs.append(a)
+        return x * len(xs)
+    check_program(f, args_only(lambda: [1, 2], lambda: [1, 2, 3], lambda: t(2)), graphs=1, fullgraph=False)
+
+
+def test_dict_values_changed_in_loop_raises_as_in_eager():
+    def f(d, x):
+        for v in d.values():
+            d[v + 10] = v
+        return x
+    check_program(f, args_only(lambda: {1: 1}, lambda: t(2)), graphs=0, fullgraph=False)
+
+
+def test_loop_with_break_in_body_over_list_changed_after_it():
+    def f(xs, x):
+        for v in xs:
+            print("visit", v)
+            if v < 3:
+                xs.append(v + 3)
+        return x * len(xs)
+    check_program(f, args_only(lambda: [1, 2], lambda: t(2)), graphs=2, fullgraph=False)
+
+
+def test_enumerate_loop_with_break_in_body():
+    def f(d, x):
+        out = x
+        for i, k in enumerate(d):
+            print("key", k)
+            out = out + d[k] * i
+        return out
+    check_program(f, args_only(lambda: {"a": 1, "b": 2, "c": 3}, lambda: t(2)), graphs=3, fullgraph=False)
+
+
+def test_delete_attribute_of_existing_object():
+    def f(rec, x):
+        rec.tmp = x * 2
+        y = rec.tmp + 1
+        del rec.tmp
+        del rec.meta
+        return y, hasattr(rec, "tmp"), getattr(rec, "meta", None)
+
+    def make():
+        rec = Recorder()
+        return (rec, t(2)), {}, lambda: sorted(vars(rec))
+    check_program(f, make)

@@ -15,7 +15,8 @@ from ..errors import Unsupported
 from ..guards.sources import AttrSource, ObjectSource
 from ..trace.frame import PendingLocal
 from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DefaultDictValue, DictValue,
-                           FunctionValue, IteratorValue, ListValue, PartialValue, PrivateObjectValue, RealCell,
+                           DictViewValue, FunctionValue, IteratorValue, ListValue, PartialValue,
+                           PrivateObjectValue, RealCell,
                            MethodOfValue, ObjectValue, SymValue, TensorMethodValue, TensorValue,
                            MUTABLE_CONSTANT_TYPES, TracedId, TupleValue, UserObjectValue)
 
@@ -170,8 +171,17 @@ class Rebuilder:
                 + [f"{k}={self.expr(a)}" for k, a in v.kwargs.items()]
             return self.temp(f"{self.ns.ref(functools.partial, 'partial')}({', '.join(parts)})")
         if isinstance(v, IteratorValue):
+            if v.remake is not None:
+                # Over containers the code after a break may still change: the same lazy
+                # iterator over the (rebuilt or re-read) containers, moved past what was consumed.
+                maker, args = v.remake
+                self.ns.ns["__advanced"] = advanced
+                parts = ", ".join(self.expr(a) for a in args)
+                return self.temp(f"__advanced({self.ns.ref(maker, 'builtin')}({parts}), {v.pos})")
             rest = v.items[v.pos:]
             return self.temp(f"iter([{', '.join(self.expr(i) for i in rest)}])")
+        if isinstance(v, DictViewValue):
+            return f"{self.expr(v.dict_value)}.{v.kind}()"
         raise Unsupported(f"cannot rebuild a {type(v).__name__} outside the graph yet")
 
 
@@ -189,7 +199,9 @@ def tensors_in(values, out):
         elif isinstance(v, DictValue):
             tensors_in(v.items.values(), out)
         elif isinstance(v, IteratorValue):
-            tensors_in(v.items[v.pos:], out)
+            tensors_in(v.remake[1] if v.remake is not None else v.items[v.pos:], out)
+        elif isinstance(v, DictViewValue):
+            tensors_in([v.dict_value], out)
         elif isinstance(v, PartialValue):
             tensors_in([v.func] + v.args + list(v.kwargs.values()), out)
         elif isinstance(v, TensorMethodValue):
@@ -212,6 +224,13 @@ def _key_expr(k, ns):
     if isinstance(k, (str, int, bool)) or k is None:
         return repr(k)
     return ns.ref(k)
+
+
+def advanced(iterator, n):
+    """``iterator`` after ``n`` items were taken from it."""
+    for _ in range(n):
+        next(iterator)
+    return iterator
 
 
 def make_function(code, fn_globals, name, defaults, kwdefaults, closure):

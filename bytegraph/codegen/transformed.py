@@ -52,16 +52,27 @@ def guard_container_aliasing(tx):
     that later calls do not pass the same list (say) through two sources."""
     for m in tx.mutated.values():
         for other in tx.existing_containers.values():
-            if other is not m and other.source is not None and other.python_type() is m.python_type():
+            if other is not m and other.source is not None and _kind(other) is _kind(m):
                 tx.guards.add(g.NOT_ALIAS, m.source, other.source, detail=other.source.name())
+
+
+def _kind(container):
+    # Without reading a constant's value (that would guard it).
+    return type(container._value) if isinstance(container, ConstantValue) else type(container)
+
+
+# torch.nn.functional ops that update tensors they are given (running statistics).
+_STATS_UPDATING = {"batch_norm", "instance_norm"}
 
 
 def _mutates(node):
     if node.op not in ("call_function", "call_method"):
         return False
-    if "out" in node.kwargs:
+    if "out" in node.kwargs or node.kwargs.get("inplace") is True:
         return True
     target = node.target
+    if getattr(target, "__name__", None) in _STATS_UPDATING:
+        return True
     if target is operator.setitem:
         return True
     name = target if isinstance(target, str) else getattr(target, "__name__", "")
@@ -105,7 +116,7 @@ def replay_side_effects(tx, rb, live=()):
             contents[key] = rb.temp(f"{{{body}}}")
         else:
             contents[key] = ns.ref(frozenset(v.value), "set")
-    stored = [value for _, _, value in tx.attr_stores.values()]
+    stored = [value for _, _, value in tx.attr_stores.values() if value is not DELETED]
     stored += [value for _, value in tx.global_stores.values() if value is not DELETED]
     stored += [value for _, value in tx.cell_stores.values()]
     for v in stored + list(live):
@@ -125,7 +136,7 @@ def replay_side_effects(tx, rb, live=()):
         else:
             lines += [f"{target}.clear()", f"{target}.update({contents[key]})"]
     for obj, name, value in tx.attr_stores.values():
-        lines.append(f"{rb.expr(obj)}.{name} = {rb.expr(value)}")
+        lines.append(f"del {rb.expr(obj)}.{name}" if value is DELETED else f"{rb.expr(obj)}.{name} = {rb.expr(value)}")
     for source, value in tx.global_stores.values():
         if value is DELETED:
             # The trace checked that the name exists (it may have been made by this trace).
@@ -152,7 +163,7 @@ def _cell_expr(ns, source):
 
 def side_effect_values(tx):
     """Values the effects store: their tensors must come out of the graph."""
-    out = [value for _, _, value in tx.attr_stores.values()]
+    out = [value for _, _, value in tx.attr_stores.values() if value is not DELETED]
     out += [v for v in tx.mutated.values() if not isinstance(v, ConstantValue)]
     out += [value for _, value in tx.global_stores.values() if value is not DELETED]
     out += [value for _, value in tx.cell_stores.values()]

@@ -169,6 +169,9 @@ def _object_attr(frame, v, name):
     obj, src = v.obj, v.source
     pending = tx.attr_stores.get((id(obj), name))
     if pending is not None:
+        from .context import DELETED
+        if pending[2] is DELETED:
+            raise MissingAttribute(f"{type(obj).__name__!r} object has no attribute {name!r} (deleted)")
         return pending[2]
     asrc = AttrSource(src, name) if src is not None else None
     if isinstance(obj, types.ModuleType):

@@ -484,13 +484,27 @@ def _range(frame, args, kwargs):
     return ConstantValue(range(*_const_args(args, "range")))
 
 
+def iterated_containers(values):
+    """The lists/dicts an iterator over ``values`` reads lazily in eager (see FOR_ITER)."""
+    from ..values.base import DictViewValue
+    out = []
+    for v in values:
+        if isinstance(v, DictViewValue):
+            v = v.dict_value
+        if isinstance(v, (ListValue, DictValue)):
+            out.append(v)
+    return out
+
+
 @builtin(enumerate)
 def _enumerate(frame, args, kwargs):
     if not isinstance(args[0], (TupleValue, ListValue, IteratorValue, DictValue, ConstantValue)):
         return generators.lazy_enumerate(frame, args, kwargs)
     start = operators.as_constant(kwargs.get("start", args[1] if len(args) > 1 else ConstantValue(0)))
     items = iterate(frame, args[0])
-    return IteratorValue([TupleValue([ConstantValue(i + start), v]) for i, v in enumerate(items)])
+    return IteratorValue([TupleValue([ConstantValue(i + start), v]) for i, v in enumerate(items)],
+                         origins=iterated_containers(args[:1]),
+                         remake=(enumerate, [args[0], ConstantValue(start)]))
 
 
 @builtin(zip)
@@ -501,12 +515,16 @@ def _zip(frame, args, kwargs):
     seqs = [iterate(frame, a) for a in args]
     if strict and len({len(s) for s in seqs}) > 1:
         raise Unsupported("zip(strict=True) on sequences of different lengths raises")
-    return IteratorValue([TupleValue(list(t)) for t in zip(*seqs)])
+    if kwargs:
+        return IteratorValue([TupleValue(list(t)) for t in zip(*seqs)])
+    return IteratorValue([TupleValue(list(t)) for t in zip(*seqs)], origins=iterated_containers(args),
+                         remake=(zip, list(args)))
 
 
 @builtin(reversed)
 def _reversed(frame, args, kwargs):
-    return IteratorValue(list(reversed(iterate(frame, args[0]))))
+    return IteratorValue(list(reversed(iterate(frame, args[0]))), origins=iterated_containers(args[:1]),
+                         remake=(reversed, args[:1]))
 
 
 @builtin(iter)
@@ -521,6 +539,8 @@ def _next(frame, args, kwargs):
         return generators.builtin_next(frame, args, kwargs)
     if not isinstance(it, IteratorValue):
         raise Unsupported(f"next() on {attrs.describe(it)} is not supported yet")
+    from .containers import check_unchanged
+    check_unchanged(it)
     if it.pos >= len(it.items):
         if len(args) > 1:
             return args[1]
@@ -818,7 +838,7 @@ def _super(frame, args, kwargs):
     return SuperValue(cls.obj if isinstance(cls, ObjectValue) else operators.as_constant(cls), self_value)
 
 
-@builtin(object.__setattr__)
+@builtin(object.__setattr__, setattr)
 def _object_setattr(frame, args, kwargs):
     obj, name, value = args
     attrs.set_attr(frame, obj, operators.as_constant(name), value, plain=True)

@@ -30,12 +30,16 @@ def call_method(frame, owner, name, args, kwargs):
         return ConstantValue(None)
     if name in _MUTATING and isinstance(owner, (ListValue, DictValue, ConstantValue)):
         frame.tx.mark_mutated(owner, f"{owner.python_type().__name__}.{name}() on")
-    if isinstance(owner, ConstantValue) and isinstance(owner.value, set):
-        return _set_method(frame, owner, name, args, kwargs)
-    if isinstance(owner, ListValue):
-        return _list_method(frame, owner, name, args, kwargs)
-    if isinstance(owner, DictValue):
-        return _dict_method(frame, owner, name, args, kwargs)
+    try:
+        if isinstance(owner, ConstantValue) and isinstance(owner.value, set):
+            return _set_method(frame, owner, name, args, kwargs)
+        if isinstance(owner, ListValue):
+            return _list_method(frame, owner, name, args, kwargs)
+        if isinstance(owner, DictValue):
+            return _dict_method(frame, owner, name, args, kwargs)
+    except (IndexError, KeyError, TypeError, ValueError) as e:
+        # What eager would raise here: the frame breaks before the call, which runs natively.
+        raise Unsupported(f"{owner.python_type().__name__}.{name}() raised {type(e).__name__}: {e}") from e
     if isinstance(owner, TupleValue):
         if name in ("_replace", "_asdict") and hasattr(owner.cls, "_fields"):
             return _namedtuple_method(frame, owner, name, args, kwargs)
@@ -243,3 +247,14 @@ def _namedtuple_method(frame, tup, name, args, kwargs):
     if args or unknown:
         raise Unsupported(f"{tup.cls.__name__}._replace() got unexpected field names {sorted(unknown)}")
     return TupleValue([kwargs.get(f, v) for f, v in zip(fields, tup.items)], cls=tup.cls)
+
+
+def check_unchanged(it):
+    """Before taking the next item of an iterator value: the containers it reads are unchanged."""
+    for origin, then in it.origins:
+        now = origin.items
+        same = list(now) == then if isinstance(now, dict) else (
+            len(now) == len(then) and all(a is b for a, b in zip(now, then)))
+        if not same:
+            raise Unsupported(f"the {origin.python_type().__name__} being iterated over was changed "
+                              "while iterating; this is not supported")

@@ -7,6 +7,8 @@ versions never reach; no handler looks at the version.
 import builtins
 import operator
 
+import torch
+
 from ..errors import Unsupported
 from ..guards.sources import GlobalSource, ItemSource, ObjectSource
 from ..values.base import (NULL, CellValue, ConstantValue, ContextManagerValue, DictValue,
@@ -15,6 +17,7 @@ from ..values.base import (NULL, CellValue, ConstantValue, ContextManagerValue, 
 from ..values.builder import TRUSTED_MODULE_PREFIXES, wrap
 from .context import DELETED
 from . import attrs, calls, exceptions, generators, operators, with_blocks
+from .containers import check_unchanged
 from .iteration import iterate, unpack
 from ..bytecode.versions import method_pair, send_returned
 
@@ -207,7 +210,25 @@ def store_attr(f, ins):
 
 @handler("DELETE_ATTR")
 def delete_attr(f, ins):
-    raise Unsupported(f"deleting attribute {ins.argval!r} is not supported yet")
+    """``del obj.name`` on an existing plain object: recorded like a store, done after the graph."""
+    obj = f.pop()
+    name = ins.argval
+    if isinstance(obj, ObjectValue) and obj.source is not None and not isinstance(obj.obj, torch.nn.Module) \
+            and type(obj.obj).__delattr__ is object.__delattr__ and type(obj.obj).__setattr__ is object.__setattr__ \
+            and not hasattr(type(obj.obj), name) \
+            and (name in getattr(obj.obj, "__dict__", {}) or (id(obj.obj), name) in f.tx.attr_stores):
+        attrs.get_attr(f, obj, name)   # it must exist (guarded), or raise as in eager
+        f.tx.attr_stores.pop((id(obj.obj), name), None)
+        if name in obj.obj.__dict__:
+            # The replayed `del` needs the attribute on entry: guard that it is there.
+            from ..guards import builder as guard_kinds
+            from ..guards.sources import AttrSource
+            f.tx.guards.add(guard_kinds.TYPE_MATCH, AttrSource(obj.source, name), type(obj.obj.__dict__[name]))
+            f.tx.attr_stores[(id(obj.obj), name)] = (obj, name, DELETED)
+        # else: set earlier in this trace only; dropping that store is the whole effect.
+        f.tx.effects_recorded += 1
+        return
+    raise Unsupported(f"deleting attribute {name!r} of {attrs.describe(obj)} is not supported yet")
 
 
 @handler("IMPORT_NAME")
@@ -565,20 +586,14 @@ def jump_if_true_or_pop(f, ins):
 @handler("GET_ITER")
 def get_iter(f, ins):
     v = f.pop()
-    it = generators.get_iter(f, v)
-    if isinstance(it, IteratorValue) and it is not v and isinstance(v, (ListValue, DictValue)):
-        # Loops over a list/dict walk a snapshot: changing it in the loop is refused (FOR_ITER).
-        it.origin, it.origin_items = v, list(v.items)
-    f.push(it)
+    f.push(generators.get_iter(f, v))
 
 
 @handler("FOR_ITER")
 def for_iter(f, ins):
     it = f.stack[-1]
     if isinstance(it, IteratorValue):
-        if it.origin is not None and not _same_items(it.origin.items, it.origin_items):
-            raise Unsupported(f"the {it.origin.python_type().__name__} a for-loop iterates over was changed "
-                              "inside the loop; this is not supported")
+        check_unchanged(it)
         if it.pos < len(it.items):
             f.push(it.items[it.pos])
             it.pos += 1
@@ -593,12 +608,6 @@ def for_iter(f, ins):
         f.jump(ins)
     else:
         f.push(item)
-
-
-def _same_items(now, then):
-    if isinstance(now, dict):
-        return list(now) == list(then)
-    return len(now) == len(then) and all(a is b for a, b in zip(now, then))
 
 
 @handler("RETURN_VALUE")

@@ -343,16 +343,18 @@ class MethodOfValue(Value):
 class IteratorValue(Value):
     """An iterator over a known, finite list of values."""
 
-    __slots__ = ("items", "pos", "origin", "origin_items")
+    __slots__ = ("items", "pos", "origins", "remake")
 
-    def __init__(self, items, origin=None):
+    def __init__(self, items, origins=(), remake=None):
         super().__init__(None)
         self.items = list(items)
         self.pos = 0
-        # The list/dict iterated over directly: changing it while the loop runs is refused,
-        # as the items here are a snapshot.
-        self.origin = origin
-        self.origin_items = list(origin.items) if origin is not None else None
+        # The lists/dicts iterated over: changing one while the loop runs is refused, as
+        # the items here are a snapshot. (container, its items then)
+        self.origins = [(c, list(c.items)) for c in origins]
+        # (builtin, argument values) that makes the same lazy iterator at run time, for
+        # code after a graph break that may still change those containers.
+        self.remake = remake if self.origins else None
 
     def python_type(self):
         return type(iter([]))
