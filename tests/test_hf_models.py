@@ -64,3 +64,16 @@ def test_training_step_aot_eager(name):
             continue
         assert p.grad is not None, f"no gradient for {pname}"
         assert torch.allclose(ref, p.grad, rtol=1e-3, atol=1e-5), pname
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_new_sequence_lengths_compile_once_more(name):
+    # The first length is specialised; a new one makes the sequence length symbolic
+    # (automatic dynamic shapes), and further lengths reuse that graph.
+    model = build(name).eval()
+    cnt = CompileCounter()
+    compiled = bytegraph.compile(model, backend=cnt, fullgraph=True)
+    for seq in (16, 24, 12):
+        kw = inputs(name, seq=seq)
+        assert same(model(**kw), compiled(**kw), rtol=1e-4, atol=1e-5), seq
+    assert cnt.frame_count == 2
