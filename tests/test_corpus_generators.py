@@ -534,3 +534,27 @@ def test_unfinished_generator_dropped_at_break_runs_eagerly():
     from bytegraph.debug import records
     # The break at print() cannot drop the suspended generator: the frame runs eagerly.
     assert [r.fallback_reason for r in records.frames if r.fallback_reason]
+
+
+class Countdown:
+    def __init__(self, start):
+        self.n = start
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.n <= 0:
+            raise StopIteration
+        self.n -= 1
+        return self.n
+
+
+def test_user_iterator_class_with_next():
+    def f(x):
+        steps = [x * k for k in Countdown(3)]
+        c = Countdown(2)
+        first = next(c)
+        rest = next(c, "none"), next(c, "none")
+        return steps, x + first, rest
+    check(f, t(2))

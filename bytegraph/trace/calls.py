@@ -414,6 +414,8 @@ def _reversed(frame, args, kwargs):
 
 @builtin(iter)
 def _iter(frame, args, kwargs):
+    if len(args) != 1:
+        raise Unsupported("iter(callable, sentinel) is not supported yet")
     return generators.get_iter(frame, args[0])
 
 

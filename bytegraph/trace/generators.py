@@ -209,6 +209,31 @@ def _count_next(frame, it):
     return ConstantValue(n)
 
 
+def _python_next(frame, obj):
+    """A lazy iterator calling the Python ``__next__`` of a user iterator object, or None."""
+    from . import attrs
+    if isinstance(obj, UserObjectValue):
+        cls = obj.cls
+    elif isinstance(obj, ObjectValue) and type(obj.obj).__module__.split(".")[0] not in ("torch", "builtins"):
+        cls = type(obj.obj)
+    else:
+        return None
+    method, found = attrs._lookup_static(cls, "__next__")
+    if not found or not isinstance(method, types.FunctionType):
+        return None
+    return LazyIteratorValue("next_method", [], {"next": attrs.get_attr(frame, obj, "__next__")})
+
+
+def _next_method_next(frame, it):
+    from .calls import call
+    try:
+        return call(frame, it.state["next"], [], {})
+    except TracedRaise as e:
+        if issubclass(e.value.cls, StopIteration):
+            return EXHAUSTED
+        raise
+
+
 def _sequence_next(frame, it):
     # Old-style iteration: __getitem__(0), (1), ... until IndexError or StopIteration.
     from .calls import call
@@ -225,7 +250,7 @@ def _sequence_next(frame, it):
 
 _LAZY_NEXT = {"zip": _zip_next, "enumerate": _enumerate_next, "map": _map_next,
               "filter": _filter_next, "islice": _islice_next, "count": _count_next,
-              "sequence": _sequence_next}
+              "sequence": _sequence_next, "next_method": _next_method_next}
 
 
 # --- iter() and the iteration protocol of user objects ----------------------------------------
@@ -256,9 +281,12 @@ def user_iterator(frame, v):
     method, found = attrs._lookup_static(cls, "__iter__")
     if found and isinstance(method, types.FunctionType):
         it = call(frame, wrap(frame.tx, method, None), [v], {})
-        if not isinstance(it, (IteratorValue, GeneratorValue, LazyIteratorValue)):
+        if isinstance(it, (IteratorValue, GeneratorValue, LazyIteratorValue)):
+            return it
+        step = _python_next(frame, it)
+        if step is None:
             raise Unsupported(f"{cls.__qualname__}.__iter__ returned {attrs.describe(it)}")
-        return it
+        return step
     getitem, has_getitem = attrs._lookup_static(cls, "__getitem__")
     if not found and has_getitem and isinstance(getitem, types.FunctionType):
         return LazyIteratorValue("sequence", [v], {"i": 0, "getitem": attrs.get_attr(frame, v, "__getitem__")})
@@ -321,6 +349,10 @@ def count(frame, args, kwargs):
 
 def builtin_next(frame, args, kwargs):
     it = args[0]
+    if isinstance(it, (UserObjectValue, ObjectValue)) and _python_next(frame, it) is not None:
+        if len(args) == 1:
+            return user_dunder(frame, it, "__next__", [])
+        it = _python_next(frame, it)
     if not isinstance(it, (IteratorValue, GeneratorValue, LazyIteratorValue)):
         from . import attrs
         raise Unsupported(f"next() on {attrs.describe(it)} is not supported yet")
