@@ -581,3 +581,56 @@ def test_caught_exception_then_graph_continues():
         return x.sin()
     cnt, _ = check(f, t(3))
     assert cnt.op_count == 2
+
+
+def test_missing_attribute_is_guarded():
+    from helpers import compile_counted, same
+
+    class Opts:
+        pass
+
+    opts = Opts()
+
+    def f(x):
+        try:
+            s = opts.scale
+        except AttributeError:
+            s = 1.0
+        if hasattr(opts, "shift"):
+            s = s + opts.shift
+        return x * s
+
+    compiled, cnt = compile_counted(f, fullgraph=True)
+    x = t(3)
+    assert same(compiled(x), f(x))
+    opts.scale = 4.0
+    assert same(compiled(x), f(x))
+    opts.shift = 0.5
+    assert same(compiled(x), f(x))
+    assert cnt.frame_count == 3
+
+
+def test_dict_key_error_is_guarded():
+    from helpers import compile_counted, same
+
+    def f(x, opts):
+        try:
+            return x * opts["scale"]
+        except KeyError:
+            return x + 1
+
+    compiled, cnt = compile_counted(f, fullgraph=True)
+    x = t(3)
+    assert same(compiled(x, {}), f(x, {}))
+    assert same(compiled(x, {"scale": 3.0}), f(x, {"scale": 3.0}))
+    assert cnt.frame_count == 2
+
+
+def test_comprehension_error_caught():
+    def f(x, toks):
+        try:
+            vals = [int(s) for s in toks]
+        except ValueError as e:
+            vals = [len(str(e))]
+        return x * sum(vals)
+    check(f, t(2), ["1", "x"])

@@ -28,6 +28,7 @@ TENSOR_MATCH = "TENSOR_MATCH"
 ALIAS = "ALIAS"   # two sources named the same object when traced
 SHAPE_ENV = "SHAPE_ENV"   # relations between symbolic sizes (expected: graph.shapes.Shapes)
 NO_HOOKS = "NO_HOOKS"   # an nn.Module called while tracing had no forward hooks
+MISSING_ATTR = "MISSING_ATTR"   # the object had no attribute ``expected`` (hasattr, except AttributeError)
 
 
 class TensorMeta:
@@ -199,6 +200,8 @@ class _Emitter:
         if g.kind == NO_HOOKS:
             return [(f"not ({e}._forward_hooks or {e}._forward_pre_hooks)",
                      f"f'{who} has forward hooks now; they were not traced'")]
+        if g.kind == MISSING_ATTR:
+            return [(f"not hasattr({e}, {g.expected!r})", f"f'{who}.{g.expected} exists now'")]
         if g.kind == LENGTH_MATCH:
             return [(f"len({e}) == {g.expected}", f"f'length of {who} changed: {g.expected} -> {{len({e})}}'")]
         if g.kind == DICT_KEYS:
