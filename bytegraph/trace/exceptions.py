@@ -73,8 +73,14 @@ def escape_error(value):
     """The Unsupported that an exception escaping the compiled frame becomes."""
     err = Unsupported(f"the compiled function raises {describe(value)}",
                       hint="an exception escaping the compiled function runs from where it was raised eagerly")
-    # Replay from where the first exception of the chain entered the frame: any handler that
-    # raised this one then runs natively too.
+    err.root_index = entry_index(value)
+    return err
+
+
+def entry_index(value):
+    """Where the compiled frame can break to replay ``value`` natively: the instruction where
+    the first exception of its ``__context__`` chain entered (or was made in) that frame, so
+    that any handler which raised it runs natively too. None if unknown."""
     index = None
     seen = set()
     v = value
@@ -83,8 +89,18 @@ def escape_error(value):
         if v.root_index is not None:
             index = v.root_index
         v = v.context
-    err.root_index = index
-    return err
+    return index
+
+
+def break_index(frame):
+    """Where the compiled frame breaks for an Unsupported met at its current instruction.
+
+    Inside a traced handler the stack holds exception state that cannot be rebuilt, so the
+    break moves back to where the handled exception entered the frame; the handler then
+    runs natively."""
+    current = handled(frame.tx)
+    index = entry_index(current) if current is not None else None
+    return index if index is not None else frame.current.index
 
 
 def describe(value):
