@@ -8,7 +8,7 @@ import builtins
 import operator
 
 from ..errors import Unsupported
-from ..guards.sources import GlobalSource, ItemSource, ObjectSource
+from ..guards.sources import AttrSource, GlobalSource, ItemSource, ObjectSource
 from ..values.base import (NULL, CellValue, ConstantValue, ContextManagerValue, DictValue,
                            ExceptionValue, ExitValue, FunctionValue, GeneratorValue, IteratorValue,
                            ListValue, ObjectValue, SavedExcInfoValue, SuperValue, TupleValue)
@@ -112,7 +112,13 @@ def load_deref(f, ins):
             contents = cell.cell.cell_contents
         except ValueError:
             raise Unsupported(f"free variable {ins.argval!r} read before assignment") from None
-        f.push(wrap(f.tx, contents, cell.source))
+        source = cell.source
+        if source is None and f.globals.get("__name__", "").split(".")[0] not in TRUSTED_MODULE_PREFIXES:
+            # A user function reached without a source (e.g. a method found on its class): its
+            # cells still hold pre-existing objects, which must be guarded and never mutated silently.
+            source = AttrSource(ObjectSource(cell.cell, f"closure cell {ins.argval!r} of {f.code.co_qualname}"),
+                                "cell_contents")
+        f.push(wrap(f.tx, contents, source))
 
 
 @handler("STORE_DEREF")
