@@ -578,3 +578,21 @@ def test_manager_logging_into_enclosing_list():
         return (X.clone(),), {}, lambda: list(log)
     # The enclosing list is pre-existing state: its appends run natively at breaks.
     check_program(f, make, graphs=1, fullgraph=False)
+
+
+def test_contextmanager_decorating_a_nested_function():
+    def f(x):
+        log = []
+
+        @contextlib.contextmanager
+        def phase(name):
+            log.append(f"start {name}")
+            yield len(name)
+            log.append(f"end {name}")
+
+        with phase("warmup") as n:
+            x = x * n
+        with phase("run") as n:
+            x = x + n
+        return x, log
+    check(f, t(3))

@@ -6,6 +6,7 @@ graph node (torch functions, tensor methods), is folded to a constant (pure
 builtins on constants), or is unsupported.
 """
 import abc
+import contextlib
 import operator
 import types
 
@@ -18,7 +19,7 @@ from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue
                            ObjectValue, RealCell, SuperValue, TensorMethodValue, TensorValue,
                            TracerCallableValue, TupleValue, UserObjectValue)
 from ..values.builder import wrap
-from . import attrs, generators, operators
+from . import attrs, generators, operators, with_blocks
 from .exceptions import PythonError, TracedRaise, make_exception, to_str
 from .frame import inline_call
 from .iteration import iterate
@@ -556,6 +557,7 @@ for _fn in (int, float, bool, str, repr, round, divmod, pow, hash, ord, chr, for
 BUILTIN_HANDLERS[map] = generators.lazy_map
 BUILTIN_HANDLERS[filter] = generators.lazy_filter
 BUILTIN_HANDLERS.update(generators.LAZY_BUILTINS)
+BUILTIN_HANDLERS[contextlib.contextmanager] = with_blocks.contextmanager_in_frame
 
 
 @builtin(super)

@@ -76,3 +76,23 @@ def _enter_generator(frame, gen):
         raise TracedRaise(new(RuntimeError, "generator didn't stop after throw()"))
 
     return TracerCallableValue("_GeneratorContextManager.__exit__", exit_), value
+
+
+def contextmanager_in_frame(frame, args, kwargs):
+    """``contextlib.contextmanager(fn)`` called inside the trace (a decorator on a nested function):
+    a callable whose calls make the same manager object contextlib would."""
+    from . import calls
+    if len(args) != 1 or kwargs:
+        raise Unsupported("contextlib.contextmanager() takes one function")
+    func = args[0]
+
+    def make(f, call_args, call_kwargs):
+        from ..values.base import DictValue, TupleValue
+        gen = calls.call(f, func, call_args, call_kwargs)
+        if not isinstance(gen, GeneratorValue):
+            raise Unsupported("@contextmanager function that does not return a generator")
+        return UserObjectValue(contextlib._GeneratorContextManager,
+                               {"gen": gen, "func": func, "args": TupleValue(call_args),
+                                "kwds": DictValue(call_kwargs)})
+
+    return TracerCallableValue("contextmanager helper", make)
