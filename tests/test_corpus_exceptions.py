@@ -442,7 +442,7 @@ def test_exception_from_generator_caught_by_consumer():
         try:
             for r in rows(x):
                 got.append(r * 2)
-        except IndexError as e:
+        except IndexError:
             got.append(x.sum())
         return got
     check(f, t(4, 3))
@@ -527,7 +527,7 @@ def test_escape_through_finally_runs_it_once():
         try:
             raise KeyError("k")
         finally:
-            events.append("finally")
+            events.append(("finally", y.shape[0]))
 
     def make():
         events.clear()
@@ -545,7 +545,7 @@ def test_escape_with_printing_handler():
         try:
             raise IndexError("i")
         except IndexError as e:
-            print("caught", type(e).__name__)
+            print("caught", type(e).__name__, tuple(y.shape))
             raise
     # print() inside the handler: the break moves back to the raise (the graph has x.sum()).
     check_program(f, make_x, graphs=1, fullgraph=False)

@@ -339,7 +339,6 @@ def super_attr(frame, sv, name):
     mro = sv.obj.cls.__mro__
     for klass in mro[mro.index(sv.cls) + 1:]:
         if "__init__" in klass.__dict__:
-            init = klass.__dict__["__init__"]
             if klass.__module__ == "builtins":
                 target = sv.obj
                 return TracerCallableValue("BaseException.__init__",
