@@ -652,3 +652,68 @@ def test_comprehension_error_caught():
             vals = [len(str(e))]
         return x * sum(vals)
     check(f, t(2), ["1", "x"])
+
+
+def test_raising_non_exceptions_is_type_error():
+    def f(x):
+        msgs = []
+        try:
+            raise 5
+        except TypeError as e:
+            msgs.append(str(e))
+        try:
+            raise ValueError("a") from 3
+        except TypeError as e:
+            msgs.append(str(e))
+        return x + 1, msgs
+    check(f, t(2))
+
+
+def test_assign_args():
+    def f(x):
+        err = ValueError("v")
+        err.args = ("changed", 2)
+        return x + 1, err.args, str(err)
+    check(f, t(2))
+
+
+def test_exception_inside_no_grad():
+    def f(x):
+        with torch.no_grad():
+            try:
+                raise KeyError("in no_grad")
+            except KeyError:
+                y = x * 2
+        try:
+            with torch.no_grad():
+                raise KeyError("escapes no_grad")
+        except KeyError:
+            z = x * 3
+        return y, z, torch.is_grad_enabled()
+    check(f, t(3).requires_grad_())
+
+
+def test_key_error_str_and_repr():
+    def f(x):
+        try:
+            raise KeyError("a", "b")
+        except KeyError as err:
+            single = str(KeyError("k"))
+            return x + 1, str(err), repr(err), single
+    check(f, t(2))
+
+
+def test_stop_iteration_value_attribute():
+    def f(x):
+        e1 = StopIteration(7)
+        return x + e1.value, e1.args, StopIteration().value is None
+    check(f, t(2))
+
+
+def test_tensor_attribute_error():
+    def f(x):
+        try:
+            x.not_a_tensor_attribute
+        except AttributeError as err:
+            return x + 1, str(err)
+    check(f, t(2))

@@ -558,3 +558,48 @@ def test_user_iterator_class_with_next():
         rest = next(c, "none"), next(c, "none")
         return steps, x + first, rest
     check(f, t(2))
+
+
+def test_throw_into_generator():
+    def gen():
+        try:
+            yield 1
+        except KeyError:
+            yield 2
+
+    def f(x):
+        g = gen()
+        n = next(g)
+        m = g.throw(KeyError)
+        return x * (n + m)
+    check(f, t(3))
+
+
+def test_throw_into_unstarted_and_close():
+    def gen():
+        yield 1
+
+    def f(x):
+        g = gen()
+        try:
+            g.throw(ValueError("early"))
+        except ValueError as err:
+            msg = str(err)
+        h = gen()
+        h.close()
+        return x + 1, msg, next(g, "done"), list(h)
+    check(f, t(2))
+
+
+def test_yield_from_return_value_in_sum():
+    def sub():
+        yield 1
+        return 5
+
+    def gen():
+        r = yield from sub()
+        yield r
+
+    def f(x):
+        return x * sum(gen())
+    check(f, t(3))

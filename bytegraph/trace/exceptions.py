@@ -217,8 +217,9 @@ def matches(exc, classes):
     return False
 
 
-def to_exception(frame, v):
-    """The exception object that ``raise v`` raises: instantiate a class, check the type."""
+def to_exception(frame, v, what="exceptions"):
+    """The exception object that ``raise v`` raises (or ``from v`` names, ``what="exception
+    causes"``): instantiate a class, check the type."""
     from .calls import call
     if isinstance(v, ExceptionValue):
         return v
@@ -231,7 +232,7 @@ def to_exception(frame, v):
     if isinstance(v, ObjectValue) and isinstance(v.obj, BaseException):
         raise Unsupported("raising an exception object made outside the compiled function is not supported yet")
     if isinstance(v, (ConstantValue, ObjectValue, TupleValue, UserObjectValue)):
-        raise_new(TypeError, "exceptions must derive from BaseException")
+        raise_new(TypeError, f"{what} must derive from BaseException")
     raise Unsupported("raising this kind of value is not supported yet")
 
 
@@ -250,7 +251,7 @@ def raise_value(frame, exc, cause=None, has_cause=False):
         if isinstance(cause, ConstantValue) and cause.value is None:
             exc.cause = None
         else:
-            exc.cause = to_exception(frame, cause)
+            exc.cause = to_exception(frame, cause, "exception causes")
         exc.suppress_context = True
     current = handled(tx)
     if current is not None and current is not exc and exc.context is None:

@@ -92,13 +92,12 @@ def resume(gen, sent=None, thrown=None):
 def check_finished_generators(tx):
     """At the end of the trace: a generator left suspended inside try/with would run its
     handlers when Python closes it; that cannot be traced, so such frames run eagerly."""
-    from .exceptions import handler_table
+    from ..bytecode.analysis import inside_user_handler
     for gen, root_index in tx.__dict__.get("generators", ()):
         if gen.state != "suspended":
             continue
         frame = gen.frame
-        entry = handler_table(frame.code)[frame.yield_index]
-        if entry is not None and frame.instructions[entry[0]].opname != "STOPITERATION_ERROR":
+        if inside_user_handler(frame.code, frame.instructions[frame.yield_index].offset):
             err = Unsupported(f"generator {gen.name}() left suspended inside try/with "
                               "(closing it would run its handlers)")
             err.root_index = root_index
