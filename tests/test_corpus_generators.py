@@ -603,3 +603,23 @@ def test_yield_from_return_value_in_sum():
     def f(x):
         return x * sum(gen())
     check(f, t(3))
+
+
+def test_unpack_errors_pull_like_cpython():
+    def f(x):
+        log = []
+
+        def items():
+            for i in range(4):
+                log.append(i)
+                yield x * i
+        try:
+            a, b = items()
+        except ValueError as e:
+            msg = str(e)
+        try:
+            p, q, r = [1, 2]
+        except ValueError as e:
+            msg2 = str(e)
+        return msg, msg2, log, x + 1
+    check(f, t(2))

@@ -136,6 +136,17 @@ def drain(frame, it):
         items.append(item)
 
 
+def take(frame, it, n):
+    """Up to ``n`` next items of an iterator value."""
+    items = []
+    while len(items) < n:
+        item = next_item(frame, it)
+        if item is EXHAUSTED:
+            break
+        items.append(item)
+    return items
+
+
 def _zip_next(frame, it):
     items = []
     for part in it.parts:
