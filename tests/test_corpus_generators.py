@@ -623,3 +623,13 @@ def test_unpack_errors_pull_like_cpython():
             msg2 = str(e)
         return msg, msg2, log, x + 1
     check(f, t(2))
+
+
+def test_user_iterator_identity_and_state():
+    def f(x):
+        c = Countdown(3)
+        it = iter(c)
+        first = next(it)
+        rest = [x * k for k in it]
+        return it is c, c.n, first, rest
+    check(f, t(2))

@@ -31,6 +31,7 @@ def make_generator(frame, name):
 
 
 def is_lazy(v):
+    """An iterator value whose items are computed as it is advanced (see ``next_item``)."""
     return isinstance(v, (GeneratorValue, LazyIteratorValue))
 
 
@@ -123,6 +124,8 @@ def next_item(frame, it):
         if item is EXHAUSTED:
             it.done = True
         return item
+    if has_python_next(it):
+        return _python_next(frame, it)
     from . import attrs
     raise Unsupported(f"next() on {attrs.describe(it)} is not supported yet")
 
@@ -219,25 +222,23 @@ def _count_next(frame, it):
     return ConstantValue(n)
 
 
-def _python_next(frame, obj):
-    """A lazy iterator calling the Python ``__next__`` of a user iterator object, or None."""
+def has_python_next(obj):
+    """True for an object of a user class whose ``__next__`` is Python code (a user iterator)."""
     from . import attrs
     if isinstance(obj, UserObjectValue):
         cls = obj.cls
-    elif isinstance(obj, ObjectValue) and type(obj.obj).__module__.split(".")[0] not in ("torch", "builtins"):
+    elif isinstance(obj, ObjectValue) and not isinstance(obj.obj, type) \
+            and type(obj.obj).__module__.split(".")[0] not in ("torch", "builtins"):
         cls = type(obj.obj)
     else:
-        return None
+        return False
     method, found = attrs._lookup_static(cls, "__next__")
-    if not found or not isinstance(method, types.FunctionType):
-        return None
-    return LazyIteratorValue("next_method", [], {"next": attrs.get_attr(frame, obj, "__next__")})
+    return found and isinstance(method, types.FunctionType)
 
 
-def _next_method_next(frame, it):
-    from .calls import call
+def _python_next(frame, obj):
     try:
-        return call(frame, it.state["next"], [], {})
+        return user_dunder(frame, obj, "__next__", [])
     except TracedRaise as e:
         if issubclass(e.value.cls, StopIteration):
             return EXHAUSTED
@@ -260,7 +261,7 @@ def _sequence_next(frame, it):
 
 _LAZY_NEXT = {"zip": _zip_next, "enumerate": _enumerate_next, "map": _map_next,
               "filter": _filter_next, "islice": _islice_next, "count": _count_next,
-              "sequence": _sequence_next, "next_method": _next_method_next}
+              "sequence": _sequence_next}
 
 
 # --- iter() and the iteration protocol of user objects ----------------------------------------
@@ -291,12 +292,9 @@ def user_iterator(frame, v):
     method, found = attrs._lookup_static(cls, "__iter__")
     if found and isinstance(method, types.FunctionType):
         it = call(frame, wrap(frame.tx, method, None), [v], {})
-        if isinstance(it, (IteratorValue, GeneratorValue, LazyIteratorValue)):
+        if isinstance(it, (IteratorValue, GeneratorValue, LazyIteratorValue)) or has_python_next(it):
             return it
-        step = _python_next(frame, it)
-        if step is None:
-            raise Unsupported(f"{cls.__qualname__}.__iter__ returned {attrs.describe(it)}")
-        return step
+        raise Unsupported(f"{cls.__qualname__}.__iter__ returned {attrs.describe(it)}")
     getitem, has_getitem = attrs._lookup_static(cls, "__getitem__")
     if not found and has_getitem and isinstance(getitem, types.FunctionType):
         return LazyIteratorValue("sequence", [v], {"i": 0, "getitem": attrs.get_attr(frame, v, "__getitem__")})
@@ -359,11 +357,9 @@ def count(frame, args, kwargs):
 
 def builtin_next(frame, args, kwargs):
     it = args[0]
-    if isinstance(it, (UserObjectValue, ObjectValue)) and _python_next(frame, it) is not None:
-        if len(args) == 1:
-            return user_dunder(frame, it, "__next__", [])
-        it = _python_next(frame, it)
-    if not isinstance(it, (IteratorValue, GeneratorValue, LazyIteratorValue)):
+    if has_python_next(it) and len(args) == 1:
+        return user_dunder(frame, it, "__next__", [])
+    if not (isinstance(it, (IteratorValue, GeneratorValue, LazyIteratorValue)) or has_python_next(it)):
         from . import attrs
         raise Unsupported(f"next() on {attrs.describe(it)} is not supported yet")
     if isinstance(it, GeneratorValue):

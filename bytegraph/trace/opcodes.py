@@ -536,7 +536,7 @@ def for_iter(f, ins):
             it.pos += 1
             return
         item = generators.EXHAUSTED
-    elif generators.is_lazy(it):
+    elif generators.is_lazy(it) or generators.has_python_next(it):
         item = generators.next_item(f, it)
     else:
         raise Unsupported(f"iterating over {attrs.describe(it)} is not supported yet")
