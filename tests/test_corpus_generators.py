@@ -619,6 +619,7 @@ def test_unpack_errors_pull_like_cpython():
             msg = str(e)
         try:
             p, q, r = [1, 2]
+            msg2 = p + q + r
         except ValueError as e:
             msg2 = str(e)
         return msg, msg2, log, x + 1

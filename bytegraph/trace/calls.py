@@ -425,8 +425,6 @@ def _next(frame, args, kwargs):
     it = args[0]
     if not isinstance(it, IteratorValue):
         return generators.builtin_next(frame, args, kwargs)
-    if not isinstance(it, IteratorValue):
-        raise Unsupported(f"next() on {attrs.describe(it)} is not supported yet")
     if it.pos >= len(it.items):
         if len(args) > 1:
             return args[1]
@@ -505,7 +503,7 @@ def _sum(frame, args, kwargs):
 
 def _any_all(fn):
     def h(frame, args, kwargs):
-        if generators.is_lazy(args[0]) or isinstance(args[0], UserObjectValue):
+        if generators.is_lazy(args[0]) or isinstance(args[0], (UserObjectValue, ObjectValue)):
             return generators.any_all(frame, fn, generators.get_iter(frame, args[0]))
         items = iterate(frame, args[0])
         truths = [operators.truth(frame, i) for i in items]

@@ -5,10 +5,10 @@ import torch
 
 from ..errors import Unsupported
 from ..guards.sources import ModuleEntrySource
-from ..values.base import (NULL, BoundMethodValue, ExceptionValue, GeneratorValue, LazyIteratorValue, ConstantValue, ContextManagerValue, DictValue,
-                           DictViewValue, FunctionValue, IteratorValue, ListValue, MethodOfValue,
-                           ObjectValue, SliceValue, SymValue, TensorMethodValue, TensorValue,
-                           TupleValue, UserObjectValue)
+from ..values.base import (NULL, BoundMethodValue, ConstantValue, ContextManagerValue, DictValue,
+                           DictViewValue, ExceptionValue, FunctionValue, GeneratorValue, IteratorValue,
+                           LazyIteratorValue, ListValue, MethodOfValue, ObjectValue, SliceValue,
+                           SymValue, TensorMethodValue, TensorValue, TupleValue, UserObjectValue)
 from . import attrs
 
 BINARY = {
