@@ -717,3 +717,48 @@ def test_tensor_attribute_error():
         except AttributeError as err:
             return x + 1, str(err)
     check(f, t(2))
+
+
+def test_collected_errors_rebuilt_after_graph():
+    class ParseError(ValueError):
+        def __init__(self, token, pos):
+            super().__init__(f"cannot parse {token!r}")
+            self.pos = pos
+
+    def f(x, tokens):
+        errors = []
+        total = x * 0
+        for pos, tok in enumerate(tokens):
+            try:
+                if not tok.isdigit():
+                    raise ParseError(tok, pos) from KeyError(tok)
+                total = total + int(tok)
+            except ParseError as e:
+                errors.append(e)
+        return total, errors
+
+    def make():
+        return (X.clone(), ["1", "a", "2", "b"]), {}, None
+
+    def describe(result):
+        total, errors = result
+        return total, [(type(e).__name__, e.args, e.pos, type(e.__cause__).__name__) for e in errors]
+
+    compiled = bytegraph.compile(f, backend="eager", fullgraph=True)
+    args = make()[0]
+    expected, actual = describe(f(*args)), describe(compiled(*args))
+    assert torch.equal(expected[0], actual[0]) and expected[1] == actual[1], (expected, actual)
+
+
+def test_print_exception_after_handler():
+    def f(x, d):
+        try:
+            v = d["w"]
+        except KeyError as e:
+            err = e
+            v = 1.0
+        y = x * v
+        print("recovered from", repr(err))
+        return y + 1
+    check_program(f, lambda: ((X.clone(), {}), {}, None), graphs=2, fullgraph=False)
+    assert not fallback_reasons()

@@ -12,7 +12,7 @@ import torch
 from ..errors import Unsupported
 from ..guards.sources import AttrSource, ObjectSource
 from ..trace.frame import PendingLocal
-from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, FunctionValue,
+from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, ExceptionValue, FunctionValue,
                            IteratorValue, ListValue, RealCell,
                            MethodOfValue, ObjectValue, SymValue, TensorMethodValue, TensorValue,
                            TupleValue, UserObjectValue)
@@ -131,6 +131,9 @@ class Rebuilder:
         if isinstance(v, IteratorValue):
             rest = v.items[v.pos:]
             return self.temp(f"iter([{', '.join(self.expr(i) for i in rest)}])")
+        if isinstance(v, ExceptionValue):
+            from ..trace.exceptions import rebuild_expr
+            return rebuild_expr(self, v)
         raise Unsupported(f"cannot rebuild a {type(v).__name__} outside the graph yet")
 
 
@@ -152,6 +155,9 @@ def tensors_in(values, out):
             tensors_in([v.self_value], out)
         elif isinstance(v, UserObjectValue):
             tensors_in(v.attrs.values(), out)
+        elif isinstance(v, ExceptionValue):
+            from ..trace.exceptions import values_inside
+            tensors_in(values_inside(v), out)
         elif isinstance(v, FunctionValue):
             tensors_in(list(v.defaults) + list(v.kwdefaults.values())
                        + [c.contents for c in v.closure if isinstance(c, CellValue) and c.contents is not None], out)

@@ -346,3 +346,37 @@ def super_attr(frame, sv, name):
                                            lambda f, args, kwargs: base_init(target, args))
             return None
     return None
+
+
+# --- rebuilding at a graph break -----------------------------------------------------------
+
+def rebuild_expr(rb, v):
+    """Python (for codegen.rebuild) that makes the exception object ``v`` for real.
+
+    Made with ``__new__`` (no ``__init__`` runs twice); args, attributes, cause and
+    context as traced. Its traceback is None: it was raised inside compiled code."""
+    rb.ns.ns["__new_exception"] = new_exception
+    args = "".join(f"{rb.expr(a)}, " for a in v.args)
+    attrs = ", ".join(f"{k!r}: {rb.expr(i)}" for k, i in v.attrs.items())
+    cause = rb.expr(v.cause) if v.cause is not None else "None"
+    context = rb.expr(v.context) if v.context is not None else "None"
+    return rb.temp(f"__new_exception({rb.ns.ref(v.cls, 'cls')}, ({args}), {{{attrs}}}, "
+                   f"{cause}, {context}, {v.suppress_context!r})")
+
+
+def values_inside(v):
+    """The values an ExceptionValue holds (for finding the tensors a rebuild needs)."""
+    out = list(v.args) + list(v.attrs.values())
+    out += [e for e in (v.cause, v.context) if e is not None]
+    return out
+
+
+def new_exception(cls, args, attrs, cause, context, suppress_context):
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    for name, value in attrs.items():
+        setattr(exc, name, value)
+    exc.__cause__ = cause
+    exc.__context__ = context
+    exc.__suppress_context__ = suppress_context
+    return exc
