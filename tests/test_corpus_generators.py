@@ -634,3 +634,23 @@ def test_user_iterator_identity_and_state():
         rest = [x * k for k in it]
         return it is c, c.n, first, rest
     check(f, t(2))
+
+
+def test_exception_escaping_from_generator_replays_natively():
+    def rows(x):
+        for i in range(3):
+            if i == 2:
+                raise IndexError(f"row {i} missing")
+            yield x[i]
+
+    def f(x):
+        y = x * 2
+        out = []
+        for r in rows(y):
+            out.append(r.sum())
+        return out
+    # Breaks where the generator is made (graph: y = x * 2); the loop then steps the real
+    # generator natively and traces each r.sum() in resume functions.
+    check_program(f, lambda: ((X.clone(),), {}, None), graphs=3, fullgraph=False)
+    from bytegraph.debug import records
+    assert not [r for r in records.frames if r.fallback_reason]

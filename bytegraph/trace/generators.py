@@ -26,6 +26,7 @@ def make_generator(frame, name):
     # Remember where the compiled frame was when the generator was made: if it cannot be
     # finished in the trace, the frame breaks there and the generator is made natively.
     root_index = root.current.index if root is not None and root.current is not None else None
+    frame.made_at_root_index = root_index
     frame.tx.__dict__.setdefault("generators", []).append((gen, root_index))
     return gen
 
@@ -71,6 +72,10 @@ def resume(gen, sent=None, thrown=None):
         result = frame.run()
     except TracedRaise as e:
         gen.state = "done"
+        if e.value.root_index is None:
+            # If it escapes the compiled frame, replay from where the generator was made
+            # (the consumer's stack holds the generator, which cannot be rebuilt).
+            e.value.root_index = getattr(frame, "made_at_root_index", None)
         if issubclass(e.value.cls, StopIteration):
             err = new(RuntimeError, "generator raised StopIteration")
             err.cause = err.context = e.value
