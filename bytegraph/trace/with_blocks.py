@@ -27,12 +27,16 @@ def enter(frame, mgr):
         cls = type(mgr.obj)
     else:
         raise Unsupported(f"with-block on {attrs.describe(mgr)} is not supported yet")
+    from ..values.base import BoundMethodValue
+    from ..values.builder import wrap
+    methods = []
     for name in ("__enter__", "__exit__"):
+        # Special methods are looked up on the class, as CPython does.
         method, found = attrs._lookup_static(cls, name)
         if not found or not isinstance(method, types.FunctionType):
             raise Unsupported(f"with-block on a {cls.__qualname__} object: {name} is not Python code")
-    enter_method = attrs.get_attr(frame, mgr, "__enter__")
-    exit_method = attrs.get_attr(frame, mgr, "__exit__")
+        methods.append(BoundMethodValue(wrap(frame.tx, method, None), mgr))
+    enter_method, exit_method = methods
     return exit_method, calls.call(frame, enter_method, [], {})
 
 
