@@ -654,3 +654,18 @@ def test_exception_escaping_from_generator_replays_natively():
     check_program(f, lambda: ((X.clone(),), {}, None), graphs=3, fullgraph=False)
     from bytegraph.debug import records
     assert not [r for r in records.frames if r.fallback_reason]
+
+
+def test_extend_keeps_items_before_an_exception():
+    def f(x):
+        def produce():
+            yield x + 1
+            yield x + 2
+            raise KeyError("source ran dry")
+        out = [x]
+        try:
+            out.extend(produce())
+        except KeyError:
+            pass
+        return out
+    check(f, t(2))

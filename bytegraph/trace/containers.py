@@ -38,7 +38,11 @@ def _list_method(frame, lst, name, args, kwargs):
     if name == "append":
         items.append(args[0])
     elif name == "extend":
-        items.extend(iterate(frame, args[0]))
+        from . import generators
+        if generators.is_lazy(args[0]):
+            generators.extend_from(frame, items, args[0])   # appended as pulled, like list.extend
+        else:
+            items.extend(iterate(frame, args[0]))
     elif name == "insert":
         items.insert(operators.as_constant(args[0]), args[1])
     elif name == "pop":

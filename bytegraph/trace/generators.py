@@ -144,6 +144,15 @@ def drain(frame, it):
         items.append(item)
 
 
+def extend_from(frame, items, it):
+    """Append the items of ``it`` to the list ``items`` one at a time (an exception keeps those so far)."""
+    while True:
+        item = next_item(frame, it)
+        if item is EXHAUSTED:
+            return
+        items.append(item)
+
+
 def take(frame, it, n):
     """Up to ``n`` next items of an iterator value."""
     items = []
