@@ -531,3 +531,76 @@ def test_manager_with_print_matches_eager():
     check_program(f, lambda: ((X.clone(),), {}, None), graphs=1, fullgraph=False)
     from bytegraph.debug import records
     assert not [r for r in records.frames if r.fallback_reason]
+
+
+def test_exception_from_native_call_inside_with_reaches_exit():
+    log = []
+
+    class Logged:
+        def __enter__(self):
+            log.append("enter")
+            return self
+
+        def __exit__(self, typ, value, tb):
+            log.append(("exit", typ.__name__ if typ else None))
+            return False
+
+    def boom(y):
+        print("boom")
+        raise ValueError("from a native call")
+
+    def f(x):
+        y = x * 2
+        with Logged():
+            y = y + 1
+            boom(y)
+        return y
+
+    def make():
+        log.clear()
+        return (X.clone(),), {}, lambda: list(log)
+    # Breaks at the call inside the with: it runs natively inside the original exception
+    # table, so __exit__ sees the exception as in eager. The appends to `log` are replayed
+    # side effects, so the only graph is the one before the break.
+    check_program(f, make, graphs=1, fullgraph=False)
+
+
+def test_manager_logging_into_enclosing_list():
+    log = []
+
+    class Traced:
+        def __enter__(self):
+            log.append("enter")
+            return 3
+
+        def __exit__(self, *exc):
+            log.append("exit")
+
+    def f(x):
+        with Traced() as k:
+            y = x * k
+        return y
+
+    def make():
+        log.clear()
+        return (X.clone(),), {}, lambda: list(log)
+    # The enclosing list is pre-existing state: its appends run natively at breaks.
+    check_program(f, make, graphs=1, fullgraph=False)
+
+
+def test_contextmanager_decorating_a_nested_function():
+    def f(x):
+        log = []
+
+        @contextlib.contextmanager
+        def phase(name):
+            log.append(f"start {name}")
+            yield len(name)
+            log.append(f"end {name}")
+
+        with phase("warmup") as n:
+            x = x * n
+        with phase("run") as n:
+            x = x + n
+        return x, log
+    check(f, t(3))

@@ -47,11 +47,12 @@ def covering_handlers(code, offset):
 
 
 def inside_user_handler(code, offset):
-    """True if an exception raised at ``offset`` can reach a user ``except``/``finally``.
+    """True if an exception raised at ``offset`` can reach a user ``except``/``finally``
+    or the ``__exit__`` of a ``with`` block (which must see it).
 
     Entries do not nest in the table: the innermost one covers an instruction,
     and its handler code is in turn covered by the next one out. So follow the
-    chain of handlers; ``with`` cleanups and compiler-made cleanups do not count.
+    chain of handlers; compiler-made cleanups do not count.
     """
     instrs = _raw(code)
     seen = set()
@@ -63,7 +64,7 @@ def inside_user_handler(code, offset):
                 continue
             seen.add(e.target)
             head = [i.opname for i in instrs if i.offset >= e.target][:3]
-            if head and head[0] == "PUSH_EXC_INFO" and "WITH_EXCEPT_START" not in head:
+            if head and head[0] == "PUSH_EXC_INFO":
                 return True
             todo.append(e.target)
     return False

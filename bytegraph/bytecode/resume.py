@@ -95,12 +95,17 @@ def step_function(fn, code, offset, stack_layout, live, after_layout, after_live
     bc[pos:pos + 1] = [start, target, Instr("JUMP_FORWARD", tail, lineno=lineno)]
     _enter_at(bc, start, stack_layout, lineno)
     # A NULL cannot be popped; storing it into a spare local is safe (the local becomes unbound).
-    stores = [Instr("STORE_FAST", "__null" if s is NULL_SLOT else s, lineno=lineno)
-              for s in reversed(after_layout)]
-    args = [s for s in after_layout if s is not NULL_SLOT] + list(after_live)
-    call = [Instr(op, arg, lineno=lineno) if arg is not None else Instr(op, lineno=lineno)
-            for op, arg in versions.call_sequence(handover, args)]
-    bc.extend([tail] + stores + call + [Instr("RETURN_VALUE", lineno=lineno)])
+    if handover is None:
+        # The instruction never falls through (a raise or return at the end of the code).
+        bc.extend([tail, Instr("LOAD_CONST", None, lineno=lineno), Instr("RETURN_VALUE", lineno=lineno)])
+        args = []
+    else:
+        stores = [Instr("STORE_FAST", "__null" if s is NULL_SLOT else s, lineno=lineno)
+                  for s in reversed(after_layout)]
+        args = [s for s in after_layout if s is not NULL_SLOT] + list(after_live)
+        call = [Instr(op, arg, lineno=lineno) if arg is not None else Instr(op, lineno=lineno)
+                for op, arg in versions.call_sequence(handover, args)]
+        bc.extend([tail] + stores + call + [Instr("RETURN_VALUE", lineno=lineno)])
     _set_parameters(bc, stack_layout, live, name)
     new_code = bc.to_code(stacksize=code.co_stacksize + len(stack_layout) + len(args) + 3,
                           compute_exception_stack_depths=False)

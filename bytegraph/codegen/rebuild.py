@@ -15,8 +15,8 @@ from ..errors import Unsupported
 from ..guards.sources import AttrSource, ObjectSource
 from ..trace.frame import PendingLocal
 from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DefaultDictValue, DictValue,
-                           DictViewValue, FunctionValue, IteratorValue, ListValue, PartialValue,
-                           PrivateObjectValue, RealCell,
+                           DictViewValue, ExceptionValue, FunctionValue, IteratorValue, ListValue,
+                           PartialValue, PrivateObjectValue, RealCell,
                            MethodOfValue, ObjectValue, SymValue, TensorMethodValue, TensorValue,
                            MUTABLE_CONSTANT_TYPES, TracedId, TupleValue, UserObjectValue)
 
@@ -182,6 +182,9 @@ class Rebuilder:
             return self.temp(f"iter([{', '.join(self.expr(i) for i in rest)}])")
         if isinstance(v, DictViewValue):
             return f"{self.expr(v.dict_value)}.{v.kind}()"
+        if isinstance(v, ExceptionValue):
+            from ..trace.exceptions import rebuild_expr
+            return rebuild_expr(self, v)
         raise Unsupported(f"cannot rebuild a {type(v).__name__} outside the graph yet")
 
 
@@ -214,6 +217,9 @@ def tensors_in(values, out):
             tensors_in(v.attrs.values(), out)
             if v.dict_items is not None:
                 tensors_in(v.dict_items.items.values(), out)
+        elif isinstance(v, ExceptionValue):
+            from ..trace.exceptions import values_inside
+            tensors_in(values_inside(v), out)
         elif isinstance(v, FunctionValue):
             tensors_in(list(v.defaults) + list(v.kwdefaults.values())
                        + [c.contents for c in v.closure if isinstance(c, CellValue) and c.contents is not None], out)

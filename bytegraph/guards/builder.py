@@ -31,6 +31,7 @@ STATE_MATCH = "STATE_MATCH"   # an object's __dict__ equals a snapshot (the obje
 NO_HOOKS = "NO_HOOKS"   # an nn.Module called while tracing had no forward hooks
 NOT_ALIAS = "NOT_ALIAS"   # two sources named different objects when traced (one of them is mutated)
 STORAGE_SHARED = "STORAGE_SHARED"   # two tensor inputs of a graph that mutates: share storage or not
+MISSING_ATTR = "MISSING_ATTR"   # the object had no attribute ``expected`` (hasattr, except AttributeError)
 
 
 class TensorMeta:
@@ -221,6 +222,8 @@ class _Emitter:
         if g.kind == NO_HOOKS:
             return [(f"not ({e}._forward_hooks or {e}._forward_pre_hooks)",
                      f"f'{who} has forward hooks now; they were not traced'")]
+        if g.kind == MISSING_ATTR:
+            return [(f"not hasattr({e}, {g.expected!r})", f"f'{who}.{g.expected} exists now'")]
         if g.kind == LENGTH_MATCH:
             return [(f"len({e}) == {g.expected}", f"f'length of {who} changed: {g.expected} -> {{len({e})}}'")]
         if g.kind == DICT_KEYS:

@@ -38,6 +38,17 @@ _TENSOR_VIEWS = {"T", "mT", "H", "mH", "real", "imag"}
 
 
 def get_attr(frame, v, name):
+    try:
+        return _get_attr(frame, v, name)
+    except MissingAttribute:
+        # The trace goes on knowing the attribute is missing (hasattr, except AttributeError).
+        if isinstance(v, ObjectValue) and v.source is not None:
+            from ..guards.builder import MISSING_ATTR
+            frame.tx.guards.add(MISSING_ATTR, v.source, name)
+        raise
+
+
+def _get_attr(frame, v, name):
     if isinstance(v, TensorValue):
         return _tensor_attr(frame, v, name)
     if isinstance(v, ConstantValue):

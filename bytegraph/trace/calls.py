@@ -7,6 +7,7 @@ builtins on constants), or is unsupported.
 """
 import abc
 import collections
+import contextlib
 import copy
 import enum
 import functools
@@ -27,7 +28,7 @@ from ..values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, CellValue, 
                            TensorMethodValue, TensorValue, TracedId, TracerCallableValue, TupleValue,
                            UserObjectValue)
 from ..values.builder import wrap
-from . import attrs, generators, operators
+from . import attrs, generators, operators, with_blocks
 from .exceptions import PythonError, TracedRaise, make_exception, to_str
 from .frame import inline_call
 from .iteration import iterate
@@ -529,6 +530,8 @@ def _reversed(frame, args, kwargs):
 
 @builtin(iter)
 def _iter(frame, args, kwargs):
+    if len(args) != 1:
+        raise Unsupported("iter(callable, sentinel) is not supported yet")
     return generators.get_iter(frame, args[0])
 
 
@@ -537,8 +540,6 @@ def _next(frame, args, kwargs):
     it = args[0]
     if not isinstance(it, IteratorValue):
         return generators.builtin_next(frame, args, kwargs)
-    if not isinstance(it, IteratorValue):
-        raise Unsupported(f"next() on {attrs.describe(it)} is not supported yet")
     from .containers import check_unchanged
     check_unchanged(it)
     if it.pos >= len(it.items):
@@ -686,7 +687,7 @@ def _sum(frame, args, kwargs):
 
 def _any_all(fn):
     def h(frame, args, kwargs):
-        if generators.is_lazy(args[0]) or isinstance(args[0], UserObjectValue):
+        if generators.is_lazy(args[0]) or isinstance(args[0], (UserObjectValue, ObjectValue)):
             return generators.any_all(frame, fn, generators.get_iter(frame, args[0]))
         items = iterate(frame, args[0])
         truths = [operators.truth(frame, i) for i in items]
@@ -817,6 +818,7 @@ for _fn in (int, float, bool, str, repr, round, divmod, pow, hash, ord, chr, for
 BUILTIN_HANDLERS[map] = generators.lazy_map
 BUILTIN_HANDLERS[filter] = generators.lazy_filter
 BUILTIN_HANDLERS.update(generators.LAZY_BUILTINS)
+BUILTIN_HANDLERS[contextlib.contextmanager] = with_blocks.contextmanager_in_frame
 
 
 @builtin(super)

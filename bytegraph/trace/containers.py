@@ -52,7 +52,11 @@ def _list_method(frame, lst, name, args, kwargs):
     if name == "append":
         items.append(args[0])
     elif name in ("extend", "__iadd__"):
-        items.extend(iterate(frame, args[0]))
+        from . import generators
+        if generators.is_lazy(args[0]):
+            generators.extend_from(frame, items, args[0])   # appended as pulled, like list.extend
+        else:
+            items.extend(iterate(frame, args[0]))
         if name == "__iadd__":
             return lst
     elif name == "insert":

@@ -73,8 +73,14 @@ def escape_error(value):
     """The Unsupported that an exception escaping the compiled frame becomes."""
     err = Unsupported(f"the compiled function raises {describe(value)}",
                       hint="an exception escaping the compiled function runs from where it was raised eagerly")
-    # Replay from where the first exception of the chain entered the frame: any handler that
-    # raised this one then runs natively too.
+    err.root_index = entry_index(value)
+    return err
+
+
+def entry_index(value):
+    """Where the compiled frame can break to replay ``value`` natively: the instruction where
+    the first exception of its ``__context__`` chain entered (or was made in) that frame, so
+    that any handler which raised it runs natively too. None if unknown."""
     index = None
     seen = set()
     v = value
@@ -83,8 +89,18 @@ def escape_error(value):
         if v.root_index is not None:
             index = v.root_index
         v = v.context
-    err.root_index = index
-    return err
+    return index
+
+
+def break_index(frame):
+    """Where the compiled frame breaks for an Unsupported met at its current instruction.
+
+    Inside a traced handler the stack holds exception state that cannot be rebuilt, so the
+    break moves back to where the handled exception entered the frame; the handler then
+    runs natively."""
+    current = handled(frame.tx)
+    index = entry_index(current) if current is not None else None
+    return index if index is not None else frame.current.index
 
 
 def describe(value):
@@ -201,8 +217,9 @@ def matches(exc, classes):
     return False
 
 
-def to_exception(frame, v):
-    """The exception object that ``raise v`` raises: instantiate a class, check the type."""
+def to_exception(frame, v, what="exceptions"):
+    """The exception object that ``raise v`` raises (or ``from v`` names, ``what="exception
+    causes"``): instantiate a class, check the type."""
     from .calls import call
     if isinstance(v, ExceptionValue):
         return v
@@ -215,7 +232,7 @@ def to_exception(frame, v):
     if isinstance(v, ObjectValue) and isinstance(v.obj, BaseException):
         raise Unsupported("raising an exception object made outside the compiled function is not supported yet")
     if isinstance(v, (ConstantValue, ObjectValue, TupleValue, UserObjectValue)):
-        raise_new(TypeError, "exceptions must derive from BaseException")
+        raise_new(TypeError, f"{what} must derive from BaseException")
     raise Unsupported("raising this kind of value is not supported yet")
 
 
@@ -234,7 +251,7 @@ def raise_value(frame, exc, cause=None, has_cause=False):
         if isinstance(cause, ConstantValue) and cause.value is None:
             exc.cause = None
         else:
-            exc.cause = to_exception(frame, cause)
+            exc.cause = to_exception(frame, cause, "exception causes")
         exc.suppress_context = True
     current = handled(tx)
     if current is not None and current is not exc and exc.context is None:
@@ -323,10 +340,43 @@ def super_attr(frame, sv, name):
     mro = sv.obj.cls.__mro__
     for klass in mro[mro.index(sv.cls) + 1:]:
         if "__init__" in klass.__dict__:
-            init = klass.__dict__["__init__"]
             if klass.__module__ == "builtins":
                 target = sv.obj
                 return TracerCallableValue("BaseException.__init__",
                                            lambda f, args, kwargs: base_init(target, args))
             return None
     return None
+
+
+# --- rebuilding at a graph break -----------------------------------------------------------
+
+def rebuild_expr(rb, v):
+    """Python (for codegen.rebuild) that makes the exception object ``v`` for real.
+
+    Made with ``__new__`` (no ``__init__`` runs twice); args, attributes, cause and
+    context as traced. Its traceback is None: it was raised inside compiled code."""
+    rb.ns.ns["__new_exception"] = new_exception
+    args = "".join(f"{rb.expr(a)}, " for a in v.args)
+    attrs = ", ".join(f"{k!r}: {rb.expr(i)}" for k, i in v.attrs.items())
+    cause = rb.expr(v.cause) if v.cause is not None else "None"
+    context = rb.expr(v.context) if v.context is not None else "None"
+    return rb.temp(f"__new_exception({rb.ns.ref(v.cls, 'cls')}, ({args}), {{{attrs}}}, "
+                   f"{cause}, {context}, {v.suppress_context!r})")
+
+
+def values_inside(v):
+    """The values an ExceptionValue holds (for finding the tensors a rebuild needs)."""
+    out = list(v.args) + list(v.attrs.values())
+    out += [e for e in (v.cause, v.context) if e is not None]
+    return out
+
+
+def new_exception(cls, args, attrs, cause, context, suppress_context):
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    for name, value in attrs.items():
+        setattr(exc, name, value)
+    exc.__cause__ = cause
+    exc.__context__ = context
+    exc.__suppress_context__ = suppress_context
+    return exc

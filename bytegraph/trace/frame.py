@@ -9,7 +9,7 @@ from ..bytecode.instructions import decode
 from ..errors import Unsupported
 from ..values.base import ConstantValue, DictValue, TupleValue
 from .context import MAX_INLINE_DEPTH
-from .exceptions import TracedRaise, converted, escape_error, unwind
+from .exceptions import TracedRaise, break_index, converted, escape_error, unwind
 from .generators import check_finished_generators, make_generator
 
 _GENERATOR_FLAGS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
@@ -94,7 +94,7 @@ class Frame:
             if not e.user_stack:
                 e.user_stack = tx.user_stack()
             if self.parent is None and e.root_index is None:
-                e.root_index = self.current.index if self.current is not None else None
+                e.root_index = break_index(self) if self.current is not None else None
             raise
         except Exception as e:
             # A bug of ours: keep where in the user's code it happened, for the message.

@@ -26,11 +26,13 @@ def make_generator(frame, name):
     # Remember where the compiled frame was when the generator was made: if it cannot be
     # finished in the trace, the frame breaks there and the generator is made natively.
     root_index = root.current.index if root is not None and root.current is not None else None
+    frame.made_at_root_index = root_index
     frame.tx.__dict__.setdefault("generators", []).append((gen, root_index))
     return gen
 
 
 def is_lazy(v):
+    """An iterator value whose items are computed as it is advanced (see ``next_item``)."""
     return isinstance(v, (GeneratorValue, LazyIteratorValue))
 
 
@@ -70,6 +72,10 @@ def resume(gen, sent=None, thrown=None):
         result = frame.run()
     except TracedRaise as e:
         gen.state = "done"
+        if e.value.root_index is None:
+            # If it escapes the compiled frame, replay from where the generator was made
+            # (the consumer's stack holds the generator, which cannot be rebuilt).
+            e.value.root_index = getattr(frame, "made_at_root_index", None)
         if issubclass(e.value.cls, StopIteration):
             err = new(RuntimeError, "generator raised StopIteration")
             err.cause = err.context = e.value
@@ -92,13 +98,12 @@ def resume(gen, sent=None, thrown=None):
 def check_finished_generators(tx):
     """At the end of the trace: a generator left suspended inside try/with would run its
     handlers when Python closes it; that cannot be traced, so such frames run eagerly."""
-    from .exceptions import handler_table
+    from ..bytecode.analysis import inside_user_handler
     for gen, root_index in tx.__dict__.get("generators", ()):
         if gen.state != "suspended":
             continue
         frame = gen.frame
-        entry = handler_table(frame.code)[frame.yield_index]
-        if entry is not None and frame.instructions[entry[0]].opname != "STOPITERATION_ERROR" \
+        if inside_user_handler(frame.code, frame.instructions[frame.yield_index].offset) \
                 and not _closes_quietly(tx, gen):
             err = Unsupported(f"generator {gen.name}() left suspended inside try/with "
                               "(closing it would run its handlers)")
@@ -141,6 +146,8 @@ def next_item(frame, it):
         if item is EXHAUSTED:
             it.done = True
         return item
+    if has_python_next(it):
+        return _python_next(frame, it)
     from . import attrs
     raise Unsupported(f"next() on {attrs.describe(it)} is not supported yet")
 
@@ -152,6 +159,26 @@ def drain(frame, it):
         if item is EXHAUSTED:
             return items
         items.append(item)
+
+
+def extend_from(frame, items, it):
+    """Append the items of ``it`` to the list ``items`` one at a time (an exception keeps those so far)."""
+    while True:
+        item = next_item(frame, it)
+        if item is EXHAUSTED:
+            return
+        items.append(item)
+
+
+def take(frame, it, n):
+    """Up to ``n`` next items of an iterator value."""
+    items = []
+    while len(items) < n:
+        item = next_item(frame, it)
+        if item is EXHAUSTED:
+            break
+        items.append(item)
+    return items
 
 
 def _zip_next(frame, it):
@@ -226,6 +253,29 @@ def _count_next(frame, it):
     return ConstantValue(n)
 
 
+def has_python_next(obj):
+    """True for an object of a user class whose ``__next__`` is Python code (a user iterator)."""
+    from . import attrs
+    if isinstance(obj, UserObjectValue):
+        cls = obj.cls
+    elif isinstance(obj, ObjectValue) and not isinstance(obj.obj, type) \
+            and type(obj.obj).__module__.split(".")[0] not in ("torch", "builtins"):
+        cls = type(obj.obj)
+    else:
+        return False
+    method, found = attrs._lookup_static(cls, "__next__")
+    return found and isinstance(method, types.FunctionType)
+
+
+def _python_next(frame, obj):
+    try:
+        return user_dunder(frame, obj, "__next__", [])
+    except TracedRaise as e:
+        if issubclass(e.value.cls, StopIteration):
+            return EXHAUSTED
+        raise
+
+
 def _sequence_next(frame, it):
     # Old-style iteration: __getitem__(0), (1), ... until IndexError or StopIteration.
     from .calls import call
@@ -274,9 +324,9 @@ def user_iterator(frame, v):
     method, found = attrs._lookup_static(cls, "__iter__")
     if found and isinstance(method, types.FunctionType):
         it = call(frame, wrap(frame.tx, method, None), [v], {})
-        if not isinstance(it, (IteratorValue, GeneratorValue, LazyIteratorValue)):
-            raise Unsupported(f"{cls.__qualname__}.__iter__ returned {attrs.describe(it)}")
-        return it
+        if isinstance(it, (IteratorValue, GeneratorValue, LazyIteratorValue)) or has_python_next(it):
+            return it
+        raise Unsupported(f"{cls.__qualname__}.__iter__ returned {attrs.describe(it)}")
     getitem, has_getitem = attrs._lookup_static(cls, "__getitem__")
     if not found and has_getitem and isinstance(getitem, types.FunctionType):
         return LazyIteratorValue("sequence", [v], {"i": 0, "getitem": attrs.get_attr(frame, v, "__getitem__")})
@@ -339,7 +389,9 @@ def count(frame, args, kwargs):
 
 def builtin_next(frame, args, kwargs):
     it = args[0]
-    if not isinstance(it, (IteratorValue, GeneratorValue, LazyIteratorValue)):
+    if has_python_next(it) and len(args) == 1:
+        return user_dunder(frame, it, "__next__", [])
+    if not (isinstance(it, (IteratorValue, GeneratorValue, LazyIteratorValue)) or has_python_next(it)):
         from . import attrs
         raise Unsupported(f"next() on {attrs.describe(it)} is not supported yet")
     if isinstance(it, GeneratorValue):

@@ -66,7 +66,14 @@ def unpack(frame, v, n):
     if isinstance(v, TensorValue):
         if v.fake.dim() == 0 or v.fake.shape[0] != n:
             raise Unsupported(f"cannot unpack a tensor of shape {tuple(v.fake.shape)} into {n} values")
-    items = iterate(frame, v)
+    from . import generators
+    if generators.is_lazy(v):
+        items = generators.take(frame, v, n + 1)   # CPython pulls one more item, no further
+    else:
+        items = iterate(frame, v)
     if len(items) != n:
-        raise Unsupported(f"cannot unpack {len(items)} values into {n}")
+        from .exceptions import PythonError
+        msg = (f"too many values to unpack (expected {n})" if len(items) > n
+               else f"not enough values to unpack (expected {n}, got {len(items)})")
+        raise PythonError(msg, ValueError(msg))
     return items

@@ -10,7 +10,7 @@ import operator
 import torch
 
 from ..errors import Unsupported
-from ..guards.sources import GlobalSource, ItemSource, ObjectSource
+from ..guards.sources import AttrSource, GlobalSource, ItemSource, ObjectSource
 from ..values.base import (NULL, CellValue, ConstantValue, ContextManagerValue, DictValue,
                            ExceptionValue, ExitValue, FunctionValue, GeneratorValue, IteratorValue,
                            ListValue, ObjectValue, SavedExcInfoValue, SuperValue, TupleValue)
@@ -153,7 +153,13 @@ def load_deref(f, ins):
             contents = cell.cell.cell_contents
         except ValueError:
             raise Unsupported(f"free variable {ins.argval!r} read before assignment") from None
-        f.push(wrap(f.tx, contents, cell.source))
+        source = cell.source
+        if source is None and f.globals.get("__name__", "").split(".")[0] not in TRUSTED_MODULE_PREFIXES:
+            # A user function reached without a source (e.g. a method found on its class): its
+            # cells still hold pre-existing objects, which must be guarded and never mutated silently.
+            source = AttrSource(ObjectSource(cell.cell, f"closure cell {ins.argval!r} of {f.code.co_qualname}"),
+                                "cell_contents")
+        f.push(wrap(f.tx, contents, source))
 
 
 @handler("STORE_DEREF")
@@ -599,7 +605,7 @@ def for_iter(f, ins):
             it.pos += 1
             return
         item = generators.EXHAUSTED
-    elif generators.is_lazy(it):
+    elif generators.is_lazy(it) or generators.has_python_next(it):
         item = generators.next_item(f, it)
     else:
         raise Unsupported(f"iterating over {attrs.describe(it)} is not supported yet")

@@ -9,8 +9,8 @@ import torch
 from ..errors import Unsupported
 from ..guards.sources import ModuleEntrySource
 from ..values.base import (MUTABLE_CONSTANT_TYPES, NULL, BoundMethodValue, ConstantValue, ContextManagerValue,
-                           DefaultDictValue, DictValue, ExceptionValue, GeneratorValue, LazyIteratorValue,
-                           DictViewValue, FunctionValue, IteratorValue, ListValue, MethodOfValue,
+                           DefaultDictValue, DictValue, DictViewValue, ExceptionValue, FunctionValue,
+                           GeneratorValue, IteratorValue, LazyIteratorValue, ListValue, MethodOfValue,
                            ObjectValue, SliceValue, SymValue, TensorMethodValue, TensorValue,
                            TupleValue, UserObjectValue)
 from . import attrs, protocols

@@ -27,12 +27,16 @@ def enter(frame, mgr):
         cls = type(mgr.obj)
     else:
         raise Unsupported(f"with-block on {attrs.describe(mgr)} is not supported yet")
+    from ..values.base import BoundMethodValue
+    from ..values.builder import wrap
+    methods = []
     for name in ("__enter__", "__exit__"):
+        # Special methods are looked up on the class, as CPython does.
         method, found = attrs._lookup_static(cls, name)
         if not found or not isinstance(method, types.FunctionType):
             raise Unsupported(f"with-block on a {cls.__qualname__} object: {name} is not Python code")
-    enter_method = attrs.get_attr(frame, mgr, "__enter__")
-    exit_method = attrs.get_attr(frame, mgr, "__exit__")
+        methods.append(BoundMethodValue(wrap(frame.tx, method, None), mgr))
+    enter_method, exit_method = methods
     return exit_method, calls.call(frame, enter_method, [], {})
 
 
@@ -76,3 +80,23 @@ def _enter_generator(frame, gen):
         raise TracedRaise(new(RuntimeError, "generator didn't stop after throw()"))
 
     return TracerCallableValue("_GeneratorContextManager.__exit__", exit_), value
+
+
+def contextmanager_in_frame(frame, args, kwargs):
+    """``contextlib.contextmanager(fn)`` called inside the trace (a decorator on a nested function):
+    a callable whose calls make the same manager object contextlib would."""
+    from . import calls
+    if len(args) != 1 or kwargs:
+        raise Unsupported("contextlib.contextmanager() takes one function")
+    func = args[0]
+
+    def make(f, call_args, call_kwargs):
+        from ..values.base import DictValue, TupleValue
+        gen = calls.call(f, func, call_args, call_kwargs)
+        if not isinstance(gen, GeneratorValue):
+            raise Unsupported("@contextmanager function that does not return a generator")
+        return UserObjectValue(contextlib._GeneratorContextManager,
+                               {"gen": gen, "func": func, "args": TupleValue(call_args),
+                                "kwds": DictValue(call_kwargs)})
+
+    return TracerCallableValue("contextmanager helper", make)

@@ -458,6 +458,14 @@ class GeneratorValue(Value):
         return f"{self.name} {self.state}"
 
 
+class _GetitemOnly:
+    def __getitem__(self, i):
+        raise IndexError(i)
+
+
+_SEQUENCE_ITERATOR = type(iter(_GetitemOnly()))   # what iter() gives for __getitem__-only objects
+
+
 class LazyIteratorValue(Value):
     """A lazy iterator over other iterators: zip, enumerate, map, filter, islice, count, sequence.
 
@@ -477,7 +485,8 @@ class LazyIteratorValue(Value):
     def python_type(self):
         import itertools
         return {"zip": zip, "enumerate": enumerate, "map": map, "filter": filter,
-                "islice": itertools.islice, "count": itertools.count}.get(self.kind, object)
+                "islice": itertools.islice, "count": itertools.count,
+                "sequence": _SEQUENCE_ITERATOR}[self.kind]
 
     def _repr_body(self):
         return self.kind
