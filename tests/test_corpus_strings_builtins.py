@@ -407,3 +407,23 @@ def test_id_of_tensor_is_refused_not_guessed():
     with pytest.raises(Unsupported, match="id\\(\\) of a tensor"):
         bytegraph.compile(id_of_tensor, fullgraph=True)(X)
     check(id_of_tensor, X, graphs=1, fullgraph=False)   # the id() runs eagerly; x + 1 is one graph
+
+
+def same_object_by_id(x, a, b):
+    return x + 1 if id(a) == id(b) else x - 1
+
+
+def same_object_by_is(x, a, b):
+    return x + 1 if a is b else x - 1
+
+
+@pytest.mark.parametrize("fn", [same_object_by_id, same_object_by_is], ids=lambda f: f.__name__)
+def test_identity_of_arguments_is_guarded(fn):
+    import bytegraph
+    from helpers import compile_counted
+    compiled, cnt = compile_counted(fn, fullgraph=True)
+    l1, l2 = [1], [1]
+    for args in [(l1, l2), (l1, l1), (l2, l1), (l2, l2)]:
+        assert torch.equal(compiled(X, *args), fn(X, *args)), args
+    assert cnt.frame_count == 2       # one graph for "different", one for "the same"
+    bytegraph.reset()

@@ -26,6 +26,7 @@ LENGTH_MATCH = "LENGTH_MATCH"
 DICT_KEYS = "DICT_KEYS"
 TENSOR_MATCH = "TENSOR_MATCH"
 ALIAS = "ALIAS"   # two sources named the same object when traced
+DISTINCT = "DISTINCT"   # two sources named different objects, and the trace relied on it (`is`, id())
 SHAPE_ENV = "SHAPE_ENV"   # relations between symbolic sizes (expected: graph.shapes.Shapes)
 NO_HOOKS = "NO_HOOKS"   # an nn.Module called while tracing had no forward hooks
 
@@ -73,6 +74,8 @@ class Guard:
             return f"{self.detail}: {self.expected[1]!r}"
         if self.kind == ALIAS:
             return f"{where}: is {self.expected.name()}"
+        if self.kind == DISTINCT:
+            return f"{where}: is not {self.expected.name()}"
         return f"{where}: {self.kind} {self.expected!r}"
 
 
@@ -196,6 +199,10 @@ class _Emitter:
             other = self.render(g.expected)
             return [(f"{e} is {other}",
                      f"f'{who} and {g.expected.name()} were the same object when compiled, now they differ'")]
+        if g.kind == DISTINCT:
+            other = self.render(g.expected)
+            return [(f"{e} is not {other}",
+                     f"f'{who} and {g.expected.name()} were different objects when compiled, now they are one'")]
         if g.kind == NO_HOOKS:
             return [(f"not ({e}._forward_hooks or {e}._forward_pre_hooks)",
                      f"f'{who} has forward hooks now; they were not traced'")]

@@ -608,6 +608,7 @@ def _print(frame, args, kwargs):
 def _id(frame, args, kwargs):
     v = args[0]
     if isinstance(v, ObjectValue):
+        _guard_ids_distinct(frame, v)
         return ConstantValue(TracedId(("object", id(v.obj))))
     if isinstance(v, ConstantValue):
         c = v.value
@@ -618,7 +619,19 @@ def _id(frame, args, kwargs):
     if isinstance(v, (TensorValue, SymValue)):
         raise Unsupported("id() of a tensor made or read while tracing is not supported yet",
                           hint="compare tensors with `is`, or key by a Python value")
+    _guard_ids_distinct(frame, v)
     return ConstantValue(TracedId(("value", id(v))))
+
+
+def _guard_ids_distinct(frame, v):
+    """Ids of objects from outside may be compared later: guard that they stay distinct."""
+    if v.source is None:
+        return
+    taken = frame.tx.__dict__.setdefault("_id_sources", [])
+    for other in taken:
+        operators.guard_distinct(frame, v, other)
+    if all(other is not v for other in taken):
+        taken.append(v)
 
 
 def _make_fold(fn):
