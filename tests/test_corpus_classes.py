@@ -348,6 +348,12 @@ def object_method_on_passed_in(a, x):
     return a(x)
 
 
+def comp_class_attr(x):
+    class C:
+        names = ["a", "b"]
+    return x + 1, [n.upper() for n in C.names]
+
+
 # ------------------------------------------------------------------ tables
 
 CASES = [
@@ -357,6 +363,7 @@ CASES = [
     dunder_len_truth, dataclass_defaults_and_factory, dataclass_frozen_and_replace, dataclass_asdict,
     dataclass_returned, dataclass_fields_loop, dataclass_eq, typing_namedtuple, enum_members,
     int_enum_arithmetic, enum_iteration, slots_object, returns_user_object, reads_preexisting_object,
+    comp_class_attr,
 ]
 
 # name -> exact current error (the main developer is reworking user-object support).
@@ -377,6 +384,7 @@ XFAIL = {
     "int_enum_arithmetic": "Unsupported: comparison > on non-constant values is not supported yet",
     "enum_iteration": "Unsupported: len() of EnumType Mode is not supported yet",
     "slots_object": "Unsupported: setting Slotted.a (a descriptor) is not supported yet",
+    "comp_class_attr": "Unsupported: opcode LOAD_BUILD_CLASS is not supported yet (a class statement in the frame)",
 }
 
 
