@@ -4,8 +4,6 @@
 SWAP, END_FOR...), so these cases also run on 3.13. Each case is one graph
 (``fullgraph=True``) compared with eager via ``helpers.check``.
 """
-import sys
-
 import pytest
 import torch
 
@@ -334,6 +332,20 @@ def comp_same_name_as_cell(x):
     return x * g(), vals
 
 
+def comp_shadows_captured_argument(x, k=3):
+    def g():
+        return k
+    vals = [k * 2 for k in range(k)]
+    return x * g(), vals, [(lambda: k)() for k in range(2)]
+
+
+def nested_comps_shadow_cell(x):
+    j = 5
+    get = lambda: j  # noqa: E731
+    grid = [[i * j for j in range(2)] for i in range(2)]
+    return x * get(), grid, [j for j in [j for j in range(3)]]
+
+
 def generator_expression_lazy_consumption(x):
     g = (x * i for i in range(3))
     first = next(g)
@@ -417,11 +429,9 @@ CASES = [
     comp_in_loop_with_break,
     comp_uses_cell_var,
     comp_modifies_outer_list,
-    pytest.param(comp_same_name_as_cell, marks=pytest.mark.xfail(
-        sys.version_info >= (3, 13), strict=True,
-        reason="3.13 inlines the comprehension into the cell's own slot and the decoder turns every "
-               "LOAD_FAST of a cell name into LOAD_CLOSURE, so the loop variable is read as the cell: "
-               "cannot rebuild a CellValue outside the graph yet")),
+    comp_same_name_as_cell,
+    comp_shadows_captured_argument,
+    nested_comps_shadow_cell,
     generator_expression_lazy_consumption,
     comp_over_range_len,
     comp_with_tuple_target_and_index,
