@@ -479,7 +479,20 @@ def itemgetter_attrgetter(x):
 
 def methodcaller_and_operator_funcs(x):
     up = operator.methodcaller("upper")
-    return operator.mul(x, 2), operator.neg(x), up("ab"), operator.contains([1, 2], 2)
+    split_once = operator.methodcaller("split", ".", maxsplit=1)
+    return operator.mul(x, 2), operator.neg(x), up("ab"), operator.contains([1, 2], 2), split_once("a.b.c")
+
+
+def pick(x, getter):
+    return x * getter((2, 3))
+
+
+def test_preexisting_itemgetter_is_guarded():
+    from helpers import compile_counted
+    compiled, cnt = compile_counted(pick, fullgraph=True)
+    for getter in [operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(0)]:
+        assert torch.equal(compiled(X, getter), pick(X, getter))
+    assert cnt.frame_count == 3     # each getter object is its own entry (identity guard)
 
 
 # ------------------------------------------------------------------ more real-world patterns

@@ -724,6 +724,9 @@ def _call_stdlib_object(frame, fv, args, kwargs):
         return call(frame, wrap(frame.tx, obj.__wrapped__, AttrSource(src, "__wrapped__") if src else None),
                     args, kwargs)
     if type(obj) in (operator.itemgetter, operator.attrgetter, operator.methodcaller):
+        if src is not None:
+            from ..guards.builder import ID_MATCH
+            frame.tx.guards.add(ID_MATCH, src, obj)   # what it gets is fixed when it is made
         return _call_getter(frame, obj, args, kwargs)
     if isinstance(obj, (types.MethodDescriptorType, types.WrapperDescriptorType)) and args:
         # ``list.append(xs, v)``, ``set.union(*sets)``, ``str.upper(s)``: a method called through its class.
@@ -752,11 +755,14 @@ def _call_getter(frame, getter, args, kwargs):
     (target,) = args
     reduced = getter.__reduce__()
     if isinstance(getter, operator.methodcaller):
-        ctor, margs = reduced[0], reduced[1]
-        name, mkw = margs[0], getattr(ctor, "keywords", {})
+        ctor, margs = reduced
+        if isinstance(ctor, functools.partial):     # methodcaller(name, *args, **kwargs)
+            name, margs, mkw = ctor.args[0], margs, ctor.keywords
+        else:
+            name, margs, mkw = margs[0], margs[1:], {}
         method = attrs.get_attr(frame, target, name)
-        return call(frame, method, [ConstantValue(a) for a in margs[1:]],
-                    {k: ConstantValue(a) for k, a in mkw.items()})
+        return call(frame, method, [operators.constant_value(a) for a in margs],
+                    {k: operators.constant_value(a) for k, a in mkw.items()})
     keys = reduced[1]
     if isinstance(getter, operator.itemgetter):
         picked = [operators.getitem(frame, target, ConstantValue(k)) for k in keys]
@@ -781,16 +787,14 @@ def _consts(frame, iterable, what):
     return [_const(i, what) for i in iterate(frame, iterable)]
 
 
-@builtin(set, frozenset)
+@builtin(set)
 def _set(frame, args, kwargs):
     return ConstantValue(set(_consts(frame, args[0], "set()")) if args else set())
 
 
+@builtin(frozenset)
 def _frozenset(frame, args, kwargs):
     return ConstantValue(frozenset(_consts(frame, args[0], "frozenset()")) if args else frozenset())
-
-
-BUILTIN_HANDLERS[frozenset] = _frozenset
 
 
 @builtin(collections.Counter)
