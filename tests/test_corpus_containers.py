@@ -689,6 +689,16 @@ def returns_defaultdict_and_ordered_dict(x):
     return d, o
 
 
+def defaultdict_copy_and_merge(x):
+    d = collections.defaultdict(int)
+    d["a"] += 1
+    e = d.copy()
+    e["b"] += 2
+    f = d | {"z": 9}
+    f["q"] += 1
+    return x * e["b"], d, e, f
+
+
 def returns_partial(x):
     return functools.partial(torch.add, x + 1, alpha=2)
 
@@ -697,14 +707,15 @@ def returns_set_counter_deque(x):
     return x + 1, {1, 2}, collections.Counter("aab"), collections.deque([1, 2], maxlen=3)
 
 
-@pytest.mark.parametrize("fn", [returns_defaultdict_and_ordered_dict, returns_set_counter_deque],
+@pytest.mark.parametrize("fn", [returns_defaultdict_and_ordered_dict, returns_set_counter_deque,
+                                defaultdict_copy_and_merge],
                          ids=lambda f: f.__name__)
 def test_returned_container_types(fn):
     _, out = check(fn, X)
     expected = fn(X)
     assert [type(o) for o in out] == [type(o) for o in expected]
-    if isinstance(out[0], collections.defaultdict):
-        assert out[0].default_factory is list
+    assert [getattr(o, "default_factory", None) for o in out] == \
+        [getattr(o, "default_factory", None) for o in expected]
 
 
 def test_returned_partial_calls_like_eager():

@@ -7,9 +7,8 @@ import torch
 
 from ..errors import Unsupported
 from ..guards.sources import ModuleEntrySource
-from ..values.base import (MUTABLE_CONSTANT_TYPES, NULL, BoundMethodValue, ConstantValue, ContextManagerValue, DefaultDictValue,
-                           DictValue,
-                           DictViewValue, FunctionValue, IteratorValue, ListValue, MethodOfValue,
+from ..values.base import (MUTABLE_CONSTANT_TYPES, NULL, BoundMethodValue, ConstantValue,
+                           ContextManagerValue, DefaultDictValue, DictValue, DictViewValue, FunctionValue, IteratorValue, ListValue, MethodOfValue,
                            ObjectValue, SliceValue, SymValue, TensorMethodValue, TensorValue,
                            TupleValue, UserObjectValue)
 from . import attrs
