@@ -347,6 +347,15 @@ def zip_variants(x):
     return x + 1, pairs, list(zip([1, 2], [3, 4], strict=True)), list(zip())
 
 
+def iterators_consumed_like_python(x):
+    it = iter([0, 0, 3, 4, 5])
+    found = any(it)
+    after_any = list(it)
+    a, b = iter([1, 2, 3]), iter([10])
+    pairs = list(zip(a, b))
+    return x * found, after_any, pairs, list(a), list(b), all(v for v in [x.dim() == 2, 0, x])
+
+
 def zip_unzip(x):
     a, b = zip(*[(1, x), (2, x + 1)])
     return a, b
@@ -659,7 +668,7 @@ CASES = [
     sorted_key_reverse, sorted_tensors_by_key, sorted_dict_items_by_value, sorted_named_tensors,
     max_of_pairs_by_first, reversed_list_and_range,
     min_max_variants, sum_variants, any_all_python, map_filter, map_over_tensors, zip_variants,
-    zip_unzip, enumerate_start, len_and_range_args,
+    iterators_consumed_like_python, zip_unzip, enumerate_start, len_and_range_args,
     itertools_chain, itertools_product, itertools_islice_repeat, itertools_accumulate,
     itertools_accumulate_tensors, itertools_zip_longest_pairwise, itertools_pairwise_tensors,
     itertools_combinations_permutations,

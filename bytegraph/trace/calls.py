@@ -416,9 +416,16 @@ def _enumerate(frame, args, kwargs):
 @builtin(zip)
 def _zip(frame, args, kwargs):
     strict = operators.as_constant(kwargs.get("strict", ConstantValue(False)))
-    seqs = [iterate(frame, a) for a in args]
+    seqs = [a.items[a.pos:] if isinstance(a, IteratorValue) else iterate(frame, a) for a in args]
     if strict and len({len(s) for s in seqs}) > 1:
         raise Unsupported("zip(strict=True) on sequences of different lengths raises")
+    n = min((len(s) for s in seqs), default=0)
+    first_short = next((i for i, s in enumerate(seqs) if len(s) == n), len(seqs))
+    for i, a in enumerate(args):
+        if isinstance(a, IteratorValue):
+            # Like zip: each round takes from every argument in order, the last round stops at
+            # the first exhausted one, so the iterators before it gave one item more.
+            a.pos += n + (1 if i < first_short else 0)
     return IteratorValue([TupleValue(list(t)) for t in zip(*seqs)])
 
 
@@ -582,10 +589,16 @@ def _sum(frame, args, kwargs):
 
 
 def _any_all(fn):
+    decisive = fn is any     # any() stops at the first true item, all() at the first false one
+
     def h(frame, args, kwargs):
-        items = iterate(frame, args[0])
-        truths = [operators.truth(frame, i) for i in items]
-        return ConstantValue(fn(truths))
+        v = args[0]
+        it = v if isinstance(v, IteratorValue) else IteratorValue(iterate(frame, v))
+        while it.pos < len(it.items):
+            it.pos += 1
+            if operators.truth(frame, it.items[it.pos - 1]) == decisive:
+                return ConstantValue(decisive)
+        return ConstantValue(not decisive)
     return h
 
 
