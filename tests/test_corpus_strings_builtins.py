@@ -362,6 +362,42 @@ def divmod_neg_round_half(x):
     return x + 1, round(-2.5), round(0.125, 2), divmod(7.5, 2), abs(-0.0), -7 // 2
 
 
+# ------------------------------------------------------------------ numbers, sizes and tensors in builtins
+
+
+def pow_tensor(x):
+    return pow(x, 2), pow(2, x), abs(-x)
+
+
+def misc_formats(x):
+    return (x + 1, "{:,}".format(1234567), format(0.1, ".5f"), repr(x.shape), f"{x.dtype!r}", sorted("hello"),
+            max("abc", key=ord), sum(range(10)), pow(2, -1), complex(1, 2).real, math.isnan(float("nan")))
+
+
+def min_max_tensor_python_mix(x):
+    return max(x.shape[0], 2) * x, min(2.5, x.shape[1])
+
+
+def float_of_sizes(x):
+    return x * float(x.shape[0]) / float(x.numel())
+
+
+def str_of_tensor_shape_list(x):
+    return x + 1, str(list(x.shape)), str(x.shape[0]), "{}x{}".format(*x.shape)
+
+
+def bool_of_shape_tuple(x):
+    return x + 1 if x.shape else x
+
+
+def len_of_shape_and_dims(x):
+    return x * len(x.shape) + len(x.size()) + x.ndim
+
+
+def hash_of_tuple(x):
+    return x + 1, hash((1, "a")) == hash((1, "a"))
+
+
 CASES = [
     fstring_specs, fstring_conversions, fstring_with_shapes, fstring_nested_spec, percent_formatting,
     str_format_method, str_and_repr_of_constants, str_of_dtype_and_device, string_methods,
@@ -388,6 +424,7 @@ CASES = [
     chained_comparison,
     min_of_shapes,
     divmod_neg_round_half,
+    pow_tensor, misc_formats, min_max_tensor_python_mix, float_of_sizes, str_of_tensor_shape_list, bool_of_shape_tuple, len_of_shape_and_dims, hash_of_tuple,
 ]
 
 

@@ -651,13 +651,16 @@ def _make_fold(fn):
     def h(frame, args, kwargs):
         if fn is bool and len(args) == 1:
             return ConstantValue(operators.truth(frame, args[0]))
+        if fn is pow and len(args) == 2 and not kwargs and _has_tensor(args):
+            return operators.binary(frame, "**", args[0], args[1])
         if fn in (int, float) and len(args) == 1 and isinstance(args[0], TensorValue):
             raise Unsupported(f"{fn.__name__}(tensor) needs the tensor's data, which is unknown while tracing")
         return fold(frame, fn, args, kwargs)
     return h
 
 
-for _fn in (int, float, bool, str, repr, round, divmod, pow, hash, ord, chr, format, ascii, bin, hex, oct):
+for _fn in (int, float, bool, complex, str, bytes, repr, round, divmod, pow, hash, ord, chr, format, ascii,
+            bin, hex, oct):
     BUILTIN_HANDLERS[_fn] = _make_fold(_fn)
 
 
