@@ -754,7 +754,9 @@ def _call_stdlib_object(frame, fv, args, kwargs):
         if owner_type in _FOLDABLE_METHOD_OWNERS and isinstance(self_value, ConstantValue):
             return fold(frame, obj, args, kwargs)
         return None
-    owner = getattr(obj, "__self__", None)
+    if not isinstance(obj, (types.BuiltinMethodType, types.MethodType)):
+        return None
+    owner = obj.__self__
     if isinstance(owner, MUTABLE_CONSTANT_TYPES) and src is None and frame.tx.memo.get(id(owner)) is None:
         # A method of a set/deque/Counter made in the frame: run it on the real object.
         return fold(frame, obj, args, kwargs)
