@@ -289,6 +289,114 @@ def zip_dict_keys_values(x):
     return dict(zip(d.values(), d.keys())) if False else {k: v * 2 for k, v in zip(d.keys(), d.values())}
 
 
+# ------------------------------------------------------------------ closures, cells, generators
+
+
+def comp_closure_over_comp_var(x):
+    fs = [lambda: x * i for i in range(3)]
+    return [f() for f in fs]
+
+
+def nested_comp_closure(x):
+    return [[(lambda: i * j)() for j in range(2)] for i in range(2)], x + 1
+
+
+def comp_in_loop_with_break(x):
+    out = x
+    for k in range(5):
+        vals = [k * i for i in range(3)]
+        if sum(vals) > 6:
+            break
+        out = out + sum(vals)
+    return out
+
+
+def comp_uses_cell_var(x):
+    scale = 2
+    def f(v):
+        return v * scale
+    return [f(x) for _ in range(2)], [scale * i for i in range(2)]
+
+
+def comp_modifies_outer_list(x):
+    seen = []
+    out = [seen.append(i) or x * i for i in range(3)]
+    return out, seen
+
+
+def comp_same_name_as_cell(x):
+    i = 10
+    def g():
+        return i
+    vals = [i for i in range(3)]
+    return x * g(), vals
+
+
+def comp_shadows_captured_argument(x, k=3):
+    def g():
+        return k
+    vals = [k * 2 for k in range(k)]
+    return x * g(), vals, [(lambda: k)() for k in range(2)]
+
+
+def nested_comps_shadow_cell(x):
+    j = 5
+    get = lambda: j  # noqa: E731
+    grid = [[i * j for j in range(2)] for i in range(2)]
+    return x * get(), grid, [j for j in [j for j in range(3)]]
+
+
+def generator_expression_lazy_consumption(x):
+    g = (x * i for i in range(3))
+    first = next(g)
+    rest = list(g)
+    return first, rest
+
+
+def comp_over_range_len(x):
+    return [x[i] * i for i in range(len(x))]
+
+
+def comp_with_tuple_target_and_index(x):
+    d = {"a": (1, 2), "b": (3, 4)}
+    return [x * a + b for (a, b) in d.values()]
+
+
+def comp_dict_nested_items(x):
+    cfg = {"l1": {"w": 1.0}, "l2": {"w": 2.0}}
+    return {k: x * v["w"] for k, v in cfg.items()}
+
+
+def setcomp_over_shapes(x):
+    ts = [x, x.t(), x]
+    return x + 1, {t.shape for t in ts}
+
+
+def comp_async_free_lambda_default(x):
+    return [(lambda v, k=k: v + k)(x) for k in range(2)]
+
+
+def gen_sum_of_squares_tensor(x):
+    return sum(t ** 2 for t in x.unbind(1))
+
+
+def generator_with_return_value(x):
+    def gen():
+        yield x
+        yield x * 2
+    a, b = gen()
+    return a + b
+
+
+def gen_send_none(x):
+    def gen():
+        total = x
+        for i in range(3):
+            total = total + i
+            yield total
+    return [t for t in gen()][-1]
+
+
 CASES = [
     listcomp_simple, listcomp_conditional, listcomp_ternary, listcomp_nested_loops,
     listcomp_nested_comprehension, listcomp_over_dims, listcomp_over_tensor_rows, listcomp_over_zip,
@@ -316,6 +424,23 @@ CASES = [
     ternary_genexp,
     all_dims_positive,
     zip_dict_keys_values,
+    comp_closure_over_comp_var,
+    nested_comp_closure,
+    comp_in_loop_with_break,
+    comp_uses_cell_var,
+    comp_modifies_outer_list,
+    comp_same_name_as_cell,
+    comp_shadows_captured_argument,
+    nested_comps_shadow_cell,
+    generator_expression_lazy_consumption,
+    comp_over_range_len,
+    comp_with_tuple_target_and_index,
+    comp_dict_nested_items,
+    setcomp_over_shapes,
+    comp_async_free_lambda_default,
+    gen_sum_of_squares_tensor,
+    generator_with_return_value,
+    gen_send_none,
 ]
 
 

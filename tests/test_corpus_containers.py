@@ -347,6 +347,15 @@ def zip_variants(x):
     return x + 1, pairs, list(zip([1, 2], [3, 4], strict=True)), list(zip())
 
 
+def iterators_consumed_like_python(x):
+    it = iter([0, 0, 3, 4, 5])
+    found = any(it)
+    after_any = list(it)
+    a, b = iter([1, 2, 3]), iter([10])
+    pairs = list(zip(a, b))
+    return x * found, after_any, pairs, list(a), list(b), all(v for v in [x.dim() == 2, 0, x])
+
+
 def zip_unzip(x):
     a, b = zip(*[(1, x), (2, x + 1)])
     return a, b
@@ -479,7 +488,20 @@ def itemgetter_attrgetter(x):
 
 def methodcaller_and_operator_funcs(x):
     up = operator.methodcaller("upper")
-    return operator.mul(x, 2), operator.neg(x), up("ab"), operator.contains([1, 2], 2)
+    split_once = operator.methodcaller("split", ".", maxsplit=1)
+    return operator.mul(x, 2), operator.neg(x), up("ab"), operator.contains([1, 2], 2), split_once("a.b.c")
+
+
+def pick(x, getter):
+    return x * getter((2, 3))
+
+
+def test_preexisting_itemgetter_is_guarded():
+    from helpers import compile_counted
+    compiled, cnt = compile_counted(pick, fullgraph=True)
+    for getter in [operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(0)]:
+        assert torch.equal(compiled(X, getter), pick(X, getter))
+    assert cnt.frame_count == 3     # each getter object is its own entry (identity guard)
 
 
 # ------------------------------------------------------------------ more real-world patterns
@@ -646,7 +668,7 @@ CASES = [
     sorted_key_reverse, sorted_tensors_by_key, sorted_dict_items_by_value, sorted_named_tensors,
     max_of_pairs_by_first, reversed_list_and_range,
     min_max_variants, sum_variants, any_all_python, map_filter, map_over_tensors, zip_variants,
-    zip_unzip, enumerate_start, len_and_range_args,
+    iterators_consumed_like_python, zip_unzip, enumerate_start, len_and_range_args,
     itertools_chain, itertools_product, itertools_islice_repeat, itertools_accumulate,
     itertools_accumulate_tensors, itertools_zip_longest_pairwise, itertools_pairwise_tensors,
     itertools_combinations_permutations,
@@ -676,6 +698,16 @@ def returns_defaultdict_and_ordered_dict(x):
     return d, o
 
 
+def defaultdict_copy_and_merge(x):
+    d = collections.defaultdict(int)
+    d["a"] += 1
+    e = d.copy()
+    e["b"] += 2
+    f = d | {"z": 9}
+    f["q"] += 1
+    return x * e["b"], d, e, f
+
+
 def returns_partial(x):
     return functools.partial(torch.add, x + 1, alpha=2)
 
@@ -684,14 +716,15 @@ def returns_set_counter_deque(x):
     return x + 1, {1, 2}, collections.Counter("aab"), collections.deque([1, 2], maxlen=3)
 
 
-@pytest.mark.parametrize("fn", [returns_defaultdict_and_ordered_dict, returns_set_counter_deque],
+@pytest.mark.parametrize("fn", [returns_defaultdict_and_ordered_dict, returns_set_counter_deque,
+                                defaultdict_copy_and_merge],
                          ids=lambda f: f.__name__)
 def test_returned_container_types(fn):
     _, out = check(fn, X)
     expected = fn(X)
     assert [type(o) for o in out] == [type(o) for o in expected]
-    if isinstance(out[0], collections.defaultdict):
-        assert out[0].default_factory is list
+    assert [getattr(o, "default_factory", None) for o in out] == \
+        [getattr(o, "default_factory", None) for o in expected]
 
 
 def test_returned_partial_calls_like_eager():

@@ -362,6 +362,42 @@ def divmod_neg_round_half(x):
     return x + 1, round(-2.5), round(0.125, 2), divmod(7.5, 2), abs(-0.0), -7 // 2
 
 
+# ------------------------------------------------------------------ numbers, sizes and tensors in builtins
+
+
+def pow_tensor(x):
+    return pow(x, 2), pow(2, x), abs(-x)
+
+
+def misc_formats(x):
+    return (x + 1, "{:,}".format(1234567), format(0.1, ".5f"), repr(x.shape), f"{x.dtype!r}", sorted("hello"),
+            max("abc", key=ord), sum(range(10)), pow(2, -1), complex(1, 2).real, math.isnan(float("nan")))
+
+
+def min_max_tensor_python_mix(x):
+    return max(x.shape[0], 2) * x, min(2.5, x.shape[1])
+
+
+def float_of_sizes(x):
+    return x * float(x.shape[0]) / float(x.numel())
+
+
+def str_of_tensor_shape_list(x):
+    return x + 1, str(list(x.shape)), str(x.shape[0]), "{}x{}".format(*x.shape)
+
+
+def bool_of_shape_tuple(x):
+    return x + 1 if x.shape else x
+
+
+def len_of_shape_and_dims(x):
+    return x * len(x.shape) + len(x.size()) + x.ndim
+
+
+def hash_of_tuple(x):
+    return x + 1, hash((1, "a")) == hash((1, "a"))
+
+
 CASES = [
     fstring_specs, fstring_conversions, fstring_with_shapes, fstring_nested_spec, percent_formatting,
     str_format_method, str_and_repr_of_constants, str_of_dtype_and_device, string_methods,
@@ -388,6 +424,7 @@ CASES = [
     chained_comparison,
     min_of_shapes,
     divmod_neg_round_half,
+    pow_tensor, misc_formats, min_max_tensor_python_mix, float_of_sizes, str_of_tensor_shape_list, bool_of_shape_tuple, len_of_shape_and_dims, hash_of_tuple,
 ]
 
 
@@ -407,3 +444,23 @@ def test_id_of_tensor_is_refused_not_guessed():
     with pytest.raises(Unsupported, match="id\\(\\) of a tensor"):
         bytegraph.compile(id_of_tensor, fullgraph=True)(X)
     check(id_of_tensor, X, graphs=1, fullgraph=False)   # the id() runs eagerly; x + 1 is one graph
+
+
+def same_object_by_id(x, a, b):
+    return x + 1 if id(a) == id(b) else x - 1
+
+
+def same_object_by_is(x, a, b):
+    return x + 1 if a is b else x - 1
+
+
+@pytest.mark.parametrize("fn", [same_object_by_id, same_object_by_is], ids=lambda f: f.__name__)
+def test_identity_of_arguments_is_guarded(fn):
+    import bytegraph
+    from helpers import compile_counted
+    compiled, cnt = compile_counted(fn, fullgraph=True)
+    l1, l2 = [1], [1]
+    for args in [(l1, l2), (l1, l1), (l2, l1), (l2, l2)]:
+        assert torch.equal(compiled(X, *args), fn(X, *args)), args
+    assert cnt.frame_count == 2       # one graph for "different", one for "the same"
+    bytegraph.reset()

@@ -71,8 +71,9 @@ def decode(code):
         rows.append(Instruction(name, ins.arg, argval, ins.offset, line))
     if versions.LOAD_FAST_LOADS_CELLS:
         cell_names = set(code.co_cellvars) | set(code.co_freevars)
+        plain = _comprehension_loads(rows, cell_names)
         for row in rows:
-            if row.opname == "LOAD_FAST" and row.argval in cell_names:
+            if row.opname == "LOAD_FAST" and row.argval in cell_names and id(row) not in plain:
                 row.opname = "LOAD_CLOSURE"
     by_offset = {}
     for i, row in enumerate(rows):
@@ -85,6 +86,28 @@ def decode(code):
             target = _skip_loop_end(code, row.argval, rows, target)
         row.target = target
     return tuple(rows)
+
+
+def _comprehension_loads(rows, cell_names):
+    """ids of LOAD_FASTs of a cell name that read an inlined comprehension's own loop variable.
+
+    An inlined comprehension whose variable shadows a cell of the function saves
+    the slot (LOAD_FAST_AND_CLEAR) and stores plain values in it until its loop
+    ends; unless it makes a cell there itself (MAKE_CELL: the variable is
+    captured), its loads of that name read the value, not a cell.
+    """
+    plain = set()
+    for start, row in enumerate(rows):
+        if row.opname != "LOAD_FAST_AND_CLEAR" or row.argval not in cell_names:
+            continue
+        loop = next((r for r in rows[start + 1:] if r.opname == "FOR_ITER"), None)
+        if loop is None:
+            continue
+        region = [r for r in rows[start + 1:] if r.offset < loop.argval]
+        if any(r.opname == "MAKE_CELL" and r.argval == row.argval for r in region):
+            continue
+        plain.update(id(r) for r in region if r.opname == "LOAD_FAST" and r.argval == row.argval)
+    return plain
 
 
 def _index_at_or_after(by_offset, offset, rows):

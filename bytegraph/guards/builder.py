@@ -29,7 +29,7 @@ ALIAS = "ALIAS"   # two sources named the same object when traced
 SHAPE_ENV = "SHAPE_ENV"   # relations between symbolic sizes (expected: graph.shapes.Shapes)
 STATE_MATCH = "STATE_MATCH"   # an object's __dict__ equals a snapshot (the object is deep-copied)
 NO_HOOKS = "NO_HOOKS"   # an nn.Module called while tracing had no forward hooks
-NOT_ALIAS = "NOT_ALIAS"   # two sources named different objects when traced (one of them is mutated)
+NOT_ALIAS = "NOT_ALIAS"   # two sources named different objects when traced (`is`, id(), or one is mutated)
 STORAGE_SHARED = "STORAGE_SHARED"   # two tensor inputs of a graph that mutates: share storage or not
 MISSING_ATTR = "MISSING_ATTR"   # the object had no attribute ``expected`` (hasattr, except AttributeError)
 

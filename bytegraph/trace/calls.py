@@ -513,9 +513,16 @@ def _zip(frame, args, kwargs):
     if not all(isinstance(a, (TupleValue, ListValue, IteratorValue, DictValue, ConstantValue)) for a in args):
         return generators.lazy_zip(frame, args, kwargs)
     strict = operators.as_constant(kwargs.get("strict", ConstantValue(False)))
-    seqs = [iterate(frame, a) for a in args]
+    seqs = [a.items[a.pos:] if isinstance(a, IteratorValue) else iterate(frame, a) for a in args]
     if strict and len({len(s) for s in seqs}) > 1:
         raise Unsupported("zip(strict=True) on sequences of different lengths raises")
+    n = min((len(s) for s in seqs), default=0)
+    first_short = next((i for i, s in enumerate(seqs) if len(s) == n), len(seqs))
+    for i, a in enumerate(args):
+        if isinstance(a, IteratorValue):
+            # Like zip: each round takes from every argument in order, the last round stops at
+            # the first exhausted one, so the iterators before it gave one item more.
+            a.pos += n + (1 if i < first_short else 0)
     if kwargs:
         return IteratorValue([TupleValue(list(t)) for t in zip(*seqs)])
     return IteratorValue([TupleValue(list(t)) for t in zip(*seqs)], origins=iterated_containers(args),
@@ -686,12 +693,18 @@ def _sum(frame, args, kwargs):
 
 
 def _any_all(fn):
+    decisive = fn is any     # any() stops at the first true item, all() at the first false one
+
     def h(frame, args, kwargs):
         if generators.is_lazy(args[0]) or isinstance(args[0], (UserObjectValue, ObjectValue)):
             return generators.any_all(frame, fn, generators.get_iter(frame, args[0]))
-        items = iterate(frame, args[0])
-        truths = [operators.truth(frame, i) for i in items]
-        return ConstantValue(fn(truths))
+        v = args[0]
+        it = v if isinstance(v, IteratorValue) else IteratorValue(iterate(frame, v))
+        while it.pos < len(it.items):
+            it.pos += 1
+            if operators.truth(frame, it.items[it.pos - 1]) == decisive:
+                return ConstantValue(decisive)
+        return ConstantValue(not decisive)
     return h
 
 
@@ -786,6 +799,7 @@ def _print(frame, args, kwargs):
 def _id(frame, args, kwargs):
     v = args[0]
     if isinstance(v, ObjectValue):
+        _guard_ids_distinct(frame, v)
         return ConstantValue(TracedId(("object", id(v.obj))))
     if isinstance(v, ConstantValue):
         c = v.value
@@ -796,13 +810,27 @@ def _id(frame, args, kwargs):
     if isinstance(v, (TensorValue, SymValue)):
         raise Unsupported("id() of a tensor made or read while tracing is not supported yet",
                           hint="compare tensors with `is`, or key by a Python value")
+    _guard_ids_distinct(frame, v)
     return ConstantValue(TracedId(("value", id(v))))
+
+
+def _guard_ids_distinct(frame, v):
+    """Ids of objects from outside may be compared later: guard that they stay distinct."""
+    if v.source is None:
+        return
+    taken = frame.tx.__dict__.setdefault("_id_sources", [])
+    for other in taken:
+        operators.guard_distinct(frame, v, other)
+    if all(other is not v for other in taken):
+        taken.append(v)
 
 
 def _make_fold(fn):
     def h(frame, args, kwargs):
         if fn is bool and len(args) == 1:
             return ConstantValue(operators.truth(frame, args[0]))
+        if fn is pow and len(args) == 2 and not kwargs and _has_tensor(args):
+            return operators.binary(frame, "**", args[0], args[1])
         if fn in (int, float) and len(args) == 1 and isinstance(args[0], TensorValue):
             raise Unsupported(f"{fn.__name__}(tensor) needs the tensor's data, which is unknown while tracing")
         if fn in (str, repr) and len(args) == 1 and isinstance(args[0], ExceptionValue):
@@ -811,7 +839,8 @@ def _make_fold(fn):
     return h
 
 
-for _fn in (int, float, bool, str, repr, round, divmod, pow, hash, ord, chr, format, ascii, bin, hex, oct):
+for _fn in (int, float, bool, complex, str, bytes, repr, round, divmod, pow, hash, ord, chr, format, ascii,
+            bin, hex, oct):
     BUILTIN_HANDLERS[_fn] = _make_fold(_fn)
 
 
@@ -899,6 +928,9 @@ def _call_stdlib_object(frame, fv, args, kwargs):
         return call(frame, wrap(frame.tx, obj.__wrapped__, AttrSource(src, "__wrapped__") if src else None),
                     args, kwargs)
     if type(obj) in (operator.itemgetter, operator.attrgetter, operator.methodcaller):
+        if src is not None:
+            from ..guards.builder import ID_MATCH
+            frame.tx.guards.add(ID_MATCH, src, obj)   # what it gets is fixed when it is made
         return _call_getter(frame, obj, args, kwargs)
     if isinstance(obj, (types.MethodDescriptorType, types.WrapperDescriptorType)) and args:
         # ``list.append(xs, v)``, ``set.union(*sets)``, ``str.upper(s)``: a method called through its class.
@@ -910,7 +942,9 @@ def _call_stdlib_object(frame, fv, args, kwargs):
         if owner_type in _FOLDABLE_METHOD_OWNERS and isinstance(self_value, ConstantValue):
             return fold(frame, obj, args, kwargs)
         return None
-    owner = getattr(obj, "__self__", None)
+    if not isinstance(obj, (types.BuiltinMethodType, types.MethodType)):
+        return None
+    owner = obj.__self__
     if isinstance(owner, MUTABLE_CONSTANT_TYPES) and src is None and frame.tx.memo.get(id(owner)) is None:
         # A method of a set/deque/Counter made in the frame: run it on the real object.
         return fold(frame, obj, args, kwargs)
@@ -927,11 +961,14 @@ def _call_getter(frame, getter, args, kwargs):
     (target,) = args
     reduced = getter.__reduce__()
     if isinstance(getter, operator.methodcaller):
-        ctor, margs = reduced[0], reduced[1]
-        name, mkw = margs[0], getattr(ctor, "keywords", {})
+        ctor, margs = reduced
+        if isinstance(ctor, functools.partial):     # methodcaller(name, *args, **kwargs)
+            name, margs, mkw = ctor.args[0], margs, ctor.keywords
+        else:
+            name, margs, mkw = margs[0], margs[1:], {}
         method = attrs.get_attr(frame, target, name)
-        return call(frame, method, [ConstantValue(a) for a in margs[1:]],
-                    {k: ConstantValue(a) for k, a in mkw.items()})
+        return call(frame, method, [operators.constant_value(a) for a in margs],
+                    {k: operators.constant_value(a) for k, a in mkw.items()})
     keys = reduced[1]
     if isinstance(getter, operator.itemgetter):
         picked = [operators.getitem(frame, target, ConstantValue(k)) for k in keys]
@@ -956,16 +993,14 @@ def _consts(frame, iterable, what):
     return [_const(i, what) for i in iterate(frame, iterable)]
 
 
-@builtin(set, frozenset)
+@builtin(set)
 def _set(frame, args, kwargs):
     return ConstantValue(set(_consts(frame, args[0], "set()")) if args else set())
 
 
+@builtin(frozenset)
 def _frozenset(frame, args, kwargs):
     return ConstantValue(frozenset(_consts(frame, args[0], "frozenset()")) if args else frozenset())
-
-
-BUILTIN_HANDLERS[frozenset] = _frozenset
 
 
 @builtin(collections.Counter)

@@ -8,8 +8,8 @@ in place after the graph (``codegen.transformed.replay_side_effects``).
 import collections
 
 from ..errors import Unsupported
-from ..values.base import (ConstantValue, ContextManagerValue, DictValue, DictViewValue,
-                           ListValue, ObjectValue, TupleValue)
+from ..values.base import (ConstantValue, ContextManagerValue, DefaultDictValue, DictValue,
+                           DictViewValue, ListValue, ObjectValue, TupleValue)
 from ..values.builder import constant
 from . import operators
 from .iteration import iterate
@@ -115,7 +115,7 @@ def _dict_method(frame, d, name, args, kwargs):
     if name == "__contains__":
         return ConstantValue(operators.key_of(args[0]) in items)
     if name == "copy":
-        return DictValue(items, cls=d.cls)
+        return _new_like(d, items)
     if name == "update":
         if args:
             other = args[0]
@@ -182,7 +182,7 @@ def _dict_method(frame, d, name, args, kwargs):
         if name == "__ior__":
             items.update(other.items)
             return d
-        return DictValue({**items, **other.items}, cls=d.cls)
+        return _new_like(d, {**items, **other.items})
     raise Unsupported(f"dict.{name}() is not supported yet")
 
 
@@ -241,6 +241,15 @@ def inplace_operator(frame, op, a, b):
         call_method(frame, a, _SET_INPLACE[op], [b], {})
         return a
     return None
+
+
+def _new_like(d, items):
+    """A new dict value of the same kind as ``d`` (a defaultdict keeps its factory)."""
+    if isinstance(d, DefaultDictValue):
+        return DefaultDictValue(items, d.factory)
+    if d.cls is collections.defaultdict:
+        raise Unsupported("copying a defaultdict that exists outside the compiled function is not supported yet")
+    return DictValue(items, cls=d.cls)
 
 
 def _namedtuple_method(frame, tup, name, args, kwargs):

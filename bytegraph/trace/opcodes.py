@@ -293,7 +293,7 @@ def compare_op(f, ins):
 def is_op(f, ins):
     b = f.pop()
     a = f.pop()
-    f.push(ConstantValue(operators.is_same(a, b) != bool(ins.arg)))
+    f.push(ConstantValue(operators.identical(f, a, b) != bool(ins.arg)))
 
 
 @handler("CONTAINS_OP")

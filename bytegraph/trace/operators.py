@@ -263,6 +263,21 @@ def is_same(a, b):
     return False
 
 
+def identical(frame, a, b):
+    """``a is b``; when two objects from outside differ, the trace relies on it: guard it."""
+    same = is_same(a, b)
+    if not same:
+        guard_distinct(frame, a, b)
+    return same
+
+
+def guard_distinct(frame, a, b):
+    from ..guards.builder import NOT_ALIAS
+    if a.source is not None and b.source is not None and a is not b \
+            and not isinstance(a, ConstantValue) and not isinstance(b, ConstantValue):
+        frame.tx.guards.add(NOT_ALIAS, a.source, b.source, detail=b.source.name())
+
+
 def _real(v):
     return v.obj if isinstance(v, ObjectValue) else v.value
 
