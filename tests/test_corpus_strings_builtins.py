@@ -413,7 +413,7 @@ CASES = [
     map_str_join, str_format_misc, fstring_size, int_div_round, version_check,
     fstring_selfdoc,
     string_methods_more,
-    pytest.param(type_name_and_class, marks=pytest.mark.xfail(strict=True, reason="WRONG RESULT: x.__class__ is read as a Tensor method (trace/attrs.py _tensor_attr), so `x.__class__ is torch.Tensor` is False when compiled")),
+    type_name_and_class,
     tensor_predicates,
     shape_arith,
     assert_fmessage,

@@ -89,6 +89,8 @@ def _get_attr(frame, v, name):
 def _tensor_attr(frame, v, name):
     if name == "shape":
         return _shape_value(frame, v)
+    if name == "__class__":
+        return wrap(frame.tx, v.python_type(), None)   # the type is guarded with the tensor
     if name in _TENSOR_META:
         return ConstantValue(getattr(v.fake, name))
     if name in _TENSOR_VIEWS:
