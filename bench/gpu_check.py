@@ -58,6 +58,36 @@ def main():
         print(f"{name:8s} forward equal={ok} grads equal={gok} first call {first:.1f}s "
               f"eager {te:.0f}us compiled {tc:.0f}us speedup {te / tc:.2f}x")
 
+    hf_models_on_gpu(dev)
+
+
+def hf_models_on_gpu(dev):
+    """The tiny transformers models through inductor on the GPU (when transformers is installed)."""
+    try:
+        from bytegraph.demo import hf_models
+    except ImportError:
+        return
+    import importlib.util
+    if importlib.util.find_spec("transformers") is None:
+        print("transformers not installed: HF models skipped")
+        return
+    from bytegraph.testing import same
+    for name in hf_models.NAMES:
+        model = hf_models.build(name).to(dev).eval()
+        kw = {k: v.to(dev) for k, v in hf_models.inputs(name, batch=8, seq=64).items()}
+        t0 = time.perf_counter()
+        compiled = bytegraph.compile(model, backend="inductor", fullgraph=True)
+        with torch.no_grad():
+            out_c = compiled(**kw)
+            torch.cuda.synchronize()
+            first = time.perf_counter() - t0
+            out_e = model(**kw)
+            ok = same(out_e, out_c, rtol=1e-2, atol=1e-2)
+            te = timed(lambda: model(**kw))
+            tc = timed(lambda: compiled(**kw))
+        print(f"hf_{name:6s} fullgraph forward equal={ok} first call {first:.1f}s "
+              f"eager {te:.0f}us compiled {tc:.0f}us speedup {te / tc:.2f}x")
+
 
 if __name__ == "__main__":
     main()
