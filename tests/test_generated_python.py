@@ -1002,3 +1002,19 @@ def test_generator_covers_its_features():
 
 def test_generated_programs_are_deterministic():
     assert make_program("all", 7)[2] == make_program("all", 7)[2]
+
+
+# ---- minimal reproducers of mismatches the generator found (fixed)
+
+def test_keyword_call_breaking_inside_try():
+    # A call with keywords that graph-breaks inside `try` runs natively in a step function;
+    # it lost its KW_NAMES on 3.11/3.12 (print got sep='|' as a positional argument).
+    def fn(x, n):
+        try:
+            print(n, 2, sep="|")
+            print(n, end="")
+        except ValueError:
+            pass
+        return x + 1
+
+    compare(fn, lambda: ((torch.ones(2), 3), {}, lambda: None))
