@@ -26,6 +26,7 @@ import linecache
 import math
 import os
 import random
+import sys
 
 import pytest
 import torch
@@ -65,8 +66,25 @@ FEATURE_SETS = {
 }
 
 # Seeds whose compiled run differs from eager because of a known bytegraph bug:
-# (feature set, seed) -> reason. They run as strict xfails.
+# (feature set, seed) -> (first Python version affected, reason). Strict xfails there.
 KNOWN_MISMATCHES = {}
+# Seeds that crash the interpreter or fail only depending on which tests ran before
+# (so cannot run as strict xfails): skipped from that Python version on.
+_PY313_RESUME = ("3.13: a resume function made at a break inside nested loops is entered with a wrong "
+                 "stack (its FOR_ITER native step calls next() on a tuple/int/function, a list method on a "
+                 "tensor...); which seeds fail depends on the tests run before")
+KNOWN_UNSTABLE = {
+    ("core", 19): ((3, 13), _PY313_RESUME),
+    ("core", 21): ((3, 13), _PY313_RESUME),
+    ("core", 51): ((3, 13), _PY313_RESUME),
+    ("core", 53): ((3, 13), _PY313_RESUME),
+    ("functions", 31): ((3, 13), _PY313_RESUME),
+    ("functions", 56): ((3, 13), "3.13: segmentation fault in generated resume/step code (loops over "
+                                 "sorted(dict)/dict.items() with graph breaks inside)"),
+    ("all", 9): ((3, 13), _PY313_RESUME),
+    ("all", 34): ((3, 13), _PY313_RESUME),
+    ("all", 36): ((3, 13), _PY313_RESUME),
+}
 
 
 # ---- helpers the generated programs call (module-level functions of this file)
@@ -975,7 +993,11 @@ def _cases():
         for seed in range(N_SEEDS):
             marks = []
             if (name, seed) in KNOWN_MISMATCHES:
-                marks.append(pytest.mark.xfail(strict=True, reason=KNOWN_MISMATCHES[(name, seed)]))
+                since, reason = KNOWN_MISMATCHES[(name, seed)]
+                marks.append(pytest.mark.xfail(sys.version_info[:2] >= since, strict=True, reason=reason))
+            if (name, seed) in KNOWN_UNSTABLE:
+                since, reason = KNOWN_UNSTABLE[(name, seed)]
+                marks.append(pytest.mark.skipif(sys.version_info[:2] >= since, reason=reason))
             yield pytest.param(name, seed, id=f"{name}-{seed}", marks=marks)
 
 
