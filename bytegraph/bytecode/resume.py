@@ -92,7 +92,11 @@ def step_function(fn, code, offset, stack_layout, live, after_layout, after_live
     start = Label()
     tail = Label()
     pos = next(j for j, x in enumerate(bc) if x is target)
-    bc[pos:pos + 1] = [start, target, Instr("JUMP_FORWARD", tail, lineno=lineno)]
+    bc.insert(pos + 1, Instr("JUMP_FORWARD", tail, lineno=lineno))
+    first = pos   # a CALL's KW_NAMES/PRECALL run with it (else its keywords would be lost)
+    while first > 0 and isinstance(bc[first - 1], Instr) and bc[first - 1].name in versions.CALL_SETUP:
+        first -= 1
+    bc.insert(first, start)
     _enter_at(bc, start, stack_layout, lineno)
     # A NULL cannot be popped; storing it into a spare local is safe (the local becomes unbound).
     if handover is None:

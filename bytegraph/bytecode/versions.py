@@ -46,6 +46,10 @@ RENAMED = {
 IGNORED = frozenset({"RESUME", "NOP", "CACHE", "PRECALL", "EXTENDED_ARG", "COPY_FREE_VARS",
                      "END_FOR"})
 
+# Raw instructions (3.11/3.12) that set up the CALL right after them without touching the
+# stack: native code that runs that CALL alone (a step function) must start at them.
+CALL_SETUP = frozenset({"KW_NAMES", "PRECALL"})
+
 # CALL_INTRINSIC_1 (3.12+) operands that have their own opcode in 3.11.
 INTRINSICS = {
     "INTRINSIC_UNARY_POSITIVE": "UNARY_POSITIVE",
