@@ -66,6 +66,14 @@ def test_training_step_aot_eager(name):
         assert torch.allclose(ref, p.grad, rtol=1e-3, atol=1e-5), pname
 
 
+# torch < 2.13's fake kernels specialise the sequence length of the causal models (a ShapeEnv
+# guard raised inside an op's fake implementation): each new length recompiles there, results
+# stay equal. See the same note in test_dynamic_shapes.py.
+_OLD_TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13)
+
+
+@pytest.mark.xfail(_OLD_TORCH, reason="torch < 2.13 specialises the sequence length inside a fake kernel",
+                   strict=False)
 @pytest.mark.parametrize("name", MODELS)
 def test_new_sequence_lengths_compile_once_more(name):
     # The first length is specialised; a new one makes the sequence length symbolic
