@@ -78,6 +78,7 @@ KNOWN_UNSTABLE = {
     ("core", 21): ((3, 13), _PY313_RESUME),
     ("core", 51): ((3, 13), _PY313_RESUME),
     ("core", 53): ((3, 13), _PY313_RESUME),
+    ("core", 74): ((3, 13), _PY313_RESUME),
     ("functions", 31): ((3, 13), _PY313_RESUME),
     ("functions", 56): ((3, 13), "3.13: segmentation fault in generated resume/step code (loops over "
                                  "sorted(dict)/dict.items() with graph breaks inside)"),
