@@ -78,6 +78,7 @@ KNOWN_UNSTABLE = {
     ("core", 21): ((3, 13), _PY313_RESUME),
     ("core", 51): ((3, 13), _PY313_RESUME),
     ("core", 53): ((3, 13), _PY313_RESUME),
+    ("core", 74): ((3, 13), _PY313_RESUME),
     ("functions", 31): ((3, 13), _PY313_RESUME),
     ("functions", 56): ((3, 13), "3.13: segmentation fault in generated resume/step code (loops over "
                                  "sorted(dict)/dict.items() with graph breaks inside)"),
@@ -1043,3 +1044,14 @@ def test_keyword_call_breaking_inside_try():
         return x + 1
 
     compare(fn, lambda: ((torch.ones(2), 3), {}, lambda: None))
+
+
+def test_nested_function_with_constant_defaults_and_closure():
+    # MAKE_FUNCTION with constant defaults (one LOAD_CONST tuple) and a closure
+    # failed with an internal error (ConstantValue has no .items) and ran eagerly.
+    def fn(x, n):
+        def scaled(v, w=2):
+            return v * w + n
+        return x + scaled(n)
+
+    assert compare(fn, lambda: ((torch.ones(2), 3), {}, lambda: None)) is True

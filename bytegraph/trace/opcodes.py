@@ -801,9 +801,11 @@ def make_function(f, ins):
     if flags & 0x04:
         f.pop()
     kwdefaults = dict(f.pop().items) if flags & 0x02 else {}
-    defaults = f.pop().items if flags & 0x01 else ()
-    if isinstance(defaults, ConstantValue):
+    defaults = f.pop() if flags & 0x01 else ()
+    if isinstance(defaults, ConstantValue):   # a LOAD_CONST tuple of defaults
         defaults = [ConstantValue(x) for x in defaults.value]
+    elif defaults:
+        defaults = defaults.items
     f.push(FunctionValue(code, f.globals, code.co_name, code.co_qualname, defaults, kwdefaults, closure))
 
 
