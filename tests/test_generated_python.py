@@ -74,16 +74,12 @@ _PY313_RESUME = ("3.13: a resume function made at a break inside nested loops is
                  "stack (its FOR_ITER native step calls next() on a tuple/int/function, a list method on a "
                  "tensor...); which seeds fail depends on the tests run before")
 KNOWN_UNSTABLE = {
-    ("core", 19): ((3, 13), _PY313_RESUME),
     ("core", 21): ((3, 13), _PY313_RESUME),
     ("core", 51): ((3, 13), _PY313_RESUME),
-    ("core", 53): ((3, 13), _PY313_RESUME),
     ("core", 74): ((3, 13), _PY313_RESUME),
     ("functions", 31): ((3, 13), _PY313_RESUME),
     ("functions", 56): ((3, 13), "3.13: segmentation fault in generated resume/step code (loops over "
                                  "sorted(dict)/dict.items() with graph breaks inside)"),
-    ("all", 9): ((3, 13), _PY313_RESUME),
-    ("all", 34): ((3, 13), _PY313_RESUME),
     ("all", 36): ((3, 13), _PY313_RESUME),
 }
 
