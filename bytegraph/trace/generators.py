@@ -9,11 +9,10 @@ over such iterators are ``LazyIteratorValue``s that pull items one at a time
 in CPython's order. ``next_item`` is the one way to advance any iterator value.
 """
 import itertools
-import types
 
 from ..errors import Unsupported
 from ..values.base import (ConstantValue, GeneratorValue, IteratorValue, LazyIteratorValue,
-                           ObjectValue, TracerCallableValue, TupleValue, UserObjectValue)
+                           ObjectValue, TracerCallableValue, TupleValue)
 from .exceptions import TracedRaise, new, raise_new, unwind
 
 EXHAUSTED = object()   # next_item's answer when the iterator is done
@@ -255,16 +254,8 @@ def _count_next(frame, it):
 
 def has_python_next(obj):
     """True for an object of a user class whose ``__next__`` is Python code (a user iterator)."""
-    from . import attrs
-    if isinstance(obj, UserObjectValue):
-        cls = obj.cls
-    elif isinstance(obj, ObjectValue) and not isinstance(obj.obj, type) \
-            and type(obj.obj).__module__.split(".")[0] not in ("torch", "builtins"):
-        cls = type(obj.obj)
-    else:
-        return False
-    method, found = attrs._lookup_static(cls, "__next__")
-    return found and isinstance(method, types.FunctionType)
+    from . import protocols
+    return protocols.has_special_method(obj, "__next__")
 
 
 def _python_next(frame, obj):
@@ -311,24 +302,15 @@ def get_iter(frame, v):
 
 def user_iterator(frame, v):
     """The iterator of an object of a user class (``__iter__`` or ``__getitem__``), or None."""
-    from . import attrs
-    from .calls import call
-    from ..values.builder import wrap
-    if isinstance(v, UserObjectValue):
-        cls = v.cls
-    elif isinstance(v, ObjectValue) and not isinstance(v.obj, type) \
-            and type(v.obj).__module__.split(".")[0] not in ("torch", "builtins"):
-        cls = type(v.obj)
-    else:
-        return None
-    method, found = attrs._lookup_static(cls, "__iter__")
-    if found and isinstance(method, types.FunctionType):
-        it = call(frame, wrap(frame.tx, method, None), [v], {})
+    from . import attrs, protocols
+    if protocols.has_special_method(v, "__iter__"):
+        it = protocols.call_special_method(frame, v, "__iter__", [])
         if isinstance(it, (IteratorValue, GeneratorValue, LazyIteratorValue)) or has_python_next(it):
             return it
-        raise Unsupported(f"{cls.__qualname__}.__iter__ returned {attrs.describe(it)}")
-    getitem, has_getitem = attrs._lookup_static(cls, "__getitem__")
-    if not found and has_getitem and isinstance(getitem, types.FunctionType):
+        raise Unsupported(f"__iter__ of {attrs.describe(v)} returned {attrs.describe(it)}")
+    if protocols.has_special_method(v, "__getitem__") and getattr(
+            type(v.obj) if isinstance(v, ObjectValue) else v.python_type(), "__iter__", None) is None:
+        # The old sequence protocol: v[0], v[1]... until IndexError.
         return LazyIteratorValue("sequence", [v], {"i": 0, "getitem": attrs.get_attr(frame, v, "__getitem__")})
     return None
 
