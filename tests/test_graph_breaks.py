@@ -15,6 +15,7 @@ Cases where bytegraph is correct but does worse than one would expect (more
 graphs than needed, a whole frame run eagerly) are marked ``# WORSE:``.
 """
 import logging
+import sys
 import time
 
 import pytest
@@ -1354,3 +1355,46 @@ def test_break_with_star_args(capsys):
 
 def test_item_inside_loop(capsys):
     run_diff(item_in_loop, t(3), capsys=capsys)
+
+
+@pytest.mark.xfail(sys.version_info >= (3, 13), strict=False,
+                   reason="3.13: the resume function after a tensor branch in nested loops gets a wrong "
+                          "stack ('int' object is not an iterator); reduced from a generated program")
+def test_tensor_branch_in_nested_loops_then_more_loops():
+    # Reduced from tests/test_generated_python.py (core, seed 21).
+    def f(x0, x1, items, n, *, label='ab'):
+        n1 = len(x0)
+        w2 = 0
+        while w2 < 3:
+            w2 += 1
+            for i3, v4 in enumerate(items):
+                pass
+        t7 = (x1.abs().sum() * 5)
+        w8 = 0
+        while w8 < 2:
+            w8 += 1
+        for i9, v10 in enumerate(items):
+            for i11 in range(4):
+                (n13, n14), n15 = ((items[x0.dim() % len(items)] if items else 0), w2), v10
+                if bool(x0.sum() > 0):
+                    pass
+        n16, *lst18 = list(x0.shape) + [n]
+        if x1.shape[0] <= (n16 if w8 == n1 else 3) < 8:
+            for i19 in range(2):
+                pass
+            if len(label) > 2:
+                pass
+            elif 'a' in label:
+                pass
+            elif len(x0) != int(n16 > -3):
+                t7 = (t7 * 0.5 - x1.sum()).tanh()
+        for i29, v30 in zip([1, 2, 3], 'abc'):
+            for v32 in x0:
+                if lst18:
+                    pass
+        return x0 + 1, t7
+
+    args = (torch.randn(1, 2), torch.randn(1, 2), [-1, 1, 3, -1], 3)
+    expected = f(*clone_input(args))
+    compiled, _ = compile_counted(f)
+    assert_same(expected, compiled(*clone_input(args)))
