@@ -82,7 +82,7 @@ def _list_method(frame, lst, name, args, kwargs):
         else:
             raise Unsupported("list.remove(x): x not in list")
     elif name == "sort":
-        from .calls import sort_values
+        from .builtin_calls import sort_values
         unexpected = set(kwargs) - {"key", "reverse"}
         if args or unexpected:
             raise Unsupported("list.sort() takes only the keywords key= and reverse=")

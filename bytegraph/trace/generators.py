@@ -295,7 +295,7 @@ def get_iter(frame, v):
     user = user_iterator(frame, v)
     if user is not None:
         return user
-    from .calls import iterated_containers
+    from .builtin_calls import iterated_containers
     from .iteration import iterate
     return IteratorValue(iterate(frame, v), origins=iterated_containers([v]), remake=(iter, [v]))
 

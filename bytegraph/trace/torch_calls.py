@@ -98,7 +98,7 @@ def call_torch_class(frame, cls, args, kwargs):
     if cls in (torch.autocast, torch.amp.autocast) or cls.__name__ == "autocast":
         return _autocast(frame, cls, args, kwargs)
     if cls is torch.Size:
-        from .calls import BUILTIN_HANDLERS
+        from .builtin_calls import BUILTIN_HANDLERS
         return BUILTIN_HANDLERS[torch.Size](frame, args, kwargs)
     if cls in (torch.finfo, torch.iinfo):
         from .calls import fold

@@ -1,0 +1,645 @@
+"""Builtins, the standard library and module enumeration while tracing.
+
+``BUILTIN_HANDLERS`` maps a callable (``len``, ``isinstance``, ``zip``,
+``functools.partial``, ``itertools.chain``, ``nn.Module.parameters``...) to
+``handler(frame, args, kwargs) -> value``; ``trace.calls`` consults it first.
+Most handlers compute on values (iterate, compare, fold constants) and trace
+the functions they are given (``key=``, ``map``'s function) through ``call``.
+"""
+import contextlib
+import copy
+import inspect
+import operator
+import types
+
+import torch
+
+from ..errors import Unsupported
+from ..guards.sources import AttrSource, ModuleEntrySource
+from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, DictViewValue,
+                           ExceptionValue, FunctionValue, IteratorValue, ListValue, MethodOfValue,
+                           ObjectValue, PrivateObjectValue, SuperValue, SymValue, TensorMethodValue,
+                           TensorValue, TracedId, TupleValue, UserObjectValue)
+from ..values.builder import wrap
+from . import attrs, generators, operators, with_blocks
+from .calls import call, fold, has_tensor
+from .exceptions import TracedRaise, to_str
+from .iteration import iterate
+
+
+# --- builtins --------------------------------------------------------------------------
+
+BUILTIN_HANDLERS = {}
+
+
+def builtin(*fns):
+    def register(h):
+        for fn in fns:
+            BUILTIN_HANDLERS[fn] = h
+        return h
+    return register
+
+
+def _const_args(args, what):
+    try:
+        return [operators.as_constant(a) for a in args]
+    except Unsupported:
+        raise Unsupported(f"{what}() on non-constant arguments is not supported yet") from None
+
+
+@builtin(len)
+def _len(frame, args, kwargs):
+    (v,) = args
+    if isinstance(v, TensorValue):
+        if v.fake.dim() == 0:
+            raise Unsupported("len() of a 0-d tensor")
+        return frame.tx.graph.size_value(v, 0)
+    if isinstance(v, (UserObjectValue, ObjectValue)):
+        n = generators.user_dunder(frame, v, "__len__", [])
+        if n is not None:
+            return n
+    return ConstantValue(operators.length(frame, v))
+
+
+@builtin(isinstance)
+def _isinstance(frame, args, kwargs):
+    v, classes = args
+    cls = operators.as_constant(classes) if not isinstance(classes, ObjectValue) else classes.obj
+    if isinstance(classes, TupleValue):
+        cls = tuple(c.obj if isinstance(c, ObjectValue) else operators.as_constant(c) for c in classes.items)
+    t = operators.python_type(v)
+    try:
+        return ConstantValue(issubclass(t, cls))
+    except TypeError as e:
+        raise Unsupported(f"isinstance(): {e}") from e
+
+
+@builtin(issubclass)
+def _issubclass(frame, args, kwargs):
+    a, b = args
+    return fold(frame, issubclass, [_obj(a), _obj(b)], {})
+
+
+def _obj(v):
+    return ConstantValue(v.obj) if isinstance(v, ObjectValue) and isinstance(v.obj, (type, tuple)) else v
+
+
+@builtin(type)
+def _type(frame, args, kwargs):
+    if len(args) != 1:
+        raise Unsupported("type() with three arguments is not supported")
+    return wrap(frame.tx, operators.python_type(args[0]), None)
+
+
+@builtin(getattr)
+def _getattr(frame, args, kwargs):
+    obj, name = args[0], operators.as_constant(args[1])
+    if len(args) == 3:
+        if _builtin_lacks_attr(obj, name):
+            return args[2]
+        try:
+            return attrs.get_attr(frame, obj, name)
+        except attrs.MissingAttribute:
+            return args[2]
+        except TracedRaise as e:
+            if not issubclass(e.value.cls, AttributeError):
+                raise
+            return args[2]
+    return attrs.get_attr(frame, obj, name)
+
+
+def _builtin_lacks_attr(v, name):
+    """True if ``v`` is a list/dict/tuple/set value (no instance attributes) whose type lacks ``name``."""
+    if isinstance(v, (ListValue, DictValue, TupleValue, DictViewValue)):
+        return not hasattr(operators.python_type(v), name)
+    return False
+
+
+@builtin(hasattr)
+def _hasattr(frame, args, kwargs):
+    obj, name = args[0], operators.as_constant(args[1])
+    if _builtin_lacks_attr(obj, name):
+        return ConstantValue(False)
+    try:
+        attrs.get_attr(frame, obj, name)
+    except attrs.MissingAttribute:
+        return ConstantValue(False)
+    except TracedRaise as e:
+        if not issubclass(e.value.cls, AttributeError):
+            raise
+        return ConstantValue(False)
+    return ConstantValue(True)
+
+
+@builtin(range)
+def _range(frame, args, kwargs):
+    return ConstantValue(range(*_const_args(args, "range")))
+
+
+def iterated_containers(values):
+    """The lists/dicts an iterator over ``values`` reads lazily in eager (see FOR_ITER)."""
+    from ..values.base import DictViewValue
+    out = []
+    for v in values:
+        if isinstance(v, DictViewValue):
+            v = v.dict_value
+        if isinstance(v, (ListValue, DictValue)):
+            out.append(v)
+    return out
+
+
+@builtin(enumerate)
+def _enumerate(frame, args, kwargs):
+    if not isinstance(args[0], (TupleValue, ListValue, IteratorValue, DictValue, ConstantValue)):
+        return generators.lazy_enumerate(frame, args, kwargs)
+    start = operators.as_constant(kwargs.get("start", args[1] if len(args) > 1 else ConstantValue(0)))
+    items = iterate(frame, args[0])
+    return IteratorValue([TupleValue([ConstantValue(i + start), v]) for i, v in enumerate(items)],
+                         origins=iterated_containers(args[:1]),
+                         remake=(enumerate, [args[0], ConstantValue(start)]))
+
+
+@builtin(zip)
+def _zip(frame, args, kwargs):
+    if not all(isinstance(a, (TupleValue, ListValue, IteratorValue, DictValue, ConstantValue)) for a in args):
+        return generators.lazy_zip(frame, args, kwargs)
+    strict = operators.as_constant(kwargs.get("strict", ConstantValue(False)))
+    seqs = [a.items[a.pos:] if isinstance(a, IteratorValue) else iterate(frame, a) for a in args]
+    if strict and len({len(s) for s in seqs}) > 1:
+        raise Unsupported("zip(strict=True) on sequences of different lengths raises")
+    n = min((len(s) for s in seqs), default=0)
+    first_short = next((i for i, s in enumerate(seqs) if len(s) == n), len(seqs))
+    for i, a in enumerate(args):
+        if isinstance(a, IteratorValue):
+            # Like zip: each round takes from every argument in order, the last round stops at
+            # the first exhausted one, so the iterators before it gave one item more.
+            a.pos += n + (1 if i < first_short else 0)
+    if kwargs:
+        return IteratorValue([TupleValue(list(t)) for t in zip(*seqs)])
+    return IteratorValue([TupleValue(list(t)) for t in zip(*seqs)], origins=iterated_containers(args),
+                         remake=(zip, list(args)))
+
+
+@builtin(reversed)
+def _reversed(frame, args, kwargs):
+    return IteratorValue(list(reversed(iterate(frame, args[0]))), origins=iterated_containers(args[:1]),
+                         remake=(reversed, args[:1]))
+
+
+@builtin(iter)
+def _iter(frame, args, kwargs):
+    if len(args) != 1:
+        raise Unsupported("iter(callable, sentinel) is not supported yet")
+    return generators.get_iter(frame, args[0])
+
+
+@builtin(next)
+def _next(frame, args, kwargs):
+    it = args[0]
+    if not isinstance(it, IteratorValue):
+        return generators.builtin_next(frame, args, kwargs)
+    from .containers import check_unchanged
+    check_unchanged(it)
+    if it.pos >= len(it.items):
+        if len(args) > 1:
+            return args[1]
+        generators.raise_new(StopIteration)
+    it.pos += 1
+    return it.items[it.pos - 1]
+
+
+@builtin(tuple)
+def _tuple(frame, args, kwargs):
+    return TupleValue(iterate(frame, args[0]) if args else [])
+
+
+@builtin(list)
+def _list(frame, args, kwargs):
+    return ListValue(iterate(frame, args[0]) if args else [])
+
+
+@builtin(dict)
+def _dict(frame, args, kwargs):
+    from .containers import call_method
+    out = DictValue({})
+    call_method(frame, out, "update", list(args), kwargs)
+    return out
+
+
+@builtin(torch.Size)
+def _size(frame, args, kwargs):
+    items = iterate(frame, args[0]) if args else []
+    return ConstantValue(torch.Size([operators.as_constant(i) for i in items]))
+
+
+@builtin(slice)
+def _slice(frame, args, kwargs):
+    parts = list(args) + [ConstantValue(None)] * (3 - len(args))
+    if len(args) == 1:
+        parts = [ConstantValue(None), args[0], ConstantValue(None)]
+    return operators.make_slice(*parts)
+
+
+@builtin(callable)
+def _callable(frame, args, kwargs):
+    v = args[0]
+    if isinstance(v, (ObjectValue, ConstantValue)):
+        return ConstantValue(callable(v.obj if isinstance(v, ObjectValue) else v.value))
+    return ConstantValue(isinstance(v, (FunctionValue, BoundMethodValue, TensorMethodValue, MethodOfValue)))
+
+
+def _min_max(fn):
+    def h(frame, args, kwargs):
+        kwargs = dict(kwargs)
+        key = kwargs.pop("key", None)
+        has_default = "default" in kwargs
+        default = kwargs.pop("default", None)
+        if kwargs:
+            raise Unsupported(f"{fn.__name__}() got unexpected keyword arguments {sorted(kwargs)}")
+        items = iterate(frame, args[0]) if len(args) == 1 else list(args)
+        if key is None or operators.is_none(key):
+            if any(isinstance(i, TensorValue) for i in items):
+                if len(items) == 2:
+                    target = torch.minimum if fn is min else torch.maximum
+                    a, b = items
+                    if isinstance(a, TensorValue) and isinstance(b, TensorValue):
+                        return frame.tx.graph.call("call_function", target, [a, b], {})
+                raise Unsupported(f"{fn.__name__}() over tensors is not supported yet",
+                                  hint=f"use torch.{'minimum' if fn is min else 'maximum'}")
+        if not items:
+            if has_default:
+                return default
+            raise Unsupported(f"{fn.__name__}() of an empty sequence raises ValueError")
+        keys = _sort_keys(frame, items, key, fn.__name__)
+        try:
+            return items[fn(range(len(items)), key=keys.__getitem__)]
+        except TypeError as e:
+            raise Unsupported(f"{fn.__name__}() raised TypeError: {e}") from e
+    return h
+
+
+def _sort_keys(frame, items, key, what):
+    """The constant sort keys of ``items``: the items themselves, or ``key(item)`` traced."""
+    if key is None or operators.is_none(key):
+        values = items
+    else:
+        values = [call(frame, key, [i], {}) for i in items]
+    return [_sort_key(v) for v in values]
+
+
+class _Unordered:
+    """A tuple item that is not a Python value (a tensor): fine until the sort has to compare it."""
+
+    __slots__ = ()
+
+    def _refuse(self, other):
+        raise Unsupported("sorting compared values that are not known while tracing (tensors)",
+                          hint="sort by a key that is a Python value (a size, an index, a name)")
+
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _refuse
+    __hash__ = None
+
+
+def _sort_key(v):
+    if isinstance(v, TupleValue) and v.cls is tuple:
+        # (name, tensor) pairs sort by name; tuples compare items only until they differ.
+        return tuple(_sort_key(i) for i in v.items)
+    if isinstance(v, SymValue) or operators.is_constant(v):
+        return operators.as_constant(v)   # a symbolic size is specialised, as everywhere else
+    return _Unordered()
+
+
+def sort_values(frame, items, key=None, reverse=False):
+    """``sorted(items, key=key, reverse=reverse)`` on values; stable like Python's."""
+    keys = _sort_keys(frame, items, key, "sorted")
+    try:
+        if not isinstance(reverse, bool):
+            reverse = bool(operators.as_constant(reverse))
+        order = sorted(range(len(items)), key=keys.__getitem__, reverse=reverse)
+    except TypeError as e:
+        raise Unsupported(f"sorted() raised TypeError: {e}") from e
+    return [items[i] for i in order]
+
+
+BUILTIN_HANDLERS[min] = _min_max(min)
+BUILTIN_HANDLERS[max] = _min_max(max)
+
+
+@builtin(sorted)
+def _sorted(frame, args, kwargs):
+    unexpected = set(kwargs) - {"key", "reverse"}
+    if len(args) != 1 or unexpected:
+        raise Unsupported("sorted() takes one iterable and the keywords key= and reverse=")
+    return ListValue(sort_values(frame, iterate(frame, args[0]), kwargs.get("key"),
+                                 kwargs.get("reverse", False)))
+
+
+@builtin(sum)
+def _sum(frame, args, kwargs):
+    items = iterate(frame, args[0])
+    total = args[1] if len(args) > 1 else kwargs.get("start", ConstantValue(0))
+    for item in items:
+        total = operators.binary(frame, "+", total, item)
+    return total
+
+
+def _any_all(fn):
+    decisive = fn is any     # any() stops at the first true item, all() at the first false one
+
+    def h(frame, args, kwargs):
+        if generators.is_lazy(args[0]) or isinstance(args[0], (UserObjectValue, ObjectValue)):
+            return generators.any_all(frame, fn, generators.get_iter(frame, args[0]))
+        v = args[0]
+        it = v if isinstance(v, IteratorValue) else IteratorValue(iterate(frame, v))
+        while it.pos < len(it.items):
+            it.pos += 1
+            if operators.truth(frame, it.items[it.pos - 1]) == decisive:
+                return ConstantValue(decisive)
+        return ConstantValue(not decisive)
+    return h
+
+
+BUILTIN_HANDLERS[any] = _any_all(any)
+BUILTIN_HANDLERS[all] = _any_all(all)
+
+
+@builtin(abs)
+def _abs(frame, args, kwargs):
+    return operators.unary(frame, operator.abs, args[0])
+
+
+@builtin(copy.deepcopy)
+def _deepcopy(frame, args, kwargs):
+    """A deep copy: of constants, a constant; of a guarded plain-data object, a private copy."""
+    if len(args) != 1 or kwargs:
+        raise Unsupported("copy.deepcopy() with a memo is not supported yet")
+    v = args[0]
+    if isinstance(v, PrivateObjectValue):
+        return PrivateObjectValue(copy.deepcopy(v.obj))
+    if isinstance(v, ObjectValue) and v.source is not None and not isinstance(
+            v.obj, (type, types.FunctionType, types.ModuleType, torch.nn.Module, torch.Tensor)):
+        state = getattr(v.obj, "__dict__", None)
+        snapshot = copy.deepcopy(state) if type(state) is dict else None
+        try:
+            plain = snapshot is not None and _has_no_tensors(snapshot) and state == snapshot
+        except Exception:
+            plain = False
+        if not plain:
+            raise Unsupported(f"copy.deepcopy() of {attrs.describe(v)}: its state is not plain data",
+                              hint="copy it outside the compiled function")
+        from ..guards import builder as g
+        frame.tx.guards.add(g.STATE_MATCH, v.source, snapshot)
+        return PrivateObjectValue(copy.deepcopy(v.obj))
+    if operators.is_constant(v):
+        return operators.constant_value(copy.deepcopy(operators.as_constant(v)))
+    raise Unsupported(f"copy.deepcopy() of {attrs.describe(v)} is not supported yet")
+
+
+def _has_no_tensors(x, depth=0):
+    if isinstance(x, torch.Tensor) or depth > 20:
+        return False
+    if isinstance(x, dict):
+        return all(_has_no_tensors(v, depth + 1) for v in x.values())
+    if isinstance(x, (list, tuple, set, frozenset)):
+        return all(_has_no_tensors(v, depth + 1) for v in x)
+    state = getattr(x, "__dict__", None)
+    if isinstance(state, dict) and not isinstance(x, type):
+        return _has_no_tensors(state, depth + 1)
+    return True
+
+
+@builtin(object.__getattribute__)
+def _object_getattribute(frame, args, kwargs):
+    obj, name = args[0], operators.as_constant(args[1])
+    if isinstance(obj, PrivateObjectValue):
+        try:
+            value = object.__getattribute__(obj.obj, name)
+        except AttributeError:
+            raise attrs.MissingAttribute(f"{type(obj.obj).__name__!r} object has no attribute {name!r}") from None
+        return attrs.private_value(frame, value, obj)
+    raise Unsupported(f"object.__getattribute__ on {attrs.describe(obj)} is not supported yet")
+
+
+@builtin(inspect.signature)
+def _signature(frame, args, kwargs):
+    """The signature of a function whose code and defaults are fixed by its guards."""
+    if len(args) != 1 or kwargs:
+        raise Unsupported("inspect.signature() with options is not supported yet")
+    v = args[0]
+    drop_first = isinstance(v, BoundMethodValue)
+    fn = v.func if drop_first else v
+    if not isinstance(fn, ObjectValue) or not isinstance(fn.obj, (types.FunctionType, types.MethodType)):
+        raise Unsupported(f"inspect.signature() of {attrs.describe(v)} is not supported yet")
+    target = fn.obj.__func__ if isinstance(fn.obj, types.MethodType) else fn.obj
+    if "<locals>" in target.__qualname__ and (target.__defaults__ or target.__kwdefaults__):
+        # Such a function is guarded by its code only; its defaults may differ between calls.
+        raise Unsupported("inspect.signature() of a nested function with defaults is not supported yet")
+    sig = inspect.signature(fn.obj)
+    if drop_first:
+        sig = sig.replace(parameters=list(sig.parameters.values())[1:])
+    return ConstantValue(sig)
+
+
+@builtin(print)
+def _print(frame, args, kwargs):
+    raise Unsupported("print() cannot be put in a graph",
+                      hint="remove the print, or accept a graph break here")
+
+
+@builtin(id)
+def _id(frame, args, kwargs):
+    v = args[0]
+    if isinstance(v, ObjectValue):
+        _guard_ids_distinct(frame, v)
+        return ConstantValue(TracedId(("object", id(v.obj))))
+    if isinstance(v, ConstantValue):
+        c = v.value
+        if c is None or c is Ellipsis or isinstance(c, (bool, type)) or operators.is_frame_mutable_constant(v):
+            return ConstantValue(TracedId(("object", id(c))))   # singletons, or one real object per trace
+        # Equal constants may or may not be one object in Python (small ints, interned strings).
+        raise Unsupported(f"id() of {attrs.describe(v)} depends on how Python shares constants")
+    if isinstance(v, (TensorValue, SymValue)):
+        raise Unsupported("id() of a tensor made or read while tracing is not supported yet",
+                          hint="compare tensors with `is`, or key by a Python value")
+    _guard_ids_distinct(frame, v)
+    return ConstantValue(TracedId(("value", id(v))))
+
+
+def _guard_ids_distinct(frame, v):
+    """Ids of objects from outside may be compared later: guard that they stay distinct."""
+    if v.source is None:
+        return
+    taken = frame.tx.__dict__.setdefault("_id_sources", [])
+    for other in taken:
+        operators.guard_distinct(frame, v, other)
+    if all(other is not v for other in taken):
+        taken.append(v)
+
+
+def _make_fold(fn):
+    def h(frame, args, kwargs):
+        if fn is bool and len(args) == 1:
+            return ConstantValue(operators.truth(frame, args[0]))
+        if fn is pow and len(args) == 2 and not kwargs and has_tensor(args):
+            return operators.binary(frame, "**", args[0], args[1])
+        if fn in (int, float) and len(args) == 1 and isinstance(args[0], TensorValue):
+            raise Unsupported(f"{fn.__name__}(tensor) needs the tensor's data, which is unknown while tracing")
+        if fn in (str, repr) and len(args) == 1 and isinstance(args[0], ExceptionValue):
+            return to_str(frame, args[0], fn)
+        return fold(frame, fn, args, kwargs)
+    return h
+
+
+for _fn in (int, float, bool, complex, str, bytes, repr, round, divmod, pow, hash, ord, chr, format, ascii,
+            bin, hex, oct):
+    BUILTIN_HANDLERS[_fn] = _make_fold(_fn)
+
+
+BUILTIN_HANDLERS[map] = generators.lazy_map
+BUILTIN_HANDLERS[filter] = generators.lazy_filter
+BUILTIN_HANDLERS.update(generators.LAZY_BUILTINS)
+BUILTIN_HANDLERS[contextlib.contextmanager] = with_blocks.contextmanager_in_frame
+
+
+@builtin(super)
+def _super(frame, args, kwargs):
+    if args:
+        cls, obj = args
+        if not isinstance(cls, ObjectValue) or not isinstance(cls.obj, type):
+            raise Unsupported("super() with a non-class first argument")
+        return SuperValue(cls.obj, obj)
+    cell = frame.cells.get("__class__")
+    if cell is None or not frame.code.co_varnames or frame.code.co_argcount == 0:
+        raise Unsupported("super() outside a method")
+    cls = cell.contents if isinstance(cell, CellValue) else wrap(frame.tx, cell.cell.cell_contents, None)
+    first = frame.code.co_varnames[0]
+    if first in frame.cells:
+        self_value = frame.cells[first].contents
+    else:
+        self_value = frame.local(first)
+    return SuperValue(cls.obj if isinstance(cls, ObjectValue) else operators.as_constant(cls), self_value)
+
+
+@builtin(object.__setattr__, setattr)
+def _object_setattr(frame, args, kwargs):
+    obj, name, value = args
+    attrs.set_attr(frame, obj, operators.as_constant(name), value, plain=True)
+    return ConstantValue(None)
+
+
+@builtin(operator.getitem)
+def _op_getitem(frame, args, kwargs):
+    return operators.getitem(frame, args[0], args[1])
+
+
+def _is_compiling(frame, args, kwargs):
+    return ConstantValue(True)
+
+
+for _fn in (torch.compiler.is_compiling, getattr(torch._utils, "is_compiling", None),
+            getattr(torch.compiler, "is_dynamo_compiling", None)):
+    if _fn is not None:
+        BUILTIN_HANDLERS[_fn] = _is_compiling
+
+
+@builtin(torch.is_tensor)
+def _is_tensor(frame, args, kwargs):
+    return ConstantValue(isinstance(args[0], TensorValue))
+
+
+@builtin(torch.is_grad_enabled)
+def _is_grad_enabled(frame, args, kwargs):
+    return ConstantValue(torch.is_grad_enabled())
+
+
+@builtin(torch.get_default_dtype)
+def _get_default_dtype(frame, args, kwargs):
+    return ConstantValue(torch.get_default_dtype())
+
+
+# --- nn.Module enumeration: parameters(), named_modules(), children()... ------------------
+# The real module tree is walked while tracing; every dict the walk reads is guarded by its
+# keys (and None entries by identity), every member is read through its own source.
+
+def _module_walk(frame, mv, remove_duplicate=True):
+    """[(prefix, module, source)] like ``named_modules()``, guarding each ``_modules`` dict."""
+    if mv.source is None:
+        raise Unsupported(f"enumerating the members of {attrs.describe(mv)} that has no source")
+    out, seen = [], set()
+
+    def visit(prefix, m, src):
+        if remove_duplicate and id(m) in seen:
+            return
+        seen.add(id(m))
+        out.append((prefix, m, src))
+        _guard_table(frame, m, src, "_modules")
+        for name, sub in m._modules.items():
+            if sub is not None:
+                visit(prefix + ("." if prefix else "") + name, sub, ModuleEntrySource(src, "_modules", name))
+
+    visit("", mv.obj, mv.source)
+    return out
+
+
+def _guard_table(frame, m, src, table):
+    from ..guards import builder as g
+    entries = m.__dict__[table]
+    frame.tx.guards.add(g.DICT_KEYS, AttrSource(src, table), list(entries))
+    for k, v in entries.items():
+        if v is None:
+            frame.tx.guards.add(g.ID_MATCH, ModuleEntrySource(src, table, k), None)
+
+
+def _module_members(table, named):
+    def h(frame, args, kwargs):
+        mv = args[0]
+        recurse = operators.as_constant(kwargs.get("recurse", args[1] if len(args) > 1 else ConstantValue(True)))
+        if len(args) > 2 or set(kwargs) - {"recurse"}:
+            raise Unsupported(f"Module.{'named_' if named else ''}{table[1:]}() with prefix/remove_duplicate")
+        modules = _module_walk(frame, mv) if recurse else [("", mv.obj, mv.source)]
+        out, seen = [], set()
+        for prefix, m, src in modules:
+            _guard_table(frame, m, src, table)
+            for k, v in m.__dict__[table].items():
+                if v is None or id(v) in seen:
+                    continue
+                seen.add(id(v))
+                value = wrap(frame.tx, v, ModuleEntrySource(src, table, k))
+                name = prefix + ("." if prefix else "") + k
+                out.append(TupleValue([ConstantValue(name), value]) if named else value)
+        return IteratorValue(out)
+    return h
+
+
+def _module_tree(children, named):
+    def h(frame, args, kwargs):
+        mv = args[0]
+        if len(args) > 1 or kwargs:
+            raise Unsupported("Module.named_modules() with memo/prefix/remove_duplicate")
+        if children:
+            if mv.source is None:
+                raise Unsupported(f"enumerating the members of {attrs.describe(mv)} that has no source")
+            _guard_table(frame, mv.obj, mv.source, "_modules")
+            found, seen = [], set()
+            for k, sub in mv.obj._modules.items():
+                if sub is not None and id(sub) not in seen:
+                    seen.add(id(sub))
+                    found.append((k, sub, ModuleEntrySource(mv.source, "_modules", k)))
+        else:
+            found = _module_walk(frame, mv)
+        out = []
+        for name, m, src in found:
+            value = mv if m is mv.obj else wrap(frame.tx, m, src)
+            out.append(TupleValue([ConstantValue(name), value]) if named else value)
+        return IteratorValue(out)
+    return h
+
+
+BUILTIN_HANDLERS[torch.nn.Module.parameters] = _module_members("_parameters", named=False)
+BUILTIN_HANDLERS[torch.nn.Module.named_parameters] = _module_members("_parameters", named=True)
+BUILTIN_HANDLERS[torch.nn.Module.buffers] = _module_members("_buffers", named=False)
+BUILTIN_HANDLERS[torch.nn.Module.named_buffers] = _module_members("_buffers", named=True)
+BUILTIN_HANDLERS[torch.nn.Module.children] = _module_tree(children=True, named=False)
+BUILTIN_HANDLERS[torch.nn.Module.named_children] = _module_tree(children=True, named=True)
+BUILTIN_HANDLERS[torch.nn.Module.modules] = _module_tree(children=False, named=False)
+BUILTIN_HANDLERS[torch.nn.Module.named_modules] = _module_tree(children=False, named=True)

@@ -1,0 +1,337 @@
+"""The standard library while tracing: functools, itertools, operator, collections, copy.
+
+Handlers register into ``builtin_calls.BUILTIN_HANDLERS``; ``call_stdlib_object``
+handles callable *objects* of the standard library (partials, ``lru_cache``
+wrappers, operator getters, methods of sets/deques/Counters made in the frame).
+"""
+import collections
+import copy
+import functools
+import itertools
+import operator
+import types
+
+from ..errors import Unsupported
+from ..guards.sources import AttrSource, ItemSource
+from ..values.base import (MUTABLE_CONSTANT_TYPES, ConstantValue, DefaultDictValue, DictValue,
+                           IteratorValue, ListValue, ObjectValue, PartialValue, PrivateObjectValue,
+                           TupleValue)
+from ..values.builder import wrap
+from . import attrs, operators
+from .calls import call, fold
+from .iteration import iterate
+from .builtin_calls import BUILTIN_HANDLERS, builtin
+
+
+# --- functools, itertools, operator, collections -------------------------------------
+
+def _call_memoized(frame, fv, args, kwargs):
+    """A ``functools.lru_cache``d function on constant (or guarded-object) arguments, called now.
+
+    The cache promises one result per arguments, so the call is made while tracing (where
+    eager would make it on its first call) and its result taken as a constant.
+    """
+    def real(v):
+        return v.obj if isinstance(v, ObjectValue) else operators.as_constant(v)
+    result = fv.obj(*[real(a) for a in args], **{k: real(v) for k, v in kwargs.items()})
+    from ..values.builder import CONSTANT_TYPES
+    if isinstance(result, CONSTANT_TYPES) or (type(result) is tuple and all(
+            isinstance(x, CONSTANT_TYPES) for x in result)):
+        return ConstantValue(result)
+    raise Unsupported(f"{fv.obj.__qualname__}() (an lru_cache'd function) returned a "
+                      f"{type(result).__name__}; only constant results are supported yet")
+
+
+def _is_memo_argument(v):
+    """Can ``v`` be handed, as the real object, to an lru_cache'd function called while tracing?"""
+    if isinstance(v, ObjectValue):
+        return not isinstance(v, PrivateObjectValue)
+    return operators.is_constant(v) and not operators.is_frame_mutable_constant(v)
+
+
+# Iterators are finite lists of values, made at once (like generators, see frame.py).
+
+def call_stdlib_object(frame, fv, args, kwargs):
+    """Calls of stdlib callable objects: partials, lru_cache wrappers, operator getters,
+    and methods of sets/deques/Counters made in the frame (kept as real constants)."""
+    obj = fv.obj
+    src = fv.source
+    if isinstance(obj, functools.partial):
+        func = wrap(frame.tx, obj.func, AttrSource(src, "func") if src else None)
+        pargs = [wrap(frame.tx, a, ItemSource(AttrSource(src, "args"), i) if src else None)
+                 for i, a in enumerate(obj.args)]
+        pkw = {k: wrap(frame.tx, a, ItemSource(AttrSource(src, "keywords"), k) if src else None)
+               for k, a in obj.keywords.items()}
+        return call(frame, func, pargs + list(args), {**pkw, **kwargs})
+    if isinstance(obj, functools._lru_cache_wrapper):
+        if all(_is_memo_argument(a) for a in list(args) + list(kwargs.values())):
+            return _call_memoized(frame, fv, args, kwargs)
+        # On other arguments the cache only saves work: the wrapped function gives the same values.
+        return call(frame, wrap(frame.tx, obj.__wrapped__, AttrSource(src, "__wrapped__") if src else None),
+                    args, kwargs)
+    if type(obj) in (operator.itemgetter, operator.attrgetter, operator.methodcaller):
+        if src is not None:
+            from ..guards.builder import ID_MATCH
+            frame.tx.guards.add(ID_MATCH, src, obj)   # what it gets is fixed when it is made
+        return _call_getter(frame, obj, args, kwargs)
+    if isinstance(obj, (types.MethodDescriptorType, types.WrapperDescriptorType)) and args:
+        # ``list.append(xs, v)``, ``set.union(*sets)``, ``str.upper(s)``: a method called through its class.
+        owner_type, self_value = obj.__objclass__, args[0]
+        if isinstance(self_value, (ListValue, DictValue, TupleValue)) \
+                and issubclass(operators.python_type(self_value), owner_type):
+            from .containers import call_method
+            return call_method(frame, self_value, obj.__name__, list(args[1:]), kwargs)
+        if owner_type in _FOLDABLE_METHOD_OWNERS and isinstance(self_value, ConstantValue):
+            return fold(frame, obj, args, kwargs)
+        return None
+    if not isinstance(obj, (types.BuiltinMethodType, types.MethodType)):
+        return None
+    owner = obj.__self__
+    if isinstance(owner, MUTABLE_CONSTANT_TYPES) and src is None and frame.tx.memo.get(id(owner)) is None:
+        # A method of a set/deque/Counter made in the frame: run it on the real object.
+        return fold(frame, obj, args, kwargs)
+    return None
+
+
+# Classes whose methods are pure on constants, or mutate only a set/deque/Counter made in the frame.
+_FOLDABLE_METHOD_OWNERS = (str, bytes, int, float, complex, bool, tuple, frozenset, range) + MUTABLE_CONSTANT_TYPES
+
+
+def _call_getter(frame, getter, args, kwargs):
+    if len(args) != 1 or kwargs:
+        raise Unsupported(f"{type(getter).__name__} takes exactly one argument")
+    (target,) = args
+    reduced = getter.__reduce__()
+    if isinstance(getter, operator.methodcaller):
+        ctor, margs = reduced
+        if isinstance(ctor, functools.partial):     # methodcaller(name, *args, **kwargs)
+            name, margs, mkw = ctor.args[0], margs, ctor.keywords
+        else:
+            name, margs, mkw = margs[0], margs[1:], {}
+        method = attrs.get_attr(frame, target, name)
+        return call(frame, method, [operators.constant_value(a) for a in margs],
+                    {k: operators.constant_value(a) for k, a in mkw.items()})
+    keys = reduced[1]
+    if isinstance(getter, operator.itemgetter):
+        picked = [operators.getitem(frame, target, ConstantValue(k)) for k in keys]
+    else:
+        picked = []
+        for dotted in keys:
+            v = target
+            for part in dotted.split("."):
+                v = attrs.get_attr(frame, v, part)
+            picked.append(v)
+    return picked[0] if len(picked) == 1 else TupleValue(picked)
+
+
+def _const(v, what):
+    try:
+        return operators.as_constant(v)
+    except Unsupported:
+        raise Unsupported(f"{what} of {attrs.describe(v)}: only Python values (not tensors) are supported yet") from None
+
+
+def _consts(frame, iterable, what):
+    return [_const(i, what) for i in iterate(frame, iterable)]
+
+
+@builtin(set)
+def _set(frame, args, kwargs):
+    return ConstantValue(set(_consts(frame, args[0], "set()")) if args else set())
+
+
+@builtin(frozenset)
+def _frozenset(frame, args, kwargs):
+    return ConstantValue(frozenset(_consts(frame, args[0], "frozenset()")) if args else frozenset())
+
+
+@builtin(collections.Counter)
+def _counter(frame, args, kwargs):
+    if len(args) > 1:
+        raise Unsupported("Counter() takes at most one positional argument")
+    counts = collections.Counter()
+    if args:
+        source = args[0]
+        if isinstance(source, DictValue):
+            counts.update({k: _const(v, "Counter()") for k, v in source.items.items()})
+        else:
+            counts.update(_consts(frame, source, "Counter()"))
+    counts.update({k: _const(v, "Counter()") for k, v in kwargs.items()})
+    return ConstantValue(counts)
+
+
+@builtin(collections.deque)
+def _deque(frame, args, kwargs):
+    maxlen = kwargs.get("maxlen", args[1] if len(args) > 1 else ConstantValue(None))
+    items = _consts(frame, args[0], "deque()") if args else []
+    return ConstantValue(collections.deque(items, _const(maxlen, "deque()")))
+
+
+@builtin(collections.OrderedDict)
+def _ordered_dict(frame, args, kwargs):
+    from .containers import call_method
+    out = DictValue({}, cls=collections.OrderedDict)
+    call_method(frame, out, "update", list(args), kwargs)
+    return out
+
+
+@builtin(collections.defaultdict)
+def _defaultdict(frame, args, kwargs):
+    from .containers import call_method
+    factory = args[0] if args else ConstantValue(None)
+    out = DefaultDictValue({}, factory)
+    call_method(frame, out, "update", list(args[1:]), kwargs)
+    return out
+
+
+@builtin(dict.fromkeys)
+def _dict_fromkeys(frame, args, kwargs):
+    value = args[1] if len(args) > 1 else ConstantValue(None)
+    return DictValue({operators.key_of(k): value for k in iterate(frame, args[0])})
+
+
+@builtin(functools.reduce)
+def _reduce(frame, args, kwargs):
+    fn, items = args[0], iterate(frame, args[1])
+    if len(args) > 2:
+        acc = args[2]
+    elif items:
+        acc, items = items[0], items[1:]
+    else:
+        raise Unsupported("reduce() of an empty iterable with no initial value raises TypeError")
+    for item in items:
+        acc = call(frame, fn, [acc, item], {})
+    return acc
+
+
+@builtin(functools.partial)
+def _partial(frame, args, kwargs):
+    fn = args[0]
+    if isinstance(fn, PartialValue):
+        return PartialValue(fn.func, fn.args + list(args[1:]), {**fn.kwargs, **kwargs})
+    return PartialValue(fn, args[1:], kwargs)
+
+
+def _make_getter(cls):
+    def h(frame, args, kwargs):
+        cargs = [_const(a, cls.__name__) for a in args]
+        ckwargs = {k: _const(v, cls.__name__) for k, v in kwargs.items()}
+        return ObjectValue(cls(*cargs, **ckwargs))
+    return h
+
+
+for _cls in (operator.itemgetter, operator.attrgetter, operator.methodcaller):
+    BUILTIN_HANDLERS[_cls] = _make_getter(_cls)
+
+
+def _iterator_builtin(fn, what, const_kwargs=()):
+    """An itertools function run on lists of values; tuples it yields become tuple values."""
+    def h(frame, args, kwargs):
+        lists = [iterate(frame, a) for a in args]
+        ckw = {}
+        for k, v in kwargs.items():
+            ckw[k] = _const(v, what) if k in const_kwargs else v
+        out = [TupleValue(list(x)) if isinstance(x, tuple) else x for x in fn(*lists, **ckw)]
+        return IteratorValue(out)
+    return h
+
+
+BUILTIN_HANDLERS[itertools.chain] = _iterator_builtin(itertools.chain, "chain()")
+BUILTIN_HANDLERS[itertools.chain.from_iterable] = lambda frame, args, kwargs: IteratorValue(
+    [x for part in iterate(frame, args[0]) for x in iterate(frame, part)])
+BUILTIN_HANDLERS[itertools.product] = _iterator_builtin(itertools.product, "product()", ("repeat",))
+BUILTIN_HANDLERS[itertools.zip_longest] = _iterator_builtin(itertools.zip_longest, "zip_longest()")
+BUILTIN_HANDLERS[itertools.pairwise] = _iterator_builtin(itertools.pairwise, "pairwise()")
+
+
+def _with_constant_tail(fn, what):
+    """fn(iterable, *constants): the first argument iterated, the rest Python values."""
+    def h(frame, args, kwargs):
+        items = iterate(frame, args[0])
+        tail = [_const(a, what) for a in args[1:]]
+        ckw = {k: _const(v, what) for k, v in kwargs.items()}
+        out = [TupleValue(list(x)) if isinstance(x, tuple) else x for x in fn(items, *tail, **ckw)]
+        return IteratorValue(out)
+    return h
+
+
+# islice (and count, map, filter, zip, enumerate) are lazy: trace/generators.py.
+for _fn in (itertools.combinations, itertools.permutations, itertools.combinations_with_replacement):
+    BUILTIN_HANDLERS[_fn] = _with_constant_tail(_fn, f"{_fn.__name__}()")
+
+
+@builtin(itertools.repeat)
+def _repeat(frame, args, kwargs):
+    times = kwargs.get("times", args[1] if len(args) > 1 else None)
+    if times is None:
+        raise Unsupported("itertools.repeat() without a count is infinite",
+                          hint="pass times=, or use [x] * n")
+    return IteratorValue([args[0]] * _const(times, "repeat()"))
+
+
+@builtin(itertools.cycle)
+def _infinite(frame, args, kwargs):
+    raise Unsupported("itertools.cycle() is not supported yet",
+                      hint="use range() or zip() with a finite sequence")
+
+
+@builtin(itertools.accumulate)
+def _accumulate(frame, args, kwargs):
+    items = iterate(frame, args[0])
+    fn = kwargs.get("func", args[1] if len(args) > 1 else None)
+    initial = kwargs.get("initial")
+    out = []
+    acc = None
+    if initial is not None and not operators.is_none(initial):
+        acc = initial
+        out.append(acc)
+    for item in items:
+        if acc is None:
+            acc = item
+        elif fn is None or operators.is_none(fn):
+            acc = operators.binary(frame, "+", acc, item)
+        else:
+            acc = call(frame, fn, [acc, item], {})
+        out.append(acc)
+    return IteratorValue(out)
+
+
+@builtin(itertools.starmap)
+def _starmap(frame, args, kwargs):
+    return IteratorValue([call(frame, args[0], iterate(frame, t), {}) for t in iterate(frame, args[1])])
+
+
+def _take_drop_while(take):
+    def h(frame, args, kwargs):
+        pred, items = args[0], iterate(frame, args[1])
+        n = 0
+        while n < len(items) and operators.truth(frame, call(frame, pred, [items[n]], {})):
+            n += 1
+        return IteratorValue(items[:n] if take else items[n:])
+    return h
+
+
+BUILTIN_HANDLERS[itertools.takewhile] = _take_drop_while(True)
+BUILTIN_HANDLERS[itertools.dropwhile] = _take_drop_while(False)
+
+
+@builtin(itertools.compress)
+def _compress(frame, args, kwargs):
+    items, flags = iterate(frame, args[0]), iterate(frame, args[1])
+    return IteratorValue([i for i, f in zip(items, flags) if operators.truth(frame, f)])
+
+
+@builtin(copy.copy)
+def _copy(frame, args, kwargs):
+    (v,) = args
+    if isinstance(v, ListValue):
+        return ListValue(v.items)
+    if isinstance(v, DefaultDictValue):
+        return DefaultDictValue(v.items, v.factory)
+    if isinstance(v, DictValue):
+        return DictValue(v.items, cls=v.cls)
+    if isinstance(v, TupleValue) or (isinstance(v, ConstantValue) and not operators.is_frame_mutable_constant(v)):
+        return v
+    if operators.is_frame_mutable_constant(v):
+        return ConstantValue(copy.copy(v.value))
+    raise Unsupported(f"copy.copy() of {attrs.describe(v)} is not supported yet")
