@@ -17,7 +17,7 @@ import torch
 import bytegraph
 from bytegraph.testing import CompileCounter, same
 
-__all__ = ["check", "check_program", "clone_input", "assert_same", "compile_counted", "CompileCounter", "same"]
+__all__ = ["check", "check_program", "run_observed", "assert_same_run", "clone_input", "assert_same", "compile_counted", "CompileCounter", "same"]
 
 
 def clone_input(value):
@@ -104,10 +104,12 @@ def check(fn, *args, graphs=1, ops=None, fullgraph=None, dynamic=None, rtol=1e-5
     return cnt, actual
 
 
-def _run_observed(fn, args, kwargs, observe):
-    """(result, exception type and message, printed output, observed state, inputs afterwards)."""
+def run_observed(fn, make):
+    """Call ``fn`` on fresh inputs from ``make()``: (result, exception type and message,
+    printed output, observed state, inputs afterwards)."""
     import contextlib
     import io
+    args, kwargs, observe = make()
     out = io.StringIO()
     result, exc = None, None
     with contextlib.redirect_stdout(out):
@@ -116,6 +118,16 @@ def _run_observed(fn, args, kwargs, observe):
         except Exception as e:  # the same exception must escape the compiled function
             exc = (type(e), str(e))
     return result, exc, out.getvalue(), observe() if observe else None, (args, kwargs)
+
+
+def assert_same_run(expected, actual, what, rtol=1e-5, atol=1e-6):
+    """Two ``run_observed`` results agree on everything a user can see."""
+    assert actual[1] == expected[1], f"exception differs {what}: eager {expected[1]}, compiled {actual[1]}"
+    assert_same(expected[0], actual[0], rtol, atol, what=f"result {what}")
+    assert actual[2] == expected[2], (
+        f"printed output differs {what}:\n  eager:    {expected[2]!r}\n  compiled: {actual[2]!r}")
+    assert_same(expected[3], actual[3], rtol, atol, what=f"observed state {what}")
+    assert_same(expected[4], actual[4], rtol, atol, what=f"inputs after the call {what}")
 
 
 def check_program(fn, make, graphs=1, fullgraph=None, calls=2, rtol=1e-5, atol=1e-6):
@@ -132,18 +144,9 @@ def check_program(fn, make, graphs=1, fullgraph=None, calls=2, rtol=1e-5, atol=1
     """
     if fullgraph is None:
         fullgraph = graphs == 1
-    args, kwargs, observe = make()
-    expected = _run_observed(fn, args, kwargs, observe)
+    expected = run_observed(fn, make)
     compiled, cnt = compile_counted(fn, fullgraph=fullgraph)
     for i in range(calls):
-        args, kwargs, observe = make()
-        actual = _run_observed(compiled, args, kwargs, observe)
-        what = f"(call {i + 1})"
-        assert actual[1] == expected[1], f"exception differs {what}: eager {expected[1]}, compiled {actual[1]}"
-        assert_same(expected[0], actual[0], rtol, atol, what=f"result {what}")
-        assert actual[2] == expected[2], (
-            f"printed output differs {what}:\n  eager:    {expected[2]!r}\n  compiled: {actual[2]!r}")
-        assert_same(expected[3], actual[3], rtol, atol, what=f"observed state {what}")
-        assert_same(expected[4], actual[4], rtol, atol, what=f"inputs after the call {what}")
+        assert_same_run(expected, run_observed(compiled, make), f"(call {i + 1})", rtol, atol)
     assert cnt.frame_count == graphs, f"expected {graphs} graph(s), got {cnt.frame_count}"
     return cnt

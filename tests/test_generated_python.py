@@ -21,7 +21,6 @@ break is recorded per seed and summarised at the end of the run.
 """
 import contextlib
 import dataclasses
-import io
 import linecache
 import math
 import os
@@ -32,7 +31,7 @@ import pytest
 import torch
 
 from bytegraph.debug import records
-from helpers import assert_same, compile_counted
+from helpers import assert_same_run, compile_counted, run_observed
 
 DEFAULT_SEEDS = 80
 N_SEEDS = int(os.environ.get("BYTEGRAPH_GEN_SEEDS", DEFAULT_SEEDS))
@@ -919,18 +918,6 @@ def _clone(value):
     return value
 
 
-def _run(fn, make):
-    args, kwargs, observe = make()
-    out = io.StringIO()
-    result, exc = None, None
-    with contextlib.redirect_stdout(out):
-        try:
-            result = fn(*args, **kwargs)
-        except Exception as e:
-            exc = (type(e), str(e))
-    return result, exc, out.getvalue(), observe(), (args, kwargs)
-
-
 def make_program(feature_set, seed):
     """(fn, namespace, source, args, kwargs) of the first valid program for this seed."""
     features = FEATURE_SETS[feature_set]
@@ -942,7 +929,7 @@ def make_program(feature_set, seed):
             fn, ns = build(src, filename)
         except SyntaxError as e:
             raise AssertionError(f"generator wrote invalid syntax:\n{src}") from e
-        _, exc, _, _, _ = _run(fn, _maker(ns, args, kwargs))
+        _, exc, _, _, _ = run_observed(fn, _maker(ns, args, kwargs))
         if exc is None or issubclass(exc[0], ACCEPTED_ESCAPES):
             return fn, ns, src, args, kwargs
     raise AssertionError(f"no valid program for seed {seed} in 20 attempts; last:\n{src}\n{exc}")
@@ -951,23 +938,17 @@ def make_program(feature_set, seed):
 def compare(fn, make, calls=2, rtol=1e-4, atol=1e-5):
     """check_program without the graph-count assertion (fullgraph=False); True when the
     first call compiled the function as one graph with no break or fallback."""
-    expected = _run(fn, make)
+    expected = run_observed(fn, make)
     compiled, cnt = compile_counted(fn, fullgraph=False)
     one_graph = None
     for i in range(calls):
         records.clear()
-        actual = _run(compiled, make)
+        actual = run_observed(compiled, make)
         if i == 0:
             frames = list(records.frames)
             one_graph = (len(frames) == 1 and frames[0].break_reason is None
                          and frames[0].fallback_reason is None)
-        what = f"(call {i + 1})"
-        assert actual[1] == expected[1], f"exception differs {what}: eager {expected[1]}, compiled {actual[1]}"
-        assert_same(expected[0], actual[0], rtol, atol, what=f"result {what}")
-        assert actual[2] == expected[2], (
-            f"printed output differs {what}:\n  eager:    {expected[2]!r}\n  compiled: {actual[2]!r}")
-        assert_same(expected[3], actual[3], rtol, atol, what=f"observed globals {what}")
-        assert_same(expected[4], actual[4], rtol, atol, what=f"inputs after the call {what}")
+        assert_same_run(expected, actual, f"(call {i + 1})", rtol, atol)
     return one_graph
 
 
