@@ -25,11 +25,9 @@ def python_special_method(v, name):
         cls = type(v.obj)
     else:
         return None
-    for klass in cls.__mro__:
-        if name in klass.__dict__:
-            attr = klass.__dict__[name]
-            return attr if isinstance(attr, types.FunctionType) else None
-    return None
+    from .attrs import _lookup_static
+    attr, found = _lookup_static(cls, name)
+    return attr if found and isinstance(attr, types.FunctionType) else None
 
 
 def dict_part(v):
