@@ -12,7 +12,6 @@ with ``conserve_exception_block_stackdepth=True`` and emitted with
 ``compute_exception_stack_depths=False``.
 """
 import dis
-import types
 from functools import lru_cache
 
 from bytecode import Bytecode, CompilerFlags, Instr, Label
@@ -71,20 +70,20 @@ def _set_parameters(bc, stack_layout, live, name):
         bc.qualname = name
 
 
-def make_resume_function(fn, code, offset, stack_layout, live, name):
-    new_code = resume_code(code, offset, tuple(stack_layout), tuple(live), name)
-    return types.FunctionType(new_code, fn.__globals__, name, None, fn.__closure__)
+CLOSURE_PARAM = "__closure"   # the cells of the call, passed along by generated code
 
 
-def step_function(fn, code, offset, stack_layout, live, after_layout, after_live, handover, name):
-    """A function that runs one instruction natively, then hands over to ``handover``.
+def step_code(code, offset, stack_layout, live, after_layout, after_live, handover, name):
+    """Code that runs one instruction natively, then hands over to ``handover``.
 
     It starts like a resume function at ``offset``; right after that single
     instruction it jumps to a tail placed after all exception ranges, which
     stores the stack (laid out as ``after_layout``) and returns
     ``handover(*stack, *after_live)``. The instruction runs inside the original
     exception handling; what follows runs in the handover's frame, so each
-    handler runs at most once.
+    handler runs at most once. When ``code`` has free variables, the code takes
+    the closure as a last parameter ``__closure`` and passes it on to ``handover``
+    (resume functions are made over the cells of the call that reaches them).
     """
     from . import versions
     bc, target = _load_at(code, offset)
@@ -107,10 +106,11 @@ def step_function(fn, code, offset, stack_layout, live, after_layout, after_live
         stores = [Instr("STORE_FAST", "__null" if s is NULL_SLOT else s, lineno=lineno)
                   for s in reversed(after_layout)]
         args = [s for s in after_layout if s is not NULL_SLOT] + list(after_live)
+        if code.co_freevars:
+            args.append(CLOSURE_PARAM)
         call = [Instr(op, arg, lineno=lineno) if arg is not None else Instr(op, lineno=lineno)
                 for op, arg in versions.call_sequence(handover, args)]
         bc.extend([tail] + stores + call + [Instr("RETURN_VALUE", lineno=lineno)])
-    _set_parameters(bc, stack_layout, live, name)
-    new_code = bc.to_code(stacksize=code.co_stacksize + len(stack_layout) + len(args) + 3,
-                          compute_exception_stack_depths=False)
-    return types.FunctionType(new_code, fn.__globals__, name, None, fn.__closure__)
+    _set_parameters(bc, stack_layout, list(live) + ([CLOSURE_PARAM] if code.co_freevars else []), name)
+    return bc.to_code(stacksize=code.co_stacksize + len(stack_layout) + len(args) + 3,
+                      compute_exception_stack_depths=False)

@@ -11,7 +11,7 @@ import torch
 
 from ..bytecode import analysis
 from ..bytecode.instructions import decode
-from ..bytecode.resume import NULL_SLOT, make_resume_function
+from ..bytecode.resume import CLOSURE_PARAM, NULL_SLOT, resume_code, step_code
 from ..bytecode.versions import split_call_prefix
 from ..errors import Unsupported
 from ..runtime.continuation import (AutocastExit, Continuation, GradModeExit, Routed, call_through,
@@ -137,8 +137,9 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
         args += [rb.expr(bound[n]) for n in live]
         # Cell variables travel by value; the resume function's MAKE_CELL makes their cells.
         args += [rb.expr(frame.cells[n].contents) for n in cell_names]
-        resume_fn = _resume_function(fn, code, target_offset, layout, live + cell_names)
-        ref = ns.ref(compiler.wrapper_for(resume_fn), "resume")
+        if code.co_freevars:
+            args.append(CLOSURE_PARAM)   # the resume function runs over this call's cells
+        ref = ns.ref(_resume_wrapper(compiler, fn, code, target_offset, layout, live + cell_names), "resume")
         call = "__Continuation" if is_resume else "__resolve"
         return f"return {call}({ref}, ({', '.join(args)}{',' if len(args) == 1 else ''}))"
 
@@ -183,7 +184,7 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
         tail.append(resume(next_offset, stack[:-3]))
     else:
         tail.append(_generic_step(fn, code, ins, stack, live_names, bound, slot_expr, rb, ns, compiler,
-                                  is_resume, _resume_function, rows))
+                                  is_resume, rows))
 
     body = lines + rb.lines
     if exits and step:
@@ -211,11 +212,9 @@ class Handover:
         return resolve(self.wrapper, args)
 
 
-def _generic_step(fn, code, ins, stack, live_names, bound, slot_expr, rb, ns, compiler, is_resume,
-                  make_resume, rows):
+def _generic_step(fn, code, ins, stack, live_names, bound, slot_expr, rb, ns, compiler, is_resume, rows):
     """Run the breaking instruction natively in a copy of the code, then resume after it."""
     import dis
-    from ..bytecode.resume import step_function
     raw = next(i for i in analysis._raw(code) if i.offset == ins.offset)
     if ins.opname == "CALL":
         effect = 1 - (ins.arg + 2)
@@ -239,22 +238,29 @@ def _generic_step(fn, code, ins, stack, live_names, bound, slot_expr, rb, ns, co
     if next_offset is not None:
         after_live = [n for n in live_names if n in analysis.live_locals(code, next_offset)]
         resume_layout = [NULL_SLOT if s is NULL_SLOT else f"__stack{i}" for i, s in enumerate(after)]
-        handover = Handover(compiler.wrapper_for(make_resume(fn, code, next_offset, resume_layout, after_live)))
+        handover = Handover(_resume_wrapper(compiler, fn, code, next_offset, resume_layout, after_live))
     else:
         handover = None
     live_before = [n for n in live_names if n in analysis.live_locals(code, ins.offset)]
     original, orig_offset = original_offset(code, ins.offset)
     info = RESUME_INFO.get(code)
     origin = info.name if info is not None else code.co_name
-    step = step_function(fn, original, orig_offset, before, live_before, after, after_live, handover,
-                         f"step_in_{_clean(origin)}_at_line_{ins.line}")
+    step_name = f"step_in_{_clean(origin)}_at_line_{ins.line}"
+    step = step_code(original, orig_offset, before, live_before, after, after_live, handover, step_name)
     _log_code("STEP FUNCTION", step)
     routed = _callable_slot(ins, stack)
     args = [(f"__Routed(__compiler, {slot_expr(v)})" if i == routed else slot_expr(v))
             for i, v in enumerate(stack) if v is not NULL]
     args += [rb.expr(bound[n]) for n in live_before]
+    if code.co_freevars:
+        # Made per call over this call's cells; it passes them on to the resume function.
+        args.append(CLOSURE_PARAM)
+        ns.ns["__FunctionType"] = types.FunctionType
+        step_fn = f"__FunctionType({ns.ref(step, 'step')}, G, {step_name!r}, None, {CLOSURE_PARAM})"
+    else:
+        step_fn = ns.ref(types.FunctionType(step, fn.__globals__, step_name), "step")
     call = "__Continuation" if is_resume else "__resolve"
-    return f"return {call}({ns.ref(step, 'step')}, ({', '.join(args)}{',' if len(args) == 1 else ''}))"
+    return f"return {call}({step_fn}, ({', '.join(args)}{',' if len(args) == 1 else ''}))"
 
 
 def _carried_cells(code, frame, kind):
@@ -331,35 +337,26 @@ def _call_step(frame, ins, stack, slot_expr):
     return consumed, f"__call_through(__compiler, {slot_expr(fn)}, ({pos}{',' if npos == 1 else ''}), {{{kw}}})"
 
 
-_resume_functions = {}
-
-
-def _resume_function(fn, code, offset, layout, live):
-    """The resume function for ``offset`` of ``code``, built from the original code, made once."""
+def _resume_wrapper(compiler, fn, code, offset, layout, live):
+    """The compiled wrapper of the resume function for ``offset`` of ``code``, built from the
+    original code. It takes the closure as its last argument (when there is one): the code
+    generated here is cached per code object and shared by every function made from it."""
     original, orig_offset = original_offset(code, offset)
-    # Cells compare by contents and cannot be hashed: key on their identity (the resume
-    # function keeps them alive through its closure).
-    closure_ids = tuple(map(id, fn.__closure__ or ()))
-    key = (original, orig_offset, tuple(layout), tuple(live), closure_ids, id(fn.__globals__))
-    resume_fn = _resume_functions.get(key)
-    if resume_fn is None:
-        info = RESUME_INFO.get(code)
-        origin = info.name if info is not None else code.co_name
-        line = next((r.line for r in decode(original) if r.offset >= orig_offset), original.co_firstlineno)
-        name = f"resume_in_{_clean(origin)}_at_line_{line}"
-        resume_fn = make_resume_function(fn, original, orig_offset, layout, live, name)
-        RESUME_INFO[resume_fn.__code__] = ResumeInfo(original, origin, orig_offset)
-        _resume_functions[key] = resume_fn
-        _log_code("RESUME FUNCTION", resume_fn)
-    return resume_fn
+    info = RESUME_INFO.get(code)
+    origin = info.name if info is not None else code.co_name
+    line = next((r.line for r in decode(original) if r.offset >= orig_offset), original.co_firstlineno)
+    name = f"resume_in_{_clean(origin)}_at_line_{line}"
+    new_code = resume_code(original, orig_offset, tuple(layout), tuple(live), name)
+    if new_code not in RESUME_INFO:
+        RESUME_INFO[new_code] = ResumeInfo(original, origin, orig_offset)
+        _log_code("RESUME FUNCTION", new_code)
+    return compiler.wrapper_for_code(new_code, fn.__globals__)
 
 
-def _log_code(what, fn):
+def _log_code(what, code):
     from ..debug import logs
     if logs.enabled("bytecode"):
         import dis
-        logs.get_logger("bytecode").debug("%s %s\n%s", what, fn.__name__, dis.Bytecode(fn).dis())
-
-
+        logs.get_logger("bytecode").debug("%s %s\n%s", what, code.co_name, dis.Bytecode(code).dis())
 def _clean(name):
     return "".join(c if c.isalnum() or c == "_" else "_" for c in name)

@@ -9,6 +9,8 @@ import operator
 import re
 import time
 
+import warnings
+
 import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import (
@@ -63,10 +65,14 @@ class GraphBuilder:
     def add_input(self, tensor, source, dynamic_dims=None):
         """A tensor argument; ``dynamic_dims`` maps dims to (min, max) for symbolic sizes."""
         node = self._placeholder(source)
-        if dynamic_dims:
-            fake = self.shapes.fake_dynamic(self.fake_mode, tensor, source, dynamic_dims)
-        else:
-            fake = self.fake(tensor)
+        # Describing a tensor reads its .grad, which warns for non-leaf tensors: our read,
+        # not the user's (and fatal under -W error).
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            if dynamic_dims:
+                fake = self.shapes.fake_dynamic(self.fake_mode, tensor, source, dynamic_dims)
+            else:
+                fake = self.fake(tensor)
         node.meta["example_value"] = fake
         self.inputs.append(GraphInput(source, tensor, node))
         return TensorValue(node, fake, source, cls=type(tensor))

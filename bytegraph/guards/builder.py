@@ -254,10 +254,15 @@ def _triple(message):
     return message
 
 
-def compile_guards(guards, params, fn_globals, name="guard"):
-    """Generate (check, explain, source_text) for a GuardSet over ``params``."""
+def compile_guards(guards, params, fn_globals, name="guard", hit=True):
+    """Generate (check, explain, source_text) for a GuardSet over ``params``.
+
+    ``check`` returns ``hit`` (what the cache entry runs) when every guard holds, else None,
+    so a dispatch loop gets the function to call from the one call that checks.
+    """
     em = _Emitter(guards)
     em.ns["G"] = fn_globals
+    em.ns["__hit"] = hit
     check_lines = []
     explain_lines = []
     # Global state first (cheap), shape relations last (they read sizes of guarded tensors).
@@ -281,7 +286,7 @@ def compile_guards(guards, params, fn_globals, name="guard"):
             else:
                 conds += [f"{e}.size({i}) == {n}" for i, n in enumerate(shape) if i not in dynamic]
                 conds.append(f"{e}.is_contiguous()" if g.expected.contiguous else f"{e}.stride() == {stride!r}")
-            check_lines.append(f"if not ({' and '.join(conds)}): return False")
+            check_lines.append(f"if not ({' and '.join(conds)}): return None")
             for c, m in pieces:
                 explain_lines.append(f"if not ({c}): return {_triple(m)}")
             for i, n in enumerate(shape):
@@ -299,13 +304,13 @@ def compile_guards(guards, params, fn_globals, name="guard"):
             conds = [c for c, _ in result]
             if not conds:
                 continue
-            check_lines.append(f"if not ({' and '.join(conds)}): return False")
+            check_lines.append(f"if not ({' and '.join(conds)}): return None")
             for c, m in result:
                 explain_lines.append(f"if not ({c}): return {_triple(m)}")
     sig = ", ".join(params)
     src = [f"def {name}({sig}):", "    try:"]
     src += [f"        {line}" for line in check_lines]
-    src += ["    except Exception:", "        return False", "    return True", ""]
+    src += ["    except Exception:", "        return None", "    return __hit", ""]
     src += [f"def explain_{name}({sig}):", "    try:"]
     src += [f"        {line}" for line in explain_lines]
     src += ["    except Exception as e:",

@@ -1,11 +1,13 @@
 """A cache miss, end to end: trace, build guards, hand the graph to the backend, generate code."""
 import dis
 import time
+import types
 
 from ..config import config
 from ..debug import logs, records, timing
 from ..errors import BackendError, BytegraphError, Unsupported
-from ..guards.builder import SHAPE_ENV, GuardSet, add_global_state_guards, compile_guards
+from ..guards.builder import ID_MATCH, SHAPE_ENV, GuardSet, add_global_state_guards, compile_guards
+from ..guards.sources import ClosureSource, LocalSource
 from ..codegen.transformed import generate
 from ..trace.tracer import frame_params, trace_frame
 from .cache import CacheEntry
@@ -70,10 +72,10 @@ class _Compile:
                    time.perf_counter() - t0 - (self.backend_seconds - before))
         return out
 
-    def guards(self, guard_set):
+    def guards(self, guard_set, run):
         with timing.phase(self.name, "guard building"):
             return compile_guards(guard_set, self.guard_params, self.fn.__globals__,
-                                  name=f"guard_{_clean(self.fn.__name__)}_{self.n}")
+                                  name=f"guard_{_clean(self.fn.__name__)}_{self.n}", hit=run)
 
     def transformed_name(self):
         return f"transformed_{_clean(self.fn.__name__)}_{self.n}"
@@ -82,7 +84,7 @@ class _Compile:
         """Guards, logs and records for a traced frame; the cache entry."""
         if tx.graph.shapes.has_symbols:
             tx.guards.add(SHAPE_ENV, None, tx.graph.shapes)
-        guard, explain, guard_source = self.guards(tx.guards)
+        guard, explain, guard_source = self.guards(tx.guards, run)
         guards = list(tx.guards)
         if logs.enabled("guards"):
             log_guards.debug("GUARDS %s\n%s", self.name, "\n".join(f"  - {g.describe()}" for g in guards))
@@ -94,7 +96,7 @@ class _Compile:
                                            user_stack=list(user_stack), transformed_source=source,
                                            guard_source=guard_source))
         return CacheEntry(guard, run, explain, guards, graph=gm, transformed_source=source,
-                          guard_source=guard_source)
+                          guard_source=guard_source, identity=identity_of(guards))
 
 
 def compile_frame(fn, frame_args, compiler, cache=None):
@@ -167,21 +169,46 @@ def _split_at_break(c, values, err):
 def _fallback(c, err):
     """The frame runs eagerly; guard on global state only, so other states may still compile."""
     fn = c.fn
-    guards = GuardSet()
-    add_global_state_guards(guards)
-    guard, explain, guard_source = c.guards(guards)
     reason = str(err)
     log_breaks.debug("running %s eagerly: %s", c.name, reason)
     records.record(records.FrameRecord(c.name, fn.__code__.co_filename, fn.__code__.co_firstlineno,
                                        fallback_reason=err.reason, user_stack=list(err.user_stack)))
-    return CacheEntry(guard, _original_caller(fn), explain, list(guards), fallback_reason=reason)
+    return eager_entry(fn, c.cache, (), reason)
+
+
+def eager_entry(fn, cache, identity, reason):
+    """A cache entry running the frame as it is, for these root objects (``identity``: pairs
+    of source and object) in the current global state."""
+    guards = GuardSet()
+    add_global_state_guards(guards)
+    for source, obj in identity:
+        guards.add(ID_MATCH, source, obj)
+    run = _original_caller(fn)
+    params = list(cache.params) if cache is not None else frame_params(fn.__code__)
+    guard, explain, guard_source = compile_guards(guards, params, fn.__globals__,
+                                                  name=f"guard_eager_{_clean(fn.__name__)}", hit=run)
+    return CacheEntry(guard, run, explain, list(guards), fallback_reason=reason, guard_source=guard_source,
+                      identity=tuple(identity))
+
+
+def identity_of(guards):
+    """The root objects (arguments, closure cells' contents) the guards match by identity."""
+    roots = [(g.source, g.expected) for g in guards
+             if g.kind == ID_MATCH and isinstance(g.source, (LocalSource, ClosureSource))]
+    return tuple(sorted(roots, key=lambda pair: pair[0].expr()))
 
 
 def _original_caller(fn):
+    """Run the frame's code as it is, over the closure and globals of the function called now
+    (many functions share one code object; the first one compiled is not the one called)."""
     from .dispatch import _signature_parts
     _, passthrough, original, _ = _signature_parts(fn)
-    src = f"def call_original({', '.join(passthrough)}):\n    return __fn({', '.join(original)})\n"
-    ns = {"__fn": fn}
+    code = fn.__code__
+    make = "__FunctionType(__code, G, __name, None, __closure)" if code.co_freevars else "__fn"
+    src = f"def call_original({', '.join(passthrough)}):\n    return {make}({', '.join(original)})\n"
+    ns = {"__fn": None if code.co_freevars else types.FunctionType(code, fn.__globals__, fn.__name__),
+          "__FunctionType": types.FunctionType,
+          "__code": code, "G": fn.__globals__, "__name": fn.__name__}
     exec(src, ns)
     return ns["call_original"]
 

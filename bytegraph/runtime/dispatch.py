@@ -5,6 +5,7 @@ signature*, so CPython binds arguments for us. A call then costs: one loop
 over the cache entries, one guard call, one call of the transformed code.
 """
 import linecache
+import types
 import warnings
 import weakref
 
@@ -27,14 +28,21 @@ class Compiler:
         self.backend_name = backend_name
         self.fullgraph = fullgraph
         self.dynamic = dynamic
-        self.caches = {}           # code object -> CodeCache
-        self._wrappers = weakref.WeakKeyDictionary()   # function -> its wrapper (residual calls, resumes)
+        self.caches = {}           # code object (or (code, id(globals))) -> CodeCache
+        self._wrappers = weakref.WeakKeyDictionary()   # function -> its wrapper (residual calls)
+        self._code_wrappers = {}   # (code, id(globals)) -> wrapper taking the closure as an argument
         _compilers.add(self)
 
-    def cache_for(self, code):
+    def cache_for(self, code, fn_globals):
+        """The cache of ``code`` run with ``fn_globals`` (the guards and generated code read them)."""
         cache = self.caches.get(code)
         if cache is None:
-            cache = self.caches[code] = CodeCache(code)
+            cache = self.caches[code] = CodeCache(code, fn_globals, tuple(_guard_params(code)))
+        elif cache.globals is not fn_globals:
+            key = (code, id(fn_globals))
+            cache = self.caches.get(key)
+            if cache is None:
+                cache = self.caches[key] = CodeCache(code, fn_globals, tuple(_guard_params(code)))
         return cache
 
     def wrapper_for(self, fn):
@@ -54,38 +62,71 @@ class Compiler:
             return fn
         if not all(n.isidentifier() for n in fn.__code__.co_varnames[:_param_count(fn.__code__)]):
             return fn   # e.g. a comprehension's hidden ".0" argument: no wrapper can spell it
-        cache = self.cache_for(fn.__code__)
-        wrapper = _generate_wrapper(fn, cache, self)
+        cache = self.cache_for(fn.__code__, fn.__globals__)
+        params, passthrough, original, defaults = _signature_parts(fn)
+        # Functions sharing a code may differ in which parameters have defaults.
+        shape = tuple(defaults)
+        make = cache.wrapper_factories.get(shape)
+        if make is None:
+            make = cache.wrapper_factories[shape] = _wrapper_factory(fn, cache, self)
+        wrapper = make(fn, fn.__closure__, **defaults)
+        wrapper.__name__ = fn.__name__
+        wrapper.__qualname__ = fn.__qualname__
+        wrapper.__doc__ = fn.__doc__
+        wrapper.__module__ = fn.__module__
+        wrapper.__wrapped__ = fn
+        wrapper.__dict__.update(getattr(fn, "__dict__", {}))
         wrapper._bytegraph_original = fn
         wrapper._bytegraph_compiler = self
         wrapper._bytegraph_cache = cache
         return wrapper
 
+    def wrapper_for_code(self, code, fn_globals):
+        """A compiled wrapper for functions made by the generated code from ``code`` (resume
+        functions): it takes the closure as its last argument (when the code has free
+        variables), so each call runs over the cells of the call that reached it."""
+        key = (code, id(fn_globals))
+        wrapper = self._code_wrappers.get(key)
+        if wrapper is None:
+            cache = self.cache_for(code, fn_globals)
+            wrapper = self._code_wrappers[key] = _code_wrapper(code, fn_globals, cache, self)
+            wrapper._bytegraph_cache = cache
+        return wrapper
+
     def miss(self, fn, cache, frame_args):
         """Compile ``fn`` for these arguments; return the entry's run function or None (run eagerly)."""
-        from .compile_frame import compile_frame
+        from .compile_frame import compile_frame, eager_entry
         from ..debug import records
         if cache.eager_forever or frozen[0]:
             return None
+        like = cache.entries_like(frame_args) if cache.entries else []
         if cache.entries:
-            reason = cache.entries[0].explain(*frame_args) or "unknown guard failure"
+            previous = like[0] if like else cache.entries[0]
+            reason = previous.explain(*frame_args) or "unknown guard failure"
             cache.recompile_reasons.append(reason)
             code = fn.__code__
             log_recompiles.debug("recompiling %s (%s:%s): %s", fn.__qualname__, code.co_filename,
                                  code.co_firstlineno, reason)
-            limit_hit = (len(cache.entries) >= config.cache_size_limit
+            limit_hit = (len(like) >= config.cache_size_limit
                          or _total_entries[0] >= config.accumulated_cache_size_limit)
             records.recompiles.append(records.RecompileRecord(fn.__qualname__, code.co_filename,
                                                               code.co_firstlineno, reason, limit_hit))
             if limit_hit:
-                cache.eager_forever = True
-                limit = ("cache_size_limit" if len(cache.entries) >= config.cache_size_limit
+                limit = ("cache_size_limit" if len(like) >= config.cache_size_limit
                          else "accumulated_cache_size_limit")
                 warnings.warn(
                     f"bytegraph: {fn.__qualname__} ({fn.__code__.co_filename}:{fn.__code__.co_firstlineno}) "
                     f"reached config.{limit} ({getattr(config, limit)}); it runs eagerly from now on. "
                     f"Last guard failure: {reason}", RuntimeWarning, stacklevel=3)
-                return None
+                identity = _identity_now(cache, like, frame_args)
+                if identity is None or limit != "cache_size_limit":
+                    cache.eager_forever = True
+                    return None
+                # Only the objects this call is made for (this module, this decorated
+                # function) run eagerly; others sharing the code keep their own budget.
+                entry = eager_entry(fn, cache, identity, reason)
+                cache.add(entry)
+                return entry.run
         if not cache.entries and _total_entries[0] >= config.accumulated_cache_size_limit:
             cache.eager_forever = True
             warnings.warn(
@@ -93,12 +134,28 @@ class Compiler:
                 f"not compiled: config.accumulated_cache_size_limit ({config.accumulated_cache_size_limit}) "
                 "cache entries exist over all functions; it runs eagerly", RuntimeWarning, stacklevel=3)
             return None
-        if cache.entries and self.dynamic is None:
-            _note_changed_sizes(cache, cache.entries[0], frame_args)
+        if like and self.dynamic is None:
+            _note_changed_sizes(cache, like[0], frame_args)
         entry = compile_frame(fn, frame_args, self, cache)
         cache.add(entry)
         _total_entries[0] += 1
         return entry.run
+
+
+def _identity_now(cache, like, frame_args):
+    """The root objects this call's arguments hold where the entries like it were told apart
+    by identity, as ((source, object), ...); None when they were not."""
+    keysets = {e.keyset for e in like if e.identity}
+    if not keysets:
+        return None
+    keyset = max(keysets, key=len)
+    objects = cache.key_reader(keyset)(*frame_args)
+    return None if objects is None else tuple(zip(keyset, objects))
+
+
+def _guard_params(code):
+    from ..trace.tracer import frame_params
+    return frame_params(code) + (["__closure"] if code.co_freevars else [])
 
 
 def _param_count(code):
@@ -185,29 +242,63 @@ def _signature_parts(fn):
     return params, passthrough, original, ns
 
 
-def _generate_wrapper(fn, cache, compiler):
+def _dispatch_lines(args):
+    """The loop every wrapper starts with: the first entry whose guard passes runs."""
+    return [
+        f"    for __check in __entries:",
+        f"        __run = __check({args})",
+        f"        if __run is not None:",
+        f"            return __run({args})",
+    ]
+
+
+def _wrapper_factory(fn, cache, compiler):
+    """A function making wrappers for functions with ``fn``'s code: compiled once per code,
+    called once per function object with its own closure and defaults."""
     params, passthrough, original, ns = _signature_parts(fn)
     args = ", ".join(passthrough)
     name = fn.__name__ if fn.__name__.isidentifier() else "compiled_fn"
-    src = (
-        f"def {name}({', '.join(params)}):\n"
-        f"    for __guard, __run in __entries:\n"
-        f"        if __guard({args}):\n"
-        f"            return __run({args})\n"
-        f"    __run = __miss(__fn, __cache, ({args}{',' if passthrough else ''}))\n"
-        f"    if __run is None:\n"
-        f"        return __fn({', '.join(original)})\n"
-        f"    return __run({args})\n"
-    )
-    ns.update({"__entries": cache.dispatch, "__miss": compiler.miss, "__fn": fn, "__cache": cache,
-               "__closure": fn.__closure__})
+    factory_params = ["__fn", "__closure"] + list(ns)
+    src = "\n".join(
+        [f"def __make({', '.join(factory_params)}):", f"    def {name}({', '.join(params)}):"]
+        + ["    " + line for line in _dispatch_lines(args)]
+        + [f"        __run = __miss(__fn, __cache, ({args}{',' if passthrough else ''}))",
+           f"        if __run is None:",
+           f"            return __fn({', '.join(original)})",
+           f"        return __run({args})",
+           f"    return {name}", ""])
+    namespace = {"__entries": cache.dispatch, "__miss": compiler.miss, "__cache": cache}
     filename = f"<bytegraph dispatch {fn.__qualname__}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
-    exec(compile(src, filename, "exec"), ns)
-    wrapper = ns[name]
-    wrapper.__qualname__ = fn.__qualname__
-    wrapper.__doc__ = fn.__doc__
-    wrapper.__module__ = fn.__module__
-    wrapper.__wrapped__ = fn
-    wrapper.__dict__.update(getattr(fn, "__dict__", {}))
+    exec(compile(src, filename, "exec"), namespace)
+    return namespace["__make"]
+
+
+def _code_wrapper(code, fn_globals, cache, compiler):
+    """The wrapper of a generated code object (a resume function): its parameters are the
+    code's, then ``__closure`` when the code has free variables."""
+    params = list(cache.params)
+    args = ", ".join(params)
+    name = code.co_name if code.co_name.isidentifier() else "resume"
+    has_closure = bool(code.co_freevars)
+    make = f"__function(__closure)" if has_closure else "__fn"
+    src = "\n".join(
+        [f"def {name}({args}):"] + _dispatch_lines(args)
+        + [f"    __f = {make}",
+           f"    __run = __miss(__f, __cache, ({args}{',' if params else ''}))",
+           f"    if __run is None:",
+           f"        return __f({', '.join(params[:len(params) - has_closure])})",
+           f"    return __run({args})", ""])
+
+    def function(closure):
+        return types.FunctionType(code, fn_globals, code.co_name, None, closure)
+
+    namespace = {"__entries": cache.dispatch, "__miss": compiler.miss, "__cache": cache,
+                 "__function": function, "__fn": None if has_closure else function(None)}
+    filename = f"<bytegraph dispatch {code.co_qualname}>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    exec(compile(src, filename, "exec"), namespace)
+    wrapper = namespace[name]
+    wrapper.__qualname__ = code.co_qualname
+    wrapper._bytegraph_compiler = compiler
     return wrapper
