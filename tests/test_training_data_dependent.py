@@ -449,3 +449,84 @@ def test_no_gate_when_every_input_reaches_every_output():
 
 def test_eager_backend_is_untouched():
     check_module(_Branches, _branch_inputs(), "eager", loss=lambda out: out[0].sum())
+
+
+def f_views(x, w1, w2, base):
+    h = x * w1
+    return h.view(3, 4), base.view(4, 3), (x * w2).t() if x.dim() == 2 else (x * w2)[2:]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("pick", [(0,), (1,), (2,), (1, 2)])
+def test_none_grads_with_view_outputs(backend, pick):
+    """Outputs that are views of an intermediate or of an input (AOTAutograd regenerates them
+    outside its node)."""
+    base = torch.randn(12, requires_grad=True)
+    check_fn(f_views, (_x(), _w(), _w(), base), backend, loss=lambda out: sum(out[i].sum() for i in pick))
+
+
+def f_mutates_input(a, w1, w2):
+    a.add_(w1)          # (mul_ would need the old value saved; AOTAutograd fails on that, as in torch.compile)
+    return a * 2, w2 * 3
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("pick", [(0,), (1,)])
+def test_none_grads_when_the_graph_mutates_an_input(backend, pick):
+    base = torch.randn(12, requires_grad=True)
+    w1, w2 = _w(), _w()
+
+    def run(fn):
+        b, v1, v2 = base.detach().clone().requires_grad_(), w1.detach().clone().requires_grad_(), \
+            w2.detach().clone().requires_grad_()
+        a = b * 1.5                     # not a leaf, so it may be changed in place
+        out = fn(a, v1, v2)
+        sum(out[i].sum() for i in pick).backward()
+        return out, [b.grad, v1.grad, v2.grad]
+
+    out_e, grads_e = run(f_mutates_input)
+    out_c, grads_c = run(bytegraph.compile(f_mutates_input, backend=backend))
+    _assert_same_outputs(out_e, out_c)
+    _assert_grads_equal(grads_e, grads_c, "grad")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_none_grads_with_dynamic_shapes(backend):
+    check_fn(f_partial, (_x(), _w(), _w(), _w()), backend, loss=lambda out: out[1].sum(), dynamic=True)
+
+
+class _NormWithAux(torch.nn.Module):
+    """Buffers updated in training (a mutated graph input) next to an auxiliary head."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Linear(4, 4)
+        self.norm = torch.nn.BatchNorm1d(4)
+        self.aux = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        h = self.norm(self.body(x))
+        return h.relu(), self.aux(x)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_none_grads_next_to_buffer_updates(backend):
+    torch.manual_seed(6)
+    check_module(_NormWithAux, (torch.randn(5, 4),), backend, loss=lambda out: out[0].sum(),
+                 optimizer=lambda p: torch.optim.AdamW(p, lr=0.1))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_backward_through_two_calls(backend):
+    """The loss uses the main output of one call and the auxiliary output of another."""
+    torch.manual_seed(0)
+    eager_model = _Branches()
+    compiled_model = copy.deepcopy(eager_model)
+    compiled = bytegraph.compile(compiled_model, backend=backend)
+    inputs_e, inputs_c = _fresh(_branch_inputs()), _fresh(_branch_inputs())
+    first_e, second_e = eager_model(*inputs_e), eager_model(*inputs_e)
+    first_c, second_c = compiled(*inputs_c), compiled(*inputs_c)
+    (first_e[0].sum() + second_e[1].sum()).backward()
+    (first_c[0].sum() + second_c[1].sum()).backward()
+    _assert_grads_equal(_model_grads(eager_model), _model_grads(compiled_model), "parameter grad")
+    _assert_grads_equal([a.grad for a in _leaves(inputs_e)], [a.grad for a in _leaves(inputs_c)], "input grad")

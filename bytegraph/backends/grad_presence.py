@@ -56,11 +56,19 @@ def plan(gm):
     # Each input that needs grad, keyed by its autograd edge on the fake tensors.
     by_edge = {}
     inputs = []   # (placeholder position, parameter, fake)
+    input_edges = {}   # input index -> (grad_fn, output_nr) the tracer saw before any in-place op
     for pos, node in enumerate(placeholders):
         fake = node.meta.get("example_value")
         if fake is None and node.users:
             return None
         if isinstance(fake, torch.Tensor) and fake.requires_grad:
+            if fake.grad_fn is not None:
+                edge = node.meta.get("input_grad_edge")
+                if edge is None:
+                    if fake._version != 0:
+                        return None      # changed in place: its own edge is no longer known
+                    edge = (fake.grad_fn, fake.output_nr)
+                input_edges[len(inputs)] = edge
             inputs.append((pos, None, fake))
     seen_params = set()
     for node in gm.graph.nodes:
@@ -71,19 +79,24 @@ def plan(gm):
             continue
         seen_params.add(id(fake))
         param = _attr(gm, node.target)
-        if not isinstance(param, torch.Tensor) or not param.requires_grad:
+        if not isinstance(param, torch.Tensor) or not param.requires_grad or param.grad_fn is not None:
             return None
         inputs.append((None, param, fake))
     if not inputs:
         return None
-    alive = []    # autograd node wrappers whose ids are keys: kept alive so no id is reused
+    alive = []    # grad_fn wrappers whose ids are keys: kept alive so no id is reused
     for i, (_, _, fake) in enumerate(inputs):
-        edge = torch.autograd.graph.get_gradient_edge(fake)
-        alive.append(edge.node)
-        by_edge.setdefault((id(edge.node), edge.output_nr), []).append(i)
+        if i in input_edges:
+            grad_fn, nr = input_edges[i]
+            alive.append(grad_fn)
+            key = (id(grad_fn), nr)
+        else:
+            key = ("leaf", id(fake))
+        by_edge.setdefault(key, []).append(i)
 
     differentiable = []
     reached = [set() for _ in inputs]
+    reach = _Reach(by_edge)
     for j, out in enumerate(outs):
         if not isinstance(out, torch.fx.Node):
             continue
@@ -91,7 +104,7 @@ def plan(gm):
         if not isinstance(fake, torch.Tensor) or not fake.requires_grad:
             continue
         differentiable.append(j)
-        for i in _reached_inputs(fake, by_edge):
+        for i in reach.inputs_of(fake):
             reached[i].add(j)
     if not differentiable:
         return None
@@ -109,27 +122,78 @@ def _attr(gm, target):
     return obj
 
 
-def _reached_inputs(fake, by_edge):
-    """Indices of the inputs whose autograd edges the fake tensor's history reaches."""
-    edge = torch.autograd.graph.get_gradient_edge(fake)
-    found = set()
-    stack = [(edge.node, edge.output_nr)]
-    seen = set()
-    alive = []    # the node wrappers stay alive while their ids are in ``seen``
-    while stack:
-        node, nr = stack.pop()
-        if node is None:
-            continue
-        hit = by_edge.get((id(node), nr))
+def _tensor_key(t, alive):
+    """The key of the autograd edge a tensor's gradient arrives through (see ``_edge_key``)."""
+    if t.grad_fn is None:
+        return ("leaf", id(t))
+    alive.append(t.grad_fn)
+    return (id(t.grad_fn), t.output_nr)
+
+
+def _edge_key(node, nr):
+    """An edge of the autograd graph as a key: a leaf's AccumulateGrad by the leaf it feeds
+    (no op is run to find it), any other node by identity and input number."""
+    if type(node) is _accumulate_grad_type():
+        return ("leaf", id(node.variable))
+    return (id(node), nr)
+
+
+_ACCUMULATE_GRAD = []
+
+
+def _accumulate_grad_type():
+    if not _ACCUMULATE_GRAD:
+        leaf = torch.zeros((), requires_grad=True)
+        _ACCUMULATE_GRAD.append(type((leaf * 1).grad_fn.next_functions[0][0]))
+    return _ACCUMULATE_GRAD[0]
+
+
+class _Reach:
+    """Which inputs each autograd node's history reaches, memoized over one graph."""
+
+    def __init__(self, by_edge):
+        self.by_edge = by_edge
+        self.memo = {}        # id(node) -> frozenset of input indices
+        self.alive = []       # the node wrappers whose ids are in ``memo``, kept alive
+
+    def inputs_of(self, fake):
+        grad_fn = fake.grad_fn
+        if grad_fn is None:
+            return frozenset(self.by_edge.get(("leaf", id(fake)), ()))
+        self.alive.append(grad_fn)
+        hit = self.by_edge.get((id(grad_fn), fake.output_nr))
         if hit is not None:
-            found.update(hit)
-            continue
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        alive.append(node)
-        stack.extend(node.next_functions)
-    return found
+            return frozenset(hit)
+        self._fill(grad_fn)
+        return self.memo[id(grad_fn)]
+
+    def _fill(self, root):
+        """Post-order over the nodes under ``root`` not seen yet (no recursion: graphs are deep)."""
+        by_edge, memo = self.by_edge, self.memo
+        stack = [(root, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if id(node) in memo:
+                continue
+            edges = node.next_functions
+            if not expanded:
+                stack.append((node, True))
+                # Children stay alive on the stack, then in ``alive``: the same wrappers (and ids)
+                # come back when this node is expanded.
+                stack.extend((n, False) for n, nr in edges
+                             if n is not None and _edge_key(n, nr) not in by_edge and id(n) not in memo)
+                continue
+            found = set()
+            for n, nr in edges:
+                if n is None:
+                    continue
+                hit = by_edge.get(_edge_key(n, nr))
+                if hit is not None:
+                    found.update(hit)
+                elif id(n) in memo:
+                    found.update(memo[id(n)])
+            memo[id(node)] = frozenset(found)
+            self.alive.append(node)
 
 
 def gate(compiled, plan):
@@ -140,17 +204,23 @@ def gate(compiled, plan):
     state = _Matching(plan)
 
     def run(*args):
-        outs = compiled(*args)
         hook = state.hook
         if hook is not None:
+            outs = compiled(*args)
             grad_fn = outs[state.output].grad_fn
             if type(grad_fn) is state.node_type:
                 grad_fn.register_hook(hook)
-        elif state.pending and torch.is_grad_enabled():
-            state.match(args, outs)
+            return outs
+        if not (state.pending and torch.is_grad_enabled()):
+            return compiled(*args)
+        # Taken before the call: the graph may change an input in place, moving its grad_fn.
+        alive = []
+        keys = [_tensor_key(t, alive) if isinstance(t, torch.Tensor) and t.requires_grad else None
+                for t in args]
+        outs = compiled(*args)
+        state.match(keys, outs)
         return outs
 
-    run.__wrapped__ = compiled
     return run
 
 
@@ -164,17 +234,14 @@ class _Matching:
         self.output = None        # an output whose grad_fn is the node itself
         self.node_type = None
 
-    def match(self, args, outs):
+    def match(self, arg_keys, outs):
+        """``arg_keys``: the autograd edge key of each argument needing grad (else None), taken
+        before the call."""
         plan = self.plan
         # The search for AOTAutograd's node stops at the autograd edges of the graph's inputs,
         # so that a node of an earlier graph behind an input is never taken for this one.
-        stop = set()
-        alive = []
-        for t in list(args) + plan.params:
-            if isinstance(t, torch.Tensor) and t.requires_grad:
-                e = torch.autograd.graph.get_gradient_edge(t)
-                alive.append(e.node)
-                stop.add((id(e.node), e.output_nr))
+        param_keys = {id(p): ("leaf", id(p)) for p in plan.params}
+        stop = {k for k in arg_keys if k is not None} | set(param_keys.values())
         node = None
         slots = {}
         for j in plan.differentiable:
@@ -199,13 +266,12 @@ class _Matching:
         next_functions = node.next_functions
         gated = []
         for pos, param, reached in plan.gated:
-            t = args[pos] if pos is not None else param
-            if not isinstance(t, torch.Tensor) or not t.requires_grad:
+            key = arg_keys[pos] if pos is not None else param_keys.get(id(param))
+            if key is None:
                 continue
-            e = torch.autograd.graph.get_gradient_edge(t)
             from_slots = frozenset(s for j in reached for s in slots.get(j, ()))
             for k, (n, nr) in enumerate(next_functions):
-                if n is e.node and nr == e.output_nr:
+                if n is not None and _edge_key(n, nr) == key:
                     gated.append((k, from_slots))
         if not gated:
             return
@@ -222,7 +288,7 @@ def _node_slots(out, stop):
     for _ in range(_WALK_DEPTH):
         nxt = []
         for n, nr in frontier:
-            if n is None or (id(n), nr) in stop:
+            if n is None or _edge_key(n, nr) in stop:
                 continue
             if type(n).__name__ == _NODE_NAME:
                 found.append((n, nr))

@@ -69,6 +69,10 @@ class GraphBuilder:
         else:
             fake = self.fake(tensor)
         node.meta["example_value"] = fake
+        if fake.grad_fn is not None:
+            # The input's own autograd edge: an in-place op later in the trace moves grad_fn
+            # (backends.grad_presence needs where the input's gradient leaves the graph).
+            node.meta["input_grad_edge"] = (fake.grad_fn, fake.output_nr)
         self.inputs.append(GraphInput(source, tensor, node))
         return TensorValue(node, fake, source, cls=type(tensor))
 
