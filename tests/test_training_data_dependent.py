@@ -530,3 +530,24 @@ def test_one_backward_through_two_calls(backend):
     (first_c[0].sum() + second_c[1].sum()).backward()
     _assert_grads_equal(_model_grads(eager_model), _model_grads(compiled_model), "parameter grad")
     _assert_grads_equal([a.grad for a in _leaves(inputs_e)], [a.grad for a in _leaves(inputs_c)], "input grad")
+
+
+def _positive(y):
+    return y[y > 0]
+
+
+def f_nested_mask(x, w):
+    y = torch.sin(x * w)
+    z = _positive(y) * 2
+    return z.sum() + (y * w).sum()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_data_dependent_op_inside_an_inlined_helper(backend):
+    check_fn(f_nested_mask, (_x(), _w()), backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn", [f_bool_mask, f_unique, f_mask_write_tensor], ids=lambda f: f.__name__)
+def test_data_dependent_training_with_dynamic_shapes(fn, backend):
+    check_fn(fn, (_x(), _w()), backend, dynamic=True)
