@@ -242,8 +242,9 @@ class _BackwardCheck:
     static shapes can still have a backward that does not (``y[mask] = v`` or ``index_put`` with
     a boolean mask and a ``v`` that needs grad; ``index_fill`` with a tensor value). Such a backward
     would make the backend fail, so the op breaks the graph like a data-dependent forward does.
-    Backward formulas only depend on data through index or mask arguments, so the check runs for
-    ops that take a bool or integer tensor and an input that needs grad; the op runs once more on
+    The data-dependent backwards known come from index or mask arguments, so the check runs for
+    ops that take a bool or integer tensor and an input that needs grad (any other that a backend
+    meets makes it run that graph uncompiled: backends._common.run_uncompiled); the op runs once more on
     fresh fake arguments (so the traced tensors' autograd history is untouched) and is
     differentiated back to them. The answer is kept per op and argument signature (``_CLEAN``).
     """
