@@ -58,6 +58,37 @@ def compile_failed(backend_name, exc):
     return err
 
 
+def data_dependent_cause(exc):
+    """The exception in ``exc``'s chain saying a size or value depends on tensor data, or None.
+
+    The tracer breaks the graph before ops whose outputs (or, for ops with index or mask
+    arguments, gradients) depend on data; a backend that still meets one while tracing the
+    backward hits a case that check did not foresee.
+    """
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (DataDependentOutputException, DynamicOutputShapeException,
+                            GuardOnDataDependentSymNode)):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def run_uncompiled(backend_name, gm, exc, restore):
+    """The graph's own ``forward`` (eager ops, eager autograd), for a graph the backend cannot
+    compile because of a data-dependent size: correct, only not compiled. Logged."""
+    from ..debug import logs
+
+    logs.get_logger("graph_breaks").debug(
+        "backend %r cannot compile a graph (%s: %s); its ops run uncompiled",
+        backend_name, type(exc).__name__, exc)
+    return with_restore(gm.forward, restore)
+
+
 def as_list(example_inputs):
     """The example inputs as a fresh list (backends may consume or reorder it)."""
     return list(example_inputs)
