@@ -458,9 +458,17 @@ def _eager_builtin(fn):
     def h(frame, args, kwargs):
         if fn in (vars, dir) and (args or kwargs):
             return fold(frame, fn, args, kwargs)
-        err = Unsupported(f"builtin {fn.__name__}() cannot run inside a graph: it {_EAGER_BUILTINS[fn]}",
-                          hint=f"{fn.__name__}() runs eagerly (the graph breaks here; fullgraph=True refuses "
-                               "it); move it out of the compiled function to keep one graph")
+        name = f"{fn.__name__}()"
+        if fn in (input, breakpoint):
+            hint = f"{name} runs eagerly at a graph break (fullgraph=True refuses it); move it out of the " \
+                   "compiled function to keep one graph"
+        elif fn in (exec, eval):
+            hint = f"the function calling {name} runs eagerly (fullgraph=True refuses it); write the code " \
+                   "out instead of running a string to have it compiled"
+        else:
+            hint = f"the function calling {name} runs eagerly (fullgraph=True refuses it); use the names " \
+                   f"directly instead of reading them through {name} to have it compiled"
+        err = Unsupported(f"builtin {name} cannot run inside a graph: it {_EAGER_BUILTINS[fn]}", hint=hint)
         # exec/eval/locals... read the frame that calls them, so that frame runs eagerly as a
         # whole (its callers still resume after the call to it, which then runs natively).
         err.eager_frame = frame.parent is None and fn not in (input, breakpoint)
