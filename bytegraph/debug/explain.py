@@ -2,13 +2,15 @@
 from dataclasses import dataclass, field
 
 from . import records
+from .stacks import format_stack
 
 
 @dataclass
 class BreakReason:
     reason: str
-    user_stack: list          # traceback.FrameSummary, innermost last
+    user_stack: list          # traceback.FrameSummary, outermost first, the breaking line last
     graph_break: bool = True  # False: the whole frame ran eagerly instead of resuming
+    hint: str = None          # what the user can do to avoid the break
 
 
 @dataclass
@@ -32,10 +34,9 @@ class ExplainOutput:
             if not br.graph_break:
                 lines.append("    (the rest of this frame ran eagerly)")
             lines.append("    User Stack:")
-            for fs in br.user_stack:
-                lines.append(f"      <FrameSummary file {fs.filename}, line {fs.lineno} in {fs.name}>")
-                if fs.line:
-                    lines.append(f"        {fs.line.strip()}")
+            lines.extend(format_stack(br.user_stack, indent="      "))
+            if br.hint:
+                lines.append(f"    Hint: {br.hint}")
         lines.append("Ops per Graph:")
         for i, ops in enumerate(self.ops_per_graph, 1):
             lines.append(f"  Ops {i}:")
@@ -71,9 +72,9 @@ def explain(fn, *extra_args, **extra_kwargs):
         out.graph_count = len(graphs)
         for r in recs:
             if r.break_reason:
-                out.break_reasons.append(BreakReason(r.break_reason, r.user_stack, True))
+                out.break_reasons.append(BreakReason(r.break_reason, r.user_stack, True, r.hint))
             elif r.fallback_reason:
-                out.break_reasons.append(BreakReason(r.fallback_reason, r.user_stack, False))
+                out.break_reasons.append(BreakReason(r.fallback_reason, r.user_stack, False, r.hint))
             out.out_guards.extend(r.guards)
         out.graph_break_count = len(out.break_reasons)
         out.ops_per_graph = [_ops(gm) for gm in graphs]

@@ -96,12 +96,11 @@ class TraceContext:
             return isinstance(source, LocalSource)
         return source in self.auto_dynamic_scalars
 
-    def user_stack(self):
-        """FrameSummary list for the active frames, innermost last."""
-        import traceback
-        out = []
-        for f in self.frames:
-            ins = f.current
-            line = ins.line if ins is not None else f.code.co_firstlineno
-            out.append(traceback.FrameSummary(f.code.co_filename, line, f.code.co_name))
-        return out
+    def stack_snapshot(self):
+        """(code, running instruction) of the active frames, outermost first; cheap to keep."""
+        return [(f.code, f.current) for f in self.frames]
+
+    def user_stack(self, snapshot=None):
+        """FrameSummary list for the active frames (or a snapshot of them), outermost first."""
+        from ..debug.stacks import frame_summary
+        return [frame_summary(code, ins) for code, ins in (snapshot or self.stack_snapshot())]
