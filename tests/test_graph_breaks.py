@@ -1357,9 +1357,6 @@ def test_item_inside_loop(capsys):
     run_diff(item_in_loop, t(3), capsys=capsys)
 
 
-@pytest.mark.xfail(sys.version_info >= (3, 13), strict=False,
-                   reason="3.13: the resume function after a tensor branch in nested loops gets a wrong "
-                          "stack ('int' object is not an iterator); reduced from a generated program")
 def test_tensor_branch_in_nested_loops_then_more_loops():
     # Reduced from tests/test_generated_python.py (core, seed 21).
     def f(x0, x1, items, n, *, label='ab'):
