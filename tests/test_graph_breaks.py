@@ -1733,3 +1733,24 @@ def many_locals_after_break(x, items):
 
 def test_resume_functions_renumber_locals_of_fused_instructions(capsys):
     run_diff(many_locals_after_break, torch.tensor([1.0, 2.0]), [0, 5, 1, 10], capsys=capsys)
+
+
+def change_dict_then_loop_over_it_with_break(x, d, s, lst):
+    # The changes are replayed at the break, while the loops' iterators are live: the
+    # iterators must see the changed containers (and a dict/set iterator made before
+    # the change would raise "changed size during iteration").
+    d.setdefault("new", 0)
+    s.add(9)
+    lst.append(7)
+    for k, v in d.items():
+        print("key", k)
+        x = x + v
+    for v in sorted(s):
+        for w in lst:
+            print("pair", v, w)
+    return x
+
+
+def test_iterators_live_at_a_break_see_the_replayed_changes(capsys):
+    run_diff(change_dict_then_loop_over_it_with_break, torch.ones(2), {"a": 1, "b": 2}, {1, 2}, [5],
+             capsys=capsys)
