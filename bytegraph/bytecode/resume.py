@@ -44,14 +44,15 @@ def resume_code(code, offset, stack_layout, live, name):
 
 def _load_at(code, offset):
     """The code as a ``Bytecode`` list, the instruction found at ``offset``, and where each
-    instruction came from (id -> original offset, None for the second half of a split)."""
+    instruction came from (see ``_origin``)."""
     from . import versions
     bc = Bytecode.from_code(code, conserve_exception_block_stackdepth=True)
     raw = [i for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
     instrs = [x for x in bc if isinstance(x, Instr)]
     if len(raw) != len(instrs):
         raise ValueError(f"cannot map instructions of {code.co_name} ({len(raw)} vs {len(instrs)})")
-    origins = {id(x): d.offset for x, d in zip(instrs, raw)}
+    # id -> (instruction, offset): holding the instruction keeps its id from being reused.
+    origins = {id(x): (x, d.offset) for x, d in zip(instrs, raw)}
     k = next(j for j, d in enumerate(raw) if d.offset == offset)
     target = instrs[k]
     # Copied code renumbers its locals (parameters first), and a superinstruction can only
@@ -63,7 +64,7 @@ def _load_at(code, offset):
             first, second = versions.SUPERINSTRUCTIONS[x.name]
             a = Instr(first, x.arg[0], location=x.location)
             b = Instr(second, x.arg[1], location=x.location)
-            origins[id(a)], origins[id(b)] = origins[id(x)], None
+            origins[id(a)], origins[id(b)] = (a, origins[id(x)][1]), (b, None)
             bc[j:j + 1] = [a, b]
             if x is target:
                 target = a
@@ -79,7 +80,13 @@ def _offset_map(bc, new_code, origins):
     if len(new) != len(instrs):
         raise ValueError(f"assembled code of {new_code.co_name} has {len(new)} instructions, "
                          f"expected {len(instrs)}")
-    return {o: origins.get(id(x)) for o, x in zip(new, instrs)}
+    return {o: _origin(origins, x) for o, x in zip(new, instrs)}
+
+
+def _origin(origins, instr):
+    """The original offset ``instr`` was copied from; None for code we added or a split's half."""
+    entry = origins.get(id(instr))
+    return entry[1] if entry is not None and entry[0] is instr else None
 
 
 def _enter_at(bc, label, stack_layout, lineno):
@@ -127,7 +134,8 @@ def step_function(fn, code, offset, stack_layout, live, after_layout, after_live
     tail = Label()
     pos = next(j for j, x in enumerate(bc) if x is target)
     first = pos
-    while pos + 1 < len(bc) and id(bc[pos + 1]) in origins and origins[id(bc[pos + 1])] is None:
+    while pos + 1 < len(bc) and isinstance(bc[pos + 1], Instr) and id(bc[pos + 1]) in origins \
+            and _origin(origins, bc[pos + 1]) is None:
         pos += 1   # the second half of a split superinstruction runs too
     bc.insert(pos + 1, Instr("JUMP_FORWARD", tail, lineno=lineno))
     # A CALL's KW_NAMES/PRECALL run with it (else its keywords would be lost).

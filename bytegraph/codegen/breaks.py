@@ -70,6 +70,7 @@ def plan_break(fn, index):
         kind = "generic"
     if analysis.inside_user_handler(code, ins.offset) or not is_last_part(rows, index):
         # Inside try: the step must run inside the original code's exception handling.
+        # Mid-instruction (3.13's COMPARE_OP + TO_BOOL...): no resume point after the row.
         kind = "generic"
     if kind == "generic":
         index = first_part(rows, index)
