@@ -1600,6 +1600,31 @@ def try_call_break(x, z):
     return y
 
 
+@bytegraph.disable
+def _eager_scale(t, *more, by=1.0):
+    if by < 0:
+        raise ArithmeticError("negative scale")
+    return t * by + sum(more)
+
+
+def try_keyword_and_star_calls(x, z):
+    # Native calls with keywords (CALL_KW on 3.13, KW_NAMES + CALL before) and with *args
+    # (CALL_FUNCTION_EX), each raising into the handler for some inputs.
+    try:
+        y = _eager_scale(x, by=float(z.sum()))
+        args = (y, 1.0)
+        y = _eager_scale(*args, by=-float(z.max()))
+        if y.sum() > 0:
+            raise ValueError("positive")
+    except ArithmeticError as e:
+        print("arith", e)
+        y = x
+    except ValueError:
+        print("value")
+        y = -x
+    return y
+
+
 def try_for_over_opaque_iterator(x, z, opaque):
     total = x
     try:
@@ -1693,6 +1718,7 @@ def _same_as_eager_on_each(fn, inputs):
     try_branch_on_many_elements, try_and_or_branch, try_and_or_value, try_conditional_expression,
     try_chained_compare, try_while_tensor_condition, try_assert_tensor, with_branch_raises,
     with_branch_escapes, try_in_with_branch, try_call_break, try_nested_loops_branch,
+    try_keyword_and_star_calls,
 ], ids=lambda f: f.__name__)
 def test_tensor_branch_inside_try_or_with(fn):
     _same_as_eager_on_each(fn, _inputs())
