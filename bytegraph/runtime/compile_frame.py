@@ -159,11 +159,11 @@ def _split_at_break(c, values, err):
         return None
     fn = c.fn
     try:
-        result = c.trace(values, stop_before=err.root_index)
+        kind, index = plan_break(fn, err.root_index)
+        result = c.trace(values, stop_before=index)
         if not result.frame.stopped:
             return None
-        ins = decode(fn.__code__)[err.root_index]
-        kind = plan_break(fn, result.frame, ins)
+        ins = decode(fn.__code__)[index]
         run, source, gm = c.codegen(lambda: generate_break(
             fn, result, ins, kind, c.compiler, c.guard_params, c.transformed_name(),
             fn.__code__ in RESUME_INFO, c.compile_graph))
