@@ -256,11 +256,11 @@ def test_fullgraph_names_the_op_and_line(fn, op, line):
         bytegraph.compile(fn, backend="aot_eager", fullgraph=True)(_x(), _w())
     text = str(info.value)
     assert op in text
-    assert f"{__file__}:{fn.__code__.co_firstlineno}" not in text    # the op's own line, not the def
+    assert f'File "{__file__}", line {fn.__code__.co_firstlineno}' not in text    # the op's own line, not the def
     frame = info.value.user_stack[-1]
     assert frame.filename == __file__ and frame.name == fn.__name__
     assert line in frame.line and line in text
-    assert f"{__file__}:{frame.lineno}" in text
+    assert f'File "{__file__}", line {frame.lineno}' in text
 
 
 def test_fullgraph_item_is_unsupported():
