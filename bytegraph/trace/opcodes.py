@@ -10,8 +10,9 @@ import operator
 import torch
 
 from ..errors import Unsupported
+from ..null import NULL
 from ..guards.sources import AttrSource, GlobalSource, ItemSource, ObjectSource
-from ..values.base import (NULL, CellValue, ConstantValue, ContextManagerValue, DictValue,
+from ..values.base import (CellValue, ConstantValue, ContextManagerValue, DictValue,
                            ExceptionValue, ExitValue, FunctionValue, GeneratorValue, IteratorValue,
                            ListValue, ObjectValue, SavedExcInfoValue, SuperValue, TupleValue)
 from ..values.builder import TRUSTED_MODULE_PREFIXES, wrap

@@ -7,8 +7,9 @@ import sys
 import torch
 
 from ..errors import Unsupported
+from ..null import NULL
 from ..guards.sources import ModuleEntrySource
-from ..values.base import (MUTABLE_CONSTANT_TYPES, NULL, BoundMethodValue, ConstantValue, ContextManagerValue,
+from ..values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, ConstantValue, ContextManagerValue,
                            DefaultDictValue, DictValue, DictViewValue, ExceptionValue, FunctionValue,
                            GeneratorValue, IteratorValue, LazyIteratorValue, ListValue, MethodOfValue,
                            ObjectValue, SliceValue, SymValue, TensorMethodValue, TensorValue,

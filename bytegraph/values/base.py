@@ -30,17 +30,6 @@ class Value:
         return ""
 
 
-class NullValue(Value):
-    """The NULL that CALL's calling convention puts next to a callable."""
-    __slots__ = ()
-
-    def _repr_body(self):
-        return "NULL"
-
-
-NULL = NullValue()
-
-
 class ConstantValue(Value):
     """A Python value known while tracing: numbers, strings, None, dtypes, sizes, slices...
 
