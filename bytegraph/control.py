@@ -82,7 +82,7 @@ class _RoutingGlobals(dict):
         value = self.real[name]
         if isinstance(value, types.FunctionType) and not is_disabled(value) \
                 and not hasattr(value, "_bytegraph_original"):
-            from .runtime.continuation import _is_user_function
+            from .residual import _is_user_function
             if _is_user_function(value):
                 return self.compiler.wrapper_for(value)
         return value

@@ -15,8 +15,8 @@ from ..bytecode.resume import CLOSURE_PARAM, NULL_SLOT, resume_code, step_code
 from ..bytecode.versions import split_call_prefix
 from ..errors import Unsupported
 from ..null import NULL
-from ..runtime.continuation import (AutocastExit, Continuation, GradModeExit, Routed, call_through,
-                                    resolve)
+from ..residual import (AutocastExit, Continuation, GradModeExit, Routed, call_through,
+                        resolve)
 from ..values.base import ExitValue
 from ..trace.frame import PendingLocal
 from .rebuild import Namespace, Rebuilder

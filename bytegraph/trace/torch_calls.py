@@ -172,7 +172,7 @@ def apply_state(frame, mgr, entering):
         # Leaving a block that was entered before this resume function began.
         if entering:
             return
-        from ..runtime.continuation import set_autocast_state
+        from ..residual import set_autocast_state
         device_type = mgr.args[0]
         now = (torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type),
                torch.is_autocast_cache_enabled())
@@ -193,7 +193,7 @@ def undo_state_changes(tx):
         elif kind == "autocast":
             saved.__exit__(None, None, None)
         elif kind == "autocast_state":
-            from ..runtime.continuation import set_autocast_state
+            from ..residual import set_autocast_state
             device_type, state = saved
             set_autocast_state(device_type, *state)
     tx.state_changes.clear()

@@ -66,7 +66,7 @@ def _guard(tx, kind, source, expected):
 
 def _wrap(tx, obj, source):
     t = type(obj)
-    from ..runtime.continuation import AutocastExit, GradModeExit
+    from ..residual import AutocastExit, GradModeExit
     if t is AutocastExit:
         from .base import ContextManagerValue, ExitValue
         mgr = ContextManagerValue("autocast_resumed", (obj.device_type,))

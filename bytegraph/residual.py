@@ -1,6 +1,11 @@
-"""Handing over from a transformed function to a resume function without growing the stack.
+"""What generated code calls at run time: continuations, grad-mode and autocast exits, call_through.
 
-A transformed function that stops at a graph break returns
+``trace`` (which puts ``set_autocast_state`` in graphs and meets the exits in the
+resume functions it traces) and ``codegen`` (which emits calls to all of these)
+both import this module, so it sits on a low floor (docs/architecture.md).
+
+Handing over from a transformed function to a resume function without growing the stack:
+a transformed function that stops at a graph break returns
 ``Continuation(resume, args)`` when it was itself entered from a continuation,
 and ``resolve(resume, args)`` (a loop) when it was entered by the user. So a
 loop whose body breaks resumes once per iteration at constant stack depth.
@@ -10,7 +15,7 @@ import types
 
 import torch
 
-from ..trace.calls import has_hooks
+from .trace.calls import has_hooks
 
 
 class Continuation:
@@ -53,7 +58,7 @@ def _is_user_function(fn):
 def call_through(compiler, fn, args, kwargs):
     """Call ``fn`` from residual code: user Python functions go through the compiler."""
     if getattr(fn, "_bytegraph_disabled", False):
-        from ..control import call_disabled
+        from .control import call_disabled
         return call_disabled(compiler, fn, args, kwargs)
     if _is_disallowed(fn):
         return fn(*args, **kwargs)
@@ -82,7 +87,7 @@ class Routed:
 
 
 def _is_disallowed(fn):
-    from ..control import disallowed_in_graph
+    from .control import disallowed_in_graph
     try:
         return fn in disallowed_in_graph
     except TypeError:
