@@ -8,7 +8,7 @@ import torch
 from .errors import BytegraphError
 from .backends.registry import lookup_backend
 from .runtime.dispatch import Compiler, reset_all
-from .trace.calls import has_hooks
+from .residual import has_hooks
 
 _MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 

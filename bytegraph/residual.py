@@ -15,8 +15,6 @@ import types
 
 import torch
 
-from .trace.calls import has_hooks
-
 
 class Continuation:
     __slots__ = ("fn", "args")
@@ -53,6 +51,14 @@ def _is_user_function(fn):
         return False
     mod = (getattr(fn, "__module__", None) or "").split(".")[0]
     return mod not in _STDLIB
+
+
+def has_hooks(m):
+    """True if calling ``m`` would run hooks (its own or global ones)."""
+    from torch.nn.modules import module as mm
+    return bool(m._forward_hooks or m._forward_pre_hooks or mm._global_forward_hooks
+                or mm._global_forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+                or mm._global_backward_hooks or mm._global_backward_pre_hooks)
 
 
 def call_through(compiler, fn, args, kwargs):

@@ -19,6 +19,7 @@ from ..values.base import (BoundMethodValue, ConstantValue, DictValue, ExitValue
                            IteratorValue, MethodOfValue, ObjectValue, PartialValue, RealCell,
                            TensorMethodValue, TensorValue, TracerCallableValue, TupleValue,
                            UserObjectValue)
+from ..residual import has_hooks
 from ..values.builder import wrap
 from . import attrs, generators, operators
 from .exceptions import PythonError, make_exception
@@ -138,14 +139,6 @@ def call_python_function(frame, fv, args, kwargs):
         closure.append(RealCell(cell, csrc))
     return inline_call(frame, fn.__code__, fn.__globals__, fn.__name__, defaults, kwdefaults,
                        closure, args, kwargs)
-
-
-def has_hooks(m):
-    """True if calling ``m`` would run hooks (its own or global ones)."""
-    from torch.nn.modules import module as mm
-    return bool(m._forward_hooks or m._forward_pre_hooks or mm._global_forward_hooks
-                or mm._global_forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
-                or mm._global_backward_hooks or mm._global_backward_pre_hooks)
 
 
 def call_module(frame, mv, args, kwargs):
