@@ -8,7 +8,7 @@ import torch
 from .errors import BytegraphError
 from .backends.registry import lookup_backend
 from .runtime.dispatch import Compiler, reset_all
-from .residual import has_hooks
+from .residual import call_disabled, has_hooks
 
 _MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -65,7 +65,6 @@ def _backend_name(backend):
 def compile_callable(target, compiler):
     """Wrap any callable so that its Python code runs through ``compiler``."""
     if getattr(target, "_bytegraph_disabled", False):
-        from .control import call_disabled
         return functools.wraps(target)(lambda *a, **k: call_disabled(compiler, target, a, k))
     if isinstance(target, types.MethodType):
         wrapped = compiler.wrap_function(target.__func__)

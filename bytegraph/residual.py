@@ -15,6 +15,8 @@ import types
 
 import torch
 
+from .control import disallowed_in_graph, is_disabled
+
 
 class Continuation:
     __slots__ = ("fn", "args")
@@ -64,7 +66,6 @@ def has_hooks(m):
 def call_through(compiler, fn, args, kwargs):
     """Call ``fn`` from residual code: user Python functions go through the compiler."""
     if getattr(fn, "_bytegraph_disabled", False):
-        from .control import call_disabled
         return call_disabled(compiler, fn, args, kwargs)
     if _is_disallowed(fn):
         return fn(*args, **kwargs)
@@ -93,13 +94,50 @@ class Routed:
 
 
 def _is_disallowed(fn):
-    from .control import disallowed_in_graph
     try:
         return fn in disallowed_in_graph
     except TypeError:
         return False
 
 
+class _RoutingGlobals(dict):
+    """Globals for a non-recursive disabled frame: user functions it reads come back compiled."""
+
+    def __init__(self, real, compiler):
+        super().__init__()
+        self.real = real
+        self.compiler = compiler
+
+    def __getitem__(self, name):
+        value = self.real[name]
+        if isinstance(value, types.FunctionType) and not is_disabled(value) \
+                and not hasattr(value, "_bytegraph_original"):
+            if _is_user_function(value):
+                return self.compiler.wrapper_for(value)
+        return value
+
+
+def call_disabled(compiler, fn, args, kwargs):
+    """Call a disabled function; with recursive=False its global callees go through ``compiler``."""
+    target = fn._bytegraph_disabled_target
+    if fn._bytegraph_recursive or compiler is None or not isinstance(target, types.FunctionType) \
+            or _writes_globals(target.__code__):
+        return target(*args, **kwargs)
+    return _run_routing_calls(compiler, target, args, kwargs)
+
+
+def _run_routing_calls(compiler, fn, args, kwargs):
+    routed = types.FunctionType(fn.__code__, _RoutingGlobals(fn.__globals__, compiler), fn.__name__,
+                                fn.__defaults__, fn.__closure__)
+    routed.__kwdefaults__ = fn.__kwdefaults__
+    # Builtins must still resolve: LOAD_GLOBAL falls back to __builtins__ of the globals mapping.
+    dict.__setitem__(routed.__globals__, "__builtins__", fn.__globals__.get("__builtins__", __builtins__))
+    return routed(*args, **kwargs)
+
+
+def _writes_globals(code):
+    import dis
+    return any(i.opname in ("STORE_GLOBAL", "DELETE_GLOBAL") for i in dis.get_instructions(code))
 
 
 def set_autocast_state(device_type, enabled, dtype, cache_enabled):
