@@ -25,7 +25,8 @@ import torch
 
 import bytegraph
 from bytegraph.demo.models import make_inputs, make_model
-from bytegraph.testing import CompileCounter, count_ops
+from bytegraph.debug.counting import count_ops
+from bytegraph.testing import CompileCounter
 
 DEMO_MODELS = ("mlp", "tinygpt")
 BACKENDS = ("eager", "aot_eager", "inductor")
