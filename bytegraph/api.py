@@ -7,6 +7,8 @@ import torch
 
 from .errors import BytegraphError
 from .backends.registry import lookup_backend
+from .debug import records
+from .debug.explain import BreakReason, ExplainOutput, _ops
 from .runtime.dispatch import Compiler, reset_all
 from .residual import call_disabled, has_hooks
 
@@ -204,3 +206,36 @@ def _find_compiled(fn):
             self_obj = getattr(fn, "__self__", None)
             return types.MethodType(wrapper, self_obj) if self_obj is not None else wrapper
     return fn
+
+
+def explain(fn, *extra_args, **extra_kwargs):
+    """``explain(fn)(*args, **kwargs)`` -> ExplainOutput (``explain(fn, *args)`` also works)."""
+
+    def run(*args, **kwargs):
+        graphs = []
+
+        def record_graph(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        start = len(records.frames)
+        compiled = compile(fn, backend=record_graph)
+        compiled(*args, **kwargs)
+        recs = records.frames[start:]
+        out = ExplainOutput()
+        out.graphs = graphs
+        out.graph_count = len(graphs)
+        for r in recs:
+            if r.break_reason:
+                out.break_reasons.append(BreakReason(r.break_reason, r.user_stack, True))
+            elif r.fallback_reason:
+                out.break_reasons.append(BreakReason(r.fallback_reason, r.user_stack, False))
+            out.out_guards.extend(r.guards)
+        out.graph_break_count = len(out.break_reasons)
+        out.ops_per_graph = [_ops(gm) for gm in graphs]
+        out.op_count = sum(len(ops) for ops in out.ops_per_graph)
+        return out
+
+    if extra_args or extra_kwargs:
+        return run(*extra_args, **extra_kwargs)
+    return run
