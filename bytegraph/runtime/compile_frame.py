@@ -11,6 +11,7 @@ from ..guards.sources import ClosureSource, LocalSource
 from ..codegen.transformed import generate
 from ..trace.tracer import frame_params, trace_frame
 from .cache import CacheEntry
+from .signature import _signature_parts
 
 _counter = [0]
 log_graph = logs.get_logger("graph")
@@ -201,7 +202,6 @@ def identity_of(guards):
 def _original_caller(fn):
     """Run the frame's code as it is, over the closure and globals of the function called now
     (many functions share one code object; the first one compiled is not the one called)."""
-    from .dispatch import _signature_parts
     _, passthrough, original, _ = _signature_parts(fn)
     code = fn.__code__
     make = "__FunctionType(__code, G, __name, None, __closure)" if code.co_freevars else "__fn"
