@@ -66,6 +66,10 @@ class ConstantValue(Value):
         return repr(self.value)
 
 
+def constant(value):
+    return ConstantValue(value)
+
+
 class TensorValue(Value):
     """A tensor produced by (or fed into) the graph: an FX node and its fake tensor."""
 
@@ -163,7 +167,6 @@ class DictViewValue(Value):
         return type(getattr({}, self.kind)())
 
     def materialize(self):
-        from .builder import constant
         d = self.dict_value.items
         if self.kind == "keys":
             return [constant(k) for k in d]

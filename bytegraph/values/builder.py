@@ -15,7 +15,7 @@ import torch
 
 from ..guards import builder as g
 from ..guards.sources import AttrSource, ItemSource, ModuleEntrySource
-from .base import ConstantValue, DictValue, ListValue, ObjectValue, TupleValue
+from .base import ConstantValue, DictValue, ListValue, ObjectValue, TupleValue, constant
 
 CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis),
                   type(NotImplemented), torch.dtype, torch.device, torch.layout,
@@ -31,10 +31,6 @@ _IDENTITY_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodTy
                    types.ModuleType, type, types.MethodDescriptorType,
                    types.WrapperDescriptorType, types.MethodWrapperType,
                    types.BuiltinMethodType, types.ClassMethodDescriptorType, types.CodeType)
-
-
-def constant(value):
-    return ConstantValue(value)
 
 
 def is_trusted_module(mod):
