@@ -98,6 +98,8 @@ class OptimizedModule(torch.nn.Module):
     _own = frozenset({"_orig_mod", "_compiler", "_compiled_forward", "forward", "__call__",
                       "__class__", "__dict__", "__repr__", "_call_impl", "train", "eval",
                       "__getstate__", "__setstate__", "__reduce_ex__"})
+    # Marks the class itself for values.builder, which unwraps such modules and cannot import api.
+    _bytegraph_compiled_module = True
 
     def __init__(self, mod, compiler):
         object.__setattr__(self, "_orig_mod", mod)

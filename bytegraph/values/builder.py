@@ -147,8 +147,7 @@ def _existing(tx, value):
 
 
 def _compiled_original(obj):
-    from ..api import OptimizedModule
-    if type(obj) is OptimizedModule:
+    if type(obj).__dict__.get("_bytegraph_compiled_module", False):   # api.OptimizedModule
         return object.__getattribute__(obj, "_orig_mod")
     if isinstance(obj, types.FunctionType):
         return getattr(obj, "_bytegraph_original", None)
