@@ -11,22 +11,11 @@ from ..values.base import (BoundMethodValue, ConstantValue, ContextManagerValue,
                            ObjectValue, PrivateObjectValue, SuperValue, TensorMethodValue, TensorValue,
                            TupleValue, UserObjectValue)
 from ..values.builder import CONSTANT_TYPES, is_trusted_module, wrap
+from .basics import describe
 
 
 class MissingAttribute(Unsupported):
     """Reading an attribute the object does not have (AttributeError in eager)."""
-
-
-def describe(v):
-    if isinstance(v, ObjectValue):
-        o = v.obj
-        name = getattr(o, "__qualname__", None) if isinstance(o, (type, types.FunctionType)) else None
-        return f"{type(o).__name__} {name}" if name else f"a {type(o).__name__} object"
-    if isinstance(v, ConstantValue):
-        return f"constant {v.value!r}"
-    if isinstance(v, TensorValue):
-        return "a tensor"
-    return type(v).__name__.replace("Value", "").lower() or "value"
 
 
 # Tensor attributes answered from the fake tensor (fixed by the tensor's guard).
