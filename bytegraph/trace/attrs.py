@@ -12,6 +12,7 @@ from ..values.base import (BoundMethodValue, ConstantValue, ContextManagerValue,
                            TupleValue, UserObjectValue)
 from ..values.builder import CONSTANT_TYPES, is_trusted_module, wrap
 from .basics import describe
+from .protocols import _lookup_static
 
 
 class MissingAttribute(Unsupported):
@@ -126,13 +127,6 @@ def _constant_attr(v, name):
         # A builtin method of an immutable constant: folded when called.
         return ObjectValue(out)
     return ConstantValue(out)
-
-
-def _lookup_static(cls, name):
-    for klass in cls.__mro__:
-        if name in klass.__dict__:
-            return klass.__dict__[name], True
-    return None, False
 
 
 def _is_torch_nn_module(obj):

@@ -14,6 +14,7 @@ from ..values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, ConstantVal
                            TupleValue, UserObjectValue)
 from . import attrs, protocols
 from .basics import as_constant, constant_value, is_constant
+from .protocols import is_not_implemented
 
 BINARY = {
     "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
@@ -56,10 +57,6 @@ def constant_fold(frame, fn, args, what):
 
 def graph_op(frame, fn, args, kwargs=None):
     return frame.tx.graph.call("call_function", fn, list(args), kwargs or {})
-
-
-def is_not_implemented(v):
-    return isinstance(v, ConstantValue) and v.value is NotImplemented
 
 
 def _user_objects(*values):
