@@ -12,11 +12,8 @@ from ..values.base import (BoundMethodValue, ConstantValue, ContextManagerValue,
                            TupleValue, UserObjectValue)
 from ..values.builder import CONSTANT_TYPES, is_trusted_module, wrap
 from .basics import describe
+from .exceptions import MissingAttribute
 from .protocols import _lookup_static
-
-
-class MissingAttribute(Unsupported):
-    """Reading an attribute the object does not have (AttributeError in eager)."""
 
 
 # Tensor attributes answered from the fake tensor (fixed by the tensor's guard).

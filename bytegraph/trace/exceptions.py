@@ -35,6 +35,10 @@ class PythonError(Unsupported):
         self.exc = exc
 
 
+class MissingAttribute(Unsupported):
+    """Reading an attribute the object does not have (AttributeError in eager)."""
+
+
 # --- the exception table -------------------------------------------------------------
 
 @lru_cache(maxsize=1024)
@@ -177,7 +181,6 @@ def raise_new(cls, *args):
 
 def converted(err):
     """The ExceptionValue for an Unsupported that means eager Python raises, else None."""
-    from .attrs import MissingAttribute
     if isinstance(err, PythonError):
         return from_python(err.exc)
     if isinstance(err, MissingAttribute):
