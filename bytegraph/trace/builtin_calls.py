@@ -24,6 +24,7 @@ from ..values.builder import wrap
 from . import attrs, generators, operators, with_blocks
 from .calls import call, fold, has_tensor
 from .exceptions import TracedRaise, to_str
+from .generators import check_unchanged, iterated_containers
 from .iteration import iterate
 
 
@@ -136,18 +137,6 @@ def _range(frame, args, kwargs):
     return ConstantValue(range(*_const_args(args, "range")))
 
 
-def iterated_containers(values):
-    """The lists/dicts an iterator over ``values`` reads lazily in eager (see FOR_ITER)."""
-    from ..values.base import DictViewValue
-    out = []
-    for v in values:
-        if isinstance(v, DictViewValue):
-            v = v.dict_value
-        if isinstance(v, (ListValue, DictValue)):
-            out.append(v)
-    return out
-
-
 @builtin(enumerate)
 def _enumerate(frame, args, kwargs):
     if not isinstance(args[0], (TupleValue, ListValue, IteratorValue, DictValue, ConstantValue)):
@@ -198,7 +187,6 @@ def _next(frame, args, kwargs):
     it = args[0]
     if not isinstance(it, IteratorValue):
         return generators.builtin_next(frame, args, kwargs)
-    from .containers import check_unchanged
     check_unchanged(it)
     if it.pos >= len(it.items):
         if len(args) > 1:

@@ -260,14 +260,3 @@ def _namedtuple_method(frame, tup, name, args, kwargs):
     if args or unknown:
         raise Unsupported(f"{tup.cls.__name__}._replace() got unexpected field names {sorted(unknown)}")
     return TupleValue([kwargs.get(f, v) for f, v in zip(fields, tup.items)], cls=tup.cls)
-
-
-def check_unchanged(it):
-    """Before taking the next item of an iterator value: the containers it reads are unchanged."""
-    for origin, then in it.origins:
-        now = origin.items
-        same = list(now) == then if isinstance(now, dict) else (
-            len(now) == len(then) and all(a is b for a, b in zip(now, then)))
-        if not same:
-            raise Unsupported(f"the {origin.python_type().__name__} being iterated over was changed "
-                              "while iterating; this is not supported")

@@ -11,8 +11,8 @@ in CPython's order. ``next_item`` is the one way to advance any iterator value.
 import itertools
 
 from ..errors import Unsupported
-from ..values.base import (ConstantValue, GeneratorValue, IteratorValue, LazyIteratorValue,
-                           ObjectValue, TracerCallableValue, TupleValue)
+from ..values.base import (ConstantValue, DictValue, GeneratorValue, IteratorValue, LazyIteratorValue,
+                           ListValue, ObjectValue, TracerCallableValue, TupleValue)
 from .exceptions import TracedRaise, new, raise_new, unwind
 
 EXHAUSTED = object()   # next_item's answer when the iterator is done
@@ -295,7 +295,6 @@ def get_iter(frame, v):
     user = user_iterator(frame, v)
     if user is not None:
         return user
-    from .builtin_calls import iterated_containers
     from .iteration import iterate
     return IteratorValue(iterate(frame, v), origins=iterated_containers([v]), remake=(iter, [v]))
 
@@ -313,6 +312,31 @@ def user_iterator(frame, v):
         # The old sequence protocol: v[0], v[1]... until IndexError.
         return LazyIteratorValue("sequence", [v], {"i": 0, "getitem": attrs.get_attr(frame, v, "__getitem__")})
     return None
+
+
+# --- the containers an iterator reads -------------------------------------------------------
+
+def iterated_containers(values):
+    """The lists/dicts an iterator over ``values`` reads lazily in eager (see FOR_ITER)."""
+    from ..values.base import DictViewValue
+    out = []
+    for v in values:
+        if isinstance(v, DictViewValue):
+            v = v.dict_value
+        if isinstance(v, (ListValue, DictValue)):
+            out.append(v)
+    return out
+
+
+def check_unchanged(it):
+    """Before taking the next item of an iterator value: the containers it reads are unchanged."""
+    for origin, then in it.origins:
+        now = origin.items
+        same = list(now) == then if isinstance(now, dict) else (
+            len(now) == len(then) and all(a is b for a, b in zip(now, then)))
+        if not same:
+            raise Unsupported(f"the {origin.python_type().__name__} being iterated over was changed "
+                              "while iterating; this is not supported")
 
 
 # --- builtins over lazy iterators (hooks from trace/calls.py) -----------------------------------

@@ -18,7 +18,7 @@ from ..values.base import (CellValue, ConstantValue, ContextManagerValue, DictVa
 from ..values.builder import TRUSTED_MODULE_PREFIXES, wrap
 from .context import DELETED
 from . import attrs, calls, exceptions, generators, operators, with_blocks
-from .containers import check_unchanged
+from .generators import check_unchanged
 from .iteration import iterate, unpack
 from ..bytecode.versions import method_pair, send_returned
 
