@@ -11,6 +11,7 @@ from ..values.base import (BoundMethodValue, ConstantValue, ContextManagerValue,
                            ObjectValue, PrivateObjectValue, SuperValue, TensorMethodValue, TensorValue,
                            TupleValue, UserObjectValue)
 from ..values.builder import CONSTANT_TYPES, is_trusted_module, wrap
+from . import exceptions, ops
 from .basics import describe
 from .exceptions import MissingAttribute
 from .protocols import _lookup_static
@@ -47,8 +48,7 @@ def _get_attr(frame, v, name):
     if isinstance(v, SuperValue):
         return _super_attr(frame, v, name)
     if isinstance(v, (ExceptionValue, GeneratorValue)):
-        from . import exceptions, generators
-        return (exceptions if isinstance(v, ExceptionValue) else generators).get_attr(frame, v, name)
+        return (exceptions.get_attr if isinstance(v, ExceptionValue) else ops.generator_attr)(frame, v, name)
     if isinstance(v, TupleValue):
         fields = getattr(v.cls, "_fields", None) or getattr(v.cls, "__match_args__", None)
         if fields and name in fields:
@@ -206,8 +206,7 @@ def _object_attr(frame, v, name):
     class_attr, found = _lookup_static(cls, name)
     if found and _is_data_descriptor(class_attr):
         if isinstance(class_attr, property):
-            from .calls import call
-            return call(frame, wrap(tx, class_attr.fget, None), [v], {})
+            return ops.call(frame, wrap(tx, class_attr.fget, None), [v], {})
         return wrap(tx, getattr(obj, name), asrc)
     inst_dict = getattr(obj, "__dict__", None)
     if inst_dict is not None and name in inst_dict:
@@ -237,8 +236,7 @@ def _object_attr(frame, v, name):
         return wrap(tx, class_attr, asrc if not cls.__module__.startswith("torch.") else None)
     getattr_hook, has_hook = _lookup_static(cls, "__getattr__")
     if has_hook and getattr_hook is not torch.nn.Module.__getattr__:
-        from .calls import call
-        return call(frame, BoundMethodValue(wrap(tx, getattr_hook, None), v), [ConstantValue(name)], {})
+        return ops.call(frame, BoundMethodValue(wrap(tx, getattr_hook, None), v), [ConstantValue(name)], {})
     raise MissingAttribute(f"{cls.__name__!r} object has no attribute {name!r}")
 
 
@@ -251,10 +249,9 @@ def _class_attribute(frame, cls, name, self_value):
     if isinstance(attr, types.FunctionType):
         return BoundMethodValue(w(frame.tx, attr, None), self_value), True
     if isinstance(attr, property):
-        from .calls import call
         if attr.fget is None:
             raise MissingAttribute(f"property {name!r} of {cls.__qualname__} has no getter")
-        return call(frame, w(frame.tx, attr.fget, None), [self_value], {}), True
+        return ops.call(frame, w(frame.tx, attr.fget, None), [self_value], {}), True
     if isinstance(attr, staticmethod):
         return w(frame.tx, attr.__func__, None), True
     if isinstance(attr, classmethod):
@@ -286,8 +283,7 @@ def _user_object_attr(frame, v, name):
         return value
     getattr_hook, has_hook = _lookup_static(v.cls, "__getattr__")
     if has_hook:
-        from .calls import call
-        return call(frame, BoundMethodValue(wrap(frame.tx, getattr_hook, None), v), [ConstantValue(name)], {})
+        return ops.call(frame, BoundMethodValue(wrap(frame.tx, getattr_hook, None), v), [ConstantValue(name)], {})
     raise MissingAttribute(f"{v.cls.__name__!r} object has no attribute {name!r}")
 
 
@@ -320,8 +316,7 @@ def _super_attr(frame, sv, name):
             if isinstance(attr, staticmethod):
                 return w(frame.tx, attr.__func__, None)
             if isinstance(attr, property) and attr.fget is not None:
-                from .calls import call
-                return call(frame, w(frame.tx, attr.fget, None), [sv.obj], {})
+                return ops.call(frame, w(frame.tx, attr.fget, None), [sv.obj], {})
             if klass is dict and name in _DICT_READS and isinstance(sv.obj, ObjectValue) \
                     and sv.obj.source is not None:
                 # dict's own read methods on a dict subclass that exists outside the trace:
@@ -376,8 +371,7 @@ def set_attr(frame, obj, name, value, plain=False):
     if isinstance(obj, UserObjectValue):
         hook = obj.cls.__setattr__
         if not plain and hook is not object.__setattr__:
-            from .calls import call
-            call(frame, wrap(frame.tx, hook, None), [obj, ConstantValue(name), value], {})
+            ops.call(frame, wrap(frame.tx, hook, None), [obj, ConstantValue(name), value], {})
             return
         attr, found = _lookup_static(obj.cls, name)
         if found and _is_data_descriptor(attr) and not isinstance(attr, types.MemberDescriptorType):
@@ -387,8 +381,7 @@ def set_attr(frame, obj, name, value, plain=False):
     if isinstance(obj, PrivateObjectValue):
         hook = type(obj.obj).__setattr__
         if not plain and isinstance(hook, types.FunctionType):
-            from .calls import call
-            call(frame, wrap(frame.tx, hook, None), [obj, ConstantValue(name), value], {})
+            ops.call(frame, wrap(frame.tx, hook, None), [obj, ConstantValue(name), value], {})
             return
         from .operators import as_constant
         # Nothing outside the trace sees this object: the store happens now.

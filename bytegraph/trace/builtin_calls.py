@@ -21,7 +21,7 @@ from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue
                            ObjectValue, PrivateObjectValue, SuperValue, SymValue, TensorMethodValue,
                            TensorValue, TracedId, TupleValue, UserObjectValue)
 from ..values.builder import wrap
-from . import attrs, generators, operators, with_blocks
+from . import attrs, generators, operators, ops, with_blocks
 from .calls import call, fold, has_tensor
 from .exceptions import TracedRaise, to_str
 from .generators import check_unchanged, iterated_containers
@@ -208,9 +208,8 @@ def _list(frame, args, kwargs):
 
 @builtin(dict)
 def _dict(frame, args, kwargs):
-    from .containers import call_method
     out = DictValue({})
-    call_method(frame, out, "update", list(args), kwargs)
+    ops.call_method(frame, out, "update", list(args), kwargs)
     return out
 
 

@@ -21,7 +21,7 @@ from ..values.base import (BoundMethodValue, ConstantValue, DictValue, ExitValue
                            UserObjectValue)
 from ..residual import has_hooks
 from ..values.builder import wrap
-from . import attrs, generators, operators
+from . import attrs, generators, operators, ops
 from .exceptions import PythonError, make_exception
 from .frame import inline_call
 
@@ -35,8 +35,7 @@ def call(frame, fn, args, kwargs):
         return inline_call(frame, fn.code, fn.globals, fn.name, fn.defaults, fn.kwdefaults,
                            fn.closure, list(args), kwargs)
     if isinstance(fn, MethodOfValue):
-        from .containers import call_method
-        return call_method(frame, fn.owner, fn.name, list(args), kwargs)
+        return ops.call_method(frame, fn.owner, fn.name, list(args), kwargs)
     if isinstance(fn, PartialValue):
         return call(frame, fn.func, fn.args + list(args), {**fn.kwargs, **kwargs})
     if isinstance(fn, ExitValue):
@@ -62,10 +61,10 @@ def _call_object(frame, fv, args, kwargs):
     if special is not None:
         return special
     from .torch_calls import is_graph_function, torch_call, call_torch_class
-    handler = builtin_calls.BUILTIN_HANDLERS.get(_key(obj))
+    handler = ops.BUILTIN_HANDLERS.get(_key(obj))
     if handler is not None:
         return handler(frame, args, kwargs)
-    stdlib = stdlib_calls.call_stdlib_object(frame, fv, args, kwargs)
+    stdlib = ops.call_stdlib_object(frame, fv, args, kwargs)
     if stdlib is not None:
         return stdlib
     if isinstance(obj, torch.nn.Module):
@@ -334,8 +333,3 @@ def enter_context(frame, mgr):
 def exit_context(frame, mgr):
     from .torch_calls import apply_state
     apply_state(frame, mgr, entering=False)
-
-
-# Builtins and the standard library live in their own modules; they need ``call`` and
-# ``fold`` from here, so they are imported last and read at call time.
-from . import builtin_calls, stdlib_calls  # noqa: E402

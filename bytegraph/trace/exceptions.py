@@ -17,6 +17,8 @@ from functools import lru_cache
 
 from ..errors import Unsupported
 from ..values.base import (ConstantValue, ExceptionValue, ObjectValue, TupleValue, UserObjectValue)
+from . import ops
+from .protocols import _lookup_static
 
 
 class TracedRaise(Exception):
@@ -133,7 +135,6 @@ def is_supported_class(cls):
 
 def make_exception(frame, cls, args, kwargs):
     """``cls(*args, **kwargs)`` for an exception class: an ExceptionValue, its ``__init__`` traced."""
-    from .calls import call
     from ..values.builder import wrap
     if not is_supported_class(cls):
         raise Unsupported(f"creating {cls.__qualname__} exceptions inside the compiled function is not supported yet")
@@ -144,7 +145,7 @@ def make_exception(frame, cls, args, kwargs):
         value.root_index = frame.current.index
     init = cls.__init__
     if isinstance(init, types.FunctionType):
-        result = call(frame, wrap(frame.tx, init, None), [value] + list(args), kwargs)
+        result = ops.call(frame, wrap(frame.tx, init, None), [value] + list(args), kwargs)
         if not (isinstance(result, ConstantValue) and result.value is None):
             raise Unsupported(f"{cls.__qualname__}.__init__ returned a value")
     elif kwargs:
@@ -223,11 +224,10 @@ def matches(exc, classes):
 def to_exception(frame, v, what="exceptions"):
     """The exception object that ``raise v`` raises (or ``from v`` names, ``what="exception
     causes"``): instantiate a class, check the type."""
-    from .calls import call
     if isinstance(v, ExceptionValue):
         return v
     if isinstance(v, ObjectValue) and isinstance(v.obj, type) and issubclass(v.obj, BaseException):
-        made = call(frame, v, [], {})
+        made = ops.call(frame, v, [], {})
         if not isinstance(made, ExceptionValue):
             raise_new(TypeError, f"calling {v.obj!r} should have returned an instance of BaseException, "
                                  f"not {type(made).__name__}")
@@ -273,7 +273,6 @@ def reraise_current(frame):
 # --- reading exception objects ------------------------------------------------------------
 
 def get_attr(frame, v, name):
-    from . import attrs
     from ..values.builder import wrap
     if name == "args":
         return TupleValue(v.args)
@@ -294,11 +293,11 @@ def get_attr(frame, v, name):
         return v.args[0] if v.args else ConstantValue(None)
     if name in ("name", "obj") and issubclass(v.cls, (AttributeError, NameError)):
         return ConstantValue(None)
-    attr, found = attrs._lookup_static(v.cls, name)
+    attr, found = _lookup_static(v.cls, name)
     if found and getattr(attr, "__objclass__", None) is BaseException or name in (
             "__traceback__", "with_traceback", "add_note", "__notes__"):
         raise Unsupported(f"{name!r} of an exception made inside the compiled function is not supported yet")
-    return attrs._user_object_attr(frame, v, name)
+    return ops.user_object_attr(frame, v, name)
 
 
 def set_attr(frame, v, name, value):
@@ -307,8 +306,7 @@ def set_attr(frame, v, name, value):
         v.suppress_context = True
         return
     if name == "args":
-        from .iteration import iterate
-        v.args = iterate(frame, value)
+        v.args = ops.iterate(frame, value)
         return
     if name in ("__context__", "__traceback__", "__suppress_context__"):
         raise Unsupported(f"setting {name} of an exception is not supported yet")
@@ -317,13 +315,12 @@ def set_attr(frame, v, name, value):
 
 def to_str(frame, v, fn=str):
     """``str(e)`` / ``repr(e)``: a user ``__str__``/``__repr__`` is traced; else the builtin's on constants."""
-    from .calls import call
     from .operators import as_constant
     from ..values.builder import wrap
     special = "__str__" if fn is str else "__repr__"
     method = getattr(v.cls, special)
     if isinstance(method, types.FunctionType):
-        return call(frame, wrap(frame.tx, method, None), [v], {})
+        return ops.call(frame, wrap(frame.tx, method, None), [v], {})
     base = _builtin_base(v.cls)
     try:
         args = [as_constant(a) for a in v.args]

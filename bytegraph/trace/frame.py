@@ -8,6 +8,7 @@ import inspect
 from ..bytecode.instructions import decode
 from ..errors import Unsupported
 from ..values.base import ConstantValue, DictValue, TupleValue
+from . import ops
 from .context import MAX_INLINE_DEPTH
 from .exceptions import TracedRaise, break_index, converted, escape_error, unwind
 from .generators import check_finished_generators, make_generator
@@ -50,7 +51,7 @@ class Frame:
         self.stopped = False
 
     def run(self):
-        from .opcodes import HANDLERS
+        HANDLERS = ops.HANDLERS
         tx = self.tx
         tx.frames.append(self)
         try:

@@ -13,6 +13,7 @@ import itertools
 from ..errors import Unsupported
 from ..values.base import (ConstantValue, DictValue, GeneratorValue, IteratorValue, LazyIteratorValue,
                            ListValue, ObjectValue, TracerCallableValue, TupleValue)
+from . import ops
 from .exceptions import TracedRaise, new, raise_new, unwind
 
 EXHAUSTED = object()   # next_item's answer when the iterator is done
@@ -202,25 +203,23 @@ def _enumerate_next(frame, it):
 
 
 def _map_next(frame, it):
-    from .calls import call
     args = []
     for part in it.parts:
         item = next_item(frame, part)
         if item is EXHAUSTED:
             return EXHAUSTED
         args.append(item)
-    return call(frame, it.state["fn"], args, {})
+    return ops.call(frame, it.state["fn"], args, {})
 
 
 def _filter_next(frame, it):
-    from .calls import call
     from .operators import truth
     fn = it.state["fn"]
     while True:
         item = next_item(frame, it.parts[0])
         if item is EXHAUSTED:
             return EXHAUSTED
-        keep = item if fn is None else call(frame, fn, [item], {})
+        keep = item if fn is None else ops.call(frame, fn, [item], {})
         if truth(frame, keep):
             return item
 
@@ -269,10 +268,9 @@ def _python_next(frame, obj):
 
 def _sequence_next(frame, it):
     # Old-style iteration: __getitem__(0), (1), ... until IndexError or StopIteration.
-    from .calls import call
     i = it.state["i"]
     try:
-        item = call(frame, it.state["getitem"], [ConstantValue(i)], {})
+        item = ops.call(frame, it.state["getitem"], [ConstantValue(i)], {})
     except TracedRaise as e:
         if issubclass(e.value.cls, (IndexError, StopIteration)):
             return EXHAUSTED
@@ -295,8 +293,7 @@ def get_iter(frame, v):
     user = user_iterator(frame, v)
     if user is not None:
         return user
-    from .iteration import iterate
-    return IteratorValue(iterate(frame, v), origins=iterated_containers([v]), remake=(iter, [v]))
+    return IteratorValue(ops.iterate(frame, v), origins=iterated_containers([v]), remake=(iter, [v]))
 
 
 def user_iterator(frame, v):

@@ -8,7 +8,7 @@ adding or removing a hook recompiles.
 """
 from ..errors import Unsupported
 from ..values.base import DictValue, TupleValue
-from . import attrs
+from . import attrs, ops
 
 
 def has_unsupported_hooks(m):
@@ -20,7 +20,6 @@ def has_unsupported_hooks(m):
 
 def call_with_hooks(frame, mv, args, kwargs, call_forward):
     """Trace ``mv(*args, **kwargs)`` with its forward pre-hooks and forward hooks."""
-    from .calls import call
     from .operators import is_none
     m = mv.obj
     if has_unsupported_hooks(m):
@@ -32,7 +31,7 @@ def call_with_hooks(frame, mv, args, kwargs, call_forward):
     _table(frame, mv, "_forward_pre_hooks_with_kwargs")
     for key, hook in pre_hooks.items.items():
         if key in with_kwargs:
-            result = call(frame, hook, [mv, TupleValue(args), DictValue(kwargs)], {})
+            result = ops.call(frame, hook, [mv, TupleValue(args), DictValue(kwargs)], {})
             if not is_none(result):
                 if not (isinstance(result, TupleValue) and len(result.items) == 2
                         and isinstance(result.items[1], DictValue)):
@@ -40,7 +39,7 @@ def call_with_hooks(frame, mv, args, kwargs, call_forward):
                 args = list(_as_tuple(result.items[0]).items)
                 kwargs = dict(result.items[1].items)
         else:
-            result = call(frame, hook, [mv, TupleValue(args)], {})
+            result = ops.call(frame, hook, [mv, TupleValue(args)], {})
             if not is_none(result):
                 args = list(_as_tuple(result).items)
     output = call_forward(args, kwargs)
@@ -49,9 +48,9 @@ def call_with_hooks(frame, mv, args, kwargs, call_forward):
     _table(frame, mv, "_forward_hooks_with_kwargs")
     for key, hook in hooks.items.items():
         if key in with_kwargs:
-            result = call(frame, hook, [mv, TupleValue(args), DictValue(kwargs), output], {})
+            result = ops.call(frame, hook, [mv, TupleValue(args), DictValue(kwargs), output], {})
         else:
-            result = call(frame, hook, [mv, TupleValue(args), output], {})
+            result = ops.call(frame, hook, [mv, TupleValue(args), output], {})
         if not is_none(result):
             output = result
     return output

@@ -12,7 +12,7 @@ from ..values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, ConstantVal
                            GeneratorValue, IteratorValue, LazyIteratorValue, ListValue, MethodOfValue,
                            ObjectValue, SliceValue, SymValue, TensorMethodValue, TensorValue,
                            TupleValue, UserObjectValue)
-from . import attrs, protocols
+from . import attrs, ops, protocols
 from .basics import as_constant, constant_value, is_constant
 from .protocols import is_not_implemented
 
@@ -66,8 +66,7 @@ def _user_objects(*values):
 def binary(frame, op, a, b):
     fn = BINARY[op]
     if op.endswith("=") and isinstance(a, (ListValue, DictValue, ConstantValue)):
-        from .containers import inplace_operator
-        changed = inplace_operator(frame, op, a, b)
+        changed = ops.inplace_operator(frame, op, a, b)
         if changed is not None:
             return changed
     if _user_objects(a, b):
@@ -91,16 +90,14 @@ def binary(frame, op, a, b):
         if seq is not None:
             return seq
     if op in ("|", "|=") and isinstance(a, DictValue) and isinstance(b, DictValue):
-        from .containers import call_method
-        return call_method(frame, a, "__ior__" if op == "|=" else "__or__", [b], {})
+        return ops.call_method(frame, a, "__ior__" if op == "|=" else "__or__", [b], {})
     return constant_fold(frame, fn, [a, b], f"operator {op}")
 
 
 def _sequence_op(frame, op, a, b):
     if op in ("+", "+="):
         if isinstance(a, ListValue) and op == "+=":
-            from .iteration import iterate
-            items = iterate(frame, b)
+            items = ops.iterate(frame, b)
             frame.tx.mark_mutated(a, "+= on")
             a.items.extend(items)
             return a
@@ -354,8 +351,7 @@ def getitem(frame, obj, index):
         k = key_of(index)
         if k not in obj.items:
             if isinstance(obj, DefaultDictValue) and not is_none(obj.factory):
-                from .calls import call
-                obj.items[k] = call(frame, obj.factory, [], {})
+                obj.items[k] = ops.call(frame, obj.factory, [], {})
                 return obj.items[k]
             from .exceptions import PythonError
             raise PythonError(f"KeyError: {k!r}", KeyError(k))
@@ -391,9 +387,8 @@ def _module_item(frame, mv, index):
         return ObjectValue(m[index])
     getitem_fn = getattr(type(m), "__getitem__", None)
     if getitem_fn is not None:
-        from .calls import call
         from ..values.builder import wrap as w
-        return call(frame, w(frame.tx, getitem_fn, None), [mv, ConstantValue(index)], {})
+        return ops.call(frame, w(frame.tx, getitem_fn, None), [mv, ConstantValue(index)], {})
     raise Unsupported(f"indexing {type(m).__name__} is not supported")
 
 
@@ -408,8 +403,7 @@ def setitem(frame, obj, index, value):
     if isinstance(obj, ListValue):
         i = as_constant(index)
         if isinstance(i, slice):
-            from .iteration import iterate
-            new = iterate(frame, value)
+            new = ops.iterate(frame, value)
             frame.tx.mark_mutated(obj, "slice assignment on")
             try:
                 obj.items[i] = new
