@@ -11,6 +11,7 @@ from .debug import records
 from .debug.explain import BreakReason, ExplainOutput, _ops
 from .runtime.dispatch import Compiler, reset_all
 from .residual import call_disabled, has_hooks
+from .trace.state import is_compiling
 
 _MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -161,12 +162,6 @@ def _call_with_hooks(mod, forward, args, kwargs):
 def reset():
     """Forget every compiled artefact: caches, recorded reasons, counters."""
     reset_all()
-
-
-def is_compiling():
-    """True while bytegraph is tracing (always False in the code it produces)."""
-    from .trace import state
-    return state.tracing
 
 
 __all__ = ["compile", "reset", "OptimizedModule", "is_compiling", "inspect"]

@@ -24,6 +24,7 @@ from ..values.builder import wrap
 from . import attrs, generators, operators, ops
 from .exceptions import PythonError, make_exception
 from .frame import inline_call
+from .state import is_compiling
 
 
 def call(frame, fn, args, kwargs):
@@ -97,7 +98,6 @@ def _call_object(frame, fv, args, kwargs):
 def _control_call(frame, obj, args, kwargs):
     """Calls governed by bytegraph.disable / allow_in_graph / disallow_in_graph / graph_break."""
     from .. import control
-    from ..api import is_compiling
     if obj is is_compiling or (getattr(obj, "__name__", None) == "is_compiling"
                                and (getattr(obj, "__module__", None) or "").startswith("torch")):
         return ConstantValue(True)
