@@ -5,15 +5,18 @@ from collections import OrderedDict
 import torch
 
 from ..errors import Unsupported
-from ..guards.sources import AttrSource, ModuleEntrySource
+from ..guards import builder as g
+from ..guards.builder import MISSING_ATTR
+from ..guards.sources import AttrSource, ItemSource, ModuleEntrySource
 from ..values.base import (BoundMethodValue, ConstantValue, ContextManagerValue, DictValue,
                            ExceptionValue, FunctionValue, GeneratorValue, ListValue, MethodOfValue,
                            ObjectValue, PrivateObjectValue, SuperValue, TensorMethodValue, TensorValue,
                            TupleValue, UserObjectValue)
-from ..values.builder import CONSTANT_TYPES, is_trusted_module, wrap
+from ..values.builder import CONSTANT_TYPES, is_trusted_module, note_reassigned_buffer, wrap
 from . import exceptions, ops
-from .basics import describe
-from .exceptions import MissingAttribute
+from .basics import as_constant, describe
+from .context import DELETED
+from .exceptions import MissingAttribute, set_attr as set_exception_attr, super_attr
 from .protocols import _lookup_static
 
 
@@ -31,7 +34,6 @@ def get_attr(frame, v, name):
     except MissingAttribute:
         # The trace goes on knowing the attribute is missing (hasattr, except AttributeError).
         if isinstance(v, ObjectValue) and v.source is not None:
-            from ..guards.builder import MISSING_ATTR
             frame.tx.guards.add(MISSING_ATTR, v.source, name)
         raise
 
@@ -162,7 +164,6 @@ def _object_attr(frame, v, name):
     obj, src = v.obj, v.source
     pending = tx.attr_stores.get((id(obj), name))
     if pending is not None:
-        from .context import DELETED
         if pending[2] is DELETED:
             raise MissingAttribute(f"{type(obj).__name__!r} object has no attribute {name!r} (deleted)")
         return pending[2]
@@ -242,23 +243,22 @@ def _object_attr(frame, v, name):
 
 def _class_attribute(frame, cls, name, self_value):
     """A class attribute looked up for an instance: methods bind, properties run."""
-    from ..values.builder import wrap as w
     attr, found = _lookup_static(cls, name)
     if not found:
         return None, False
     if isinstance(attr, types.FunctionType):
-        return BoundMethodValue(w(frame.tx, attr, None), self_value), True
+        return BoundMethodValue(wrap(frame.tx, attr, None), self_value), True
     if isinstance(attr, property):
         if attr.fget is None:
             raise MissingAttribute(f"property {name!r} of {cls.__qualname__} has no getter")
-        return ops.call(frame, w(frame.tx, attr.fget, None), [self_value], {}), True
+        return ops.call(frame, wrap(frame.tx, attr.fget, None), [self_value], {}), True
     if isinstance(attr, staticmethod):
-        return w(frame.tx, attr.__func__, None), True
+        return wrap(frame.tx, attr.__func__, None), True
     if isinstance(attr, classmethod):
-        return BoundMethodValue(w(frame.tx, attr.__func__, None), w(frame.tx, cls, None)), True
+        return BoundMethodValue(wrap(frame.tx, attr.__func__, None), wrap(frame.tx, cls, None)), True
     if hasattr(type(attr), "__get__") and not isinstance(attr, CONSTANT_TYPES):
         raise Unsupported(f"descriptor {type(attr).__name__} for {cls.__qualname__}.{name} is not supported yet")
-    return w(frame.tx, attr, None), True
+    return wrap(frame.tx, attr, None), True
 
 
 def _user_object_attr(frame, v, name):
@@ -289,7 +289,6 @@ def _user_object_attr(frame, v, name):
 
 def _super_attr(frame, sv, name):
     if isinstance(sv.obj, ExceptionValue):
-        from .exceptions import super_attr
         found = super_attr(frame, sv, name)
         if found is not None:
             return found
@@ -300,7 +299,6 @@ def _super_attr(frame, sv, name):
     for klass in mro[mro.index(sv.cls) + 1:]:
         if name in klass.__dict__:
             attr = klass.__dict__[name]
-            from ..values.builder import wrap as w
             if attr is object.__init__:
                 return ObjectValue(_noop_init)
             if attr in (object.__setattr__, object.__getattribute__) \
@@ -310,13 +308,13 @@ def _super_attr(frame, sv, name):
                     and sv.obj.dict_items is not None:
                 return dict_method(frame, sv.obj, name)
             if isinstance(attr, types.FunctionType):
-                return BoundMethodValue(w(frame.tx, attr, None), sv.obj)
+                return BoundMethodValue(wrap(frame.tx, attr, None), sv.obj)
             if isinstance(attr, classmethod):
-                return BoundMethodValue(w(frame.tx, attr.__func__, None), w(frame.tx, obj_type, None))
+                return BoundMethodValue(wrap(frame.tx, attr.__func__, None), wrap(frame.tx, obj_type, None))
             if isinstance(attr, staticmethod):
-                return w(frame.tx, attr.__func__, None)
+                return wrap(frame.tx, attr.__func__, None)
             if isinstance(attr, property) and attr.fget is not None:
-                return ops.call(frame, w(frame.tx, attr.fget, None), [sv.obj], {})
+                return ops.call(frame, wrap(frame.tx, attr.fget, None), [sv.obj], {})
             if klass is dict and name in _DICT_READS and isinstance(sv.obj, ObjectValue) \
                     and sv.obj.source is not None:
                 # dict's own read methods on a dict subclass that exists outside the trace:
@@ -345,8 +343,6 @@ _DICT_READS = {"get", "__getitem__", "__contains__", "keys", "items", "values", 
 
 
 def _dict_view(frame, ov):
-    from ..guards import builder as g
-    from ..guards.sources import ItemSource
     obj, src = ov.obj, ov.source
     if not all(isinstance(k, (str, int)) for k in obj):
         raise Unsupported("reading a dict subclass with keys other than str/int is not supported yet")
@@ -366,7 +362,6 @@ def set_attr(frame, obj, name, value, plain=False):
     ``plain``: ``object.__setattr__`` itself, skipping a ``__setattr__`` the class defines.
     """
     if isinstance(obj, ExceptionValue):
-        from .exceptions import set_attr as set_exception_attr
         return set_exception_attr(frame, obj, name, value)
     if isinstance(obj, UserObjectValue):
         hook = obj.cls.__setattr__
@@ -383,7 +378,6 @@ def set_attr(frame, obj, name, value, plain=False):
         if not plain and isinstance(hook, types.FunctionType):
             ops.call(frame, wrap(frame.tx, hook, None), [obj, ConstantValue(name), value], {})
             return
-        from .operators import as_constant
         # Nothing outside the trace sees this object: the store happens now.
         object.__setattr__(obj.obj, name, as_constant(value))
         return
@@ -402,7 +396,6 @@ def _replayable_store(obj, name, value):
     if isinstance(obj, torch.nn.Module):
         if isinstance(value, TensorValue) and name in obj.__dict__.get("_buffers", ()):
             # A new tensor for an existing buffer (nn.Module.__setattr__ puts it in _buffers).
-            from ..values.builder import note_reassigned_buffer
             note_reassigned_buffer(obj, name)
             return True
         if isinstance(value, TensorValue) and not any(

@@ -15,6 +15,7 @@ import types
 import torch
 
 from ..errors import Unsupported
+from ..guards import builder as g
 from ..guards.sources import AttrSource, ModuleEntrySource
 from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, DictViewValue,
                            ExceptionValue, FunctionValue, IteratorValue, ListValue, MethodOfValue,
@@ -374,7 +375,6 @@ def _deepcopy(frame, args, kwargs):
         if not plain:
             raise Unsupported(f"copy.deepcopy() of {attrs.describe(v)}: its state is not plain data",
                               hint="copy it outside the compiled function")
-        from ..guards import builder as g
         frame.tx.guards.add(g.STATE_MATCH, v.source, snapshot)
         return PrivateObjectValue(copy.deepcopy(v.obj))
     if operators.is_constant(v):
@@ -569,7 +569,6 @@ def _module_walk(frame, mv, remove_duplicate=True):
 
 
 def _guard_table(frame, m, src, table):
-    from ..guards import builder as g
     entries = m.__dict__[table]
     frame.tx.guards.add(g.DICT_KEYS, AttrSource(src, table), list(entries))
     for k, v in entries.items():

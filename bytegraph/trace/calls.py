@@ -13,18 +13,22 @@ from collections import OrderedDict
 
 import torch
 
+from .. import control
 from ..errors import Unsupported
+from ..guards.builder import NO_HOOKS
 from ..guards.sources import AttrSource, DefaultSource, ItemSource
 from ..values.base import (BoundMethodValue, ConstantValue, DictValue, ExitValue, FunctionValue,
                            IteratorValue, MethodOfValue, ObjectValue, PartialValue, RealCell,
                            TensorMethodValue, TensorValue, TracerCallableValue, TupleValue,
                            UserObjectValue)
 from ..residual import has_hooks
-from ..values.builder import wrap
-from . import attrs, generators, operators, ops
+from ..values.builder import CONSTANT_TYPES, wrap
+from . import attrs, generators, operators, ops, protocols
 from .exceptions import PythonError, make_exception
 from .frame import inline_call
+from .hooks import call_with_hooks
 from .state import is_compiling
+from .torch_calls import apply_state, call_torch_class, current_state, is_graph_function, torch_call
 
 
 def call(frame, fn, args, kwargs):
@@ -49,7 +53,6 @@ def call(frame, fn, args, kwargs):
     if isinstance(fn, ConstantValue) and callable(fn.value):
         return _call_object(frame, ObjectValue(fn.value), list(args), kwargs)
     if isinstance(fn, UserObjectValue):
-        from . import protocols
         if protocols.has_special_method(fn, "__call__"):
             return protocols.call_special_method(frame, fn, "__call__", list(args), kwargs)
     raise Unsupported(f"calling {attrs.describe(fn)} is not supported yet")
@@ -61,7 +64,6 @@ def _call_object(frame, fv, args, kwargs):
     special = _control_call(frame, obj, args, kwargs)
     if special is not None:
         return special
-    from .torch_calls import is_graph_function, torch_call, call_torch_class
     handler = ops.BUILTIN_HANDLERS.get(_key(obj))
     if handler is not None:
         return handler(frame, args, kwargs)
@@ -97,7 +99,6 @@ def _call_object(frame, fv, args, kwargs):
 
 def _control_call(frame, obj, args, kwargs):
     """Calls governed by bytegraph.disable / allow_in_graph / disallow_in_graph / graph_break."""
-    from .. import control
     if obj is is_compiling or (getattr(obj, "__name__", None) == "is_compiling"
                                and (getattr(obj, "__module__", None) or "").startswith("torch")):
         return ConstantValue(True)
@@ -144,10 +145,8 @@ def call_module(frame, mv, args, kwargs):
     """``module(*args)``: inline its forward, and its forward hooks if it has any (trace/hooks.py)."""
     m = mv.obj
     if has_hooks(m):
-        from .hooks import call_with_hooks
         return call_with_hooks(frame, mv, args, kwargs, lambda a, k: _call_forward(frame, mv, a, k))
     if mv.source is not None:
-        from ..guards.builder import NO_HOOKS
         frame.tx.guards.add(NO_HOOKS, mv.source, None)
     return _call_forward(frame, mv, args, kwargs)
 
@@ -236,10 +235,8 @@ def _is_foldable(obj):
         owner = getattr(obj, "__self__", None)
         if owner is None or isinstance(owner, types.ModuleType):
             return (getattr(obj, "__module__", None) or getattr(owner, "__name__", "")) in _FOLDABLE_MODULES
-        from ..values.builder import CONSTANT_TYPES
         return isinstance(owner, CONSTANT_TYPES + (tuple, frozenset))
     if isinstance(obj, types.MethodWrapperType):
-        from ..values.builder import CONSTANT_TYPES
         return isinstance(obj.__self__, CONSTANT_TYPES + (tuple, frozenset))
     return False
 
@@ -322,7 +319,6 @@ def tensor_method(frame, tensor, name, args, kwargs):
 # --- with-blocks over torch global state --------------------------------------------
 
 def enter_context(frame, mgr):
-    from .torch_calls import apply_state, current_state
     if mgr.kind == "set_grad":
         # set_grad_enabled took effect when it was made; entering does nothing more.
         return
@@ -331,5 +327,4 @@ def enter_context(frame, mgr):
 
 
 def exit_context(frame, mgr):
-    from .torch_calls import apply_state
     apply_state(frame, mgr, entering=False)

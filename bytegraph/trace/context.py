@@ -1,6 +1,9 @@
 """State shared by every frame of one trace: the graph, the guards, the memo."""
+from ..config import config
+from ..errors import Unsupported
 from ..graph.builder import GraphBuilder
 from ..guards.builder import GuardSet, add_global_state_guards
+from ..guards.sources import LocalSource
 
 # The value of a global the trace deleted (``del`` / ``global x; del x``).
 DELETED = object()
@@ -51,7 +54,6 @@ class TraceContext:
             self.mutated.setdefault(id(value), value)
             self.effects_recorded += 1
         elif id(value) in self.existing_containers:
-            from ..errors import Unsupported
             raise Unsupported(f"{what} a {value.python_type().__name__} that exists outside the compiled "
                               "function but cannot be re-read on later calls (no source)")
         return value
@@ -62,7 +64,6 @@ class TraceContext:
     # --- dynamic shapes ---------------------------------------------------------
 
     def _dynamic_mode(self):
-        from ..config import config
         mode = getattr(self.options, "dynamic", None)
         if not config.dynamic_shapes:
             return False
@@ -92,7 +93,6 @@ class TraceContext:
         if mode is False:
             return False
         if mode is True:
-            from ..guards.sources import LocalSource
             return isinstance(source, LocalSource)
         return source in self.auto_dynamic_scalars
 

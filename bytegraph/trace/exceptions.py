@@ -15,9 +15,13 @@ import dis
 import types
 from functools import lru_cache
 
+from ..bytecode.instructions import decode
 from ..errors import Unsupported
-from ..values.base import (ConstantValue, ExceptionValue, ObjectValue, TupleValue, UserObjectValue)
+from ..values.base import (ConstantValue, ExceptionValue, ObjectValue, TracerCallableValue, TupleValue,
+                           UserObjectValue)
+from ..values.builder import wrap
 from . import ops
+from .basics import as_constant, constant_value
 from .protocols import _lookup_static
 
 
@@ -46,7 +50,6 @@ class MissingAttribute(Unsupported):
 @lru_cache(maxsize=1024)
 def handler_table(code):
     """Per decoded instruction index: (handler index, stack depth, push lasti) or None."""
-    from ..bytecode.instructions import decode
     rows = decode(code)
     entries = list(dis.Bytecode(code).exception_entries)
     table = []
@@ -135,7 +138,6 @@ def is_supported_class(cls):
 
 def make_exception(frame, cls, args, kwargs):
     """``cls(*args, **kwargs)`` for an exception class: an ExceptionValue, its ``__init__`` traced."""
-    from ..values.builder import wrap
     if not is_supported_class(cls):
         raise Unsupported(f"creating {cls.__qualname__} exceptions inside the compiled function is not supported yet")
     value = ExceptionValue(cls, args)
@@ -161,7 +163,6 @@ def base_init(value, args):
 
 def from_python(exc):
     """An ExceptionValue for a real exception that a fold raised (constant arguments)."""
-    from .operators import constant_value
     value = ExceptionValue(type(exc), [constant_value(a) for a in exc.args])
     if isinstance(exc, StopIteration):
         value.attrs["value"] = constant_value(exc.value)
@@ -273,7 +274,6 @@ def reraise_current(frame):
 # --- reading exception objects ------------------------------------------------------------
 
 def get_attr(frame, v, name):
-    from ..values.builder import wrap
     if name == "args":
         return TupleValue(v.args)
     if name == "__cause__":
@@ -315,8 +315,6 @@ def set_attr(frame, v, name, value):
 
 def to_str(frame, v, fn=str):
     """``str(e)`` / ``repr(e)``: a user ``__str__``/``__repr__`` is traced; else the builtin's on constants."""
-    from .operators import as_constant
-    from ..values.builder import wrap
     special = "__str__" if fn is str else "__repr__"
     method = getattr(v.cls, special)
     if isinstance(method, types.FunctionType):
@@ -336,7 +334,6 @@ def super_attr(frame, sv, name):
     """``super().__init__`` in a user exception class reaching BaseException's: store the args."""
     if name != "__init__":
         return None
-    from ..values.base import TracerCallableValue
     mro = sv.obj.cls.__mro__
     for klass in mro[mro.index(sv.cls) + 1:]:
         if "__init__" in klass.__dict__:

@@ -8,6 +8,7 @@ import inspect
 from ..bytecode.instructions import decode
 from ..errors import Unsupported
 from ..values.base import ConstantValue, DictValue, TupleValue
+from ..values.builder import wrap
 from . import ops
 from .context import MAX_INLINE_DEPTH
 from .exceptions import TracedRaise, break_index, converted, escape_error, unwind
@@ -116,7 +117,6 @@ class Frame:
     def local(self, name):
         v = self.locals[name]
         if type(v) is PendingLocal:
-            from ..values.builder import wrap
             v = self.locals[name] = wrap(self.tx, v.obj, v.source)
             if name in self.fresh_containers and v.source is not None:
                 # *args / **kwargs are built anew by each call: changing them is no side effect.

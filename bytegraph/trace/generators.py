@@ -10,11 +10,14 @@ in CPython's order. ``next_item`` is the one way to advance any iterator value.
 """
 import itertools
 
+from ..bytecode.analysis import inside_user_handler
 from ..errors import Unsupported
-from ..values.base import (ConstantValue, DictValue, GeneratorValue, IteratorValue, LazyIteratorValue,
-                           ListValue, ObjectValue, TracerCallableValue, TupleValue)
-from . import ops
-from .exceptions import TracedRaise, new, raise_new, unwind
+from ..values.base import (ConstantValue, DictValue, DictViewValue, GeneratorValue, IteratorValue,
+                           LazyIteratorValue, ListValue, ObjectValue, TracerCallableValue, TupleValue)
+from . import attrs, ops, protocols
+from .basics import as_constant
+from .exceptions import TracedRaise, new, raise_new, to_exception, unwind
+from .operators import truth
 
 EXHAUSTED = object()   # next_item's answer when the iterator is done
 
@@ -98,7 +101,6 @@ def resume(gen, sent=None, thrown=None):
 def check_finished_generators(tx):
     """At the end of the trace: a generator left suspended inside try/with would run its
     handlers when Python closes it; that cannot be traced, so such frames run eagerly."""
-    from ..bytecode.analysis import inside_user_handler
     for gen, root_index in tx.__dict__.get("generators", ()):
         if gen.state != "suspended":
             continue
@@ -148,7 +150,6 @@ def next_item(frame, it):
         return item
     if has_python_next(it):
         return _python_next(frame, it)
-    from . import attrs
     raise Unsupported(f"next() on {attrs.describe(it)} is not supported yet")
 
 
@@ -213,7 +214,6 @@ def _map_next(frame, it):
 
 
 def _filter_next(frame, it):
-    from .operators import truth
     fn = it.state["fn"]
     while True:
         item = next_item(frame, it.parts[0])
@@ -253,7 +253,6 @@ def _count_next(frame, it):
 
 def has_python_next(obj):
     """True for an object of a user class whose ``__next__`` is Python code (a user iterator)."""
-    from . import protocols
     return protocols.has_special_method(obj, "__next__")
 
 
@@ -298,7 +297,6 @@ def get_iter(frame, v):
 
 def user_iterator(frame, v):
     """The iterator of an object of a user class (``__iter__`` or ``__getitem__``), or None."""
-    from . import attrs, protocols
     if protocols.has_special_method(v, "__iter__"):
         it = protocols.call_special_method(frame, v, "__iter__", [])
         if isinstance(it, (IteratorValue, GeneratorValue, LazyIteratorValue)) or has_python_next(it):
@@ -315,7 +313,6 @@ def user_iterator(frame, v):
 
 def iterated_containers(values):
     """The lists/dicts an iterator over ``values`` reads lazily in eager (see FOR_ITER)."""
-    from ..values.base import DictViewValue
     out = []
     for v in values:
         if isinstance(v, DictViewValue):
@@ -339,13 +336,11 @@ def check_unchanged(it):
 # --- builtins over lazy iterators (hooks from trace/calls.py) -----------------------------------
 
 def lazy_zip(frame, args, kwargs):
-    from .operators import as_constant
     strict = as_constant(kwargs.get("strict", ConstantValue(False)))
     return LazyIteratorValue("zip", [get_iter(frame, a) for a in args], {"strict": strict})
 
 
 def lazy_enumerate(frame, args, kwargs):
-    from .operators import as_constant
     start = as_constant(kwargs.get("start", args[1] if len(args) > 1 else ConstantValue(0)))
     return LazyIteratorValue("enumerate", [get_iter(frame, args[0])], {"count": start})
 
@@ -364,7 +359,6 @@ def lazy_filter(frame, args, kwargs):
 
 
 def islice(frame, args, kwargs):
-    from .operators import as_constant
     if kwargs:
         raise_new(TypeError, "islice() takes no keyword arguments")
     bounds = [as_constant(a) for a in args[1:]]
@@ -384,7 +378,6 @@ def islice(frame, args, kwargs):
 
 
 def count(frame, args, kwargs):
-    from .operators import as_constant
     start = as_constant(kwargs.get("start", args[0] if args else ConstantValue(0)))
     step = as_constant(kwargs.get("step", args[1] if len(args) > 1 else ConstantValue(1)))
     return LazyIteratorValue("count", [], {"n": start, "step": step})
@@ -395,7 +388,6 @@ def builtin_next(frame, args, kwargs):
     if has_python_next(it) and len(args) == 1:
         return user_dunder(frame, it, "__next__", [])
     if not (isinstance(it, (IteratorValue, GeneratorValue, LazyIteratorValue)) or has_python_next(it)):
-        from . import attrs
         raise Unsupported(f"next() on {attrs.describe(it)} is not supported yet")
     if isinstance(it, GeneratorValue):
         kind, value = resume(it)
@@ -420,7 +412,6 @@ def _stop(value):
 
 
 def any_all(frame, fn, it):
-    from .operators import truth
     while True:
         item = next_item(frame, it)
         if item is EXHAUSTED:
@@ -432,7 +423,6 @@ def any_all(frame, fn, it):
 # --- generator methods: send, throw, close ------------------------------------------------------
 
 def get_attr(frame, gen, name):
-    from .exceptions import to_exception
 
     def send(f, args, kwargs):
         kind, value = resume(gen, sent=args[0])
@@ -474,13 +464,11 @@ def materialize_args(frame, fn, args):
         getattr(fn, "__self__", None), (str, bytes))
     if not consumes or not any(is_lazy(a) for a in args):
         return args
-    from ..values.base import ListValue
     return [ListValue(drain(frame, a)) if is_lazy(a) else a for a in args]
 
 
 def user_dunder(frame, obj, name, args):
     """``type(obj).<name>(obj, *args)`` for a special method written in Python, or None."""
-    from . import protocols
     if not protocols.has_special_method(obj, name):
         return None
     return protocols.call_special_method(frame, obj, name, args)

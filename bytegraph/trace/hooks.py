@@ -9,6 +9,7 @@ adding or removing a hook recompiles.
 from ..errors import Unsupported
 from ..values.base import DictValue, TupleValue
 from . import attrs, ops
+from .operators import is_none
 
 
 def has_unsupported_hooks(m):
@@ -20,7 +21,6 @@ def has_unsupported_hooks(m):
 
 def call_with_hooks(frame, mv, args, kwargs, call_forward):
     """Trace ``mv(*args, **kwargs)`` with its forward pre-hooks and forward hooks."""
-    from .operators import is_none
     m = mv.obj
     if has_unsupported_hooks(m):
         raise Unsupported(f"{type(m).__name__} has global or backward hooks; tracing those is not supported yet")

@@ -6,14 +6,17 @@ import torch
 
 from ..errors import Unsupported
 from ..null import NULL
+from ..guards.builder import NOT_ALIAS
 from ..guards.sources import ModuleEntrySource
 from ..values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, ConstantValue, ContextManagerValue,
                            DefaultDictValue, DictValue, DictViewValue, ExceptionValue, FunctionValue,
                            GeneratorValue, IteratorValue, LazyIteratorValue, ListValue, MethodOfValue,
                            ObjectValue, SliceValue, SymValue, TensorMethodValue, TensorValue,
                            TupleValue, UserObjectValue)
+from ..values.builder import wrap
 from . import attrs, ops, protocols
 from .basics import as_constant, constant_value, is_constant
+from .exceptions import PythonError
 from .protocols import is_not_implemented
 
 BINARY = {
@@ -51,7 +54,6 @@ def constant_fold(frame, fn, args, what):
     try:
         return constant_value(fn(*cargs))
     except Exception as e:
-        from .exceptions import PythonError
         raise PythonError(f"{what} raised {type(e).__name__}: {e}", e) from e
 
 
@@ -206,7 +208,6 @@ def identical(frame, a, b):
 
 
 def guard_distinct(frame, a, b):
-    from ..guards.builder import NOT_ALIAS
     if a.source is not None and b.source is not None and a is not b \
             and not isinstance(a, ConstantValue) and not isinstance(b, ConstantValue):
         frame.tx.guards.add(NOT_ALIAS, a.source, b.source, detail=b.source.name())
@@ -340,7 +341,6 @@ def getitem(frame, obj, index):
         try:
             picked = obj.items[i]
         except (IndexError, TypeError) as e:
-            from .exceptions import PythonError
             raise PythonError(f"indexing raised {type(e).__name__}: {e}", e) from e
         if isinstance(i, slice):
             if isinstance(obj, ListValue):
@@ -353,7 +353,6 @@ def getitem(frame, obj, index):
             if isinstance(obj, DefaultDictValue) and not is_none(obj.factory):
                 obj.items[k] = ops.call(frame, obj.factory, [], {})
                 return obj.items[k]
-            from .exceptions import PythonError
             raise PythonError(f"KeyError: {k!r}", KeyError(k))
         return obj.items[k]
     if isinstance(obj, ConstantValue):
@@ -368,7 +367,6 @@ def getitem(frame, obj, index):
 
 
 def _module_item(frame, mv, index):
-    from ..values.builder import wrap
     m = mv.obj
     if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)) and isinstance(index, int):
         sub = m[index]
@@ -387,8 +385,7 @@ def _module_item(frame, mv, index):
         return ObjectValue(m[index])
     getitem_fn = getattr(type(m), "__getitem__", None)
     if getitem_fn is not None:
-        from ..values.builder import wrap as w
-        return ops.call(frame, w(frame.tx, getitem_fn, None), [mv, ConstantValue(index)], {})
+        return ops.call(frame, wrap(frame.tx, getitem_fn, None), [mv, ConstantValue(index)], {})
     raise Unsupported(f"indexing {type(m).__name__} is not supported")
 
 
@@ -411,7 +408,6 @@ def setitem(frame, obj, index, value):
                 raise Unsupported(f"slice assignment raised ValueError: {e}") from e
             return
         if not isinstance(i, int) or not -len(obj.items) <= i < len(obj.items):
-            from .exceptions import PythonError
             raise PythonError("list assignment index out of range", IndexError("list assignment index out of range"))
         frame.tx.mark_mutated(obj, "item assignment on")
         obj.items[i] = value
@@ -437,7 +433,6 @@ def delitem(frame, obj, index):
         try:
             obj.items[k]
         except (KeyError, IndexError, TypeError) as e:
-            from .exceptions import PythonError
             raise PythonError(f"del raised {type(e).__name__}: {e}", e) from e
         frame.tx.mark_mutated(obj, "del on")
         del obj.items[k]

@@ -12,6 +12,7 @@ import types
 import torch
 
 from ..values.base import ConstantValue, ObjectValue, UserObjectValue
+from ..values.builder import wrap
 from . import ops
 
 # Classes whose Python-level special methods are *not* traced: their behaviour is known natively.
@@ -50,7 +51,6 @@ def has_special_method(v, name):
 
 def call_special_method(frame, v, name, args, kwargs=None):
     """Inline ``type(v).name(v, *args)``; the method must exist (see ``python_special_method``)."""
-    from ..values.builder import wrap
     fn = python_special_method(v, name)
     # No guard on the function: it is fixed by the class, which is guarded (or made here).
     return ops.call(frame, wrap(frame.tx, fn, None), [v] + list(args), kwargs or {})

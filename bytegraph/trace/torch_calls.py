@@ -4,7 +4,8 @@ import types
 import torch
 
 from ..errors import Unsupported
-from ..values.base import ContextManagerValue, TensorValue
+from ..residual import set_autocast_state
+from ..values.base import ContextManagerValue, PrivateObjectValue, TensorValue
 from . import attrs, operators, ops
 
 # Python modules of torch whose functions go into the graph as one node each.
@@ -105,7 +106,6 @@ def call_torch_class(frame, cls, args, kwargs):
     if issubclass(cls, torch.nn.Module):
         module = _stateless_module(cls, args, kwargs)
         if module is not None:
-            from ..values.base import PrivateObjectValue
             return PrivateObjectValue(module)
         raise Unsupported(f"creating a {cls.__name__} module inside the compiled function is not supported yet",
                           hint="create modules in __init__, not in forward")
@@ -168,7 +168,6 @@ def apply_state(frame, mgr, entering):
         # Leaving a block that was entered before this resume function began.
         if entering:
             return
-        from ..residual import set_autocast_state
         device_type = mgr.args[0]
         now = (torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type),
                torch.is_autocast_cache_enabled())
@@ -189,7 +188,6 @@ def undo_state_changes(tx):
         elif kind == "autocast":
             saved.__exit__(None, None, None)
         elif kind == "autocast_state":
-            from ..residual import set_autocast_state
             device_type, state = saved
             set_autocast_state(device_type, *state)
     tx.state_changes.clear()
