@@ -9,8 +9,10 @@ from .errors import BytegraphError
 from .backends.registry import lookup_backend
 from .debug import records
 from .debug.explain import BreakReason, ExplainOutput, _ops
-from .runtime.dispatch import Compiler, reset_all
+from .runtime import dispatch
+from .runtime.dispatch import Compiler, _compilers, reset_all
 from .residual import call_disabled, has_hooks
+from .trace.hooks import has_unsupported_hooks
 from .trace.state import is_compiling
 
 _MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -128,7 +130,6 @@ class OptimizedModule(torch.nn.Module):
         mod = self._orig_mod
         if not has_hooks(mod):
             return self._compiled_forward(*args, **kwargs)
-        from .trace.hooks import has_unsupported_hooks
         if has_unsupported_hooks(mod):
             # Global or backward hooks: run them natively around the compiled forward.
             return _call_with_hooks(mod, self._compiled_forward, args, kwargs)
@@ -173,7 +174,6 @@ def run(fn):
     ``fn`` is something returned by ``bytegraph.compile`` (or the function or module it
     compiled). A call that no cache entry matches runs eagerly.
     """
-    from .runtime import dispatch
     target = fn
     if isinstance(fn, torch.nn.Module) and not isinstance(fn, OptimizedModule):
         target = _find_compiled(fn.forward)
@@ -194,7 +194,6 @@ def run(fn):
 
 def _find_compiled(fn):
     """A compiled wrapper for ``fn``'s code from any live compiler, or ``fn`` itself."""
-    from .runtime.dispatch import _compilers
     func = getattr(fn, "__func__", fn)
     code = getattr(func, "__code__", None)
     for compiler in list(_compilers):

@@ -16,6 +16,8 @@ from functools import lru_cache
 
 from bytecode import Bytecode, CompilerFlags, Instr, Label
 
+from . import versions
+
 NULL_SLOT = None   # marks a stack slot holding CALL's NULL (pushed by the prologue, not passed)
 
 
@@ -85,7 +87,6 @@ def step_code(code, offset, stack_layout, live, after_layout, after_live, handov
     the closure as a last parameter ``__closure`` and passes it on to ``handover``
     (resume functions are made over the cells of the call that reaches them).
     """
-    from . import versions
     bc, target = _load_at(code, offset)
     lineno = target.lineno
     start = Label()

@@ -13,6 +13,7 @@ from ..bytecode import analysis
 from ..bytecode.instructions import decode
 from ..bytecode.resume import CLOSURE_PARAM, NULL_SLOT, resume_code, step_code
 from ..bytecode.versions import split_call_prefix
+from ..debug import logs
 from ..errors import Unsupported
 from ..null import NULL
 from ..residual import (AutocastExit, Continuation, GradModeExit, Routed, call_through,
@@ -355,7 +356,6 @@ def _resume_wrapper(compiler, fn, code, offset, layout, live):
 
 
 def _log_code(what, code):
-    from ..debug import logs
     if logs.enabled("bytecode"):
         import dis
         logs.get_logger("bytecode").debug("%s %s\n%s", what, code.co_name, dis.Bytecode(code).dis())

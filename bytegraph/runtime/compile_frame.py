@@ -3,11 +3,13 @@ import dis
 import time
 import types
 
+from ..bytecode.instructions import decode
 from ..config import config
 from ..debug import logs, records, timing
 from ..errors import BackendError, BytegraphError, Unsupported
 from ..guards.builder import ID_MATCH, SHAPE_ENV, GuardSet, add_global_state_guards, compile_guards
 from ..guards.sources import ClosureSource, LocalSource
+from ..codegen.breaks import RESUME_INFO, generate_break, plan_break
 from ..codegen.transformed import generate
 from ..trace.tracer import frame_params, trace_frame
 from .cache import CacheEntry
@@ -145,8 +147,6 @@ def _whole_frame(c, result):
 
 def _split_at_break(c, values, err):
     """Trace again up to the instruction that broke, and resume after it. None: cannot."""
-    from ..bytecode.instructions import decode
-    from ..codegen.breaks import RESUME_INFO, generate_break, plan_break
     if err.root_index is None:
         return None
     fn = c.fn

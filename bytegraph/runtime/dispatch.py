@@ -10,8 +10,11 @@ import warnings
 import weakref
 
 from ..config import config
-from ..debug import logs
+from ..debug import logs, records, timing
+from ..guards.builder import TENSOR_MATCH
+from ..trace.tracer import frame_params
 from .cache import CodeCache
+from .compile_frame import compile_frame, eager_entry
 from .signature import _signature_parts
 
 _compilers = weakref.WeakSet()
@@ -96,8 +99,6 @@ class Compiler:
 
     def miss(self, fn, cache, frame_args):
         """Compile ``fn`` for these arguments; return the entry's run function or None (run eagerly)."""
-        from .compile_frame import compile_frame, eager_entry
-        from ..debug import records
         if cache.eager_forever or frozen[0]:
             return None
         like = cache.entries_like(frame_args) if cache.entries else []
@@ -155,7 +156,6 @@ def _identity_now(cache, like, frame_args):
 
 
 def _guard_params(code):
-    from ..trace.tracer import frame_params
     return frame_params(code) + (["__closure"] if code.co_freevars else [])
 
 
@@ -169,7 +169,6 @@ def _note_changed_sizes(cache, entry, frame_args):
     observe = getattr(check, "observe", None)
     if observe is None:
         return
-    from ..guards.builder import TENSOR_MATCH
     for g, now in zip(check.observed, observe(*frame_args)):
         if now is None:
             continue
@@ -188,7 +187,6 @@ def reset_all():
         for cache in compiler.caches.values():
             cache.clear()
     _total_entries[0] = 0
-    from ..debug import records, timing
     records.clear()
     timing.clear()
 
