@@ -1,6 +1,8 @@
 """Fine-grained control over what is traced: disable, allow_in_graph, disallow_in_graph, graph_break."""
 import functools
 
+import torch
+
 from .errors import BytegraphError
 
 # Functions whose calls become one opaque graph node (outputs computed on fake tensors).
@@ -74,7 +76,6 @@ __all__ = ["disable", "allow_in_graph", "disallow_in_graph", "graph_break"]
 
 def mark_dynamic(t, dim, min=None, max=None):
     """Treat ``t``'s size in ``dim`` (an int or a list of ints) as symbolic from the first compile."""
-    import torch
     if not isinstance(t, torch.Tensor):
         raise BytegraphError(f"mark_dynamic expects a tensor, got {type(t).__name__}")
     dims = [dim] if isinstance(dim, int) else list(dim)
@@ -88,7 +89,6 @@ def mark_dynamic(t, dim, min=None, max=None):
 
 def mark_static(t, dim=None):
     """Keep ``t``'s size in ``dim`` (all dims if None) static, even under dynamic=True."""
-    import torch
     if not isinstance(t, torch.Tensor):
         raise BytegraphError(f"mark_static expects a tensor, got {type(t).__name__}")
     if dim is None:

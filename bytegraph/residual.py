@@ -10,10 +10,12 @@ a transformed function that stops at a graph break returns
 and ``resolve(resume, args)`` (a loop) when it was entered by the user. So a
 loop whose body breaks resumes once per iteration at constant stack depth.
 """
+import dis
 import sys
 import types
 
 import torch
+from torch.nn.modules import module as mm
 
 from .control import disallowed_in_graph, is_disabled
 
@@ -57,7 +59,6 @@ def _is_user_function(fn):
 
 def has_hooks(m):
     """True if calling ``m`` would run hooks (its own or global ones)."""
-    from torch.nn.modules import module as mm
     return bool(m._forward_hooks or m._forward_pre_hooks or mm._global_forward_hooks
                 or mm._global_forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
                 or mm._global_backward_hooks or mm._global_backward_pre_hooks)
@@ -136,7 +137,6 @@ def _run_routing_calls(compiler, fn, args, kwargs):
 
 
 def _writes_globals(code):
-    import dis
     return any(i.opname in ("STORE_GLOBAL", "DELETE_GLOBAL") for i in dis.get_instructions(code))
 
 

@@ -7,6 +7,7 @@ import contextlib
 import functools
 import warnings
 
+from torch.utils import _pytree as pytree
 
 from ..errors import BackendError
 
@@ -21,7 +22,6 @@ def flat_tuple_output(gm):
     original structure from the flat list. ``restore`` is ``None`` when no
     rewrite was needed.
     """
-    from torch.utils import _pytree as pytree
 
     node = gm.graph.output_node()
     (result,) = node.args

@@ -5,6 +5,7 @@ values, performs the one step the tracer could not (a call, a branch on a
 tensor, the next step of an opaque iterator, a store), and hands over to a
 resume function that continues the original code after that step.
 """
+import dis
 import types
 
 import torch
@@ -42,7 +43,6 @@ def original_offset(code, offset):
     info = RESUME_INFO.get(code)
     if info is None:
         return code, offset
-    import dis
     new = [i.offset for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
     old = [i.offset for i in dis.get_instructions(info.original) if i.opname != "EXTENDED_ARG"]
     # A resume code is a prologue followed by the original instructions: count from the end.
@@ -216,7 +216,6 @@ class Handover:
 
 def _generic_step(fn, code, ins, stack, live_names, bound, slot_expr, rb, ns, compiler, is_resume, rows):
     """Run the breaking instruction natively in a copy of the code, then resume after it."""
-    import dis
     raw = next(i for i in analysis._raw(code) if i.offset == ins.offset)
     if ins.opname == "CALL":
         effect = 1 - (ins.arg + 2)
@@ -357,7 +356,6 @@ def _resume_wrapper(compiler, fn, code, offset, layout, live):
 
 def _log_code(what, code):
     if logs.enabled("bytecode"):
-        import dis
         logs.get_logger("bytecode").debug("%s %s\n%s", what, code.co_name, dis.Bytecode(code).dis())
 def _clean(name):
     return "".join(c if c.isalnum() or c == "_" else "_" for c in name)

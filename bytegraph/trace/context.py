@@ -1,4 +1,8 @@
 """State shared by every frame of one trace: the graph, the guards, the memo."""
+import traceback
+
+import torch
+
 from ..config import config
 from ..errors import Unsupported
 from ..graph.builder import GraphBuilder
@@ -36,7 +40,6 @@ class TraceContext:
         self.global_stores = {}        # (id(globals dict), name) -> (target source, value or DELETED)
         self.cell_stores = {}          # id(real cell) -> (RealCell, value)
         self.effects_recorded = 0      # changes to state outside the trace so far (all kinds above but attrs)
-        import torch
         self.entry_grad_mode = torch.is_grad_enabled()
 
     def effect_count(self):
@@ -98,7 +101,6 @@ class TraceContext:
 
     def user_stack(self):
         """FrameSummary list for the active frames, innermost last."""
-        import traceback
         out = []
         for f in self.frames:
             ins = f.current

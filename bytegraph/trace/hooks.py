@@ -6,6 +6,8 @@ may replace the output). The hook tables are read through their sources, so the
 guards check their keys (hook handles) and the identity of each hook function:
 adding or removing a hook recompiles.
 """
+from torch.nn.modules import module as mm
+
 from ..errors import Unsupported
 from ..values.base import DictValue, TupleValue
 from . import attrs, ops
@@ -14,7 +16,6 @@ from .operators import is_none
 
 def has_unsupported_hooks(m):
     """Hooks this module's traced call cannot run: global hooks and backward hooks."""
-    from torch.nn.modules import module as mm
     return bool(mm._global_forward_hooks or mm._global_forward_pre_hooks or m._backward_hooks
                 or m._backward_pre_hooks or mm._global_backward_hooks or mm._global_backward_pre_hooks)
 

@@ -5,6 +5,11 @@ attribute, iterate) lives in ``trace/``; building a value from a real object
 read through a source (and the guards that this takes) lives in
 ``values/builder.py``.
 """
+import collections
+import functools
+import itertools
+import types
+
 import torch
 
 
@@ -427,7 +432,6 @@ class TracebackValue(Value):
     __slots__ = ()
 
     def python_type(self):
-        import types
         return types.TracebackType
 
 
@@ -443,7 +447,6 @@ class GeneratorValue(Value):
         self.state = "created"     # created, suspended, running, done
 
     def python_type(self):
-        import types
         return types.GeneratorType
 
     def _repr_body(self):
@@ -475,7 +478,6 @@ class LazyIteratorValue(Value):
         self.done = False
 
     def python_type(self):
-        import itertools
         return {"zip": zip, "enumerate": enumerate, "map": map, "filter": filter,
                 "islice": itertools.islice, "count": itertools.count,
                 "sequence": _SEQUENCE_ITERATOR}[self.kind]
@@ -515,7 +517,6 @@ class DefaultDictValue(DictValue):
     __slots__ = ("factory",)
 
     def __init__(self, items, factory, source=None):
-        import collections
         super().__init__(items, source, cls=collections.defaultdict)
         self.factory = factory
 
@@ -532,7 +533,6 @@ class PartialValue(Value):
         self.kwargs = dict(kwargs)
 
     def python_type(self):
-        import functools
         return functools.partial
 
 
