@@ -223,9 +223,9 @@ def explain(fn, *extra_args, **extra_kwargs):
         out.graph_count = len(graphs)
         for r in recs:
             if r.break_reason:
-                out.break_reasons.append(BreakReason(r.break_reason, r.user_stack, True))
+                out.break_reasons.append(BreakReason(r.break_reason, r.user_stack, True, r.hint))
             elif r.fallback_reason:
-                out.break_reasons.append(BreakReason(r.fallback_reason, r.user_stack, False))
+                out.break_reasons.append(BreakReason(r.fallback_reason, r.user_stack, False, r.hint))
             out.out_guards.extend(r.guards)
         out.graph_break_count = len(out.break_reasons)
         out.ops_per_graph = [_ops(gm) for gm in graphs]

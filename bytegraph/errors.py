@@ -1,4 +1,5 @@
 """Every error bytegraph raises derives from BytegraphError."""
+from .stacks import format_error
 
 
 class BytegraphError(Exception):
@@ -15,20 +16,21 @@ class Unsupported(BytegraphError):
     def __init__(self, reason, hint=None):
         super().__init__(reason)
         self.reason = reason
-        self.hint = hint
-        self.user_stack = []  # list of traceback.FrameSummary, innermost last
+        self.hint = hint if hint is not None else default_hint(reason)
+        self.user_stack = []  # list of traceback.FrameSummary, outermost first, the failing line last
         self.root_index = None  # instruction index in the compiled frame where it happened
+        # The frame that met this must run eagerly as a whole, not resume after a break here
+        # (the operation reads the running frame itself, e.g. locals()).
+        self.eager_frame = False
 
     def __str__(self):
-        lines = [self.reason]
-        if self.user_stack:
-            frame = self.user_stack[-1]
-            lines.append(f"  at {frame.filename}:{frame.lineno} in {frame.name}")
-            if frame.line:
-                lines.append(f"    {frame.line.strip()}")
-        if self.hint:
-            lines.append(f"  hint: {self.hint}")
-        return "\n".join(lines)
+        return format_error(self.reason, self.user_stack, self.hint)
+
+
+def default_hint(reason):
+    """The hint for reasons that came without one."""
+    return ("without fullgraph=True bytegraph runs this eagerly instead, with the same result; to keep one "
+            "graph, change the code that reaches it or move that code out of the compiled function")
 
 
 class BackendError(BytegraphError):

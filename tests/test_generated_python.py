@@ -69,18 +69,7 @@ FEATURE_SETS = {
 KNOWN_MISMATCHES = {}
 # Seeds that crash the interpreter or fail only depending on which tests ran before
 # (so cannot run as strict xfails): skipped from that Python version on.
-_PY313_RESUME = ("3.13: a resume function made at a break inside nested loops is entered with a wrong "
-                 "stack (its FOR_ITER native step calls next() on a tuple/int/function, a list method on a "
-                 "tensor...); which seeds fail depends on the tests run before")
-KNOWN_UNSTABLE = {
-    ("core", 21): ((3, 13), _PY313_RESUME),
-    ("core", 51): ((3, 13), _PY313_RESUME),
-    ("core", 74): ((3, 13), _PY313_RESUME),
-    ("functions", 31): ((3, 13), _PY313_RESUME),
-    ("functions", 56): ((3, 13), "3.13: segmentation fault in generated resume/step code (loops over "
-                                 "sorted(dict)/dict.items() with graph breaks inside)"),
-    ("all", 36): ((3, 13), _PY313_RESUME),
-}
+KNOWN_UNSTABLE = {}
 
 
 # ---- helpers the generated programs call (module-level functions of this file)

@@ -5,6 +5,7 @@ Nothing here imports torch._inductor or AOTAutograd at module level, so that
 """
 import contextlib
 import functools
+import logging
 import warnings
 
 from torch.utils import _pytree as pytree
@@ -56,6 +57,36 @@ def compile_failed(backend_name, exc):
         f"backend {backend_name!r} failed to compile a graph: {type(exc).__name__}: {exc}")
     err.backend = backend_name
     return err
+
+
+def data_dependent_cause(exc):
+    """The exception in ``exc``'s chain saying a size or value depends on tensor data, or None.
+
+    The tracer breaks the graph before ops whose outputs (or, for ops with index or mask
+    arguments, gradients) depend on data; a backend that still meets one while tracing the
+    backward hits a case that check did not foresee.
+    """
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (DataDependentOutputException, DynamicOutputShapeException,
+                            GuardOnDataDependentSymNode)):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def run_uncompiled(backend_name, gm, exc, restore):
+    """The graph's own ``forward`` (eager ops, eager autograd), for a graph the backend cannot
+    compile because of a data-dependent size: correct, only not compiled. Logged."""
+    # debug.logs' graph_breaks topic (backends sit beside debug, not above it)
+    logging.getLogger("bytegraph.graph_breaks").debug(
+        "backend %r cannot compile a graph (%s: %s); its ops run uncompiled",
+        backend_name, type(exc).__name__, exc)
+    return with_restore(gm.forward, restore)
 
 
 def as_list(example_inputs):

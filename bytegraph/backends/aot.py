@@ -6,7 +6,8 @@ partitions into forward and backward). Here both halves run as plain FX
 code, which makes the backend a check of the AOTAutograd step alone:
 results and gradients should match eager up to rounding.
 """
-from ._common import as_list, compile_failed, flat_tuple_output, with_restore
+from . import grad_presence
+from ._common import as_list, compile_failed, data_dependent_cause, flat_tuple_output, run_uncompiled, with_restore
 
 
 def _boxed_nop(fx_graph, example_inputs):
@@ -41,6 +42,7 @@ def aot_eager(gm, example_inputs):
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     restore = flat_tuple_output(gm)
+    grads = grad_presence.plan(gm)
     try:
         compiled = aot_module_simplified(
             gm,
@@ -51,8 +53,11 @@ def aot_eager(gm, example_inputs):
             keep_inference_input_mutations=True,
         )
     except Exception as exc:
+        cause = data_dependent_cause(exc)
+        if cause is not None:
+            return run_uncompiled("aot_eager", gm, cause, restore)
         raise compile_failed("aot_eager", exc) from exc
     # NB: aot_module_simplified returns a function called with positional
     # arguments, although functools.wraps copies ``_boxed_call = True`` onto
     # it from the inner boxed function. Never trust that attribute here.
-    return with_restore(compiled, restore)
+    return with_restore(grad_presence.gate(compiled, grads), restore)

@@ -1,5 +1,7 @@
 """The ``inductor`` backend: TorchInductor code generation (C++/OpenMP on CPU)."""
-from ._common import as_list, compile_failed, flat_tuple_output, quiet_torch_imports, with_restore
+from . import grad_presence
+from ._common import (as_list, compile_failed, data_dependent_cause, flat_tuple_output, quiet_torch_imports,
+                      run_uncompiled, with_restore)
 
 
 def inductor(gm, example_inputs, *, config_patches=None):
@@ -20,11 +22,15 @@ def inductor(gm, example_inputs, *, config_patches=None):
         from torch._inductor.compile_fx import compile_fx
 
     restore = flat_tuple_output(gm)
+    grads = grad_presence.plan(gm)
     try:
         compiled = compile_fx(gm, as_list(example_inputs), config_patches=config_patches or None)
     except Exception as exc:
+        cause = data_dependent_cause(exc)
+        if cause is not None:
+            return run_uncompiled("inductor", gm, cause, restore)
         raise compile_failed("inductor", exc) from exc
     # compile_fx hands back AOTAutograd's positional-call forward (wrapped by
     # a frame-evaluation "disable" shim); it carries a stale
     # ``_boxed_call = True`` copied by functools.wraps, which does not apply.
-    return with_restore(compiled, restore)
+    return with_restore(grad_presence.gate(compiled, grads), restore)

@@ -2,6 +2,11 @@
 
 ``decode(code)`` turns ``dis`` output into ``Instruction`` rows whose opcode
 names and jump targets mean the same on every supported Python version.
+
+One raw instruction may become several rows that share its offset (a 3.13
+superinstruction, 3.13's COMPARE_OP that converts to bool, LOAD_GLOBAL's NULL,
+RETURN_CONST). Native code can only start or stop at a raw instruction's
+boundary: ``first_part`` and ``offset_after`` say where those are.
 """
 import dis
 from dataclasses import dataclass
@@ -64,6 +69,9 @@ def decode(code):
             continue
         elif name == "LOAD_ATTR" and versions.LOAD_ATTR_METHOD_FLAG and ins.arg & 1:
             name = "LOAD_METHOD"
+        elif name == "COMPARE_OP" and versions.compare_converts_to_bool(ins):
+            rows.append(Instruction("COMPARE_OP", ins.arg, argval, ins.offset, line))
+            name, argval = "TO_BOOL", None
         elif name == "BINARY_OP":
             argval = dis._nb_ops[ins.arg][1]
         elif name in _JUMPS:
@@ -86,6 +94,28 @@ def decode(code):
             target = _skip_loop_end(code, row.argval, rows, target)
         row.target = target
     return tuple(rows)
+
+
+def first_part(rows, index):
+    """Index of the first row of the raw instruction that row ``index`` belongs to."""
+    offset = rows[index].offset
+    while index > 0 and rows[index - 1].offset == offset:
+        index -= 1
+    return index
+
+
+def is_last_part(rows, index):
+    """True if row ``index`` ends its raw instruction (native code may continue right after it)."""
+    return index + 1 >= len(rows) or rows[index + 1].offset != rows[index].offset
+
+
+def offset_after(rows, index):
+    """Offset of the raw instruction after the one row ``index`` belongs to (None at the end)."""
+    offset = rows[index].offset
+    for row in rows[index + 1:]:
+        if row.offset != offset:
+            return row.offset
+    return None
 
 
 def _comprehension_loads(rows, cell_names):

@@ -23,31 +23,70 @@ NULL_SLOT = None   # marks a stack slot holding CALL's NULL (pushed by the prolo
 
 @lru_cache(maxsize=1024)
 def resume_code(code, offset, stack_layout, live, name):
-    """Code object resuming ``code`` at ``offset``.
+    """(code object resuming ``code`` at ``offset``, its offset map).
 
     ``stack_layout`` is a tuple with one entry per stack slot (bottom first):
     ``NULL_SLOT`` or the parameter name that carries the slot's value.
     ``live`` are the local names passed after the stack parameters.
+    The offset map takes an offset of the new code to the offset in ``code`` of
+    the instruction it was copied from (None: prologue, or the second half of a
+    split superinstruction, where nothing may resume).
     """
-    bc, target = _load_at(code, offset)
+    bc, target, origins = _load_at(code, offset)
     label = Label()
     bc.insert(next(j for j, x in enumerate(bc) if x is target), label)
     _enter_at(bc, label, stack_layout, target.lineno)
     _set_parameters(bc, stack_layout, live, name)
     # The original stack size bounds ours: the prologue only rebuilds a depth the code had.
-    return bc.to_code(stacksize=code.co_stacksize + len(stack_layout) + 1,
-                      compute_exception_stack_depths=False)
+    new_code = bc.to_code(stacksize=code.co_stacksize + len(stack_layout) + 1,
+                          compute_exception_stack_depths=False)
+    return new_code, _offset_map(bc, new_code, origins)
 
 
 def _load_at(code, offset):
-    """The code as a ``Bytecode`` list, and the instruction found at ``offset``."""
+    """The code as a ``Bytecode`` list, the instruction found at ``offset``, and where each
+    instruction came from (see ``_origin``)."""
     bc = Bytecode.from_code(code, conserve_exception_block_stackdepth=True)
     raw = [i for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
     instrs = [x for x in bc if isinstance(x, Instr)]
     if len(raw) != len(instrs):
         raise ValueError(f"cannot map instructions of {code.co_name} ({len(raw)} vs {len(instrs)})")
+    # id -> (instruction, offset): holding the instruction keeps its id from being reused.
+    origins = {id(x): (x, d.offset) for x, d in zip(instrs, raw)}
     k = next(j for j, d in enumerate(raw) if d.offset == offset)
-    return bc, instrs[k]
+    target = instrs[k]
+    # Copied code renumbers its locals (parameters first), and a superinstruction can only
+    # name locals 0-15: assemble each as its two plain instructions.
+    j = 0
+    while j < len(bc):
+        x = bc[j]
+        if isinstance(x, Instr) and x.name in versions.SUPERINSTRUCTIONS:
+            first, second = versions.SUPERINSTRUCTIONS[x.name]
+            a = Instr(first, x.arg[0], location=x.location)
+            b = Instr(second, x.arg[1], location=x.location)
+            origins[id(a)], origins[id(b)] = (a, origins[id(x)][1]), (b, None)
+            bc[j:j + 1] = [a, b]
+            if x is target:
+                target = a
+            j += 1
+        j += 1
+    return bc, target, origins
+
+
+def _offset_map(bc, new_code, origins):
+    """new offset -> original offset (or None) for every instruction of ``new_code``."""
+    new = [i.offset for i in dis.get_instructions(new_code) if i.opname != "EXTENDED_ARG"]
+    instrs = [x for x in bc if isinstance(x, Instr)]
+    if len(new) != len(instrs):
+        raise ValueError(f"assembled code of {new_code.co_name} has {len(new)} instructions, "
+                         f"expected {len(instrs)}")
+    return {o: _origin(origins, x) for o, x in zip(new, instrs)}
+
+
+def _origin(origins, instr):
+    """The original offset ``instr`` was copied from; None for code we added or a split's half."""
+    entry = origins.get(id(instr))
+    return entry[1] if entry is not None and entry[0] is instr else None
 
 
 def _enter_at(bc, label, stack_layout, lineno):
@@ -87,13 +126,17 @@ def step_code(code, offset, stack_layout, live, after_layout, after_live, handov
     the closure as a last parameter ``__closure`` and passes it on to ``handover``
     (resume functions are made over the cells of the call that reaches them).
     """
-    bc, target = _load_at(code, offset)
+    bc, target, origins = _load_at(code, offset)
     lineno = target.lineno
     start = Label()
     tail = Label()
     pos = next(j for j, x in enumerate(bc) if x is target)
+    first = pos
+    while pos + 1 < len(bc) and isinstance(bc[pos + 1], Instr) and id(bc[pos + 1]) in origins \
+            and _origin(origins, bc[pos + 1]) is None:
+        pos += 1   # the second half of a split superinstruction runs too
     bc.insert(pos + 1, Instr("JUMP_FORWARD", tail, lineno=lineno))
-    first = pos   # a CALL's KW_NAMES/PRECALL run with it (else its keywords would be lost)
+    # A CALL's KW_NAMES/PRECALL run with it (else its keywords would be lost).
     while first > 0 and isinstance(bc[first - 1], Instr) and bc[first - 1].name in versions.CALL_SETUP:
         first -= 1
     bc.insert(first, start)

@@ -59,12 +59,26 @@ INTRINSICS = {
     "INTRINSIC_STOPITERATION_ERROR": "STOPITERATION_ERROR",
 }
 
-# Superinstructions (3.13) split into the two plain instructions they fuse.
+# Superinstructions (3.13) split into the two plain instructions they fuse. Decoding
+# splits them into two rows (sharing the offset); resume and step code splits them too,
+# since their two local indices must each fit in 4 bits and a resume function
+# renumbers its locals.
 SUPERINSTRUCTIONS = {
     "LOAD_FAST_LOAD_FAST": ("LOAD_FAST", "LOAD_FAST"),
     "STORE_FAST_LOAD_FAST": ("STORE_FAST", "LOAD_FAST"),
     "STORE_FAST_STORE_FAST": ("STORE_FAST", "STORE_FAST"),
 }
+
+
+# COMPARE_OP's oparg bit (3.13) that converts the result to bool, so the POP_JUMP_IF_TRUE /
+# POP_JUMP_IF_FALSE after it (which on 3.13 test an exact bool by identity) gets one.
+# Decoding splits such a COMPARE_OP into COMPARE_OP + TO_BOOL rows sharing its offset.
+COMPARE_TO_BOOL_FLAG = 16 if PY >= (3, 13) else 0
+
+
+def compare_converts_to_bool(instr):
+    """True if this raw COMPARE_OP also does TO_BOOL's work (3.13)."""
+    return bool(COMPARE_TO_BOOL_FLAG and instr.arg & COMPARE_TO_BOOL_FLAG)
 
 
 def method_pair(null, attribute):

@@ -11,7 +11,7 @@ import types
 import torch
 
 from ..bytecode import analysis
-from ..bytecode.instructions import decode
+from ..bytecode.instructions import decode, first_part, is_last_part, offset_after
 from ..bytecode.resume import CLOSURE_PARAM, NULL_SLOT, resume_code, step_code
 from ..bytecode.versions import split_call_prefix
 from ..debug import logs
@@ -19,6 +19,7 @@ from ..errors import Unsupported
 from ..null import NULL
 from ..residual import (AutocastExit, Continuation, GradModeExit, Routed, call_through,
                         resolve)
+from ..stacks import CUT_FROM
 from ..values.base import ExitValue
 from ..trace.frame import PendingLocal
 from .rebuild import Namespace, Rebuilder
@@ -30,12 +31,13 @@ RESUME_INFO = {}
 
 class ResumeInfo:
     """Where a resume code object came from: always the user's original code."""
-    __slots__ = ("original", "name", "start")
+    __slots__ = ("original", "name", "start", "offsets")
 
-    def __init__(self, original, name, start):
+    def __init__(self, original, name, start, offsets):
         self.original = original   # the original code object
         self.name = name           # its function name
         self.start = start         # offset in the original where this resume starts
+        self.offsets = offsets     # resume-code offset -> original offset (None: no counterpart)
 
 
 def original_offset(code, offset):
@@ -43,30 +45,40 @@ def original_offset(code, offset):
     info = RESUME_INFO.get(code)
     if info is None:
         return code, offset
-    new = [i.offset for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
-    old = [i.offset for i in dis.get_instructions(info.original) if i.opname != "EXTENDED_ARG"]
-    # A resume code is a prologue followed by the original instructions: count from the end.
-    return info.original, old[len(old) - (len(new) - new.index(offset))]
+    orig = info.offsets.get(offset)
+    if orig is None:
+        raise Unsupported("graph break inside an instruction that the resume code had to split")
+    return info.original, orig
 
 _CALLS = {"CALL", "CALL_KW", "CALL_FUNCTION_EX"}
 _BRANCHES = {"POP_JUMP_IF_FALSE", "POP_JUMP_IF_TRUE"}
 _KEEP_BRANCHES = {"JUMP_IF_FALSE_OR_POP", "JUMP_IF_TRUE_OR_POP"}
 
 
-def plan_break(fn, frame, ins):
-    """What the native step is for ``ins``; 'generic' resumes at the instruction itself."""
+def plan_break(fn, index):
+    """(kind of native step, index of the row to stop before) for a break at row ``index``.
+
+    A step done in Python ends at row ``index`` and resumes after it, which needs that
+    row to end its raw instruction. Every other step ('generic') runs whole raw
+    instructions natively in a step function, so it starts at the first row of the
+    raw instruction that row ``index`` belongs to.
+    """
     code = fn.__code__
+    rows = decode(code)
+    ins = rows[index]
     name = ins.opname
-    in_try = analysis.inside_user_handler(code, ins.offset)
     if name in _CALLS or name in _BRANCHES or name in _KEEP_BRANCHES or name in (
             "TO_BOOL", "FOR_ITER", "STORE_ATTR", "STORE_SUBSCR"):
         kind = name
     else:
         kind = "generic"
-    if in_try:
+    if analysis.inside_user_handler(code, ins.offset) or not is_last_part(rows, index):
         # Inside try: the step must run inside the original code's exception handling.
+        # Mid-instruction (3.13's COMPARE_OP + TO_BOOL...): no resume point after the row.
         kind = "generic"
-    return kind
+    if kind == "generic":
+        index = first_part(rows, index)
+    return kind, index
 
 
 def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resume, compile_graph):
@@ -145,7 +157,7 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
         call = "__Continuation" if is_resume else "__resolve"
         return f"return {call}({ref}, ({', '.join(args)}{',' if len(args) == 1 else ''}))"
 
-    next_offset = rows[ins.index + 1].offset if ins.index + 1 < len(rows) else None
+    next_offset = offset_after(rows, ins.index)
     step = []
     tail = []
     if kind in _CALLS:
@@ -234,7 +246,7 @@ def _generic_step(fn, code, ins, stack, live_names, bound, slot_expr, rb, ns, co
     for i in range(depth_after):
         keep = i < len(stack) and (i < depth_after - 1 or effect > 0 and i < len(stack))
         after.append(before[i] if keep and before[i] is NULL_SLOT else f"__h{i}")
-    next_offset = rows[ins.index + 1].offset if ins.index + 1 < len(rows) else None
+    next_offset = offset_after(rows, ins.index)
     after_live, resume_layout = [], []
     if next_offset is not None:
         after_live = [n for n in live_names if n in analysis.live_locals(code, next_offset)]
@@ -347,9 +359,10 @@ def _resume_wrapper(compiler, fn, code, offset, layout, live):
     origin = info.name if info is not None else code.co_name
     line = next((r.line for r in decode(original) if r.offset >= orig_offset), original.co_firstlineno)
     name = f"resume_in_{_clean(origin)}_at_line_{line}"
-    new_code = resume_code(original, orig_offset, tuple(layout), tuple(live), name)
+    new_code, offsets = resume_code(original, orig_offset, tuple(layout), tuple(live), name)
     if new_code not in RESUME_INFO:
-        RESUME_INFO[new_code] = ResumeInfo(original, origin, orig_offset)
+        RESUME_INFO[new_code] = ResumeInfo(original, origin, orig_offset, offsets)
+        CUT_FROM[new_code] = original
         _log_code("RESUME FUNCTION", new_code)
     return compiler.wrapper_for_code(new_code, fn.__globals__)
 

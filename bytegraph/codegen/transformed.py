@@ -13,7 +13,7 @@ from ..errors import Unsupported
 from ..guards.sources import AttrSource, ClosureSource, GlobalSource
 from ..debug.counting import count_ops
 from ..trace.context import DELETED
-from ..values.base import ConstantValue, DictValue, ListValue
+from ..values.base import ConstantValue, DictValue, IteratorValue, ListValue
 from .rebuild import Namespace, Rebuilder, _key_expr, graph_value_exprs, tensors_in
 
 
@@ -95,7 +95,8 @@ def replay_side_effects(tx, rb, live=()):
     (through their sources), then the new contents and stored values and the
     ``live`` values the caller will use afterwards (so a source re-read after
     the effects cannot see the new state), then the effects themselves:
-    containers updated in place (identity kept), attributes, globals, cells.
+    containers updated in place (identity kept), attributes, globals, cells;
+    last, live iterators remade over containers (over the containers read before).
     """
     if not tx.has_side_effects():
         return []
@@ -119,7 +120,13 @@ def replay_side_effects(tx, rb, live=()):
     stored = [value for _, _, value in tx.attr_stores.values() if value is not DELETED]
     stored += [value for _, value in tx.global_stores.values() if value is not DELETED]
     stored += [value for _, value in tx.cell_stores.values()]
-    for v in stored + list(live):
+    # An iterator remade over containers iterates them as the effects leave them (and a
+    # dict or set iterator made before they change would fail): its containers are read
+    # now, the iterator itself is made after the effects.
+    remade = [v for v in live if isinstance(v, IteratorValue) and v.remake is not None]
+    remade_ids = {id(v) for v in remade}
+    read_now = [a for v in remade for a in v.remake[1]] + [v for v in live if id(v) not in remade_ids]
+    for v in stored + read_now:
         try:
             rb.bind(v)
         except Unsupported:
@@ -149,6 +156,13 @@ def replay_side_effects(tx, rb, live=()):
             lines.append(f"{ns.source(source)} = {rb.expr(value)}")
     for key, (_, value) in tx.cell_stores.items():
         lines.append(f"{cells[key]}.cell_contents = {rb.expr(value)}")
+    for v in remade:
+        try:
+            rb.bind(v)
+        except Unsupported:
+            pass
+    lines += rb.lines
+    rb.lines.clear()
     return lines
 
 

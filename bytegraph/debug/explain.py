@@ -1,12 +1,15 @@
 """What ``bytegraph.explain(fn)(*args)`` reports: graphs, breaks, ops and guards (``api.explain`` runs it)."""
 from dataclasses import dataclass, field
 
+from ..stacks import format_stack
+
 
 @dataclass
 class BreakReason:
     reason: str
-    user_stack: list          # traceback.FrameSummary, innermost last
+    user_stack: list          # traceback.FrameSummary, outermost first, the breaking line last
     graph_break: bool = True  # False: the whole frame ran eagerly instead of resuming
+    hint: str = None          # what the user can do to avoid the break
 
 
 @dataclass
@@ -30,10 +33,9 @@ class ExplainOutput:
             if not br.graph_break:
                 lines.append("    (the rest of this frame ran eagerly)")
             lines.append("    User Stack:")
-            for fs in br.user_stack:
-                lines.append(f"      <FrameSummary file {fs.filename}, line {fs.lineno} in {fs.name}>")
-                if fs.line:
-                    lines.append(f"        {fs.line.strip()}")
+            lines.extend(format_stack(br.user_stack, indent="      "))
+            if br.hint:
+                lines.append(f"    Hint: {br.hint}")
         lines.append("Ops per Graph:")
         for i, ops in enumerate(self.ops_per_graph, 1):
             lines.append(f"  Ops {i}:")

@@ -11,7 +11,8 @@ class FrameRecord:
     guards: list = field(default_factory=list)
     fallback_reason: str = None   # the whole frame runs eagerly, for this reason
     break_reason: str = None      # the frame stops at a graph break, for this reason
-    user_stack: list = field(default_factory=list)
+    user_stack: list = field(default_factory=list)   # traceback.FrameSummary, outermost first
+    hint: str = None              # what the user can do about the break / fallback
     transformed_source: str = ""
     guard_source: str = ""
 

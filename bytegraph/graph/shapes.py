@@ -62,7 +62,10 @@ def _finite(bound):
 
 class Shapes:
     def __init__(self):
-        self.env = ShapeEnv()
+        # An op whose output size or a Python scalar depends on tensor data (nonzero, boolean
+        # masks, unique, item) raises on fake tensors instead of getting an unbacked size: the
+        # tracer breaks the graph there and runs the op natively (see GraphBuilder.call).
+        self.env = ShapeEnv(allow_dynamic_output_shape_ops=False, allow_scalar_outputs=False)
         self.origins = {}           # sympy.Symbol -> [SymbolOrigin, ...] (first one is read)
         self.lower_bounds = {}      # sympy.Symbol -> min given by mark_dynamic
         self.upper_bounds = {}

@@ -6,6 +6,7 @@ import types
 from ..bytecode.instructions import decode
 from ..config import config
 from ..debug import logs, records, timing
+from ..stacks import frame_summary, function_entry
 from ..errors import BackendError, BytegraphError, Unsupported
 from ..guards.builder import ID_MATCH, SHAPE_ENV, GuardSet, add_global_state_guards, compile_guards
 from ..guards.sources import ClosureSource, LocalSource
@@ -83,7 +84,7 @@ class _Compile:
     def transformed_name(self):
         return f"transformed_{_clean(self.fn.__name__)}_{self.n}"
 
-    def entry(self, tx, run, source, gm, break_reason=None, user_stack=()):
+    def entry(self, tx, run, source, gm, break_reason=None, user_stack=(), hint=None):
         """Guards, logs and records for a traced frame; the cache entry."""
         if tx.graph.shapes.has_symbols:
             tx.guards.add(SHAPE_ENV, None, tx.graph.shapes)
@@ -95,7 +96,7 @@ class _Compile:
             log_code.debug("TRANSFORMED CODE %s\n%s", self.name, source)
         code = self.fn.__code__
         records.record(records.FrameRecord(self.name, code.co_filename, code.co_firstlineno, graph=gm,
-                                           guards=guards, break_reason=break_reason,
+                                           guards=guards, break_reason=break_reason, hint=hint,
                                            user_stack=list(user_stack), transformed_source=source,
                                            guard_source=guard_source))
         return CacheEntry(guard, run, explain, guards, graph=gm, transformed_source=source,
@@ -113,6 +114,9 @@ def compile_frame(fn, frame_args, compiler, cache=None):
     try:
         return _whole_frame(c, c.trace(values))
     except Unsupported as e:
+        if not e.user_stack:
+            # Met after the trace (building code for the break or the result): the function itself.
+            e.user_stack = [function_entry(fn)]
         if compiler.fullgraph:
             raise
         try:
@@ -131,7 +135,7 @@ def compile_frame(fn, frame_args, compiler, cache=None):
         if not config.suppress_errors:
             raise
         err = Unsupported(f"internal error while tracing: {type(e).__name__}: {e}")
-        err.user_stack = getattr(e, "_bytegraph_user_stack", [])
+        err.user_stack = getattr(e, "_bytegraph_user_stack", None) or [function_entry(fn)]
         if compiler.fullgraph:
             raise err from e
         return _fallback(c, err)
@@ -140,31 +144,36 @@ def compile_frame(fn, frame_args, compiler, cache=None):
 def _whole_frame(c, result):
     """The frame traced to its return: one graph, one transformed function."""
     tx = result.tx
-    run, source, gm = c.codegen(lambda: generate(c.transformed_name(), c.guard_params, tx, result.return_value,
-                                                 c.fn.__globals__, c.compile_graph))
+    try:
+        run, source, gm = c.codegen(lambda: generate(c.transformed_name(), c.guard_params, tx, result.return_value,
+                                                     c.fn.__globals__, c.compile_graph))
+    except Unsupported as e:
+        if not e.user_stack:   # the returned value cannot be rebuilt: point at the return
+            e.user_stack = [frame_summary(c.fn.__code__, result.frame.current)]
+        raise
     return c.entry(tx, run, source, gm)
 
 
 def _split_at_break(c, values, err):
     """Trace again up to the instruction that broke, and resume after it. None: cannot."""
-    if err.root_index is None:
+    if err.root_index is None or err.eager_frame:
         return None
     fn = c.fn
     try:
-        result = c.trace(values, stop_before=err.root_index)
+        kind, index = plan_break(fn, err.root_index)
+        result = c.trace(values, stop_before=index)
         if not result.frame.stopped:
             return None
-        ins = decode(fn.__code__)[err.root_index]
-        kind = plan_break(fn, result.frame, ins)
+        ins = decode(fn.__code__)[index]
         run, source, gm = c.codegen(lambda: generate_break(
             fn, result, ins, kind, c.compiler, c.guard_params, c.transformed_name(),
             fn.__code__ in RESUME_INFO, c.compile_graph))
     except Unsupported as e:
         log_breaks.debug("cannot resume %s after its graph break: %s", c.name, e.reason)
         return None
-    log_breaks.debug("graph break in %s: %s\n%s", c.name, err.reason,
-                     "".join(f"  {s.filename}:{s.lineno} in {s.name}\n" for s in err.user_stack))
-    return c.entry(result.tx, run, source, gm, break_reason=err.reason, user_stack=err.user_stack)
+    log_breaks.debug("graph break in %s: %s", c.name, err)
+    return c.entry(result.tx, run, source, gm, break_reason=err.reason, user_stack=err.user_stack,
+                   hint=err.hint)
 
 
 def _fallback(c, err):
@@ -173,7 +182,8 @@ def _fallback(c, err):
     reason = str(err)
     log_breaks.debug("running %s eagerly: %s", c.name, reason)
     records.record(records.FrameRecord(c.name, fn.__code__.co_filename, fn.__code__.co_firstlineno,
-                                       fallback_reason=err.reason, user_stack=list(err.user_stack)))
+                                       fallback_reason=err.reason, user_stack=list(err.user_stack),
+                                       hint=err.hint))
     return eager_entry(fn, c.cache, (), reason)
 
 

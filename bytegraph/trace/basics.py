@@ -16,10 +16,21 @@ from ..values.base import (MUTABLE_CONSTANT_TYPES, ConstantValue, DefaultDictVal
                            ListValue, ObjectValue, SliceValue, SymValue, TensorValue, TupleValue)
 
 
+_NAMED_CALLABLES = (type, types.FunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
+                    types.MethodWrapperType, types.ClassMethodDescriptorType)
+
+
 def describe(v):
     if isinstance(v, ObjectValue):
         o = v.obj
-        name = getattr(o, "__qualname__", None) if isinstance(o, (type, types.FunctionType)) else None
+        if isinstance(o, types.BuiltinFunctionType):
+            owner = getattr(o, "__self__", None)
+            if owner is None or isinstance(owner, types.ModuleType):
+                module = getattr(o, "__module__", None) or getattr(owner, "__name__", "")
+                prefix = "" if module in ("builtins", "io", "_io") else f"{module}."
+                return f"builtin function {prefix}{o.__name__}"
+            return f"builtin method {type(owner).__qualname__}.{o.__name__}"
+        name = getattr(o, "__qualname__", None) if isinstance(o, _NAMED_CALLABLES) else None
         return f"{type(o).__name__} {name}" if name else f"a {type(o).__name__} object"
     if isinstance(v, ConstantValue):
         return f"constant {v.value!r}"

@@ -23,7 +23,7 @@ from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue
                            TensorValue, TracedId, TupleValue, UserObjectValue)
 from ..values.builder import wrap
 from . import attrs, generators, operators, ops, with_blocks
-from .calls import call, fold, has_tensor
+from .calls import TENSOR_DATA_HINT, call, fold, has_tensor
 from .exceptions import TracedRaise, to_str
 from .generators import check_unchanged, iterated_containers
 from .iteration import iterate
@@ -430,7 +430,41 @@ def _signature(frame, args, kwargs):
 @builtin(print)
 def _print(frame, args, kwargs):
     raise Unsupported("print() cannot be put in a graph",
-                      hint="remove the print, or accept a graph break here")
+                      hint="print() runs eagerly, so the graph is split here (fullgraph=True refuses it); "
+                           "remove it, or print outside the compiled function")
+
+
+# Builtins that must not run while tracing: what running them does, which a graph cannot.
+_EAGER_BUILTINS = {input: "reads from standard input", breakpoint: "stops in the debugger",
+                   exec: "runs code given as a string", eval: "runs code given as a string",
+                   globals: "reads the running frame's globals", locals: "reads the running frame's locals",
+                   vars: "reads the running frame's locals", dir: "reads the running frame's local names"}
+
+
+def _eager_builtin(fn):
+    def h(frame, args, kwargs):
+        if fn in (vars, dir) and (args or kwargs):
+            return fold(frame, fn, args, kwargs)
+        name = f"{fn.__name__}()"
+        if fn in (input, breakpoint):
+            hint = f"{name} runs eagerly at a graph break (fullgraph=True refuses it); move it out of the " \
+                   "compiled function to keep one graph"
+        elif fn in (exec, eval):
+            hint = f"the function calling {name} runs eagerly (fullgraph=True refuses it); write the code " \
+                   "out instead of running a string to have it compiled"
+        else:
+            hint = f"the function calling {name} runs eagerly (fullgraph=True refuses it); use the names " \
+                   f"directly instead of reading them through {name} to have it compiled"
+        err = Unsupported(f"builtin {name} cannot run inside a graph: it {_EAGER_BUILTINS[fn]}", hint=hint)
+        # exec/eval/locals... read the frame that calls them, so that frame runs eagerly as a
+        # whole (its callers still resume after the call to it, which then runs natively).
+        err.eager_frame = frame.parent is None and fn not in (input, breakpoint)
+        raise err
+    return h
+
+
+for _fn in _EAGER_BUILTINS:
+    BUILTIN_HANDLERS[_fn] = _eager_builtin(_fn)
 
 
 @builtin(id)
@@ -470,7 +504,8 @@ def _make_fold(fn):
         if fn is pow and len(args) == 2 and not kwargs and has_tensor(args):
             return operators.binary(frame, "**", args[0], args[1])
         if fn in (int, float) and len(args) == 1 and isinstance(args[0], TensorValue):
-            raise Unsupported(f"{fn.__name__}(tensor) needs the tensor's data, which is unknown while tracing")
+            raise Unsupported(f"{fn.__name__}(tensor) needs the tensor's data, which is unknown while tracing",
+                              hint=TENSOR_DATA_HINT)
         if fn in (str, repr) and len(args) == 1 and isinstance(args[0], ExceptionValue):
             return to_str(frame, args[0], fn)
         return fold(frame, fn, args, kwargs)

@@ -93,8 +93,13 @@ def _call_object(frame, fv, args, kwargs):
     call_attr = getattr(type(obj), "__call__", None)
     if isinstance(call_attr, types.FunctionType):
         return call(frame, wrap(tx, call_attr, None), [fv] + args, kwargs)
-    raise Unsupported(f"calling {attrs.describe(fv)} is not supported yet",
-                      hint="wrap it with bytegraph.allow_in_graph, or call it outside the compiled function")
+    if isinstance(obj, (types.BuiltinFunctionType, types.BuiltinMethodType)):
+        hint = ("bytegraph does not know what this builtin does; without fullgraph=True it runs eagerly at "
+                "a graph break; move the call out of the compiled function to keep one graph")
+    else:
+        hint = ("if it only computes on tensors, wrap it with bytegraph.allow_in_graph; otherwise call it "
+                "outside the compiled function (without fullgraph=True it runs eagerly at a graph break)")
+    raise Unsupported(f"calling {attrs.describe(fv)} is not supported yet", hint=hint)
 
 
 def _control_call(frame, obj, args, kwargs):
@@ -106,15 +111,28 @@ def _control_call(frame, obj, args, kwargs):
         if obj is control.graph_break:
             raise Unsupported("bytegraph.graph_break() called", hint="remove the call to keep one graph")
         if getattr(obj, "_bytegraph_disabled", False):
-            raise Unsupported(f"{getattr(obj, '__qualname__', obj)} is marked bytegraph.disable",
-                              hint="remove bytegraph.disable to trace it")
+            raise Unsupported(f"{_callable_name(obj)} is marked bytegraph.disable",
+                              hint="it runs eagerly at a graph break; remove bytegraph.disable to trace it")
         if obj in control.disallowed_in_graph:
-            raise Unsupported(f"{getattr(obj, '__qualname__', obj)} is marked bytegraph.disallow_in_graph")
+            raise Unsupported(f"{_callable_name(obj)} is marked bytegraph.disallow_in_graph",
+                              hint="it runs eagerly at a graph break; remove it from bytegraph.disallow_in_graph "
+                                   "to keep it in the graph")
         if obj in control.allowed_in_graph:
             return frame.tx.graph.call("call_function", obj, args, kwargs)
     except TypeError:   # unhashable callables are never in those sets
         return None
     return None
+
+
+def _callable_name(obj):
+    """``torch.sin``, ``mymodule.helper``: how the user names a callable."""
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+    if name is None:
+        return repr(obj)
+    if name.startswith("_VariableFunctionsClass."):
+        name = name.split(".", 1)[1]
+    module = getattr(obj, "__module__", None)
+    return f"{module}.{name}" if module and module not in ("builtins", "__main__") else name
 
 
 def _key(obj):
@@ -287,10 +305,14 @@ _UNSUPPORTED_METHODS = {"backward", "register_hook", "retain_grad", "requires_gr
                         "pin_memory", "record_stream", "storage", "untyped_storage", "set_", "resize_"}
 
 
+TENSOR_DATA_HINT = ("keep the value a tensor (e.g. x.sum() instead of x.sum().item(), torch.where instead of "
+                    "an if), or move this call out of the compiled function; without fullgraph=True it runs eagerly at a graph break")
+
+
 def tensor_method(frame, tensor, name, args, kwargs):
     if name in _DATA_DEPENDENT:
         raise Unsupported(f"Tensor.{name}() needs the tensor's data, which is unknown while tracing",
-                          hint="keep the computation on tensors, or move this call out of the compiled function")
+                          hint=TENSOR_DATA_HINT)
     if name in _UNSUPPORTED_METHODS:
         raise Unsupported(f"Tensor.{name}() is not supported in a graph yet")
     if name in ("size", "stride") and not kwargs:

@@ -1,9 +1,9 @@
 """State shared by every frame of one trace: the graph, the guards, the memo."""
-import traceback
 
 import torch
 
 from ..config import config
+from ..stacks import frame_summary
 from ..errors import Unsupported
 from ..graph.builder import GraphBuilder
 from ..guards.builder import GuardSet, add_global_state_guards
@@ -99,11 +99,10 @@ class TraceContext:
             return isinstance(source, LocalSource)
         return source in self.auto_dynamic_scalars
 
-    def user_stack(self):
-        """FrameSummary list for the active frames, innermost last."""
-        out = []
-        for f in self.frames:
-            ins = f.current
-            line = ins.line if ins is not None else f.code.co_firstlineno
-            out.append(traceback.FrameSummary(f.code.co_filename, line, f.code.co_name))
-        return out
+    def stack_snapshot(self):
+        """(code, running instruction) of the active frames, outermost first; cheap to keep."""
+        return [(f.code, f.current) for f in self.frames]
+
+    def user_stack(self, snapshot=None):
+        """FrameSummary list for the active frames (or a snapshot of them), outermost first."""
+        return [frame_summary(code, ins) for code, ins in (snapshot or self.stack_snapshot())]

@@ -81,7 +81,8 @@ def unwind(frame, value, index):
 def escape_error(value):
     """The Unsupported that an exception escaping the compiled frame becomes."""
     err = Unsupported(f"the compiled function raises {describe(value)}",
-                      hint="an exception escaping the compiled function runs from where it was raised eagerly")
+                      hint="eager Python raises it too; without fullgraph=True the code from where it is raised "
+                           "runs eagerly, so it reaches you as it would without bytegraph")
     err.root_index = entry_index(value)
     return err
 

@@ -89,7 +89,7 @@ class Frame:
         except TracedRaise as e:
             if self.parent is None:
                 err = escape_error(e.value)
-                err.user_stack = tx.user_stack()
+                err.user_stack = tx.user_stack(e.value.raised_at)
                 raise err from None
             raise
         except Unsupported as e:
@@ -110,6 +110,8 @@ class Frame:
         """The instruction ``ins`` raised ``value``: go to its handler, or leave the frame."""
         if self.parent is None and value.root_index is None:
             value.root_index = ins.index
+        if value.raised_at is None:
+            value.raised_at = self.tx.stack_snapshot()
         if not unwind(self, value, ins.index):
             raise TracedRaise(value)
 

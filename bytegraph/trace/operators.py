@@ -254,14 +254,18 @@ def unary(frame, fn, v):
     return constant_fold(frame, fn, [v], fn.__name__)
 
 
+DATA_DEPENDENT_BRANCH = ("make the condition static (decide on shapes, Python values or flags, not on a tensor's "
+                         "contents), or compute both sides and choose with torch.where(cond, a, b); "
+                         "torch.cond is not traced by bytegraph yet")
+
+
 def truth(frame, v):
     if isinstance(v, ConstantValue):
         return bool(v.value)
     if isinstance(v, SymValue):
         return bool(v.sym != 0)
     if isinstance(v, TensorValue):
-        raise Unsupported("branching on a tensor's value (data-dependent control flow)",
-                          hint="use torch.where / torch.cond, or move the branch out of the compiled function")
+        raise Unsupported("branching on a tensor's value (data-dependent control flow)", hint=DATA_DEPENDENT_BRANCH)
     if isinstance(v, (TupleValue, ListValue, DictValue)):
         return bool(v.items)
     for name in ("__bool__", "__len__"):

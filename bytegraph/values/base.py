@@ -391,10 +391,11 @@ class ExceptionValue(Value):
     ``cls`` is its class, ``args`` a list of values, ``attrs`` attributes its
     ``__init__`` set; ``cause``/``context`` are ExceptionValues or None.
     ``root_index`` is the instruction of the compiled frame where it first
-    entered that frame (where a break replays it natively when it escapes).
+    entered that frame (where a break replays it natively when it escapes);
+    ``raised_at`` the trace's stack snapshot where it was first raised.
     """
 
-    __slots__ = ("cls", "args", "attrs", "cause", "context", "suppress_context", "root_index")
+    __slots__ = ("cls", "args", "attrs", "cause", "context", "suppress_context", "root_index", "raised_at")
 
     def __init__(self, cls, args=(), attrs=None):
         super().__init__(None)
@@ -405,6 +406,7 @@ class ExceptionValue(Value):
         self.context = None
         self.suppress_context = False
         self.root_index = None
+        self.raised_at = None
 
     def python_type(self):
         return self.cls
