@@ -9,7 +9,7 @@ from .api import compile, reset, run, OptimizedModule, is_compiling
 from .debug.profiler import CompileProfiler
 from .debug.timing import compile_times
 from .control import allow_in_graph, disable, disallow_in_graph, graph_break, mark_dynamic, mark_static
-from .debug.explain import explain
+from .api import explain
 
 __version__ = "0.1.0"
 

@@ -7,8 +7,13 @@ import torch
 
 from .errors import BytegraphError
 from .backends.registry import lookup_backend
-from .runtime.dispatch import Compiler, reset_all
-from .trace.calls import has_hooks
+from .debug import records
+from .debug.explain import BreakReason, ExplainOutput, _ops
+from .runtime import dispatch
+from .runtime.dispatch import Compiler, _compilers, reset_all
+from .residual import call_disabled, has_hooks
+from .trace.hooks import has_unsupported_hooks
+from .trace.state import is_compiling
 
 _MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -65,7 +70,6 @@ def _backend_name(backend):
 def compile_callable(target, compiler):
     """Wrap any callable so that its Python code runs through ``compiler``."""
     if getattr(target, "_bytegraph_disabled", False):
-        from .control import call_disabled
         return functools.wraps(target)(lambda *a, **k: call_disabled(compiler, target, a, k))
     if isinstance(target, types.MethodType):
         wrapped = compiler.wrap_function(target.__func__)
@@ -97,6 +101,8 @@ class OptimizedModule(torch.nn.Module):
     _own = frozenset({"_orig_mod", "_compiler", "_compiled_forward", "forward", "__call__",
                       "__class__", "__dict__", "__repr__", "_call_impl", "train", "eval",
                       "__getstate__", "__setstate__", "__reduce_ex__"})
+    # Marks the class itself for values.builder, which unwraps such modules and cannot import api.
+    _bytegraph_compiled_module = True
 
     def __init__(self, mod, compiler):
         object.__setattr__(self, "_orig_mod", mod)
@@ -124,7 +130,6 @@ class OptimizedModule(torch.nn.Module):
         mod = self._orig_mod
         if not has_hooks(mod):
             return self._compiled_forward(*args, **kwargs)
-        from .trace.hooks import has_unsupported_hooks
         if has_unsupported_hooks(mod):
             # Global or backward hooks: run them natively around the compiled forward.
             return _call_with_hooks(mod, self._compiled_forward, args, kwargs)
@@ -160,12 +165,6 @@ def reset():
     reset_all()
 
 
-def is_compiling():
-    """True while bytegraph is tracing (always False in the code it produces)."""
-    from .trace import state
-    return state.tracing
-
-
 __all__ = ["compile", "reset", "OptimizedModule", "is_compiling", "inspect"]
 
 
@@ -175,7 +174,6 @@ def run(fn):
     ``fn`` is something returned by ``bytegraph.compile`` (or the function or module it
     compiled). A call that no cache entry matches runs eagerly.
     """
-    from .runtime import dispatch
     target = fn
     if isinstance(fn, torch.nn.Module) and not isinstance(fn, OptimizedModule):
         target = _find_compiled(fn.forward)
@@ -196,7 +194,6 @@ def run(fn):
 
 def _find_compiled(fn):
     """A compiled wrapper for ``fn``'s code from any live compiler, or ``fn`` itself."""
-    from .runtime.dispatch import _compilers
     func = getattr(fn, "__func__", fn)
     code = getattr(func, "__code__", None)
     for compiler in list(_compilers):
@@ -205,3 +202,36 @@ def _find_compiled(fn):
             self_obj = getattr(fn, "__self__", None)
             return types.MethodType(wrapper, self_obj) if self_obj is not None else wrapper
     return fn
+
+
+def explain(fn, *extra_args, **extra_kwargs):
+    """``explain(fn)(*args, **kwargs)`` -> ExplainOutput (``explain(fn, *args)`` also works)."""
+
+    def run(*args, **kwargs):
+        graphs = []
+
+        def record_graph(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        start = len(records.frames)
+        compiled = compile(fn, backend=record_graph)
+        compiled(*args, **kwargs)
+        recs = records.frames[start:]
+        out = ExplainOutput()
+        out.graphs = graphs
+        out.graph_count = len(graphs)
+        for r in recs:
+            if r.break_reason:
+                out.break_reasons.append(BreakReason(r.break_reason, r.user_stack, True, r.hint))
+            elif r.fallback_reason:
+                out.break_reasons.append(BreakReason(r.fallback_reason, r.user_stack, False, r.hint))
+            out.out_guards.extend(r.guards)
+        out.graph_break_count = len(out.break_reasons)
+        out.ops_per_graph = [_ops(gm) for gm in graphs]
+        out.op_count = sum(len(ops) for ops in out.ops_per_graph)
+        return out
+
+    if extra_args or extra_kwargs:
+        return run(*extra_args, **extra_kwargs)
+    return run

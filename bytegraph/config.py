@@ -30,6 +30,15 @@ _SETTINGS = {
                        "allow symbolic sizes at all (BYTEGRAPH_DYNAMIC_SHAPES=0 turns them off)"),
 }
 
+# setting name -> functions called with each new value; higher floors react to settings
+# without config importing them (debug.logs watches log_topics).
+_watchers = {}
+
+
+def watch(name, on_change):
+    """Call ``on_change(value)`` whenever setting ``name`` is assigned."""
+    _watchers.setdefault(name, []).append(on_change)
+
 
 class Config:
     """Settings for bytegraph. Assign attributes; unknown names are errors."""
@@ -61,9 +70,8 @@ class Config:
                 raise ConfigError(f"unknown log topics {unknown}; known: {', '.join(LOG_TOPICS)}")
             value = list(value)
         object.__setattr__(self, name, value)
-        if name == "log_topics":
-            from .debug import logs
-            logs.apply_topics(value)
+        for on_change in _watchers.get(name, ()):
+            on_change(value)
 
     def __getattr__(self, name):
         known = ", ".join(sorted(_SETTINGS))
@@ -90,6 +98,3 @@ class Config:
 
 
 config = Config()
-if config.log_topics:
-    from .debug import logs as _logs
-    _logs.apply_topics(config.log_topics)

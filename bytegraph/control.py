@@ -1,6 +1,7 @@
 """Fine-grained control over what is traced: disable, allow_in_graph, disallow_in_graph, graph_break."""
 import functools
-import types
+
+import torch
 
 from .errors import BytegraphError
 
@@ -70,53 +71,11 @@ def is_disabled(fn):
     return getattr(fn, "_bytegraph_disabled", False)
 
 
-class _RoutingGlobals(dict):
-    """Globals for a non-recursive disabled frame: user functions it reads come back compiled."""
-
-    def __init__(self, real, compiler):
-        super().__init__()
-        self.real = real
-        self.compiler = compiler
-
-    def __getitem__(self, name):
-        value = self.real[name]
-        if isinstance(value, types.FunctionType) and not is_disabled(value) \
-                and not hasattr(value, "_bytegraph_original"):
-            from .runtime.continuation import _is_user_function
-            if _is_user_function(value):
-                return self.compiler.wrapper_for(value)
-        return value
-
-
-def call_disabled(compiler, fn, args, kwargs):
-    """Call a disabled function; with recursive=False its global callees go through ``compiler``."""
-    target = fn._bytegraph_disabled_target
-    if fn._bytegraph_recursive or compiler is None or not isinstance(target, types.FunctionType) \
-            or _writes_globals(target.__code__):
-        return target(*args, **kwargs)
-    return _run_routing_calls(compiler, target, args, kwargs)
-
-
-def _run_routing_calls(compiler, fn, args, kwargs):
-    routed = types.FunctionType(fn.__code__, _RoutingGlobals(fn.__globals__, compiler), fn.__name__,
-                                fn.__defaults__, fn.__closure__)
-    routed.__kwdefaults__ = fn.__kwdefaults__
-    # Builtins must still resolve: LOAD_GLOBAL falls back to __builtins__ of the globals mapping.
-    dict.__setitem__(routed.__globals__, "__builtins__", fn.__globals__.get("__builtins__", __builtins__))
-    return routed(*args, **kwargs)
-
-
-def _writes_globals(code):
-    import dis
-    return any(i.opname in ("STORE_GLOBAL", "DELETE_GLOBAL") for i in dis.get_instructions(code))
-
-
 __all__ = ["disable", "allow_in_graph", "disallow_in_graph", "graph_break"]
 
 
 def mark_dynamic(t, dim, min=None, max=None):
     """Treat ``t``'s size in ``dim`` (an int or a list of ints) as symbolic from the first compile."""
-    import torch
     if not isinstance(t, torch.Tensor):
         raise BytegraphError(f"mark_dynamic expects a tensor, got {type(t).__name__}")
     dims = [dim] if isinstance(dim, int) else list(dim)
@@ -130,7 +89,6 @@ def mark_dynamic(t, dim, min=None, max=None):
 
 def mark_static(t, dim=None):
     """Keep ``t``'s size in ``dim`` (all dims if None) static, even under dynamic=True."""
-    import torch
     if not isinstance(t, torch.Tensor):
         raise BytegraphError(f"mark_static expects a tensor, got {type(t).__name__}")
     if dim is None:

@@ -1,4 +1,5 @@
 """Every error bytegraph raises derives from BytegraphError."""
+from .stacks import format_error
 
 
 class BytegraphError(Exception):
@@ -23,7 +24,6 @@ class Unsupported(BytegraphError):
         self.eager_frame = False
 
     def __str__(self):
-        from .debug.stacks import format_error
         return format_error(self.reason, self.user_stack, self.hint)
 
 

@@ -3,10 +3,7 @@ import dataclasses
 
 import torch
 
-
-def count_ops(gm):
-    """Number of call nodes (functions, methods, modules) in a GraphModule."""
-    return sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
+from .debug.counting import count_ops
 
 
 class CompileCounter:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import bytegraph
-from bytegraph.debug import stacks
+from bytegraph import stacks
 from helpers import assert_same, compile_counted
 
 HERE = __file__

@@ -5,8 +5,10 @@ Nothing here imports torch._inductor or AOTAutograd at module level, so that
 """
 import contextlib
 import functools
+import logging
 import warnings
 
+from torch.utils import _pytree as pytree
 
 from ..errors import BackendError
 
@@ -21,7 +23,6 @@ def flat_tuple_output(gm):
     original structure from the flat list. ``restore`` is ``None`` when no
     rewrite was needed.
     """
-    from torch.utils import _pytree as pytree
 
     node = gm.graph.output_node()
     (result,) = node.args
@@ -81,9 +82,8 @@ def data_dependent_cause(exc):
 def run_uncompiled(backend_name, gm, exc, restore):
     """The graph's own ``forward`` (eager ops, eager autograd), for a graph the backend cannot
     compile because of a data-dependent size: correct, only not compiled. Logged."""
-    from ..debug import logs
-
-    logs.get_logger("graph_breaks").debug(
+    # debug.logs' graph_breaks topic (backends sit beside debug, not above it)
+    logging.getLogger("bytegraph.graph_breaks").debug(
         "backend %r cannot compile a graph (%s: %s); its ops run uncompiled",
         backend_name, type(exc).__name__, exc)
     return with_restore(gm.forward, restore)

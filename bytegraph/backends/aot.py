@@ -17,6 +17,7 @@ def _boxed_nop(fx_graph, example_inputs):
     (the "boxed" convention, marked by the ``_boxed_call`` attribute), so the
     generated ``forward`` is adapted to that.
     """
+    # Heavy (AOTAutograd pulls in torch._dynamo): imported on first use, not with bytegraph.
     from torch._functorch.aot_autograd import make_boxed_func
 
     return make_boxed_func(fx_graph.forward)
@@ -36,6 +37,7 @@ def aot_eager(gm, example_inputs):
     guard on them. ``gm`` may be modified in place (its output node is
     flattened to a tuple when it was not one already).
     """
+    # Heavy (AOTAutograd pulls in torch._dynamo): imported on first use, not with bytegraph.
     from torch._functorch.aot_autograd import aot_module_simplified
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 

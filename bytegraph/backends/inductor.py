@@ -18,6 +18,7 @@ def inductor(gm, example_inputs, *, config_patches=None):
     place. Non-tensor example inputs are specialised to their values.
     """
     with quiet_torch_imports():
+        # Heavy (Inductor): imported on first use, not with bytegraph.
         from torch._inductor.compile_fx import compile_fx
 
     restore = flat_tuple_output(gm)

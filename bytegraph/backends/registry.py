@@ -11,7 +11,9 @@ heavy pieces (AOTAutograd, TorchInductor) are only imported inside the
 backend functions and inside ``lookup_backend`` when inductor settings have
 to be checked.
 """
+import difflib
 import functools
+import typing
 
 from ..errors import BackendError
 
@@ -121,6 +123,7 @@ def lookup_backend(backend, mode=None, options=None):
 def _mode_options(mode):
     """The inductor settings a ``mode`` stands for (as torch.compile maps them)."""
     with quiet_torch_imports():
+        # Heavy (Inductor): imported only when a mode or options are given.
         from torch._inductor import list_mode_options
 
     return dict(list_mode_options(mode))
@@ -133,10 +136,9 @@ def _checked_inductor_options(options):
     type where that type is a plain class (an int is accepted for a float,
     a bool is not accepted for an int).
     """
-    import difflib
-    import typing
 
     with quiet_torch_imports():
+        # Heavy (Inductor): imported only when a mode or options are given.
         from torch._inductor import config as inductor_config
 
     known = inductor_config.get_config_copy()

@@ -16,6 +16,8 @@ from functools import lru_cache
 
 from bytecode import Bytecode, CompilerFlags, Instr, Label
 
+from . import versions
+
 NULL_SLOT = None   # marks a stack slot holding CALL's NULL (pushed by the prologue, not passed)
 
 
@@ -44,7 +46,6 @@ def resume_code(code, offset, stack_layout, live, name):
 def _load_at(code, offset):
     """The code as a ``Bytecode`` list, the instruction found at ``offset``, and where each
     instruction came from (see ``_origin``)."""
-    from . import versions
     bc = Bytecode.from_code(code, conserve_exception_block_stackdepth=True)
     raw = [i for i in dis.get_instructions(code) if i.opname != "EXTENDED_ARG"]
     instrs = [x for x in bc if isinstance(x, Instr)]
@@ -125,7 +126,6 @@ def step_code(code, offset, stack_layout, live, after_layout, after_live, handov
     the closure as a last parameter ``__closure`` and passes it on to ``handover``
     (resume functions are made over the cells of the call that reaches them).
     """
-    from . import versions
     bc, target, origins = _load_at(code, offset)
     lineno = target.lineno
     start = Label()

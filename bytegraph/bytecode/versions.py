@@ -6,6 +6,8 @@ onto it. Handlers in ``trace/`` never look at ``sys.version_info``.
 """
 import sys
 
+from ..null import NULL
+
 PY = sys.version_info[:2]
 SUPPORTED = ((3, 11), (3, 12), (3, 13))
 
@@ -96,7 +98,6 @@ def split_call_prefix(below, above):
     [callable, NULL] or [method, self]. The NULL sentinel decides, so this
     works on every version.
     """
-    from ..values.base import NULL
     if below is NULL:
         return above, None
     if above is NULL:

@@ -5,6 +5,7 @@ values, performs the one step the tracer could not (a call, a branch on a
 tensor, the next step of an opaque iterator, a store), and hands over to a
 resume function that continues the original code after that step.
 """
+import dis
 import types
 
 import torch
@@ -13,10 +14,13 @@ from ..bytecode import analysis
 from ..bytecode.instructions import decode, first_part, is_last_part, offset_after
 from ..bytecode.resume import CLOSURE_PARAM, NULL_SLOT, resume_code, step_code
 from ..bytecode.versions import split_call_prefix
+from ..debug import logs
 from ..errors import Unsupported
-from ..runtime.continuation import (AutocastExit, Continuation, GradModeExit, Routed, call_through,
-                                    resolve)
-from ..values.base import NULL, ExitValue
+from ..null import NULL
+from ..residual import (AutocastExit, Continuation, GradModeExit, Routed, call_through,
+                        resolve)
+from ..stacks import CUT_FROM
+from ..values.base import ExitValue
 from ..trace.frame import PendingLocal
 from .rebuild import Namespace, Rebuilder
 from .transformed import emit, finish_graph, replay_side_effects, side_effect_values
@@ -224,7 +228,6 @@ class Handover:
 
 def _generic_step(fn, code, ins, stack, live_names, bound, slot_expr, rb, ns, compiler, is_resume, rows):
     """Run the breaking instruction natively in a copy of the code, then resume after it."""
-    import dis
     raw = next(i for i in analysis._raw(code) if i.offset == ins.offset)
     if ins.opname == "CALL":
         effect = 1 - (ins.arg + 2)
@@ -359,14 +362,13 @@ def _resume_wrapper(compiler, fn, code, offset, layout, live):
     new_code, offsets = resume_code(original, orig_offset, tuple(layout), tuple(live), name)
     if new_code not in RESUME_INFO:
         RESUME_INFO[new_code] = ResumeInfo(original, origin, orig_offset, offsets)
+        CUT_FROM[new_code] = original
         _log_code("RESUME FUNCTION", new_code)
     return compiler.wrapper_for_code(new_code, fn.__globals__)
 
 
 def _log_code(what, code):
-    from ..debug import logs
     if logs.enabled("bytecode"):
-        import dis
         logs.get_logger("bytecode").debug("%s %s\n%s", what, code.co_name, dis.Bytecode(code).dis())
 def _clean(name):
     return "".join(c if c.isalnum() or c == "_" else "_" for c in name)

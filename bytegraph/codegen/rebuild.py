@@ -13,6 +13,7 @@ import torch
 
 from ..errors import Unsupported
 from ..guards.sources import AttrSource, ObjectSource
+from ..trace.exceptions import rebuild_expr, values_inside
 from ..trace.frame import PendingLocal
 from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DefaultDictValue, DictValue,
                            DictViewValue, ExceptionValue, FunctionValue, IteratorValue, ListValue,
@@ -183,7 +184,6 @@ class Rebuilder:
         if isinstance(v, DictViewValue):
             return f"{self.expr(v.dict_value)}.{v.kind}()"
         if isinstance(v, ExceptionValue):
-            from ..trace.exceptions import rebuild_expr
             return rebuild_expr(self, v)
         raise Unsupported(f"cannot rebuild a {type(v).__name__} outside the graph yet")
 
@@ -218,7 +218,6 @@ def tensors_in(values, out):
             if v.dict_items is not None:
                 tensors_in(v.dict_items.items.values(), out)
         elif isinstance(v, ExceptionValue):
-            from ..trace.exceptions import values_inside
             tensors_in(values_inside(v), out)
         elif isinstance(v, FunctionValue):
             tensors_in(list(v.defaults) + list(v.kwdefaults.values())

@@ -11,7 +11,7 @@ import torch
 from ..guards import builder as g
 from ..errors import Unsupported
 from ..guards.sources import AttrSource, ClosureSource, GlobalSource
-from ..testing import count_ops
+from ..debug.counting import count_ops
 from ..trace.context import DELETED
 from ..values.base import ConstantValue, DictValue, IteratorValue, ListValue
 from .rebuild import Namespace, Rebuilder, _key_expr, graph_value_exprs, tensors_in

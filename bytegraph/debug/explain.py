@@ -1,8 +1,7 @@
-"""``bytegraph.explain(fn)(*args)``: compile and run once, then report graphs, breaks, ops and guards."""
+"""What ``bytegraph.explain(fn)(*args)`` reports: graphs, breaks, ops and guards (``api.explain`` runs it)."""
 from dataclasses import dataclass, field
 
-from . import records
-from .stacks import format_stack
+from ..stacks import format_stack
 
 
 @dataclass
@@ -50,37 +49,3 @@ class ExplainOutput:
 def _ops(gm):
     # Like torch._dynamo.explain: function calls only (tensor methods are not counted).
     return [n.target for n in gm.graph.nodes if n.op == "call_function"]
-
-
-def explain(fn, *extra_args, **extra_kwargs):
-    """``explain(fn)(*args, **kwargs)`` -> ExplainOutput (``explain(fn, *args)`` also works)."""
-    from ..api import compile as bg_compile
-
-    def run(*args, **kwargs):
-        graphs = []
-
-        def record_graph(gm, example_inputs):
-            graphs.append(gm)
-            return gm.forward
-
-        start = len(records.frames)
-        compiled = bg_compile(fn, backend=record_graph)
-        compiled(*args, **kwargs)
-        recs = records.frames[start:]
-        out = ExplainOutput()
-        out.graphs = graphs
-        out.graph_count = len(graphs)
-        for r in recs:
-            if r.break_reason:
-                out.break_reasons.append(BreakReason(r.break_reason, r.user_stack, True, r.hint))
-            elif r.fallback_reason:
-                out.break_reasons.append(BreakReason(r.fallback_reason, r.user_stack, False, r.hint))
-            out.out_guards.extend(r.guards)
-        out.graph_break_count = len(out.break_reasons)
-        out.ops_per_graph = [_ops(gm) for gm in graphs]
-        out.op_count = sum(len(ops) for ops in out.ops_per_graph)
-        return out
-
-    if extra_args or extra_kwargs:
-        return run(*extra_args, **extra_kwargs)
-    return run

@@ -8,6 +8,8 @@ stdout, and nothing at all unless asked.
 import logging
 import sys
 
+from ..config import LOG_TOPICS, config, watch
+
 _handler = None
 
 
@@ -21,7 +23,6 @@ def enabled(topic):
 
 def apply_topics(topics):
     global _handler
-    from ..config import LOG_TOPICS
     if _handler is None:
         _handler = logging.StreamHandler(sys.stderr)
         _handler.setFormatter(logging.Formatter("[bytegraph.%(topic)s] %(message)s"))
@@ -42,3 +43,8 @@ class _TopicFilter(logging.Filter):
     def filter(self, record):
         record.topic = record.name.rsplit(".", 1)[-1]
         return True
+
+
+watch("log_topics", apply_topics)
+if config.log_topics:   # BYTEGRAPH_LOGS, read by config at import
+    apply_topics(config.log_topics)

@@ -9,8 +9,8 @@ Inside the ``with`` block ``config.cache_size_limit`` is 1, so every recompile
 shows up as a guard failure in the report (the worst case).
 """
 from ..config import config
-from ..testing import count_ops
 from . import records
+from .counting import count_ops
 
 
 class CompileProfiler:

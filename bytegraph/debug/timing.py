@@ -3,6 +3,8 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 
+from ..errors import BytegraphError
+
 PHASES = ("bytecode tracing", "fake-tensor propagation", "guard building", "code generation",
           "backend compile")
 
@@ -40,7 +42,6 @@ def compile_times(repr="str", aggregate=False):
     ``repr="csv"``: ``(header, rows)``. ``aggregate=True``: totals only.
     """
     if repr not in ("str", "dict", "csv"):
-        from ..errors import BytegraphError
         raise BytegraphError(f"compile_times: repr must be 'str', 'dict' or 'csv', got {repr!r}")
     total = {p: sum(t.get(p, 0.0) for t in _times.values()) for p in PHASES}
     if repr == "dict":

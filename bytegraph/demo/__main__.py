@@ -24,8 +24,10 @@ import time
 import torch
 
 import bytegraph
+from bytegraph.backends.registry import lookup_backend
 from bytegraph.demo.models import make_inputs, make_model
-from bytegraph.testing import CompileCounter, count_ops
+from bytegraph.debug.counting import count_ops
+from bytegraph.testing import CompileCounter
 
 DEMO_MODELS = ("mlp", "tinygpt")
 BACKENDS = ("eager", "aot_eager", "inductor")
@@ -39,10 +41,6 @@ def _inner_backend(name):
     """
     if name == "eager":
         return None
-    try:
-        from bytegraph.backends.registry import lookup_backend
-    except ImportError:  # registry not available: use PyTorch's own backends
-        from torch._dynamo import lookup_backend
     return lookup_backend(name)
 
 

@@ -11,7 +11,7 @@ NAMES = ("gpt2", "bert", "llama", "t5")
 
 def build(name, dropout=0.0, seed=0):
     """The model ``name`` (one of ``NAMES``), in training mode as transformers makes it."""
-    import transformers as t
+    import transformers as t   # optional (the test extra): imported only to build these models
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if name == "gpt2":

@@ -3,15 +3,18 @@ import dis
 import time
 import types
 
+from ..bytecode.instructions import decode
 from ..config import config
 from ..debug import logs, records, timing
-from ..debug.stacks import frame_summary, function_entry
+from ..stacks import frame_summary, function_entry
 from ..errors import BackendError, BytegraphError, Unsupported
 from ..guards.builder import ID_MATCH, SHAPE_ENV, GuardSet, add_global_state_guards, compile_guards
 from ..guards.sources import ClosureSource, LocalSource
+from ..codegen.breaks import RESUME_INFO, generate_break, plan_break
 from ..codegen.transformed import generate
 from ..trace.tracer import frame_params, trace_frame
 from .cache import CacheEntry
+from .signature import _signature_parts
 
 _counter = [0]
 log_graph = logs.get_logger("graph")
@@ -153,8 +156,6 @@ def _whole_frame(c, result):
 
 def _split_at_break(c, values, err):
     """Trace again up to the instruction that broke, and resume after it. None: cannot."""
-    from ..bytecode.instructions import decode
-    from ..codegen.breaks import RESUME_INFO, generate_break, plan_break
     if err.root_index is None or err.eager_frame:
         return None
     fn = c.fn
@@ -211,7 +212,6 @@ def identity_of(guards):
 def _original_caller(fn):
     """Run the frame's code as it is, over the closure and globals of the function called now
     (many functions share one code object; the first one compiled is not the one called)."""
-    from .dispatch import _signature_parts
     _, passthrough, original, _ = _signature_parts(fn)
     code = fn.__code__
     make = "__FunctionType(__code, G, __name, None, __closure)" if code.co_freevars else "__fn"

@@ -10,8 +10,12 @@ import warnings
 import weakref
 
 from ..config import config
-from ..debug import logs
+from ..debug import logs, records, timing
+from ..guards.builder import TENSOR_MATCH
+from ..trace.tracer import frame_params
 from .cache import CodeCache
+from .compile_frame import compile_frame, eager_entry
+from .signature import _signature_parts
 
 _compilers = weakref.WeakSet()
 frozen = [False]    # True inside bytegraph.run(...): use cached code only, never compile
@@ -95,8 +99,6 @@ class Compiler:
 
     def miss(self, fn, cache, frame_args):
         """Compile ``fn`` for these arguments; return the entry's run function or None (run eagerly)."""
-        from .compile_frame import compile_frame, eager_entry
-        from ..debug import records
         if cache.eager_forever or frozen[0]:
             return None
         like = cache.entries_like(frame_args) if cache.entries else []
@@ -154,7 +156,6 @@ def _identity_now(cache, like, frame_args):
 
 
 def _guard_params(code):
-    from ..trace.tracer import frame_params
     return frame_params(code) + (["__closure"] if code.co_freevars else [])
 
 
@@ -168,7 +169,6 @@ def _note_changed_sizes(cache, entry, frame_args):
     observe = getattr(check, "observe", None)
     if observe is None:
         return
-    from ..guards.builder import TENSOR_MATCH
     for g, now in zip(check.observed, observe(*frame_args)):
         if now is None:
             continue
@@ -187,59 +187,8 @@ def reset_all():
         for cache in compiler.caches.values():
             cache.clear()
     _total_entries[0] = 0
-    from ..debug import records, timing
     records.clear()
     timing.clear()
-
-
-def _signature_parts(fn):
-    """(parameter list text, call-argument text, call-original text, defaults namespace)."""
-    code = fn.__code__
-    names = code.co_varnames
-    nargs, nposonly, nkwonly = code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount
-    defaults = fn.__defaults__ or ()
-    kwdefaults = fn.__kwdefaults__ or {}
-    ns = {}
-    params, passthrough, original = [], [], []
-    first_default = nargs - len(defaults)
-    for i in range(nargs):
-        name = names[i]
-        if i >= first_default:
-            dname = f"__d{i}"
-            ns[dname] = defaults[i - first_default]
-            params.append(f"{name}={dname}")
-        else:
-            params.append(name)
-        if i == nposonly - 1:
-            params.append("/")
-        passthrough.append(name)
-        original.append(name)
-    pos = nargs + nkwonly
-    if code.co_flags & 0x04:
-        star = names[pos]
-        params.append(f"*{star}")
-        passthrough.append(star)
-        original.append(f"*{star}")
-        pos += 1
-    elif nkwonly:
-        params.append("*")
-    for name in names[nargs:nargs + nkwonly]:
-        if name in kwdefaults:
-            dname = f"__kw_{name}"
-            ns[dname] = kwdefaults[name]
-            params.append(f"{name}={dname}")
-        else:
-            params.append(name)
-        passthrough.append(name)
-        original.append(f"{name}={name}")
-    if code.co_flags & 0x08:
-        dstar = names[pos]
-        params.append(f"**{dstar}")
-        passthrough.append(dstar)
-        original.append(f"**{dstar}")
-    if code.co_freevars:
-        passthrough.append("__closure")
-    return params, passthrough, original, ns
 
 
 def _dispatch_lines(args):

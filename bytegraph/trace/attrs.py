@@ -5,39 +5,19 @@ from collections import OrderedDict
 import torch
 
 from ..errors import Unsupported
-from ..guards.sources import AttrSource, ModuleEntrySource
+from ..guards import builder as g
+from ..guards.builder import MISSING_ATTR
+from ..guards.sources import AttrSource, ItemSource, ModuleEntrySource
 from ..values.base import (BoundMethodValue, ConstantValue, ContextManagerValue, DictValue,
                            ExceptionValue, FunctionValue, GeneratorValue, ListValue, MethodOfValue,
                            ObjectValue, PrivateObjectValue, SuperValue, TensorMethodValue, TensorValue,
                            TupleValue, UserObjectValue)
-from ..values.builder import CONSTANT_TYPES, is_trusted_module, wrap
-
-
-class MissingAttribute(Unsupported):
-    """Reading an attribute the object does not have (AttributeError in eager)."""
-
-
-_NAMED_CALLABLES = (type, types.FunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
-                    types.MethodWrapperType, types.ClassMethodDescriptorType)
-
-
-def describe(v):
-    if isinstance(v, ObjectValue):
-        o = v.obj
-        if isinstance(o, types.BuiltinFunctionType):
-            owner = getattr(o, "__self__", None)
-            if owner is None or isinstance(owner, types.ModuleType):
-                module = getattr(o, "__module__", None) or getattr(owner, "__name__", "")
-                prefix = "" if module in ("builtins", "io", "_io") else f"{module}."
-                return f"builtin function {prefix}{o.__name__}"
-            return f"builtin method {type(owner).__qualname__}.{o.__name__}"
-        name = getattr(o, "__qualname__", None) if isinstance(o, _NAMED_CALLABLES) else None
-        return f"{type(o).__name__} {name}" if name else f"a {type(o).__name__} object"
-    if isinstance(v, ConstantValue):
-        return f"constant {v.value!r}"
-    if isinstance(v, TensorValue):
-        return "a tensor"
-    return type(v).__name__.replace("Value", "").lower() or "value"
+from ..values.builder import CONSTANT_TYPES, is_trusted_module, note_reassigned_buffer, wrap
+from . import exceptions, ops
+from .basics import as_constant, describe
+from .context import DELETED
+from .exceptions import MissingAttribute, set_attr as set_exception_attr, super_attr
+from .protocols import _lookup_static
 
 
 # Tensor attributes answered from the fake tensor (fixed by the tensor's guard).
@@ -54,7 +34,6 @@ def get_attr(frame, v, name):
     except MissingAttribute:
         # The trace goes on knowing the attribute is missing (hasattr, except AttributeError).
         if isinstance(v, ObjectValue) and v.source is not None:
-            from ..guards.builder import MISSING_ATTR
             frame.tx.guards.add(MISSING_ATTR, v.source, name)
         raise
 
@@ -71,8 +50,7 @@ def _get_attr(frame, v, name):
     if isinstance(v, SuperValue):
         return _super_attr(frame, v, name)
     if isinstance(v, (ExceptionValue, GeneratorValue)):
-        from . import exceptions, generators
-        return (exceptions if isinstance(v, ExceptionValue) else generators).get_attr(frame, v, name)
+        return (exceptions.get_attr if isinstance(v, ExceptionValue) else ops.generator_attr)(frame, v, name)
     if isinstance(v, TupleValue):
         fields = getattr(v.cls, "_fields", None) or getattr(v.cls, "__match_args__", None)
         if fields and name in fields:
@@ -150,13 +128,6 @@ def _constant_attr(v, name):
     return ConstantValue(out)
 
 
-def _lookup_static(cls, name):
-    for klass in cls.__mro__:
-        if name in klass.__dict__:
-            return klass.__dict__[name], True
-    return None, False
-
-
 def _is_torch_nn_module(obj):
     return type(obj).__module__.startswith("torch.nn.")
 
@@ -193,7 +164,6 @@ def _object_attr(frame, v, name):
     obj, src = v.obj, v.source
     pending = tx.attr_stores.get((id(obj), name))
     if pending is not None:
-        from .context import DELETED
         if pending[2] is DELETED:
             raise MissingAttribute(f"{type(obj).__name__!r} object has no attribute {name!r} (deleted)")
         return pending[2]
@@ -237,8 +207,7 @@ def _object_attr(frame, v, name):
     class_attr, found = _lookup_static(cls, name)
     if found and _is_data_descriptor(class_attr):
         if isinstance(class_attr, property):
-            from .calls import call
-            return call(frame, wrap(tx, class_attr.fget, None), [v], {})
+            return ops.call(frame, wrap(tx, class_attr.fget, None), [v], {})
         return wrap(tx, getattr(obj, name), asrc)
     inst_dict = getattr(obj, "__dict__", None)
     if inst_dict is not None and name in inst_dict:
@@ -268,31 +237,28 @@ def _object_attr(frame, v, name):
         return wrap(tx, class_attr, asrc if not cls.__module__.startswith("torch.") else None)
     getattr_hook, has_hook = _lookup_static(cls, "__getattr__")
     if has_hook and getattr_hook is not torch.nn.Module.__getattr__:
-        from .calls import call
-        return call(frame, BoundMethodValue(wrap(tx, getattr_hook, None), v), [ConstantValue(name)], {})
+        return ops.call(frame, BoundMethodValue(wrap(tx, getattr_hook, None), v), [ConstantValue(name)], {})
     raise MissingAttribute(f"{cls.__name__!r} object has no attribute {name!r}")
 
 
 def _class_attribute(frame, cls, name, self_value):
     """A class attribute looked up for an instance: methods bind, properties run."""
-    from ..values.builder import wrap as w
     attr, found = _lookup_static(cls, name)
     if not found:
         return None, False
     if isinstance(attr, types.FunctionType):
-        return BoundMethodValue(w(frame.tx, attr, None), self_value), True
+        return BoundMethodValue(wrap(frame.tx, attr, None), self_value), True
     if isinstance(attr, property):
-        from .calls import call
         if attr.fget is None:
             raise MissingAttribute(f"property {name!r} of {cls.__qualname__} has no getter")
-        return call(frame, w(frame.tx, attr.fget, None), [self_value], {}), True
+        return ops.call(frame, wrap(frame.tx, attr.fget, None), [self_value], {}), True
     if isinstance(attr, staticmethod):
-        return w(frame.tx, attr.__func__, None), True
+        return wrap(frame.tx, attr.__func__, None), True
     if isinstance(attr, classmethod):
-        return BoundMethodValue(w(frame.tx, attr.__func__, None), w(frame.tx, cls, None)), True
+        return BoundMethodValue(wrap(frame.tx, attr.__func__, None), wrap(frame.tx, cls, None)), True
     if hasattr(type(attr), "__get__") and not isinstance(attr, CONSTANT_TYPES):
         raise Unsupported(f"descriptor {type(attr).__name__} for {cls.__qualname__}.{name} is not supported yet")
-    return w(frame.tx, attr, None), True
+    return wrap(frame.tx, attr, None), True
 
 
 def _user_object_attr(frame, v, name):
@@ -317,14 +283,12 @@ def _user_object_attr(frame, v, name):
         return value
     getattr_hook, has_hook = _lookup_static(v.cls, "__getattr__")
     if has_hook:
-        from .calls import call
-        return call(frame, BoundMethodValue(wrap(frame.tx, getattr_hook, None), v), [ConstantValue(name)], {})
+        return ops.call(frame, BoundMethodValue(wrap(frame.tx, getattr_hook, None), v), [ConstantValue(name)], {})
     raise MissingAttribute(f"{v.cls.__name__!r} object has no attribute {name!r}")
 
 
 def _super_attr(frame, sv, name):
     if isinstance(sv.obj, ExceptionValue):
-        from .exceptions import super_attr
         found = super_attr(frame, sv, name)
         if found is not None:
             return found
@@ -335,7 +299,6 @@ def _super_attr(frame, sv, name):
     for klass in mro[mro.index(sv.cls) + 1:]:
         if name in klass.__dict__:
             attr = klass.__dict__[name]
-            from ..values.builder import wrap as w
             if attr is object.__init__:
                 return ObjectValue(_noop_init)
             if attr in (object.__setattr__, object.__getattribute__) \
@@ -345,14 +308,13 @@ def _super_attr(frame, sv, name):
                     and sv.obj.dict_items is not None:
                 return dict_method(frame, sv.obj, name)
             if isinstance(attr, types.FunctionType):
-                return BoundMethodValue(w(frame.tx, attr, None), sv.obj)
+                return BoundMethodValue(wrap(frame.tx, attr, None), sv.obj)
             if isinstance(attr, classmethod):
-                return BoundMethodValue(w(frame.tx, attr.__func__, None), w(frame.tx, obj_type, None))
+                return BoundMethodValue(wrap(frame.tx, attr.__func__, None), wrap(frame.tx, obj_type, None))
             if isinstance(attr, staticmethod):
-                return w(frame.tx, attr.__func__, None)
+                return wrap(frame.tx, attr.__func__, None)
             if isinstance(attr, property) and attr.fget is not None:
-                from .calls import call
-                return call(frame, w(frame.tx, attr.fget, None), [sv.obj], {})
+                return ops.call(frame, wrap(frame.tx, attr.fget, None), [sv.obj], {})
             if klass is dict and name in _DICT_READS and isinstance(sv.obj, ObjectValue) \
                     and sv.obj.source is not None:
                 # dict's own read methods on a dict subclass that exists outside the trace:
@@ -381,8 +343,6 @@ _DICT_READS = {"get", "__getitem__", "__contains__", "keys", "items", "values", 
 
 
 def _dict_view(frame, ov):
-    from ..guards import builder as g
-    from ..guards.sources import ItemSource
     obj, src = ov.obj, ov.source
     if not all(isinstance(k, (str, int)) for k in obj):
         raise Unsupported("reading a dict subclass with keys other than str/int is not supported yet")
@@ -402,13 +362,11 @@ def set_attr(frame, obj, name, value, plain=False):
     ``plain``: ``object.__setattr__`` itself, skipping a ``__setattr__`` the class defines.
     """
     if isinstance(obj, ExceptionValue):
-        from .exceptions import set_attr as set_exception_attr
         return set_exception_attr(frame, obj, name, value)
     if isinstance(obj, UserObjectValue):
         hook = obj.cls.__setattr__
         if not plain and hook is not object.__setattr__:
-            from .calls import call
-            call(frame, wrap(frame.tx, hook, None), [obj, ConstantValue(name), value], {})
+            ops.call(frame, wrap(frame.tx, hook, None), [obj, ConstantValue(name), value], {})
             return
         attr, found = _lookup_static(obj.cls, name)
         if found and _is_data_descriptor(attr) and not isinstance(attr, types.MemberDescriptorType):
@@ -418,10 +376,8 @@ def set_attr(frame, obj, name, value, plain=False):
     if isinstance(obj, PrivateObjectValue):
         hook = type(obj.obj).__setattr__
         if not plain and isinstance(hook, types.FunctionType):
-            from .calls import call
-            call(frame, wrap(frame.tx, hook, None), [obj, ConstantValue(name), value], {})
+            ops.call(frame, wrap(frame.tx, hook, None), [obj, ConstantValue(name), value], {})
             return
-        from .operators import as_constant
         # Nothing outside the trace sees this object: the store happens now.
         object.__setattr__(obj.obj, name, as_constant(value))
         return
@@ -440,7 +396,6 @@ def _replayable_store(obj, name, value):
     if isinstance(obj, torch.nn.Module):
         if isinstance(value, TensorValue) and name in obj.__dict__.get("_buffers", ()):
             # A new tensor for an existing buffer (nn.Module.__setattr__ puts it in _buffers).
-            from ..values.builder import note_reassigned_buffer
             note_reassigned_buffer(obj, name)
             return True
         if isinstance(value, TensorValue) and not any(

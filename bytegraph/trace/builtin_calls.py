@@ -15,15 +15,17 @@ import types
 import torch
 
 from ..errors import Unsupported
+from ..guards import builder as g
 from ..guards.sources import AttrSource, ModuleEntrySource
 from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, DictViewValue,
                            ExceptionValue, FunctionValue, IteratorValue, ListValue, MethodOfValue,
                            ObjectValue, PrivateObjectValue, SuperValue, SymValue, TensorMethodValue,
                            TensorValue, TracedId, TupleValue, UserObjectValue)
 from ..values.builder import wrap
-from . import attrs, generators, operators, with_blocks
+from . import attrs, generators, operators, ops, with_blocks
 from .calls import TENSOR_DATA_HINT, call, fold, has_tensor
 from .exceptions import TracedRaise, to_str
+from .generators import check_unchanged, iterated_containers
 from .iteration import iterate
 
 
@@ -136,18 +138,6 @@ def _range(frame, args, kwargs):
     return ConstantValue(range(*_const_args(args, "range")))
 
 
-def iterated_containers(values):
-    """The lists/dicts an iterator over ``values`` reads lazily in eager (see FOR_ITER)."""
-    from ..values.base import DictViewValue
-    out = []
-    for v in values:
-        if isinstance(v, DictViewValue):
-            v = v.dict_value
-        if isinstance(v, (ListValue, DictValue)):
-            out.append(v)
-    return out
-
-
 @builtin(enumerate)
 def _enumerate(frame, args, kwargs):
     if not isinstance(args[0], (TupleValue, ListValue, IteratorValue, DictValue, ConstantValue)):
@@ -198,7 +188,6 @@ def _next(frame, args, kwargs):
     it = args[0]
     if not isinstance(it, IteratorValue):
         return generators.builtin_next(frame, args, kwargs)
-    from .containers import check_unchanged
     check_unchanged(it)
     if it.pos >= len(it.items):
         if len(args) > 1:
@@ -220,9 +209,8 @@ def _list(frame, args, kwargs):
 
 @builtin(dict)
 def _dict(frame, args, kwargs):
-    from .containers import call_method
     out = DictValue({})
-    call_method(frame, out, "update", list(args), kwargs)
+    ops.call_method(frame, out, "update", list(args), kwargs)
     return out
 
 
@@ -387,7 +375,6 @@ def _deepcopy(frame, args, kwargs):
         if not plain:
             raise Unsupported(f"copy.deepcopy() of {attrs.describe(v)}: its state is not plain data",
                               hint="copy it outside the compiled function")
-        from ..guards import builder as g
         frame.tx.guards.add(g.STATE_MATCH, v.source, snapshot)
         return PrivateObjectValue(copy.deepcopy(v.obj))
     if operators.is_constant(v):
@@ -617,7 +604,6 @@ def _module_walk(frame, mv, remove_duplicate=True):
 
 
 def _guard_table(frame, m, src, table):
-    from ..guards import builder as g
     entries = m.__dict__[table]
     frame.tx.guards.add(g.DICT_KEYS, AttrSource(src, table), list(entries))
     for k, v in entries.items():

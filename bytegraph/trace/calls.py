@@ -13,16 +13,22 @@ from collections import OrderedDict
 
 import torch
 
+from .. import control
 from ..errors import Unsupported
+from ..guards.builder import NO_HOOKS
 from ..guards.sources import AttrSource, DefaultSource, ItemSource
 from ..values.base import (BoundMethodValue, ConstantValue, DictValue, ExitValue, FunctionValue,
                            IteratorValue, MethodOfValue, ObjectValue, PartialValue, RealCell,
                            TensorMethodValue, TensorValue, TracerCallableValue, TupleValue,
                            UserObjectValue)
-from ..values.builder import wrap
-from . import attrs, generators, operators
+from ..residual import has_hooks
+from ..values.builder import CONSTANT_TYPES, wrap
+from . import attrs, generators, operators, ops, protocols
 from .exceptions import PythonError, make_exception
 from .frame import inline_call
+from .hooks import call_with_hooks
+from .state import is_compiling
+from .torch_calls import apply_state, call_torch_class, current_state, is_graph_function, torch_call
 
 
 def call(frame, fn, args, kwargs):
@@ -34,8 +40,7 @@ def call(frame, fn, args, kwargs):
         return inline_call(frame, fn.code, fn.globals, fn.name, fn.defaults, fn.kwdefaults,
                            fn.closure, list(args), kwargs)
     if isinstance(fn, MethodOfValue):
-        from .containers import call_method
-        return call_method(frame, fn.owner, fn.name, list(args), kwargs)
+        return ops.call_method(frame, fn.owner, fn.name, list(args), kwargs)
     if isinstance(fn, PartialValue):
         return call(frame, fn.func, fn.args + list(args), {**fn.kwargs, **kwargs})
     if isinstance(fn, ExitValue):
@@ -48,7 +53,6 @@ def call(frame, fn, args, kwargs):
     if isinstance(fn, ConstantValue) and callable(fn.value):
         return _call_object(frame, ObjectValue(fn.value), list(args), kwargs)
     if isinstance(fn, UserObjectValue):
-        from . import protocols
         if protocols.has_special_method(fn, "__call__"):
             return protocols.call_special_method(frame, fn, "__call__", list(args), kwargs)
     raise Unsupported(f"calling {attrs.describe(fn)} is not supported yet")
@@ -60,11 +64,10 @@ def _call_object(frame, fv, args, kwargs):
     special = _control_call(frame, obj, args, kwargs)
     if special is not None:
         return special
-    from .torch_calls import is_graph_function, torch_call, call_torch_class
-    handler = builtin_calls.BUILTIN_HANDLERS.get(_key(obj))
+    handler = ops.BUILTIN_HANDLERS.get(_key(obj))
     if handler is not None:
         return handler(frame, args, kwargs)
-    stdlib = stdlib_calls.call_stdlib_object(frame, fv, args, kwargs)
+    stdlib = ops.call_stdlib_object(frame, fv, args, kwargs)
     if stdlib is not None:
         return stdlib
     if isinstance(obj, torch.nn.Module):
@@ -101,8 +104,6 @@ def _call_object(frame, fv, args, kwargs):
 
 def _control_call(frame, obj, args, kwargs):
     """Calls governed by bytegraph.disable / allow_in_graph / disallow_in_graph / graph_break."""
-    from .. import control
-    from ..api import is_compiling
     if obj is is_compiling or (getattr(obj, "__name__", None) == "is_compiling"
                                and (getattr(obj, "__module__", None) or "").startswith("torch")):
         return ConstantValue(True)
@@ -158,22 +159,12 @@ def call_python_function(frame, fv, args, kwargs):
                        closure, args, kwargs)
 
 
-def has_hooks(m):
-    """True if calling ``m`` would run hooks (its own or global ones)."""
-    from torch.nn.modules import module as mm
-    return bool(m._forward_hooks or m._forward_pre_hooks or mm._global_forward_hooks
-                or mm._global_forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
-                or mm._global_backward_hooks or mm._global_backward_pre_hooks)
-
-
 def call_module(frame, mv, args, kwargs):
     """``module(*args)``: inline its forward, and its forward hooks if it has any (trace/hooks.py)."""
     m = mv.obj
     if has_hooks(m):
-        from .hooks import call_with_hooks
         return call_with_hooks(frame, mv, args, kwargs, lambda a, k: _call_forward(frame, mv, a, k))
     if mv.source is not None:
-        from ..guards.builder import NO_HOOKS
         frame.tx.guards.add(NO_HOOKS, mv.source, None)
     return _call_forward(frame, mv, args, kwargs)
 
@@ -262,10 +253,8 @@ def _is_foldable(obj):
         owner = getattr(obj, "__self__", None)
         if owner is None or isinstance(owner, types.ModuleType):
             return (getattr(obj, "__module__", None) or getattr(owner, "__name__", "")) in _FOLDABLE_MODULES
-        from ..values.builder import CONSTANT_TYPES
         return isinstance(owner, CONSTANT_TYPES + (tuple, frozenset))
     if isinstance(obj, types.MethodWrapperType):
-        from ..values.builder import CONSTANT_TYPES
         return isinstance(obj.__self__, CONSTANT_TYPES + (tuple, frozenset))
     return False
 
@@ -352,7 +341,6 @@ def tensor_method(frame, tensor, name, args, kwargs):
 # --- with-blocks over torch global state --------------------------------------------
 
 def enter_context(frame, mgr):
-    from .torch_calls import apply_state, current_state
     if mgr.kind == "set_grad":
         # set_grad_enabled took effect when it was made; entering does nothing more.
         return
@@ -361,10 +349,4 @@ def enter_context(frame, mgr):
 
 
 def exit_context(frame, mgr):
-    from .torch_calls import apply_state
     apply_state(frame, mgr, entering=False)
-
-
-# Builtins and the standard library live in their own modules; they need ``call`` and
-# ``fold`` from here, so they are imported last and read at call time.
-from . import builtin_calls, stdlib_calls  # noqa: E402

@@ -9,9 +9,11 @@ import collections
 
 from ..errors import Unsupported
 from ..values.base import (ConstantValue, ContextManagerValue, DefaultDictValue, DictValue,
-                           DictViewValue, ListValue, ObjectValue, TupleValue)
+                           DictViewValue, IteratorValue, ListValue, ObjectValue, TupleValue)
 from ..values.builder import constant
-from . import operators
+from . import generators, operators
+from .builtin_calls import sort_values
+from .calls import enter_context, exit_context
 from .iteration import iterate
 
 _MUTATING = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse",
@@ -22,7 +24,6 @@ _MUTATING = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "re
 
 def call_method(frame, owner, name, args, kwargs):
     if isinstance(owner, ContextManagerValue):
-        from .calls import enter_context, exit_context
         if name == "__enter__":
             enter_context(frame, owner)
         else:
@@ -52,7 +53,6 @@ def _list_method(frame, lst, name, args, kwargs):
     if name == "append":
         items.append(args[0])
     elif name in ("extend", "__iadd__"):
-        from . import generators
         if generators.is_lazy(args[0]):
             generators.extend_from(frame, items, args[0])   # appended as pulled, like list.extend
         else:
@@ -82,7 +82,6 @@ def _list_method(frame, lst, name, args, kwargs):
         else:
             raise Unsupported("list.remove(x): x not in list")
     elif name == "sort":
-        from .builtin_calls import sort_values
         unexpected = set(kwargs) - {"key", "reverse"}
         if args or unexpected:
             raise Unsupported("list.sort() takes only the keywords key= and reverse=")
@@ -162,7 +161,6 @@ def _dict_method(frame, d, name, args, kwargs):
     if name == "__len__":
         return ConstantValue(len(items))
     if name == "__iter__":
-        from ..values.base import IteratorValue
         return IteratorValue(iterate(frame, d))
     if name == "move_to_end" and d.cls is collections.OrderedDict:
         k = operators.key_of(args[0])
@@ -260,14 +258,3 @@ def _namedtuple_method(frame, tup, name, args, kwargs):
     if args or unknown:
         raise Unsupported(f"{tup.cls.__name__}._replace() got unexpected field names {sorted(unknown)}")
     return TupleValue([kwargs.get(f, v) for f, v in zip(fields, tup.items)], cls=tup.cls)
-
-
-def check_unchanged(it):
-    """Before taking the next item of an iterator value: the containers it reads are unchanged."""
-    for origin, then in it.origins:
-        now = origin.items
-        same = list(now) == then if isinstance(now, dict) else (
-            len(now) == len(then) and all(a is b for a, b in zip(now, then)))
-        if not same:
-            raise Unsupported(f"the {origin.python_type().__name__} being iterated over was changed "
-                              "while iterating; this is not supported")

@@ -1,6 +1,13 @@
 """State shared by every frame of one trace: the graph, the guards, the memo."""
+
+import torch
+
+from ..config import config
+from ..stacks import frame_summary
+from ..errors import Unsupported
 from ..graph.builder import GraphBuilder
 from ..guards.builder import GuardSet, add_global_state_guards
+from ..guards.sources import LocalSource
 
 # The value of a global the trace deleted (``del`` / ``global x; del x``).
 DELETED = object()
@@ -33,7 +40,6 @@ class TraceContext:
         self.global_stores = {}        # (id(globals dict), name) -> (target source, value or DELETED)
         self.cell_stores = {}          # id(real cell) -> (RealCell, value)
         self.effects_recorded = 0      # changes to state outside the trace so far (all kinds above but attrs)
-        import torch
         self.entry_grad_mode = torch.is_grad_enabled()
 
     def effect_count(self):
@@ -51,7 +57,6 @@ class TraceContext:
             self.mutated.setdefault(id(value), value)
             self.effects_recorded += 1
         elif id(value) in self.existing_containers:
-            from ..errors import Unsupported
             raise Unsupported(f"{what} a {value.python_type().__name__} that exists outside the compiled "
                               "function but cannot be re-read on later calls (no source)")
         return value
@@ -62,7 +67,6 @@ class TraceContext:
     # --- dynamic shapes ---------------------------------------------------------
 
     def _dynamic_mode(self):
-        from ..config import config
         mode = getattr(self.options, "dynamic", None)
         if not config.dynamic_shapes:
             return False
@@ -92,7 +96,6 @@ class TraceContext:
         if mode is False:
             return False
         if mode is True:
-            from ..guards.sources import LocalSource
             return isinstance(source, LocalSource)
         return source in self.auto_dynamic_scalars
 
@@ -102,5 +105,4 @@ class TraceContext:
 
     def user_stack(self, snapshot=None):
         """FrameSummary list for the active frames (or a snapshot of them), outermost first."""
-        from ..debug.stacks import frame_summary
         return [frame_summary(code, ins) for code, ins in (snapshot or self.stack_snapshot())]

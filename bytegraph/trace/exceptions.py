@@ -15,8 +15,14 @@ import dis
 import types
 from functools import lru_cache
 
+from ..bytecode.instructions import decode
 from ..errors import Unsupported
-from ..values.base import (ConstantValue, ExceptionValue, ObjectValue, TupleValue, UserObjectValue)
+from ..values.base import (ConstantValue, ExceptionValue, ObjectValue, TracerCallableValue, TupleValue,
+                           UserObjectValue)
+from ..values.builder import wrap
+from . import ops
+from .basics import as_constant, constant_value
+from .protocols import _lookup_static
 
 
 class TracedRaise(Exception):
@@ -35,12 +41,15 @@ class PythonError(Unsupported):
         self.exc = exc
 
 
+class MissingAttribute(Unsupported):
+    """Reading an attribute the object does not have (AttributeError in eager)."""
+
+
 # --- the exception table -------------------------------------------------------------
 
 @lru_cache(maxsize=1024)
 def handler_table(code):
     """Per decoded instruction index: (handler index, stack depth, push lasti) or None."""
-    from ..bytecode.instructions import decode
     rows = decode(code)
     entries = list(dis.Bytecode(code).exception_entries)
     table = []
@@ -130,8 +139,6 @@ def is_supported_class(cls):
 
 def make_exception(frame, cls, args, kwargs):
     """``cls(*args, **kwargs)`` for an exception class: an ExceptionValue, its ``__init__`` traced."""
-    from .calls import call
-    from ..values.builder import wrap
     if not is_supported_class(cls):
         raise Unsupported(f"creating {cls.__qualname__} exceptions inside the compiled function is not supported yet")
     value = ExceptionValue(cls, args)
@@ -141,7 +148,7 @@ def make_exception(frame, cls, args, kwargs):
         value.root_index = frame.current.index
     init = cls.__init__
     if isinstance(init, types.FunctionType):
-        result = call(frame, wrap(frame.tx, init, None), [value] + list(args), kwargs)
+        result = ops.call(frame, wrap(frame.tx, init, None), [value] + list(args), kwargs)
         if not (isinstance(result, ConstantValue) and result.value is None):
             raise Unsupported(f"{cls.__qualname__}.__init__ returned a value")
     elif kwargs:
@@ -157,7 +164,6 @@ def base_init(value, args):
 
 def from_python(exc):
     """An ExceptionValue for a real exception that a fold raised (constant arguments)."""
-    from .operators import constant_value
     value = ExceptionValue(type(exc), [constant_value(a) for a in exc.args])
     if isinstance(exc, StopIteration):
         value.attrs["value"] = constant_value(exc.value)
@@ -178,7 +184,6 @@ def raise_new(cls, *args):
 
 def converted(err):
     """The ExceptionValue for an Unsupported that means eager Python raises, else None."""
-    from .attrs import MissingAttribute
     if isinstance(err, PythonError):
         return from_python(err.exc)
     if isinstance(err, MissingAttribute):
@@ -221,11 +226,10 @@ def matches(exc, classes):
 def to_exception(frame, v, what="exceptions"):
     """The exception object that ``raise v`` raises (or ``from v`` names, ``what="exception
     causes"``): instantiate a class, check the type."""
-    from .calls import call
     if isinstance(v, ExceptionValue):
         return v
     if isinstance(v, ObjectValue) and isinstance(v.obj, type) and issubclass(v.obj, BaseException):
-        made = call(frame, v, [], {})
+        made = ops.call(frame, v, [], {})
         if not isinstance(made, ExceptionValue):
             raise_new(TypeError, f"calling {v.obj!r} should have returned an instance of BaseException, "
                                  f"not {type(made).__name__}")
@@ -271,8 +275,6 @@ def reraise_current(frame):
 # --- reading exception objects ------------------------------------------------------------
 
 def get_attr(frame, v, name):
-    from . import attrs
-    from ..values.builder import wrap
     if name == "args":
         return TupleValue(v.args)
     if name == "__cause__":
@@ -292,11 +294,11 @@ def get_attr(frame, v, name):
         return v.args[0] if v.args else ConstantValue(None)
     if name in ("name", "obj") and issubclass(v.cls, (AttributeError, NameError)):
         return ConstantValue(None)
-    attr, found = attrs._lookup_static(v.cls, name)
+    attr, found = _lookup_static(v.cls, name)
     if found and getattr(attr, "__objclass__", None) is BaseException or name in (
             "__traceback__", "with_traceback", "add_note", "__notes__"):
         raise Unsupported(f"{name!r} of an exception made inside the compiled function is not supported yet")
-    return attrs._user_object_attr(frame, v, name)
+    return ops.user_object_attr(frame, v, name)
 
 
 def set_attr(frame, v, name, value):
@@ -305,8 +307,7 @@ def set_attr(frame, v, name, value):
         v.suppress_context = True
         return
     if name == "args":
-        from .iteration import iterate
-        v.args = iterate(frame, value)
+        v.args = ops.iterate(frame, value)
         return
     if name in ("__context__", "__traceback__", "__suppress_context__"):
         raise Unsupported(f"setting {name} of an exception is not supported yet")
@@ -315,13 +316,10 @@ def set_attr(frame, v, name, value):
 
 def to_str(frame, v, fn=str):
     """``str(e)`` / ``repr(e)``: a user ``__str__``/``__repr__`` is traced; else the builtin's on constants."""
-    from .calls import call
-    from .operators import as_constant
-    from ..values.builder import wrap
     special = "__str__" if fn is str else "__repr__"
     method = getattr(v.cls, special)
     if isinstance(method, types.FunctionType):
-        return call(frame, wrap(frame.tx, method, None), [v], {})
+        return ops.call(frame, wrap(frame.tx, method, None), [v], {})
     base = _builtin_base(v.cls)
     try:
         args = [as_constant(a) for a in v.args]
@@ -337,7 +335,6 @@ def super_attr(frame, sv, name):
     """``super().__init__`` in a user exception class reaching BaseException's: store the args."""
     if name != "__init__":
         return None
-    from ..values.base import TracerCallableValue
     mro = sv.obj.cls.__mro__
     for klass in mro[mro.index(sv.cls) + 1:]:
         if "__init__" in klass.__dict__:

@@ -8,6 +8,8 @@ import inspect
 from ..bytecode.instructions import decode
 from ..errors import Unsupported
 from ..values.base import ConstantValue, DictValue, TupleValue
+from ..values.builder import wrap
+from . import ops
 from .context import MAX_INLINE_DEPTH
 from .exceptions import TracedRaise, break_index, converted, escape_error, unwind
 from .generators import check_finished_generators, make_generator
@@ -50,7 +52,7 @@ class Frame:
         self.stopped = False
 
     def run(self):
-        from .opcodes import HANDLERS
+        HANDLERS = ops.HANDLERS
         tx = self.tx
         tx.frames.append(self)
         try:
@@ -117,7 +119,6 @@ class Frame:
     def local(self, name):
         v = self.locals[name]
         if type(v) is PendingLocal:
-            from ..values.builder import wrap
             v = self.locals[name] = wrap(self.tx, v.obj, v.source)
             if name in self.fresh_containers and v.source is not None:
                 # *args / **kwargs are built anew by each call: changing them is no side effect.

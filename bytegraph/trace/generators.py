@@ -10,10 +10,14 @@ in CPython's order. ``next_item`` is the one way to advance any iterator value.
 """
 import itertools
 
+from ..bytecode.analysis import inside_user_handler
 from ..errors import Unsupported
-from ..values.base import (ConstantValue, GeneratorValue, IteratorValue, LazyIteratorValue,
-                           ObjectValue, TracerCallableValue, TupleValue)
-from .exceptions import TracedRaise, new, raise_new, unwind
+from ..values.base import (ConstantValue, DictValue, DictViewValue, GeneratorValue, IteratorValue,
+                           LazyIteratorValue, ListValue, ObjectValue, TracerCallableValue, TupleValue)
+from . import attrs, ops, protocols
+from .basics import as_constant
+from .exceptions import TracedRaise, new, raise_new, to_exception, unwind
+from .operators import truth
 
 EXHAUSTED = object()   # next_item's answer when the iterator is done
 
@@ -97,7 +101,6 @@ def resume(gen, sent=None, thrown=None):
 def check_finished_generators(tx):
     """At the end of the trace: a generator left suspended inside try/with would run its
     handlers when Python closes it; that cannot be traced, so such frames run eagerly."""
-    from ..bytecode.analysis import inside_user_handler
     for gen, root_index in tx.__dict__.get("generators", ()):
         if gen.state != "suspended":
             continue
@@ -147,7 +150,6 @@ def next_item(frame, it):
         return item
     if has_python_next(it):
         return _python_next(frame, it)
-    from . import attrs
     raise Unsupported(f"next() on {attrs.describe(it)} is not supported yet")
 
 
@@ -202,25 +204,22 @@ def _enumerate_next(frame, it):
 
 
 def _map_next(frame, it):
-    from .calls import call
     args = []
     for part in it.parts:
         item = next_item(frame, part)
         if item is EXHAUSTED:
             return EXHAUSTED
         args.append(item)
-    return call(frame, it.state["fn"], args, {})
+    return ops.call(frame, it.state["fn"], args, {})
 
 
 def _filter_next(frame, it):
-    from .calls import call
-    from .operators import truth
     fn = it.state["fn"]
     while True:
         item = next_item(frame, it.parts[0])
         if item is EXHAUSTED:
             return EXHAUSTED
-        keep = item if fn is None else call(frame, fn, [item], {})
+        keep = item if fn is None else ops.call(frame, fn, [item], {})
         if truth(frame, keep):
             return item
 
@@ -254,7 +253,6 @@ def _count_next(frame, it):
 
 def has_python_next(obj):
     """True for an object of a user class whose ``__next__`` is Python code (a user iterator)."""
-    from . import protocols
     return protocols.has_special_method(obj, "__next__")
 
 
@@ -269,10 +267,9 @@ def _python_next(frame, obj):
 
 def _sequence_next(frame, it):
     # Old-style iteration: __getitem__(0), (1), ... until IndexError or StopIteration.
-    from .calls import call
     i = it.state["i"]
     try:
-        item = call(frame, it.state["getitem"], [ConstantValue(i)], {})
+        item = ops.call(frame, it.state["getitem"], [ConstantValue(i)], {})
     except TracedRaise as e:
         if issubclass(e.value.cls, (IndexError, StopIteration)):
             return EXHAUSTED
@@ -295,14 +292,11 @@ def get_iter(frame, v):
     user = user_iterator(frame, v)
     if user is not None:
         return user
-    from .builtin_calls import iterated_containers
-    from .iteration import iterate
-    return IteratorValue(iterate(frame, v), origins=iterated_containers([v]), remake=(iter, [v]))
+    return IteratorValue(ops.iterate(frame, v), origins=iterated_containers([v]), remake=(iter, [v]))
 
 
 def user_iterator(frame, v):
     """The iterator of an object of a user class (``__iter__`` or ``__getitem__``), or None."""
-    from . import attrs, protocols
     if protocols.has_special_method(v, "__iter__"):
         it = protocols.call_special_method(frame, v, "__iter__", [])
         if isinstance(it, (IteratorValue, GeneratorValue, LazyIteratorValue)) or has_python_next(it):
@@ -315,16 +309,38 @@ def user_iterator(frame, v):
     return None
 
 
+# --- the containers an iterator reads -------------------------------------------------------
+
+def iterated_containers(values):
+    """The lists/dicts an iterator over ``values`` reads lazily in eager (see FOR_ITER)."""
+    out = []
+    for v in values:
+        if isinstance(v, DictViewValue):
+            v = v.dict_value
+        if isinstance(v, (ListValue, DictValue)):
+            out.append(v)
+    return out
+
+
+def check_unchanged(it):
+    """Before taking the next item of an iterator value: the containers it reads are unchanged."""
+    for origin, then in it.origins:
+        now = origin.items
+        same = list(now) == then if isinstance(now, dict) else (
+            len(now) == len(then) and all(a is b for a, b in zip(now, then)))
+        if not same:
+            raise Unsupported(f"the {origin.python_type().__name__} being iterated over was changed "
+                              "while iterating; this is not supported")
+
+
 # --- builtins over lazy iterators (hooks from trace/calls.py) -----------------------------------
 
 def lazy_zip(frame, args, kwargs):
-    from .operators import as_constant
     strict = as_constant(kwargs.get("strict", ConstantValue(False)))
     return LazyIteratorValue("zip", [get_iter(frame, a) for a in args], {"strict": strict})
 
 
 def lazy_enumerate(frame, args, kwargs):
-    from .operators import as_constant
     start = as_constant(kwargs.get("start", args[1] if len(args) > 1 else ConstantValue(0)))
     return LazyIteratorValue("enumerate", [get_iter(frame, args[0])], {"count": start})
 
@@ -343,7 +359,6 @@ def lazy_filter(frame, args, kwargs):
 
 
 def islice(frame, args, kwargs):
-    from .operators import as_constant
     if kwargs:
         raise_new(TypeError, "islice() takes no keyword arguments")
     bounds = [as_constant(a) for a in args[1:]]
@@ -363,7 +378,6 @@ def islice(frame, args, kwargs):
 
 
 def count(frame, args, kwargs):
-    from .operators import as_constant
     start = as_constant(kwargs.get("start", args[0] if args else ConstantValue(0)))
     step = as_constant(kwargs.get("step", args[1] if len(args) > 1 else ConstantValue(1)))
     return LazyIteratorValue("count", [], {"n": start, "step": step})
@@ -374,7 +388,6 @@ def builtin_next(frame, args, kwargs):
     if has_python_next(it) and len(args) == 1:
         return user_dunder(frame, it, "__next__", [])
     if not (isinstance(it, (IteratorValue, GeneratorValue, LazyIteratorValue)) or has_python_next(it)):
-        from . import attrs
         raise Unsupported(f"next() on {attrs.describe(it)} is not supported yet")
     if isinstance(it, GeneratorValue):
         kind, value = resume(it)
@@ -399,7 +412,6 @@ def _stop(value):
 
 
 def any_all(frame, fn, it):
-    from .operators import truth
     while True:
         item = next_item(frame, it)
         if item is EXHAUSTED:
@@ -411,7 +423,6 @@ def any_all(frame, fn, it):
 # --- generator methods: send, throw, close ------------------------------------------------------
 
 def get_attr(frame, gen, name):
-    from .exceptions import to_exception
 
     def send(f, args, kwargs):
         kind, value = resume(gen, sent=args[0])
@@ -453,13 +464,11 @@ def materialize_args(frame, fn, args):
         getattr(fn, "__self__", None), (str, bytes))
     if not consumes or not any(is_lazy(a) for a in args):
         return args
-    from ..values.base import ListValue
     return [ListValue(drain(frame, a)) if is_lazy(a) else a for a in args]
 
 
 def user_dunder(frame, obj, name, args):
     """``type(obj).<name>(obj, *args)`` for a special method written in Python, or None."""
-    from . import protocols
     if not protocols.has_special_method(obj, name):
         return None
     return protocols.call_special_method(frame, obj, name, args)

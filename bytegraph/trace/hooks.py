@@ -6,22 +6,22 @@ may replace the output). The hook tables are read through their sources, so the
 guards check their keys (hook handles) and the identity of each hook function:
 adding or removing a hook recompiles.
 """
+from torch.nn.modules import module as mm
+
 from ..errors import Unsupported
 from ..values.base import DictValue, TupleValue
-from . import attrs
+from . import attrs, ops
+from .operators import is_none
 
 
 def has_unsupported_hooks(m):
     """Hooks this module's traced call cannot run: global hooks and backward hooks."""
-    from torch.nn.modules import module as mm
     return bool(mm._global_forward_hooks or mm._global_forward_pre_hooks or m._backward_hooks
                 or m._backward_pre_hooks or mm._global_backward_hooks or mm._global_backward_pre_hooks)
 
 
 def call_with_hooks(frame, mv, args, kwargs, call_forward):
     """Trace ``mv(*args, **kwargs)`` with its forward pre-hooks and forward hooks."""
-    from .calls import call
-    from .operators import is_none
     m = mv.obj
     if has_unsupported_hooks(m):
         raise Unsupported(f"{type(m).__name__} has global or backward hooks; tracing those is not supported yet")
@@ -32,7 +32,7 @@ def call_with_hooks(frame, mv, args, kwargs, call_forward):
     _table(frame, mv, "_forward_pre_hooks_with_kwargs")
     for key, hook in pre_hooks.items.items():
         if key in with_kwargs:
-            result = call(frame, hook, [mv, TupleValue(args), DictValue(kwargs)], {})
+            result = ops.call(frame, hook, [mv, TupleValue(args), DictValue(kwargs)], {})
             if not is_none(result):
                 if not (isinstance(result, TupleValue) and len(result.items) == 2
                         and isinstance(result.items[1], DictValue)):
@@ -40,7 +40,7 @@ def call_with_hooks(frame, mv, args, kwargs, call_forward):
                 args = list(_as_tuple(result.items[0]).items)
                 kwargs = dict(result.items[1].items)
         else:
-            result = call(frame, hook, [mv, TupleValue(args)], {})
+            result = ops.call(frame, hook, [mv, TupleValue(args)], {})
             if not is_none(result):
                 args = list(_as_tuple(result).items)
     output = call_forward(args, kwargs)
@@ -49,9 +49,9 @@ def call_with_hooks(frame, mv, args, kwargs, call_forward):
     _table(frame, mv, "_forward_hooks_with_kwargs")
     for key, hook in hooks.items.items():
         if key in with_kwargs:
-            result = call(frame, hook, [mv, TupleValue(args), DictValue(kwargs), output], {})
+            result = ops.call(frame, hook, [mv, TupleValue(args), DictValue(kwargs), output], {})
         else:
-            result = call(frame, hook, [mv, TupleValue(args), output], {})
+            result = ops.call(frame, hook, [mv, TupleValue(args), output], {})
         if not is_none(result):
             output = result
     return output

@@ -8,11 +8,13 @@ from ..guards.sources import ModuleEntrySource
 from ..values.base import (ConstantValue, DictValue, DictViewValue, IteratorValue, ListValue,
                            ObjectValue, TensorValue, TupleValue)
 from ..values.builder import wrap
+from . import attrs, generators, protocols
+from .exceptions import PythonError
+from .operators import getitem
 
 
 def iterate(frame, v):
     """All items of an iterable value, as a new list."""
-    from . import attrs, generators
     if isinstance(v, (TupleValue, ListValue)):
         return list(v.items)
     if isinstance(v, IteratorValue):
@@ -27,15 +29,12 @@ def iterate(frame, v):
         try:
             return [ConstantValue(x) for x in v.value]
         except TypeError as e:
-            from .exceptions import PythonError
             raise PythonError(f"{type(v.value).__name__} object is not iterable", e) from None
     if isinstance(v, TensorValue):
         n = v.fake.shape[0] if v.fake.dim() else None
         if n is None:
             raise Unsupported("iteration over a 0-d tensor")
-        from .operators import getitem
         return [getitem(frame, v, ConstantValue(i)) for i in range(n)]
-    from . import protocols
     if protocols.dict_part(v) is not v and not protocols.has_special_method(v, "__iter__"):
         return iterate(frame, protocols.dict_part(v))
     if isinstance(v, ObjectValue) and isinstance(v.obj, enum.EnumMeta):
@@ -66,13 +65,11 @@ def unpack(frame, v, n):
     if isinstance(v, TensorValue):
         if v.fake.dim() == 0 or v.fake.shape[0] != n:
             raise Unsupported(f"cannot unpack a tensor of shape {tuple(v.fake.shape)} into {n} values")
-    from . import generators
     if generators.is_lazy(v):
         items = generators.take(frame, v, n + 1)   # CPython pulls one more item, no further
     else:
         items = iterate(frame, v)
     if len(items) != n:
-        from .exceptions import PythonError
         msg = (f"too many values to unpack (expected {n})" if len(items) > n
                else f"not enough values to unpack (expected {n}, got {len(items)})")
         raise PythonError(msg, ValueError(msg))

@@ -10,16 +10,18 @@ import operator
 import torch
 
 from ..errors import Unsupported
+from ..guards import builder as guard_kinds
+from ..null import NULL
 from ..guards.sources import AttrSource, GlobalSource, ItemSource, ObjectSource
-from ..values.base import (NULL, CellValue, ConstantValue, ContextManagerValue, DictValue,
+from ..values.base import (CellValue, ConstantValue, ContextManagerValue, DictValue,
                            ExceptionValue, ExitValue, FunctionValue, GeneratorValue, IteratorValue,
                            ListValue, ObjectValue, SavedExcInfoValue, SuperValue, TupleValue)
 from ..values.builder import TRUSTED_MODULE_PREFIXES, wrap
 from .context import DELETED
 from . import attrs, calls, exceptions, generators, operators, with_blocks
-from .containers import check_unchanged
+from .generators import check_unchanged
 from .iteration import iterate, unpack
-from ..bytecode.versions import method_pair, send_returned
+from ..bytecode.versions import method_pair, send_returned, split_call_prefix
 
 HANDLERS = {}
 
@@ -227,8 +229,6 @@ def delete_attr(f, ins):
         f.tx.attr_stores.pop((id(obj.obj), name), None)
         if name in obj.obj.__dict__:
             # The replayed `del` needs the attribute on entry: guard that it is there.
-            from ..guards import builder as guard_kinds
-            from ..guards.sources import AttrSource
             f.tx.guards.add(guard_kinds.TYPE_MATCH, AttrSource(obj.source, name), type(obj.obj.__dict__[name]))
             f.tx.attr_stores[(id(obj.obj), name)] = (obj, name, DELETED)
         # else: set earlier in this trace only; dropping that store is the whole effect.
@@ -766,7 +766,6 @@ def call_kw(f, ins):
 def _do_call(f, argc, kw):
     args = f.popn(argc)
     below, above = f.popn(2)
-    from ..bytecode.versions import split_call_prefix
     fn, self_value = split_call_prefix(below, above)
     if self_value is not None:
         args = [self_value] + args
@@ -783,7 +782,6 @@ def call_function_ex(f, ins):
     kwargs = f.pop() if ins.arg & 1 else DictValue({})
     args = f.pop()
     below, above = f.popn(2)
-    from ..bytecode.versions import split_call_prefix
     fn, self_value = split_call_prefix(below, above)
     arg_list = iterate(f, args)
     if self_value is not None:

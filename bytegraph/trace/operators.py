@@ -1,19 +1,23 @@
 """Python operators on values: arithmetic, comparison, truth, subscripts."""
-import collections
 import enum
 import operator
-import sys
 
 import torch
 
 from ..errors import Unsupported
+from ..null import NULL
+from ..guards.builder import NOT_ALIAS
 from ..guards.sources import ModuleEntrySource
-from ..values.base import (MUTABLE_CONSTANT_TYPES, NULL, BoundMethodValue, ConstantValue, ContextManagerValue,
+from ..values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, ConstantValue, ContextManagerValue,
                            DefaultDictValue, DictValue, DictViewValue, ExceptionValue, FunctionValue,
                            GeneratorValue, IteratorValue, LazyIteratorValue, ListValue, MethodOfValue,
                            ObjectValue, SliceValue, SymValue, TensorMethodValue, TensorValue,
                            TupleValue, UserObjectValue)
-from . import attrs, protocols
+from ..values.builder import wrap
+from . import attrs, ops, protocols
+from .basics import as_constant, constant_value, is_constant
+from .exceptions import PythonError
+from .protocols import is_not_implemented
 
 BINARY = {
     "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
@@ -35,66 +39,6 @@ COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operato
            ">": operator.gt, ">=": operator.ge}
 
 
-def as_constant(v):
-    """The Python value of ``v`` if it is fully known, else Unsupported.
-
-    A symbolic int is specialised here: its current value becomes a guard.
-    """
-    if isinstance(v, ConstantValue):
-        return v.value
-    if isinstance(v, SymValue):
-        return int(v.sym)
-    if isinstance(v, TupleValue):
-        items = tuple(as_constant(i) for i in v.items)
-        if v.cls is torch.Size:
-            return torch.Size(items)
-        if v.cls is not tuple:
-            return v.cls(items) if hasattr(v.cls, "n_fields") else v.cls(*items)
-        return items
-    if isinstance(v, ListValue):
-        return [as_constant(i) for i in v.items]
-    if isinstance(v, DictValue):
-        return {k: as_constant(i) for k, i in v.items.items()}
-    if isinstance(v, SliceValue):
-        return slice(as_constant(v.start), as_constant(v.stop), as_constant(v.step))
-    if isinstance(v, ObjectValue) and isinstance(v.obj, (type, torch.finfo, torch.iinfo, enum.Enum)):
-        return v.obj   # classes and enum members: fixed once guarded by identity
-    if isinstance(v, ObjectValue) and type(v.obj) is frozenset and v.source is None:
-        return v.obj    # read from a trusted module (e.g. dataclasses._ATOMIC_TYPES): fixed
-    if isinstance(v, ObjectValue) and type(v.obj) is type(sys.version_info):
-        return v.obj    # the only instance of its type; it never changes
-    if isinstance(v, DictViewValue):
-        # A real view over a dict of the constants, for set operations and comparisons.
-        return getattr(as_constant(v.dict_value), v.kind)()
-    raise Unsupported(f"{attrs.describe(v)} is not a constant")
-
-
-def is_constant(v):
-    if isinstance(v, SymValue):
-        return False
-    try:
-        as_constant(v)
-        return True
-    except Unsupported:
-        return False
-
-
-def constant_value(result):
-    """Wrap a Python result computed at trace time."""
-    if isinstance(result, MUTABLE_CONSTANT_TYPES):
-        return ConstantValue(result)
-    if isinstance(result, (list,)):
-        return ListValue([constant_value(r) for r in result])
-    if isinstance(result, dict):
-        items = {k: constant_value(v) for k, v in result.items()}
-        if isinstance(result, collections.defaultdict):
-            return DefaultDictValue(items, constant_value(result.default_factory))
-        return DictValue(items, cls=type(result) if type(result).__module__ == "collections" else dict)
-    if isinstance(result, (torch.finfo, torch.iinfo, type)):
-        return ObjectValue(result)
-    return ConstantValue(result)
-
-
 def key_of(v):
     """A dict key: constants by value, objects by identity."""
     if isinstance(v, ObjectValue):
@@ -110,16 +54,11 @@ def constant_fold(frame, fn, args, what):
     try:
         return constant_value(fn(*cargs))
     except Exception as e:
-        from .exceptions import PythonError
         raise PythonError(f"{what} raised {type(e).__name__}: {e}", e) from e
 
 
 def graph_op(frame, fn, args, kwargs=None):
     return frame.tx.graph.call("call_function", fn, list(args), kwargs or {})
-
-
-def is_not_implemented(v):
-    return isinstance(v, ConstantValue) and v.value is NotImplemented
 
 
 def _user_objects(*values):
@@ -129,8 +68,7 @@ def _user_objects(*values):
 def binary(frame, op, a, b):
     fn = BINARY[op]
     if op.endswith("=") and isinstance(a, (ListValue, DictValue, ConstantValue)):
-        from .containers import inplace_operator
-        changed = inplace_operator(frame, op, a, b)
+        changed = ops.inplace_operator(frame, op, a, b)
         if changed is not None:
             return changed
     if _user_objects(a, b):
@@ -154,16 +92,14 @@ def binary(frame, op, a, b):
         if seq is not None:
             return seq
     if op in ("|", "|=") and isinstance(a, DictValue) and isinstance(b, DictValue):
-        from .containers import call_method
-        return call_method(frame, a, "__ior__" if op == "|=" else "__or__", [b], {})
+        return ops.call_method(frame, a, "__ior__" if op == "|=" else "__or__", [b], {})
     return constant_fold(frame, fn, [a, b], f"operator {op}")
 
 
 def _sequence_op(frame, op, a, b):
     if op in ("+", "+="):
         if isinstance(a, ListValue) and op == "+=":
-            from .iteration import iterate
-            items = iterate(frame, b)
+            items = ops.iterate(frame, b)
             frame.tx.mark_mutated(a, "+= on")
             a.items.extend(items)
             return a
@@ -272,7 +208,6 @@ def identical(frame, a, b):
 
 
 def guard_distinct(frame, a, b):
-    from ..guards.builder import NOT_ALIAS
     if a.source is not None and b.source is not None and a is not b \
             and not isinstance(a, ConstantValue) and not isinstance(b, ConstantValue):
         frame.tx.guards.add(NOT_ALIAS, a.source, b.source, detail=b.source.name())
@@ -410,7 +345,6 @@ def getitem(frame, obj, index):
         try:
             picked = obj.items[i]
         except (IndexError, TypeError) as e:
-            from .exceptions import PythonError
             raise PythonError(f"indexing raised {type(e).__name__}: {e}", e) from e
         if isinstance(i, slice):
             if isinstance(obj, ListValue):
@@ -421,10 +355,8 @@ def getitem(frame, obj, index):
         k = key_of(index)
         if k not in obj.items:
             if isinstance(obj, DefaultDictValue) and not is_none(obj.factory):
-                from .calls import call
-                obj.items[k] = call(frame, obj.factory, [], {})
+                obj.items[k] = ops.call(frame, obj.factory, [], {})
                 return obj.items[k]
-            from .exceptions import PythonError
             raise PythonError(f"KeyError: {k!r}", KeyError(k))
         return obj.items[k]
     if isinstance(obj, ConstantValue):
@@ -439,7 +371,6 @@ def getitem(frame, obj, index):
 
 
 def _module_item(frame, mv, index):
-    from ..values.builder import wrap
     m = mv.obj
     if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)) and isinstance(index, int):
         sub = m[index]
@@ -458,9 +389,7 @@ def _module_item(frame, mv, index):
         return ObjectValue(m[index])
     getitem_fn = getattr(type(m), "__getitem__", None)
     if getitem_fn is not None:
-        from .calls import call
-        from ..values.builder import wrap as w
-        return call(frame, w(frame.tx, getitem_fn, None), [mv, ConstantValue(index)], {})
+        return ops.call(frame, wrap(frame.tx, getitem_fn, None), [mv, ConstantValue(index)], {})
     raise Unsupported(f"indexing {type(m).__name__} is not supported")
 
 
@@ -475,8 +404,7 @@ def setitem(frame, obj, index, value):
     if isinstance(obj, ListValue):
         i = as_constant(index)
         if isinstance(i, slice):
-            from .iteration import iterate
-            new = iterate(frame, value)
+            new = ops.iterate(frame, value)
             frame.tx.mark_mutated(obj, "slice assignment on")
             try:
                 obj.items[i] = new
@@ -484,7 +412,6 @@ def setitem(frame, obj, index, value):
                 raise Unsupported(f"slice assignment raised ValueError: {e}") from e
             return
         if not isinstance(i, int) or not -len(obj.items) <= i < len(obj.items):
-            from .exceptions import PythonError
             raise PythonError("list assignment index out of range", IndexError("list assignment index out of range"))
         frame.tx.mark_mutated(obj, "item assignment on")
         obj.items[i] = value
@@ -510,7 +437,6 @@ def delitem(frame, obj, index):
         try:
             obj.items[k]
         except (KeyError, IndexError, TypeError) as e:
-            from .exceptions import PythonError
             raise PythonError(f"del raised {type(e).__name__}: {e}", e) from e
         frame.tx.mark_mutated(obj, "del on")
         del obj.items[k]

@@ -11,10 +11,19 @@ import types
 
 import torch
 
-from ..values.base import ObjectValue, UserObjectValue
+from ..values.base import ConstantValue, ObjectValue, UserObjectValue
+from ..values.builder import wrap
+from . import ops
 
 # Classes whose Python-level special methods are *not* traced: their behaviour is known natively.
 _NATIVE_BASES = (torch.nn.Module, torch.Tensor, type)
+
+
+def _lookup_static(cls, name):
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name], True
+    return None, False
 
 
 def python_special_method(v, name):
@@ -25,7 +34,6 @@ def python_special_method(v, name):
         cls = type(v.obj)
     else:
         return None
-    from .attrs import _lookup_static
     attr, found = _lookup_static(cls, name)
     return attr if found and isinstance(attr, types.FunctionType) else None
 
@@ -43,16 +51,17 @@ def has_special_method(v, name):
 
 def call_special_method(frame, v, name, args, kwargs=None):
     """Inline ``type(v).name(v, *args)``; the method must exist (see ``python_special_method``)."""
-    from ..values.builder import wrap
-    from .calls import call
     fn = python_special_method(v, name)
     # No guard on the function: it is fixed by the class, which is guarded (or made here).
-    return call(frame, wrap(frame.tx, fn, None), [v] + list(args), kwargs or {})
+    return ops.call(frame, wrap(frame.tx, fn, None), [v] + list(args), kwargs or {})
+
+
+def is_not_implemented(v):
+    return isinstance(v, ConstantValue) and v.value is NotImplemented
 
 
 def binary_special_method(frame, op_name, a, b):
     """``a <op> b`` through ``__op__`` / ``__rop__`` written in Python; None if neither applies."""
-    from .operators import is_not_implemented
     if has_special_method(a, f"__{op_name}__"):
         result = call_special_method(frame, a, f"__{op_name}__", [b])
         if not is_not_implemented(result):

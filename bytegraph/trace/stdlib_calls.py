@@ -12,15 +12,17 @@ import operator
 import types
 
 from ..errors import Unsupported
+from ..guards.builder import ID_MATCH
 from ..guards.sources import AttrSource, ItemSource
 from ..values.base import (MUTABLE_CONSTANT_TYPES, ConstantValue, DefaultDictValue, DictValue,
                            IteratorValue, ListValue, ObjectValue, PartialValue, PrivateObjectValue,
                            TupleValue)
-from ..values.builder import wrap
+from ..values.builder import CONSTANT_TYPES, wrap
 from . import attrs, operators
 from .calls import call, fold
 from .iteration import iterate
 from .builtin_calls import BUILTIN_HANDLERS, builtin
+from .containers import call_method
 
 
 # --- functools, itertools, operator, collections -------------------------------------
@@ -34,7 +36,6 @@ def _call_memoized(frame, fv, args, kwargs):
     def real(v):
         return v.obj if isinstance(v, ObjectValue) else operators.as_constant(v)
     result = fv.obj(*[real(a) for a in args], **{k: real(v) for k, v in kwargs.items()})
-    from ..values.builder import CONSTANT_TYPES
     if isinstance(result, CONSTANT_TYPES) or (type(result) is tuple and all(
             isinstance(x, CONSTANT_TYPES) for x in result)):
         return ConstantValue(result)
@@ -71,7 +72,6 @@ def call_stdlib_object(frame, fv, args, kwargs):
                     args, kwargs)
     if type(obj) in (operator.itemgetter, operator.attrgetter, operator.methodcaller):
         if src is not None:
-            from ..guards.builder import ID_MATCH
             frame.tx.guards.add(ID_MATCH, src, obj)   # what it gets is fixed when it is made
         return _call_getter(frame, obj, args, kwargs)
     if isinstance(obj, (types.MethodDescriptorType, types.WrapperDescriptorType)) and args:
@@ -79,7 +79,6 @@ def call_stdlib_object(frame, fv, args, kwargs):
         owner_type, self_value = obj.__objclass__, args[0]
         if isinstance(self_value, (ListValue, DictValue, TupleValue)) \
                 and issubclass(operators.python_type(self_value), owner_type):
-            from .containers import call_method
             return call_method(frame, self_value, obj.__name__, list(args[1:]), kwargs)
         if owner_type in _FOLDABLE_METHOD_OWNERS and isinstance(self_value, ConstantValue):
             return fold(frame, obj, args, kwargs)
@@ -169,7 +168,6 @@ def _deque(frame, args, kwargs):
 
 @builtin(collections.OrderedDict)
 def _ordered_dict(frame, args, kwargs):
-    from .containers import call_method
     out = DictValue({}, cls=collections.OrderedDict)
     call_method(frame, out, "update", list(args), kwargs)
     return out
@@ -177,7 +175,6 @@ def _ordered_dict(frame, args, kwargs):
 
 @builtin(collections.defaultdict)
 def _defaultdict(frame, args, kwargs):
-    from .containers import call_method
     factory = args[0] if args else ConstantValue(None)
     out = DefaultDictValue({}, factory)
     call_method(frame, out, "update", list(args[1:]), kwargs)

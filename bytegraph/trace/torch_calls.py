@@ -4,8 +4,9 @@ import types
 import torch
 
 from ..errors import Unsupported
-from ..values.base import ContextManagerValue, TensorValue
-from . import attrs, operators
+from ..residual import set_autocast_state
+from ..values.base import ContextManagerValue, PrivateObjectValue, TensorValue
+from . import attrs, operators, ops
 
 # Python modules of torch whose functions go into the graph as one node each.
 _GRAPH_MODULE_PREFIXES = ("torch.nn.functional", "torch.functional", "torch._refs", "torch.special",
@@ -55,10 +56,9 @@ def torch_call(frame, fn, args, kwargs):
         raise Unsupported(f"torch.{name}() changes global state and cannot be traced")
     if isinstance(fn, (types.MethodDescriptorType, types.WrapperDescriptorType)):
         # torch.Tensor.add(x, y) is x.add(y).
-        from .calls import tensor_method
         if not args or not isinstance(args[0], TensorValue):
             raise Unsupported(f"Tensor.{name} called on {attrs.describe(args[0]) if args else 'nothing'}")
-        return tensor_method(frame, args[0], name, args[1:], kwargs)
+        return ops.tensor_method(frame, args[0], name, args[1:], kwargs)
     return frame.tx.graph.call("call_function", fn, args, kwargs)
 
 
@@ -98,18 +98,14 @@ def call_torch_class(frame, cls, args, kwargs):
     if cls in (torch.autocast, torch.amp.autocast) or cls.__name__ == "autocast":
         return _autocast(frame, cls, args, kwargs)
     if cls is torch.Size:
-        from .builtin_calls import BUILTIN_HANDLERS
-        return BUILTIN_HANDLERS[torch.Size](frame, args, kwargs)
+        return ops.BUILTIN_HANDLERS[torch.Size](frame, args, kwargs)
     if cls in (torch.finfo, torch.iinfo):
-        from .calls import fold
-        return fold(frame, cls, args, kwargs)
+        return ops.fold(frame, cls, args, kwargs)
     if cls is torch.device or cls is torch.dtype:
-        from .calls import fold
-        return fold(frame, cls, args, kwargs)
+        return ops.fold(frame, cls, args, kwargs)
     if issubclass(cls, torch.nn.Module):
         module = _stateless_module(cls, args, kwargs)
         if module is not None:
-            from ..values.base import PrivateObjectValue
             return PrivateObjectValue(module)
         raise Unsupported(f"creating a {cls.__name__} module inside the compiled function is not supported yet",
                           hint="create modules in __init__, not in forward")
@@ -172,7 +168,6 @@ def apply_state(frame, mgr, entering):
         # Leaving a block that was entered before this resume function began.
         if entering:
             return
-        from ..runtime.continuation import set_autocast_state
         device_type = mgr.args[0]
         now = (torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type),
                torch.is_autocast_cache_enabled())
@@ -193,7 +188,6 @@ def undo_state_changes(tx):
         elif kind == "autocast":
             saved.__exit__(None, None, None)
         elif kind == "autocast_state":
-            from ..runtime.continuation import set_autocast_state
             device_type, state = saved
             set_autocast_state(device_type, *state)
     tx.state_changes.clear()

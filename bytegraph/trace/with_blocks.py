@@ -10,14 +10,16 @@ import contextlib
 import types
 
 from ..errors import Unsupported
-from ..values.base import (ConstantValue, ExceptionValue, GeneratorValue, ObjectValue,
-                           TracebackValue, TracerCallableValue, UserObjectValue)
+from ..values.base import (BoundMethodValue, ConstantValue, DictValue, ExceptionValue, GeneratorValue,
+                           ObjectValue, TracebackValue, TracerCallableValue, TupleValue, UserObjectValue)
+from ..values.builder import wrap
+from . import attrs, calls
 from .exceptions import TracedRaise, new, raise_new
+from .generators import resume
 
 
 def enter(frame, mgr):
     """BEFORE_WITH on a non-torch manager: (the exit callable, the value ``as`` binds)."""
-    from . import attrs, calls
     if isinstance(mgr, UserObjectValue) and mgr.cls is contextlib._GeneratorContextManager \
             and isinstance(mgr.attrs.get("gen"), GeneratorValue):
         return _enter_generator(frame, mgr.attrs["gen"])
@@ -27,8 +29,6 @@ def enter(frame, mgr):
         cls = type(mgr.obj)
     else:
         raise Unsupported(f"with-block on {attrs.describe(mgr)} is not supported yet")
-    from ..values.base import BoundMethodValue
-    from ..values.builder import wrap
     methods = []
     for name in ("__enter__", "__exit__"):
         # Special methods are looked up on the class, as CPython does.
@@ -42,13 +42,10 @@ def enter(frame, mgr):
 
 def call_exit(frame, exit_fn, exc):
     """WITH_EXCEPT_START: ``__exit__(type, exc, traceback)``; the result says whether to suppress."""
-    from . import calls
-    from ..values.builder import wrap
     return calls.call(frame, exit_fn, [wrap(frame.tx, exc.cls, None), exc, TracebackValue()], {})
 
 
 def _enter_generator(frame, gen):
-    from .generators import resume
     kind, value = resume(gen)
     if kind != "yield":
         raise_new(RuntimeError, "generator didn't yield")
@@ -85,13 +82,11 @@ def _enter_generator(frame, gen):
 def contextmanager_in_frame(frame, args, kwargs):
     """``contextlib.contextmanager(fn)`` called inside the trace (a decorator on a nested function):
     a callable whose calls make the same manager object contextlib would."""
-    from . import calls
     if len(args) != 1 or kwargs:
         raise Unsupported("contextlib.contextmanager() takes one function")
     func = args[0]
 
     def make(f, call_args, call_kwargs):
-        from ..values.base import DictValue, TupleValue
         gen = calls.call(f, func, call_args, call_kwargs)
         if not isinstance(gen, GeneratorValue):
             raise Unsupported("@contextmanager function that does not return a generator")

@@ -5,6 +5,11 @@ attribute, iterate) lives in ``trace/``; building a value from a real object
 read through a source (and the guards that this takes) lives in
 ``values/builder.py``.
 """
+import collections
+import functools
+import itertools
+import types
+
 import torch
 
 
@@ -28,17 +33,6 @@ class Value:
 
     def _repr_body(self):
         return ""
-
-
-class NullValue(Value):
-    """The NULL that CALL's calling convention puts next to a callable."""
-    __slots__ = ()
-
-    def _repr_body(self):
-        return "NULL"
-
-
-NULL = NullValue()
 
 
 class ConstantValue(Value):
@@ -75,6 +69,10 @@ class ConstantValue(Value):
 
     def _repr_body(self):
         return repr(self.value)
+
+
+def constant(value):
+    return ConstantValue(value)
 
 
 class TensorValue(Value):
@@ -174,7 +172,6 @@ class DictViewValue(Value):
         return type(getattr({}, self.kind)())
 
     def materialize(self):
-        from .builder import constant
         d = self.dict_value.items
         if self.kind == "keys":
             return [constant(k) for k in d]
@@ -437,7 +434,6 @@ class TracebackValue(Value):
     __slots__ = ()
 
     def python_type(self):
-        import types
         return types.TracebackType
 
 
@@ -453,7 +449,6 @@ class GeneratorValue(Value):
         self.state = "created"     # created, suspended, running, done
 
     def python_type(self):
-        import types
         return types.GeneratorType
 
     def _repr_body(self):
@@ -485,7 +480,6 @@ class LazyIteratorValue(Value):
         self.done = False
 
     def python_type(self):
-        import itertools
         return {"zip": zip, "enumerate": enumerate, "map": map, "filter": filter,
                 "islice": itertools.islice, "count": itertools.count,
                 "sequence": _SEQUENCE_ITERATOR}[self.kind]
@@ -525,7 +519,6 @@ class DefaultDictValue(DictValue):
     __slots__ = ("factory",)
 
     def __init__(self, items, factory, source=None):
-        import collections
         super().__init__(items, source, cls=collections.defaultdict)
         self.factory = factory
 
@@ -542,7 +535,6 @@ class PartialValue(Value):
         self.kwargs = dict(kwargs)
 
     def python_type(self):
-        import functools
         return functools.partial
 
 

@@ -13,9 +13,12 @@ import weakref
 
 import torch
 
+from ..errors import Unsupported
 from ..guards import builder as g
 from ..guards.sources import AttrSource, ItemSource, ModuleEntrySource
-from .base import ConstantValue, DictValue, ListValue, ObjectValue, TupleValue
+from ..residual import AutocastExit, GradModeExit
+from .base import (ConstantValue, ContextManagerValue, DictValue, ExitValue, ListValue, ObjectValue, TupleValue,
+                   constant)
 
 CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis),
                   type(NotImplemented), torch.dtype, torch.device, torch.layout,
@@ -31,10 +34,6 @@ _IDENTITY_TYPES = (types.FunctionType, types.BuiltinFunctionType, types.MethodTy
                    types.ModuleType, type, types.MethodDescriptorType,
                    types.WrapperDescriptorType, types.MethodWrapperType,
                    types.BuiltinMethodType, types.ClassMethodDescriptorType, types.CodeType)
-
-
-def constant(value):
-    return ConstantValue(value)
 
 
 def is_trusted_module(mod):
@@ -66,9 +65,7 @@ def _guard(tx, kind, source, expected):
 
 def _wrap(tx, obj, source):
     t = type(obj)
-    from ..runtime.continuation import AutocastExit, GradModeExit
     if t is AutocastExit:
-        from .base import ContextManagerValue, ExitValue
         mgr = ContextManagerValue("autocast_resumed", (obj.device_type,))
         mgr.saved = obj.prev
         _guard(tx, g.TYPE_MATCH, source, t)
@@ -78,7 +75,6 @@ def _wrap(tx, obj, source):
         return ExitValue(mgr, source)
     if t is GradModeExit:
         # The __exit__ of a grad-mode block that a resume function continues.
-        from .base import ContextManagerValue, ExitValue
         mgr = ContextManagerValue("grad", (None,))
         mgr.saved = obj.mode
         _guard(tx, g.TYPE_MATCH, source, t)
@@ -151,8 +147,7 @@ def _existing(tx, value):
 
 
 def _compiled_original(obj):
-    from ..api import OptimizedModule
-    if type(obj) is OptimizedModule:
+    if type(obj).__dict__.get("_bytegraph_compiled_module", False):   # api.OptimizedModule
         return object.__getattribute__(obj, "_orig_mod")
     if isinstance(obj, types.FunctionType):
         return getattr(obj, "_bytegraph_original", None)
@@ -200,7 +195,6 @@ def _wrap_tensor(tx, tensor, source):
 
 
 def _unsupported(reason):
-    from ..errors import Unsupported
     return Unsupported(reason)
 
 

@@ -43,11 +43,14 @@ def function_entry(fn):
                                   getattr(_original_code(code), "co_qualname", code.co_name))
 
 
+# resume/step code -> the user's code it was cut from; filled by codegen.breaks, which owns
+# resume code (this module sits below it, for errors.py to format with).
+CUT_FROM = {}
+
+
 def _original_code(code):
     """A resume function stands for the user's function it was cut from."""
-    from ..codegen.breaks import RESUME_INFO
-    info = RESUME_INFO.get(code)
-    return info.original if info is not None else code
+    return CUT_FROM.get(code, code)
 
 
 @lru_cache(maxsize=4096)

@@ -1,16 +1,23 @@
-"""Handing over from a transformed function to a resume function without growing the stack.
+"""What generated code calls at run time: continuations, grad-mode and autocast exits, call_through.
 
-A transformed function that stops at a graph break returns
+``trace`` (which puts ``set_autocast_state`` in graphs and meets the exits in the
+resume functions it traces) and ``codegen`` (which emits calls to all of these)
+both import this module, so it sits on a low floor (docs/architecture.md).
+
+Handing over from a transformed function to a resume function without growing the stack:
+a transformed function that stops at a graph break returns
 ``Continuation(resume, args)`` when it was itself entered from a continuation,
 and ``resolve(resume, args)`` (a loop) when it was entered by the user. So a
 loop whose body breaks resumes once per iteration at constant stack depth.
 """
+import dis
 import sys
 import types
 
 import torch
+from torch.nn.modules import module as mm
 
-from ..trace.calls import has_hooks
+from .control import disallowed_in_graph, is_disabled
 
 
 class Continuation:
@@ -50,10 +57,16 @@ def _is_user_function(fn):
     return mod not in _STDLIB
 
 
+def has_hooks(m):
+    """True if calling ``m`` would run hooks (its own or global ones)."""
+    return bool(m._forward_hooks or m._forward_pre_hooks or mm._global_forward_hooks
+                or mm._global_forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+                or mm._global_backward_hooks or mm._global_backward_pre_hooks)
+
+
 def call_through(compiler, fn, args, kwargs):
     """Call ``fn`` from residual code: user Python functions go through the compiler."""
     if getattr(fn, "_bytegraph_disabled", False):
-        from ..control import call_disabled
         return call_disabled(compiler, fn, args, kwargs)
     if _is_disallowed(fn):
         return fn(*args, **kwargs)
@@ -82,13 +95,49 @@ class Routed:
 
 
 def _is_disallowed(fn):
-    from ..control import disallowed_in_graph
     try:
         return fn in disallowed_in_graph
     except TypeError:
         return False
 
 
+class _RoutingGlobals(dict):
+    """Globals for a non-recursive disabled frame: user functions it reads come back compiled."""
+
+    def __init__(self, real, compiler):
+        super().__init__()
+        self.real = real
+        self.compiler = compiler
+
+    def __getitem__(self, name):
+        value = self.real[name]
+        if isinstance(value, types.FunctionType) and not is_disabled(value) \
+                and not hasattr(value, "_bytegraph_original"):
+            if _is_user_function(value):
+                return self.compiler.wrapper_for(value)
+        return value
+
+
+def call_disabled(compiler, fn, args, kwargs):
+    """Call a disabled function; with recursive=False its global callees go through ``compiler``."""
+    target = fn._bytegraph_disabled_target
+    if fn._bytegraph_recursive or compiler is None or not isinstance(target, types.FunctionType) \
+            or _writes_globals(target.__code__):
+        return target(*args, **kwargs)
+    return _run_routing_calls(compiler, target, args, kwargs)
+
+
+def _run_routing_calls(compiler, fn, args, kwargs):
+    routed = types.FunctionType(fn.__code__, _RoutingGlobals(fn.__globals__, compiler), fn.__name__,
+                                fn.__defaults__, fn.__closure__)
+    routed.__kwdefaults__ = fn.__kwdefaults__
+    # Builtins must still resolve: LOAD_GLOBAL falls back to __builtins__ of the globals mapping.
+    dict.__setitem__(routed.__globals__, "__builtins__", fn.__globals__.get("__builtins__", __builtins__))
+    return routed(*args, **kwargs)
+
+
+def _writes_globals(code):
+    return any(i.opname in ("STORE_GLOBAL", "DELETE_GLOBAL") for i in dis.get_instructions(code))
 
 
 def set_autocast_state(device_type, enabled, dtype, cache_enabled):
