@@ -8,7 +8,7 @@ import os
 
 from .errors import ConfigError
 
-LOG_TOPICS = ("graph", "guards", "bytecode", "output_code", "recompiles", "graph_breaks", "trace")
+LOG_TOPICS = ("graph", "guards", "bytecode", "output_code", "recompiles", "graph_breaks", "trace", "cudagraphs")
 
 
 def _env_topics():

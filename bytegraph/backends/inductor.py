@@ -4,6 +4,16 @@ from ._common import (as_list, compile_failed, data_dependent_cause, flat_tuple_
                       run_uncompiled, with_restore)
 
 
+def mark_parameters_static(gm):
+    """Tell AOTAutograd that the parameters and buffers it lifts out of ``gm`` keep their
+    addresses (``static_input_indices``). CUDA graphs (``mode=\"reduce-overhead\"``) then read
+    them in place instead of copying every one of them into the graph's pool on each call.
+
+    AOTAutograd reads this from a graph-module marker: present, with no per-input source
+    table, it counts every lifted parameter and buffer as static."""
+    gm.meta.setdefault("dynamo_compile_id", None)
+
+
 def inductor(gm, example_inputs, *, config_patches=None):
     """Compile ``gm`` with ``torch._inductor.compile_fx.compile_fx``.
 
@@ -23,6 +33,7 @@ def inductor(gm, example_inputs, *, config_patches=None):
 
     restore = flat_tuple_output(gm)
     grads = grad_presence.plan(gm)
+    mark_parameters_static(gm)
     try:
         compiled = compile_fx(gm, as_list(example_inputs), config_patches=config_patches or None)
     except Exception as exc:

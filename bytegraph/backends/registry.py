@@ -19,6 +19,7 @@ from ..errors import BackendError
 
 from ._common import quiet_torch_imports
 from .aot import aot_eager
+from .cudagraphs import cudagraphs
 from .eager import eager
 from .inductor import inductor
 
@@ -191,3 +192,4 @@ def _describe(fn):
 register_backend(eager)
 register_backend(aot_eager)
 register_backend(inductor)
+register_backend(cudagraphs)
