@@ -19,6 +19,10 @@ def _env_topics():
     return topics
 
 
+def _env_names(var):
+    return [n.strip() for n in os.environ.get(var, "").split(",") if n.strip()]
+
+
 # name -> (default, accepted types, help)
 _SETTINGS = {
     "cache_size_limit": (8, (int,), "recompiles allowed per code object before it runs eagerly"),
@@ -28,6 +32,9 @@ _SETTINGS = {
     "suppress_errors": (True, (bool,), "an internal error while compiling runs the frame eagerly"),
     "dynamic_shapes": (os.environ.get("BYTEGRAPH_DYNAMIC_SHAPES", "1") != "0", (bool,),
                        "allow symbolic sizes at all (BYTEGRAPH_DYNAMIC_SHAPES=0 turns them off)"),
+    "debug_function": (_env_names("BYTEGRAPH_DEBUG_FUNCTION"), (list, tuple),
+                       "compile only frames of functions with these names (BYTEGRAPH_DEBUG_FUNCTION=a,b); "
+                       "empty: every frame"),
 }
 
 # setting name -> functions called with each new value; higher floors react to settings
@@ -68,6 +75,11 @@ class Config:
             unknown = [t for t in value if t not in LOG_TOPICS]
             if unknown:
                 raise ConfigError(f"unknown log topics {unknown}; known: {', '.join(LOG_TOPICS)}")
+            value = list(value)
+        if name == "debug_function":
+            bad = [n for n in value if not isinstance(n, str) or not n]
+            if bad:
+                raise ConfigError(f"bytegraph.config.debug_function takes function names (str), got {bad!r}")
             value = list(value)
         object.__setattr__(self, name, value)
         for on_change in _watchers.get(name, ()):

@@ -122,21 +122,27 @@ def call_disabled(compiler, fn, args, kwargs):
     """Call a disabled function; with recursive=False its global callees go through ``compiler``."""
     target = fn._bytegraph_disabled_target
     if fn._bytegraph_recursive or compiler is None or not isinstance(target, types.FunctionType) \
-            or _writes_globals(target.__code__):
+            or writes_globals(target.__code__):
         return target(*args, **kwargs)
     return _run_routing_calls(compiler, target, args, kwargs)
 
 
 def _run_routing_calls(compiler, fn, args, kwargs):
-    routed = types.FunctionType(fn.__code__, _RoutingGlobals(fn.__globals__, compiler), fn.__name__,
+    routed = types.FunctionType(fn.__code__, routing_globals(fn.__globals__, compiler), fn.__name__,
                                 fn.__defaults__, fn.__closure__)
     routed.__kwdefaults__ = fn.__kwdefaults__
-    # Builtins must still resolve: LOAD_GLOBAL falls back to __builtins__ of the globals mapping.
-    dict.__setitem__(routed.__globals__, "__builtins__", fn.__globals__.get("__builtins__", __builtins__))
     return routed(*args, **kwargs)
 
 
-def _writes_globals(code):
+def routing_globals(real, compiler):
+    """Globals reading through to ``real`` whose user functions come back compiled by ``compiler``."""
+    routed = _RoutingGlobals(real, compiler)
+    # Builtins must still resolve: LOAD_GLOBAL falls back to __builtins__ of the globals mapping.
+    dict.__setitem__(routed, "__builtins__", real.get("__builtins__", __builtins__))
+    return routed
+
+
+def writes_globals(code):
     return any(i.opname in ("STORE_GLOBAL", "DELETE_GLOBAL") for i in dis.get_instructions(code))
 
 

@@ -6,12 +6,13 @@ import types
 from ..bytecode.instructions import decode
 from ..config import config
 from ..debug import logs, records, timing
-from ..stacks import frame_summary, function_entry
 from ..errors import BackendError, BytegraphError, Unsupported
 from ..guards.builder import ID_MATCH, SHAPE_ENV, GuardSet, add_global_state_guards, compile_guards
 from ..guards.sources import ClosureSource, LocalSource
 from ..codegen.breaks import RESUME_INFO, generate_break, plan_break
 from ..codegen.transformed import generate
+from ..residual import routing_globals, writes_globals
+from ..stacks import CUT_FROM, frame_summary, function_entry
 from ..trace.tracer import frame_params, trace_frame
 from .cache import CacheEntry
 from .signature import _signature_parts
@@ -104,6 +105,8 @@ class _Compile:
 
 
 def compile_frame(fn, frame_args, compiler, cache=None):
+    if config.debug_function and not selected(fn.__code__):
+        return _skipped_entry(fn, compiler, cache)
     c = _Compile(fn, compiler, cache)
     timing.count_compile(c.name)
     values = frame_args[:len(c.params)]
@@ -187,14 +190,33 @@ def _fallback(c, err):
     return eager_entry(fn, c.cache, (), reason)
 
 
-def eager_entry(fn, cache, identity, reason):
+def selected(code):
+    """Whether ``config.debug_function`` selects frames of ``code`` (a resume function counts
+    as the function it was cut from); matched against the name and the qualified name."""
+    original = CUT_FROM.get(code, code)
+    names = {original.co_name, getattr(original, "co_qualname", original.co_name)}
+    return not names.isdisjoint(config.debug_function)
+
+
+def _skipped_entry(fn, compiler, cache):
+    """A frame ``config.debug_function`` leaves out runs as it is; functions it calls through
+    its globals still reach the compiler (as with ``disable(recursive=False)``), so a selected
+    function called from it is compiled."""
+    log_breaks.debug("%s runs eagerly: not among config.debug_function %s", fn.__qualname__,
+                     config.debug_function)
+    return eager_entry(fn, cache, (), "not selected by config.debug_function (BYTEGRAPH_DEBUG_FUNCTION)",
+                       routing=None if writes_globals(fn.__code__) else compiler)
+
+
+def eager_entry(fn, cache, identity, reason, routing=None):
     """A cache entry running the frame as it is, for these root objects (``identity``: pairs
-    of source and object) in the current global state."""
+    of source and object) in the current global state. With a ``routing`` compiler, the
+    functions the frame reads from its globals are handed to that compiler."""
     guards = GuardSet()
     add_global_state_guards(guards)
     for source, obj in identity:
         guards.add(ID_MATCH, source, obj)
-    run = _original_caller(fn)
+    run = _original_caller(fn, routing)
     params = list(cache.params) if cache is not None else frame_params(fn.__code__)
     guard, explain, guard_source = compile_guards(guards, params, fn.__globals__,
                                                   name=f"guard_eager_{_clean(fn.__name__)}", hit=run)
@@ -209,16 +231,18 @@ def identity_of(guards):
     return tuple(sorted(roots, key=lambda pair: pair[0].expr()))
 
 
-def _original_caller(fn):
+def _original_caller(fn, routing=None):
     """Run the frame's code as it is, over the closure and globals of the function called now
-    (many functions share one code object; the first one compiled is not the one called)."""
+    (many functions share one code object; the first one compiled is not the one called).
+    With a ``routing`` compiler, over globals that hand user functions to it."""
     _, passthrough, original, _ = _signature_parts(fn)
     code = fn.__code__
+    fn_globals = fn.__globals__ if routing is None else routing_globals(fn.__globals__, routing)
     make = "__FunctionType(__code, G, __name, None, __closure)" if code.co_freevars else "__fn"
     src = f"def call_original({', '.join(passthrough)}):\n    return {make}({', '.join(original)})\n"
-    ns = {"__fn": None if code.co_freevars else types.FunctionType(code, fn.__globals__, fn.__name__),
+    ns = {"__fn": None if code.co_freevars else types.FunctionType(code, fn_globals, fn.__name__),
           "__FunctionType": types.FunctionType,
-          "__code": code, "G": fn.__globals__, "__name": fn.__name__}
+          "__code": code, "G": fn_globals, "__name": fn.__name__}
     exec(src, ns)
     return ns["call_original"]
 
