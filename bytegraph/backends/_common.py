@@ -8,6 +8,8 @@ import functools
 import logging
 import warnings
 
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.utils import _pytree as pytree
 
 from ..errors import BackendError
@@ -66,9 +68,6 @@ def data_dependent_cause(exc):
     arguments, gradients) depend on data; a backend that still meets one while tracing the
     backward hits a case that check did not foresee.
     """
-    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
-    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
-
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
