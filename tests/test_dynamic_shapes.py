@@ -422,3 +422,21 @@ def test_len_and_numel(fn, dynamic):
     compiled, cnt = compile_counted(fn, dynamic=dynamic)
     run_all(fn, compiled, [(t(*s),) for s in SIZES_2D])
     assert cnt.frame_count <= (1 if dynamic else 2)
+
+
+def test_inplace_operator_on_a_symbolic_int_leaves_other_uses_alone():
+    # `m += 5` on a symbolic int was an operator.iadd node; FX's generated code turns that
+    # into `n += 5` on the graph's input name, so later uses of n saw n + 5 (found by the
+    # program generator with an int argument that changed between calls).
+    def f(x, n):
+        m = n
+        m += 5
+        m *= 2
+        return x * n + m
+
+    cnt = CompileCounter()
+    compiled = bytegraph.compile(f, backend=cnt)
+    x = torch.randn(3)
+    for n in (1, 3, 4, 7):
+        assert torch.allclose(f(x, n), compiled(x, n))
+    assert cnt.frame_count == 2    # static, then n symbolic

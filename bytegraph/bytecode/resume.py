@@ -14,7 +14,7 @@ with ``conserve_exception_block_stackdepth=True`` and emitted with
 import dis
 from functools import lru_cache
 
-from bytecode import Bytecode, CompilerFlags, Instr, Label
+from bytecode import Bytecode, CellVar, CompilerFlags, FreeVar, Instr, Label
 
 from . import versions
 
@@ -36,6 +36,7 @@ def resume_code(code, offset, stack_layout, live, name):
     label = Label()
     bc.insert(next(j for j, x in enumerate(bc) if x is target), label)
     _enter_at(bc, label, stack_layout, target.lineno)
+    _cells_from_closure(bc)
     _set_parameters(bc, stack_layout, live, name)
     # The original stack size bounds ours: the prologue only rebuilds a depth the code had.
     new_code = bc.to_code(stacksize=code.co_stacksize + len(stack_layout) + 1,
@@ -71,6 +72,37 @@ def _load_at(code, offset):
             j += 1
         j += 1
     return bc, target, origins
+
+
+def _cells_from_closure(bc):
+    """Make the code's cell variables free variables, ahead of its own: code copied from the
+    middle of a function must run over the cells of the call it continues (functions made
+    before the break share them, and see what the rest of the call stores in them), so its
+    closure is ``(*cells of the cell variables, *the function's closure)``."""
+    cells = list(bc.cellvars)
+    if not cells:
+        return
+    free = cells + list(bc.freevars)
+    out = []
+    for x in bc:
+        if isinstance(x, Instr):
+            if x.name == "MAKE_CELL" or x.name == "COPY_FREE_VARS":
+                continue
+            if isinstance(x.arg, CellVar):
+                x.arg = FreeVar(x.arg.name)
+            elif x.name in ("LOAD_FAST", "LOAD_FAST_CHECK") and x.arg in cells:
+                x.arg = FreeVar(x.arg)     # 3.13 loads a cell object (for a closure) with LOAD_FAST
+        out.append(x)
+    first = next(x for x in out if isinstance(x, Instr))
+    out.insert(0, Instr("COPY_FREE_VARS", len(free), location=first.location))
+    bc[:] = out
+    bc.cellvars = []
+    bc.freevars = free
+
+
+def closure_names(code):
+    """The names, in order, of the cells the copied code of ``code`` runs over."""
+    return code.co_cellvars + code.co_freevars
 
 
 def _offset_map(bc, new_code, origins):
@@ -124,8 +156,10 @@ def step_code(code, offset, stack_layout, live, after_layout, after_live, handov
     exception handling; what follows runs in the handover's frame, so each
     handler runs at most once. When ``code`` has free variables, the code takes
     the closure as a last parameter ``__closure`` and passes it on to ``handover``
-    (resume functions are made over the cells of the call that reaches them).
+    (resume functions are made over the cells of the call that reaches them). As in a
+    resume function, the cell variables of ``code`` are cells of that closure.
     """
+    takes_closure = bool(closure_names(code))
     bc, target, origins = _load_at(code, offset)
     lineno = target.lineno
     start = Label()
@@ -150,11 +184,12 @@ def step_code(code, offset, stack_layout, live, after_layout, after_live, handov
         stores = [Instr("STORE_FAST", "__null" if s is NULL_SLOT else s, lineno=lineno)
                   for s in reversed(after_layout)]
         args = [s for s in after_layout if s is not NULL_SLOT] + list(after_live)
-        if code.co_freevars:
+        if takes_closure:
             args.append(CLOSURE_PARAM)
         call = [Instr(op, arg, lineno=lineno) if arg is not None else Instr(op, lineno=lineno)
                 for op, arg in versions.call_sequence(handover, args)]
         bc.extend([tail] + stores + call + [Instr("RETURN_VALUE", lineno=lineno)])
-    _set_parameters(bc, stack_layout, list(live) + ([CLOSURE_PARAM] if code.co_freevars else []), name)
+    _cells_from_closure(bc)
+    _set_parameters(bc, stack_layout, list(live) + ([CLOSURE_PARAM] if takes_closure else []), name)
     return bc.to_code(stacksize=code.co_stacksize + len(stack_layout) + len(args) + 3,
                       compute_exception_stack_depths=False)

@@ -12,7 +12,7 @@ import torch
 
 from ..bytecode import analysis
 from ..bytecode.instructions import decode, first_part, is_last_part, offset_after
-from ..bytecode.resume import CLOSURE_PARAM, NULL_SLOT, resume_code, step_code
+from ..bytecode.resume import CLOSURE_PARAM, NULL_SLOT, closure_names, resume_code, step_code
 from ..bytecode.versions import split_call_prefix
 from ..debug import logs
 from ..errors import Unsupported
@@ -20,7 +20,7 @@ from ..null import NULL
 from ..residual import (AutocastExit, Continuation, GradModeExit, Routed, call_through,
                         resolve)
 from ..stacks import CUT_FROM
-from ..values.base import ExitValue
+from ..values.base import CellValue, ExitValue
 from ..trace.frame import PendingLocal
 from .rebuild import Namespace, Rebuilder
 from .transformed import emit, finish_graph, replay_side_effects, side_effect_values
@@ -86,7 +86,6 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
     tx = result.tx
     frame = result.frame
     code = fn.__code__
-    cell_names = _carried_cells(code, frame, kind)
     rows = decode(code)
     stack = list(frame.stack)
     bound = {n: v for n, v in frame.locals.items()}
@@ -108,7 +107,8 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
 
     live_names = [n for n in code.co_varnames if n in bound and n not in code.co_cellvars]
     live_values = stack + [bound[n] for n in live_names if not isinstance(bound[n], PendingLocal)]
-    live_values += [frame.cells[n].contents for n in cell_names]
+    live_values += [frame.cells[n].contents for n in code.co_cellvars
+                    if isinstance(frame.cells.get(n), CellValue) and frame.cells[n].contents is not None]
     lines, tensor_exprs, gm = finish_graph(tx, ns, live_values + side_effect_values(tx), compile_graph)
     rb = Rebuilder(ns, tensor_exprs)
     # Side effects traced before the break happen now, before the native step.
@@ -134,6 +134,8 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
     if break_grad != entry_grad:
         rb.lines.append(f"torch._C._set_grad_enabled({break_grad!r})")
 
+    closure = _closure_expr(code, frame, rb)
+
     def slot_expr(v):
         if isinstance(v, ExitValue):
             return exit_exprs[id(v.manager)]
@@ -149,11 +151,9 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
                 args.append(v if isinstance(v, str) else slot_expr(v))
         live = [n for n in live_names if n in analysis.live_locals(code, target_offset)]
         args += [rb.expr(bound[n]) for n in live]
-        # Cell variables travel by value; the resume function's MAKE_CELL makes their cells.
-        args += [rb.expr(frame.cells[n].contents) for n in cell_names]
-        if code.co_freevars:
-            args.append(CLOSURE_PARAM)   # the resume function runs over this call's cells
-        ref = ns.ref(_resume_wrapper(compiler, fn, code, target_offset, layout, live + cell_names), "resume")
+        if closure_names(code):
+            args.append(closure)   # the resume function runs over this call's cells
+        ref = ns.ref(_resume_wrapper(compiler, fn, code, target_offset, layout, live), "resume")
         call = "__Continuation" if is_resume else "__resolve"
         return f"return {call}({ref}, ({', '.join(args)}{',' if len(args) == 1 else ''}))"
 
@@ -198,7 +198,7 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
         tail.append(resume(next_offset, stack[:-3]))
     else:
         tail.append(_generic_step(fn, code, ins, stack, live_names, bound, slot_expr, rb, ns, compiler,
-                                  is_resume, rows))
+                                  is_resume, rows, closure))
 
     body = lines + rb.lines
     if exits and step:
@@ -226,7 +226,8 @@ class Handover:
         return resolve(self.wrapper, args)
 
 
-def _generic_step(fn, code, ins, stack, live_names, bound, slot_expr, rb, ns, compiler, is_resume, rows):
+def _generic_step(fn, code, ins, stack, live_names, bound, slot_expr, rb, ns, compiler, is_resume, rows,
+                  closure):
     """Run the breaking instruction natively in a copy of the code, then resume after it."""
     raw = next(i for i in analysis._raw(code) if i.offset == ins.offset)
     if ins.opname == "CALL":
@@ -265,41 +266,29 @@ def _generic_step(fn, code, ins, stack, live_names, bound, slot_expr, rb, ns, co
     args = [(f"__Routed(__compiler, {slot_expr(v)})" if i == routed else slot_expr(v))
             for i, v in enumerate(stack) if v is not NULL]
     args += [rb.expr(bound[n]) for n in live_before]
-    if code.co_freevars:
+    if closure_names(code):
         # Made per call over this call's cells; it passes them on to the resume function.
-        args.append(CLOSURE_PARAM)
+        args.append(closure)
         ns.ns["__FunctionType"] = types.FunctionType
-        step_fn = f"__FunctionType({ns.ref(step, 'step')}, G, {step_name!r}, None, {CLOSURE_PARAM})"
+        step_fn = f"__FunctionType({ns.ref(step, 'step')}, G, {step_name!r}, None, {closure})"
     else:
         step_fn = ns.ref(types.FunctionType(step, fn.__globals__, step_name), "step")
     call = "__Continuation" if is_resume else "__resolve"
     return f"return {call}({step_fn}, ({', '.join(args)}{',' if len(args) == 1 else ''}))"
 
 
-def _carried_cells(code, frame, kind):
-    """Names of the frame's cell variables to pass to a resume function (by value).
-
-    A cell is re-made in the resume function, so closures made before the break keep
-    the old one. That is only safe if the variable is never assigned again: at most
-    one assignment in this function, already done, and none from inner functions.
-    """
-    if not code.co_cellvars:
-        return []
-    if kind not in _CALLS and kind not in _BRANCHES and kind not in _KEEP_BRANCHES \
-            and kind not in ("TO_BOOL", "FOR_ITER", "STORE_ATTR", "STORE_SUBSCR"):
-        raise Unsupported("graph break at this instruction in a function whose locals inner functions capture")
-    stores = analysis.cell_stores(code)
-    names = []
-    for name in code.co_cellvars:
-        cell = frame.cells.get(name)
-        contents = getattr(cell, "contents", None)
-        outer, inner = stores.get(name, (0, 0))
-        if inner or outer > 1 or (outer == 1 and contents is None):
-            raise Unsupported(f"graph break while {name!r} (captured by an inner function) may still be "
-                              "reassigned; the rest of the function runs eagerly")
-        if contents is not None:
-            names.append(name)
-    return names
+def _closure_expr(code, frame, rb):
+    """The closure resume and step code run over (``bytecode.resume.closure_names``): a real
+    cell per cell variable of the frame, made once, so functions rebuilt over the same trace
+    cell share it and see what the rest of the call stores there; then this call's closure.
+    Nothing is copied by value, so a variable reassigned after the break (a nonlocal, a loop
+    variable a lambda captured, a parameter) is seen by every function closing over it."""
+    if not closure_names(code):
+        return None
+    cells = [rb.cell(frame.cells[n]) for n in code.co_cellvars]
+    if code.co_freevars:
+        cells.append(f"*{CLOSURE_PARAM}")
+    return rb.temp(f"({', '.join(cells)},)")
 
 
 def _callable_slot(ins, stack):

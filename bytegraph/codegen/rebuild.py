@@ -12,7 +12,8 @@ import types
 import torch
 
 from ..errors import Unsupported
-from ..guards.sources import AttrSource, ObjectSource
+from ..bytecode.resume import CLOSURE_PARAM
+from ..guards.sources import AttrSource, ClosureSource, ObjectSource
 from ..trace.exceptions import rebuild_expr, values_inside
 from ..trace.frame import PendingLocal
 from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DefaultDictValue, DictValue,
@@ -56,20 +57,24 @@ class Rebuilder:
         self._done = {}
         self._temps = 0
 
+    def cell(self, c):
+        """A real cell for the cell value ``c``: one per trace cell (every function rebuilt over
+        it, and the code resuming its frame, share it), or the real cell it was read from."""
+        if isinstance(c, CellValue):
+            if id(c) not in self._done:
+                contents = "" if c.contents is None else self.expr(c.contents)
+                self.ns.ns["__CellType"] = types.CellType
+                self._done[id(c)] = self.temp(f"__CellType({contents})")
+            return self._done[id(c)]
+        if isinstance(c, RealCell) and isinstance(c.source, AttrSource) and c.source.attr == "cell_contents":
+            return self.ns.source(c.source.base)
+        if isinstance(c, RealCell) and isinstance(c.source, ClosureSource):
+            return f"{CLOSURE_PARAM}[{c.source.index}]"
+        raise Unsupported("cannot rebuild a closure over this cell yet")
+
     def _function(self, v):
-        cells = []
-        for cell in v.closure:
-            if isinstance(cell, CellValue):
-                if id(cell) not in self._done:
-                    contents = "" if cell.contents is None else self.expr(cell.contents)
-                    self._done[id(cell)] = self.temp(f"__CellType({contents})")
-                cells.append(self._done[id(cell)])
-            elif isinstance(cell, RealCell) and isinstance(cell.source, AttrSource) \
-                    and cell.source.attr == "cell_contents":
-                cells.append(self.ns.source(cell.source.base))
-            else:
-                raise Unsupported("cannot rebuild a closure over this cell yet")
-        self.ns.ns.update({"__make_function": make_function, "__CellType": types.CellType})
+        cells = [self.cell(c) for c in v.closure]
+        self.ns.ns["__make_function"] = make_function
         defaults = f"({', '.join(self.expr(d) for d in v.defaults)}{',' if len(v.defaults) == 1 else ''})"
         kwdefaults = "{" + ", ".join(f"{k!r}: {self.expr(d)}" for k, d in v.kwdefaults.items()) + "}"
         closure = f"({', '.join(cells)}{',' if len(cells) == 1 else ''})"

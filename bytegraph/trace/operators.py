@@ -86,7 +86,9 @@ def binary(frame, op, a, b):
             fn = BINARY[op[:-1]]
         return graph_op(frame, fn, [a, b])
     if isinstance(a, SymValue) or isinstance(b, SymValue):
-        return _sym_op(frame, fn, [a, b])
+        # Ints are immutable: `n += 1` is `n + 1` (an in-place operator node would make FX's
+        # generated code rebind the graph's input name, so later uses would see the sum).
+        return _sym_op(frame, BINARY[op[:-1]] if op.endswith("=") else fn, [a, b])
     if isinstance(a, (ListValue, TupleValue)) or isinstance(b, (ListValue, TupleValue)):
         seq = _sequence_op(frame, op, a, b)
         if seq is not None:
