@@ -72,8 +72,8 @@ def record_directory():
 
 
 def write_record(fn, frame_args, error):
-    """Write the record of ``fn`` called with ``frame_args`` (values of its parameters, in the
-    order of ``co_varnames``) that failed with ``error``; return its path."""
+    """Write the record of ``fn`` called with ``frame_args`` (values of its parameters:
+    positional, ``*args``, keyword-only, ``**kwargs``) that failed with ``error``; return its path."""
     code = fn.__code__
     module = sys.modules.get(fn.__module__) if isinstance(fn.__module__, str) else None
     objects = {
@@ -89,7 +89,7 @@ def write_record(fn, frame_args, error):
     record = {
         "format": FORMAT,
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         "code": marshal.dumps(code),
         "name": fn.__name__,
         "qualname": fn.__qualname__,
@@ -179,14 +179,32 @@ def load(path):
     for entry in reversed(header["sys_path"]):
         if entry not in sys.path:
             sys.path.insert(0, entry)
-    record = dict(header)
-    record.update(torch.load(io.BytesIO(header["payload"]), weights_only=False))
-    return record
+    return dict(header)
+
+
+class _Unpickler(pickle.Unpickler):
+    """Objects of a script run as ``__main__`` come from that script, loaded as a module."""
+    main_module = None
+
+    def find_class(self, module, name):
+        if module == "__main__" and self.main_module is not None:
+            module = self.main_module
+        return super().find_class(module, name)
+
+
+class _PickleModule:
+    """What torch.load calls ``pickle_module``: pickle, with the unpickler above."""
+    Unpickler = _Unpickler
+    load = staticmethod(pickle.load)
+    __name__ = "pickle"
 
 
 def rebuild(record):
     """(function, positional args, keyword args) to call the recorded frame again."""
     module = _import_module(record)
+    _Unpickler.main_module = module.__name__ if module is not None and record["module"] == "__main__" else None
+    record = dict(record)
+    record.update(torch.load(io.BytesIO(record["payload"]), weights_only=False, pickle_module=_PickleModule))
     fn_globals = dict(module.__dict__) if module is not None else {"__name__": record["module"]}
     fn_globals.setdefault("__builtins__", builtins)
     for name, value in record["globals"].items():
@@ -199,23 +217,27 @@ def rebuild(record):
     fn.__kwdefaults__ = _unpack(record["kwdefaults"], None, None)
     fn.__qualname__ = record["qualname"]
     fn.__module__ = record["module"]
+    # The frame's values come in the wrappers' order: positional, *args, keyword-only, **kwargs.
     values = [_unpack(v, None, None) for v in record["args"]]
     n_pos, n_kw = code.co_argcount, code.co_kwonlyargcount
     args = list(values[:n_pos])
-    kwargs = dict(zip(code.co_varnames[n_pos:n_pos + n_kw], values[n_pos:n_pos + n_kw]))
-    i = n_pos + n_kw
+    i = n_pos
     if code.co_flags & 0x04:
         args += list(values[i])
         i += 1
+    kwargs = dict(zip(code.co_varnames[n_pos:n_pos + n_kw], values[i:i + n_kw]))
+    i += n_kw
     if code.co_flags & 0x08:
         kwargs.update(values[i])
     return fn, args, kwargs
 
 
 def _import_module(record):
+    """The function's module, imported; a script run as ``__main__`` is loaded from its file
+    under another name (its ``if __name__ == "__main__":`` block does not run)."""
     name, file = record["module"], record["module_file"]
     if not name or name == "__main__":
-        name = None
+        name = "_bytegraph_replayed_main" if name == "__main__" else None
     if name is not None:
         try:
             return importlib.import_module(name)
