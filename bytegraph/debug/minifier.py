@@ -41,7 +41,7 @@ log = logs.get_logger("minifier")
 _pending = []          # inner failures met while a frontend wrapper is running
 _outer_depth = [0]     # frontend wrappers running (compiling or calling)
 _frame_name = ["a graph"]   # the frame whose graph the backend is compiling (names inner failures)
-_written = [0]         # repro files written by this process
+_written = {}          # directory -> repro files this process wrote there
 
 
 class Failure:
@@ -272,8 +272,8 @@ def write_failure(fail):
         graph, values = minimise(fail)
     specs, saved = choose_inputs(fail, graph, values)
     directory = repro_directory()
-    _written[0] += 1
-    name = "repro.py" if _written[0] == 1 else f"repro_{_written[0]}.py"
+    n = _written[directory] = _written.get(directory, 0) + 1
+    name = "repro.py" if n == 1 else f"repro_{n}.py"
     path = os.path.join(directory, name)
     description = (f"{_describe(fail)}\n"
                    f"Graph of {fail.frame_name}; {'minimised from' if level >= 2 else 'as captured,'} "

@@ -531,10 +531,14 @@ def write_repro(path, graph, specs, saved, compiler_lines, after, kind, expected
         "",
         *compiler_lines,
         "",
+        f"AFTER = {after!r}",
+        f"KIND = {kind!r}   # what the check does: compile; run; compare with eager",
+        f"EXPECTED = {tuple(expected)!r}   # how it fails",
+        f"SAVED = {repr(saved_file)}   # saved input values, beside this file",
+        "",
         'if __name__ == "__main__":',
-        f"    saved = {('os.path.join(os.path.dirname(os.path.abspath(__file__)), ' + repr(saved_file) + ')') if saved_file else 'None'}",
-        f"    sys.exit(run_repro(make_graph(), INPUTS, compiler, after={after!r}, kind={kind!r}, "
-        f"expected={tuple(expected)!r}, saved=saved))",
+        "    saved = SAVED and os.path.join(os.path.dirname(os.path.abspath(__file__)), SAVED)",
+        "    sys.exit(run_repro(make_graph(), INPUTS, compiler, AFTER, KIND, EXPECTED, saved))",
         "",
     ]
     with open(path, "w", encoding="utf-8") as f:
