@@ -217,3 +217,16 @@ def test_cell_reassigned_after_a_break_runs_eagerly_and_correctly(capsys):
     assert same(h(x), bytegraph.compile(h, backend="eager")(x))
     fallbacks = [r for r in bytegraph.debug.records.frames if r.fallback_reason]
     assert fallbacks and fallbacks[0].user_stack
+
+
+def test_star_args_with_keyword_only_parameters_bind_in_order(capsys):
+    # The wrappers passed *args before the keyword-only values, while the guard and
+    # transformed functions named them in co_varnames order (keyword-only first).
+    def f(x, n=2, *rest, scale=1.0, **extra):
+        y = x * scale + n + len(rest) + len(extra)
+        print("break")
+        return y * scale
+
+    for args, kwargs in [((torch.ones(2), 4, "a", "b"), {"scale": 2.0, "tag": 1}),
+                         ((torch.ones(2),), {}), ((torch.ones(2), 1, 5), {"scale": 3.0})]:
+        assert same(f(*args, **kwargs), bytegraph.compile(f, backend="eager")(*args, **kwargs))
