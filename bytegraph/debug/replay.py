@@ -72,8 +72,8 @@ def record_directory():
 
 
 def write_record(fn, frame_args, error):
-    """Write the record of ``fn`` called with ``frame_args`` (values of its parameters:
-    positional, ``*args``, keyword-only, ``**kwargs``) that failed with ``error``; return its path."""
+    """Write the record of ``fn`` called with ``frame_args`` (values of its parameters, in
+    ``co_varnames`` order) that failed with ``error``; return its path."""
     code = fn.__code__
     module = sys.modules.get(fn.__module__) if isinstance(fn.__module__, str) else None
     objects = {
@@ -217,16 +217,15 @@ def rebuild(record):
     fn.__kwdefaults__ = _unpack(record["kwdefaults"], None, None)
     fn.__qualname__ = record["qualname"]
     fn.__module__ = record["module"]
-    # The frame's values come in the wrappers' order: positional, *args, keyword-only, **kwargs.
+    # The frame's values, in co_varnames order: positional, keyword-only, *args, **kwargs.
     values = [_unpack(v, None, None) for v in record["args"]]
     n_pos, n_kw = code.co_argcount, code.co_kwonlyargcount
     args = list(values[:n_pos])
-    i = n_pos
+    kwargs = dict(zip(code.co_varnames[n_pos:n_pos + n_kw], values[n_pos:n_pos + n_kw]))
+    i = n_pos + n_kw
     if code.co_flags & 0x04:
         args += list(values[i])
         i += 1
-    kwargs = dict(zip(code.co_varnames[n_pos:n_pos + n_kw], values[i:i + n_kw]))
-    i += n_kw
     if code.co_flags & 0x08:
         kwargs.update(values[i])
     return fn, args, kwargs
