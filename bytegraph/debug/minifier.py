@@ -274,7 +274,7 @@ def write_failure(fail):
     directory = repro_directory()
     n = _written[directory] = _written.get(directory, 0) + 1
     name = "repro.py" if n == 1 else f"repro_{n}.py"
-    path = os.path.join(directory, name)
+    path = os.path.abspath(os.path.join(directory, name))
     description = (f"{_describe(fail)}\n"
                    f"Graph of {fail.frame_name}; {'minimised from' if level >= 2 else 'as captured,'} "
                    f"{original_ops} ops{' to ' + str(op_count(graph)) if level >= 2 else ''}.")

@@ -14,6 +14,7 @@ and exits 1 while it still fails that way (2: it fails differently, 0: it passes
 This module is what generated ``repro.py`` files import: keep its names stable.
 """
 import importlib
+import importlib.util
 import math
 import os
 import sys
@@ -382,8 +383,6 @@ def importable(obj):
     if module is None:
         return None
     path = None
-    if module_name == "__main__":
-        return None
     qualname = getattr(obj, "__qualname__", "")
     attr = None
     if qualname and "<" not in qualname:
@@ -400,7 +399,9 @@ def importable(obj):
     if attr is None:
         return None
     file = getattr(module, "__file__", None)
-    if file and not module_name.startswith(("torch", "bytegraph")):
+    if module_name == "__main__" and not file:
+        return None
+    if file and module_name != "__main__" and not module_name.startswith(("torch", "bytegraph")):
         root = os.path.dirname(os.path.abspath(file))
         if os.path.basename(file) == "__init__.py":
             root = os.path.dirname(root)
@@ -408,6 +409,18 @@ def importable(obj):
             root = os.path.dirname(root)
         path = root
     return path, module_name, attr
+
+
+def load_script(path, attr):
+    """What ``repro.py`` calls for a compiler defined in a script run as ``__main__``: the script
+    is loaded as a module (its ``if __name__ == "__main__":`` block does not run)."""
+    spec = importlib.util.spec_from_file_location("_bytegraph_repro_script", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    obj = module
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 def load(path, module_name, attr):
@@ -448,8 +461,8 @@ def _literal(x):
     raise ReproError(f"cannot write the constant {x!r} ({type(x).__name__}) into a repro")
 
 
-_RESERVED = {"g", "torch", "fx", "Input", "target", "make_graph", "INPUTS", "run_repro", "load", "compiler",
-             "lookup_backend", "os", "sys"}
+_RESERVED = {"g", "torch", "fx", "Input", "target", "make_graph", "INPUTS", "run_repro", "load", "load_script",
+             "compiler", "lookup_backend", "os", "sys", "AFTER", "KIND", "EXPECTED", "SAVED"}
 
 
 def graph_code(graph):
@@ -520,7 +533,7 @@ def write_repro(path, graph, specs, saved, compiler_lines, after, kind, expected
         "import torch",
         "from torch import fx",
         "",
-        "from bytegraph.debug.repro import Input, load, run_repro, target",
+        "from bytegraph.debug.repro import Input, load, load_script, run_repro, target",
         "",
         *graph_code(graph),
         "",
@@ -552,6 +565,10 @@ def compiler_code(compiler, backend_name):
     where = importable(compiler)
     if where is not None:
         path, module, attr = where
+        if module == "__main__":
+            file = os.path.abspath(sys.modules["__main__"].__file__)
+            return [f"# (loads the script that defined it; keep its work under `if __name__ == \"__main__\":`)",
+                    f"compiler = load_script({file!r}, {attr!r})"]
         return [f"compiler = load({path!r}, {module!r}, {attr!r})"]
     if isinstance(backend_name, str):
         return ["from bytegraph.backends.registry import lookup_backend", "",
