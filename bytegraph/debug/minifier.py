@@ -23,8 +23,10 @@ unwound (the frontend wrapper picks it up), outside AOTAutograd's and Inductor's
 met where no frontend wrapper waits (a backward compiled at ``backward()``) is minimised where
 it is met.
 """
+import functools
 import os
 import time
+import types
 
 import torch
 from torch import fx
@@ -127,8 +129,7 @@ def wrap_inner(inner, backend_name):
 def _plain_callable(compiled):
     # Inductor's inner compiler returns an OutputCode object that its caller post-processes;
     # only plain functions can be wrapped for run-time checks.
-    return callable(compiled) and (isinstance(compiled, type(_plain_callable)) or hasattr(compiled, "__wrapped__")
-                                   or getattr(compiled, "_boxed_call", False))
+    return isinstance(compiled, (types.FunctionType, types.MethodType, functools.partial))
 
 
 def _checked_frontend(compiled, graph, lifted, compiler_fn, backend_name, frame_name, level):

@@ -36,7 +36,6 @@ from .repro import Input
 
 FORMAT = "bytegraph-replay/1"
 MAX_SAVED_BYTES = 64 << 20      # bigger tensors are recorded by their metadata only
-_written = [0]
 
 
 class _Missing:
@@ -101,9 +100,12 @@ def write_record(fn, frame_args, error):
         "error": {"type": type(error).__name__, "message": str(error),
                   "traceback": "".join(traceback.format_exception(type(error), error, error.__traceback__))},
     }
-    _written[0] += 1
     name = "".join(c if c.isalnum() or c == "_" else "_" for c in fn.__qualname__)[:60]
-    path = os.path.join(record_directory(), f"replay_{name}_{_written[0]}.pt")
+    directory = record_directory()
+    n = 1
+    while os.path.exists(os.path.join(directory, f"replay_{name}_{n}.pt")):
+        n += 1
+    path = os.path.join(directory, f"replay_{name}_{n}.pt")
     torch.save(record, path)
     return path
 
