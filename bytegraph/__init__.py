@@ -3,13 +3,13 @@
 Public API only; see docs/architecture.md for how the pieces fit.
 """
 from .config import config
-from .errors import BytegraphError, Unsupported, BackendError, ConfigError
+from .errors import AccuracyError, BytegraphError, Unsupported, BackendError, ConfigError
 from .backends.registry import list_backends, register_backend
 from .api import compile, reset, run, OptimizedModule, is_compiling
 from .debug.profiler import CompileProfiler
 from .debug.timing import compile_times
 from .control import allow_in_graph, disable, disallow_in_graph, graph_break, mark_dynamic, mark_static
-from .api import explain
+from .api import explain, replay
 
 __version__ = "0.1.0"
 
@@ -17,5 +17,5 @@ __all__ = [
     "compile", "reset", "config", "list_backends", "register_backend", "OptimizedModule",
     "is_compiling", "BytegraphError", "Unsupported", "BackendError", "ConfigError",
     "disable", "allow_in_graph", "disallow_in_graph", "graph_break", "explain", "mark_dynamic",
-    "mark_static", "run", "CompileProfiler", "compile_times",
+    "mark_static", "run", "CompileProfiler", "compile_times", "replay", "AccuracyError",
 ]

@@ -7,7 +7,9 @@ import torch
 
 from .errors import BytegraphError
 from .backends.registry import lookup_backend
+from .config import config
 from .debug import records
+from .debug import replay as replay_records
 from .debug.explain import BreakReason, ExplainOutput, _ops
 from .runtime import dispatch
 from .runtime.dispatch import Compiler, _compilers, reset_all
@@ -235,3 +237,18 @@ def explain(fn, *extra_args, **extra_kwargs):
     if extra_args or extra_kwargs:
         return run(*extra_args, **extra_kwargs)
     return run
+
+
+def replay(record_path):
+    """Retrace the frame of a replay record (``config.replay_record_enabled``) and return its result.
+
+    The record's function is rebuilt (code, the globals it read, closure, defaults) and called
+    with the recorded arguments through ``compile(backend="eager")`` with
+    ``config.suppress_errors = False``, so an internal error while tracing is raised here, with
+    bytegraph's traceback. Run it in a fresh process (``python -c "import bytegraph;
+    bytegraph.replay('path')"``) to reproduce a failure away from the program that met it.
+    """
+    record = replay_records.load(record_path)
+    fn, args, kwargs = replay_records.rebuild(record)
+    with config.patch(suppress_errors=False, replay_record_enabled=False):
+        return compile(fn, backend="eager")(*args, **kwargs)

@@ -8,7 +8,8 @@ import os
 
 from .errors import ConfigError
 
-LOG_TOPICS = ("graph", "guards", "bytecode", "output_code", "recompiles", "graph_breaks", "trace", "cudagraphs")
+LOG_TOPICS = ("graph", "guards", "bytecode", "output_code", "recompiles", "graph_breaks", "trace", "cudagraphs",
+              "minifier")
 
 
 def _env_topics():
@@ -23,6 +24,55 @@ def _env_names(var):
     return [n.strip() for n in os.environ.get(var, "").split(",") if n.strip()]
 
 
+REPRO_AFTER = ("frontend", "aot")
+REPRO_LEVELS = (1, 2, 3, 4)
+
+
+def _env_repro_after():
+    raw = os.environ.get("BYTEGRAPH_REPRO_AFTER", "").strip()
+    if not raw:
+        return None
+    if raw not in REPRO_AFTER:
+        raise ConfigError(f"BYTEGRAPH_REPRO_AFTER={raw!r} is not a place to minify after; "
+                          f"use one of {', '.join(REPRO_AFTER)} (or leave it unset)")
+    return raw
+
+
+def _env_repro_level():
+    raw = os.environ.get("BYTEGRAPH_REPRO_LEVEL", "").strip()
+    if not raw:
+        return 2
+    if raw not in {str(n) for n in REPRO_LEVELS}:
+        raise ConfigError(f"BYTEGRAPH_REPRO_LEVEL={raw!r} must be 1, 2, 3 or 4 (1: write repro.py on a backend "
+                          "compile error; 2: also minimise it; 3: also run-time errors; 4: also accuracy)")
+    return int(raw)
+
+
+def _env_flag(var):
+    raw = os.environ.get(var, "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    raise ConfigError(f"{var}={raw!r} must be 1 or 0")
+
+
+def writable_dir_problem(path):
+    """Why directory ``path`` cannot be used for writing (None: it can, or can be made)."""
+    path = os.path.abspath(path)
+    probe = path
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe):
+        return f"{probe} is not a directory" if probe != path else "it exists and is not a directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is not writable"
+    return None
+
+
 # name -> (default, accepted types, help)
 _SETTINGS = {
     "cache_size_limit": (8, (int,), "recompiles allowed per code object before it runs eagerly"),
@@ -35,7 +85,30 @@ _SETTINGS = {
     "debug_function": (_env_names("BYTEGRAPH_DEBUG_FUNCTION"), (list, tuple),
                        "compile only frames of functions with these names (BYTEGRAPH_DEBUG_FUNCTION=a,b); "
                        "empty: every frame"),
+    "debug_dir": (os.environ.get("BYTEGRAPH_DEBUG_DIR", ""), (str,),
+                  "write what each compile did under this directory, one folder per run "
+                  "(BYTEGRAPH_DEBUG_DIR); empty: off"),
+    "repro_after": (_env_repro_after(), (type(None), str),
+                    "minify failing graphs handed to the backend ('frontend') or to AOTAutograd's inner "
+                    "compiler ('aot') (BYTEGRAPH_REPRO_AFTER); None: off"),
+    "repro_level": (_env_repro_level(), (int,),
+                    "1: write repro.py on a backend compile error; 2: and minimise it; 3: also run-time "
+                    "errors of the compiled graph; 4: also results that differ from eager "
+                    "(BYTEGRAPH_REPRO_LEVEL)"),
+    "repro_dir": (os.environ.get("BYTEGRAPH_REPRO_DIR", ""), (str,),
+                  "where repro.py files go (BYTEGRAPH_REPRO_DIR); empty: <debug_dir run>/repro, else "
+                  "./bytegraph_repro"),
+    "replay_record_enabled": (_env_flag("BYTEGRAPH_REPLAY_RECORD"), (bool,),
+                              "an internal error while tracing writes a record that bytegraph.replay(path) "
+                              "retraces (BYTEGRAPH_REPLAY_RECORD=1)"),
+    "replay_record_dir": (os.environ.get("BYTEGRAPH_REPLAY_RECORD_DIR", ""), (str,),
+                          "where replay records go (BYTEGRAPH_REPLAY_RECORD_DIR); empty: <debug_dir run>/replay, "
+                          "else ./bytegraph_replay"),
 }
+
+# settings holding a directory to write to: checked on assignment, and again when first written
+DIRECTORY_SETTINGS = {"debug_dir": "BYTEGRAPH_DEBUG_DIR", "repro_dir": "BYTEGRAPH_REPRO_DIR",
+                      "replay_record_dir": "BYTEGRAPH_REPLAY_RECORD_DIR"}
 
 # setting name -> functions called with each new value; higher floors react to settings
 # without config importing them (debug.logs watches log_topics).
@@ -55,6 +128,11 @@ class Config:
     def __init__(self):
         for name, (default, _, _) in _SETTINGS.items():
             object.__setattr__(self, name, default)
+        for name, var in DIRECTORY_SETTINGS.items():
+            value = getattr(self, name)
+            problem = value and writable_dir_problem(value)
+            if problem:
+                raise ConfigError(f"{var}={value!r} cannot be written to: {problem}")
 
     def __setattr__(self, name, value):
         if name not in _SETTINGS:
@@ -81,6 +159,15 @@ class Config:
             if bad:
                 raise ConfigError(f"bytegraph.config.debug_function takes function names (str), got {bad!r}")
             value = list(value)
+        if name == "repro_after" and value is not None and value not in REPRO_AFTER:
+            raise ConfigError(f"bytegraph.config.repro_after must be None or one of "
+                              f"{', '.join(map(repr, REPRO_AFTER))}, got {value!r}")
+        if name == "repro_level" and value not in REPRO_LEVELS:
+            raise ConfigError(f"bytegraph.config.repro_level must be 1, 2, 3 or 4, got {value!r}")
+        if name in DIRECTORY_SETTINGS and value:
+            problem = writable_dir_problem(value)
+            if problem:
+                raise ConfigError(f"bytegraph.config.{name} = {value!r} cannot be written to: {problem}")
         object.__setattr__(self, name, value)
         for on_change in _watchers.get(name, ()):
             on_change(value)

@@ -37,5 +37,9 @@ class BackendError(BytegraphError):
     """A backend was unknown, misused, or failed while compiling a graph."""
 
 
+class AccuracyError(BackendError):
+    """A compiled graph gave results that differ from eager (``BYTEGRAPH_REPRO_LEVEL=4``)."""
+
+
 class ConfigError(BytegraphError, AttributeError):
     """An unknown setting, or a setting given a value of the wrong type."""

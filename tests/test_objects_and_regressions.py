@@ -221,3 +221,16 @@ def test_cell_reassigned_after_a_break_is_seen_by_the_closure(capsys):
         assert same(h(x), compiled(x))
     assert not [r for r in bytegraph.debug.records.frames if r.fallback_reason]
     assert cnt.frame_count == 2
+
+
+def test_star_args_with_keyword_only_parameters_bind_in_order(capsys):
+    # The wrappers passed *args before the keyword-only values, while the guard and
+    # transformed functions named them in co_varnames order (keyword-only first).
+    def f(x, n=2, *rest, scale=1.0, **extra):
+        y = x * scale + n + len(rest) + len(extra)
+        print("break")
+        return y * scale
+
+    for args, kwargs in [((torch.ones(2), 4, "a", "b"), {"scale": 2.0, "tag": 1}),
+                         ((torch.ones(2),), {}), ((torch.ones(2), 1, 5), {"scale": 3.0})]:
+        assert same(f(*args, **kwargs), bytegraph.compile(f, backend="eager")(*args, **kwargs))

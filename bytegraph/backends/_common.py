@@ -15,6 +15,20 @@ from torch.utils import _pytree as pytree
 from ..errors import BackendError
 
 
+# Set by the runtime at its import (runtime.compile_frame): a function (inner compiler, backend
+# name, role) -> inner compiler that AOTAutograd-based backends pass their inner compilers through,
+# so the debug directory sees what they make and the minifier can watch them
+# (BYTEGRAPH_REPRO_AFTER=aot). Backends sit beside debug, not above it, hence the slot.
+inner_compiler_hook = [None]
+
+
+def watched_inner(compiler, backend_name, role="graph"):
+    """``compiler`` (an AOTAutograd inner compiler for ``role``: 'forward', 'backward' or
+    'graph') as the debugging tools want it wrapped."""
+    hook = inner_compiler_hook[0]
+    return compiler if hook is None else hook(compiler, backend_name, role)
+
+
 def flat_tuple_output(gm):
     """Make ``gm`` return a flat tuple, as AOTAutograd insists.
 

@@ -6,8 +6,10 @@ partitions into forward and backward). Here both halves run as plain FX
 code, which makes the backend a check of the AOTAutograd step alone:
 results and gradients should match eager up to rounding.
 """
+from ..errors import BackendError
 from . import grad_presence
-from ._common import as_list, compile_failed, data_dependent_cause, flat_tuple_output, run_uncompiled, with_restore
+from ._common import (as_list, compile_failed, data_dependent_cause, flat_tuple_output, run_uncompiled, watched_inner,
+                      with_restore)
 
 
 def _boxed_nop(fx_graph, example_inputs):
@@ -21,6 +23,25 @@ def _boxed_nop(fx_graph, example_inputs):
     from torch._functorch.aot_autograd import make_boxed_func
 
     return make_boxed_func(fx_graph.forward)
+
+
+def aot_autograd(fw_compiler, bw_compiler=None, *, name="aot_autograd"):
+    """A backend running AOTAutograd with your inner compilers.
+
+    ``fw_compiler(fx_graph, example_inputs) -> callable`` compiles the functional ATen forward
+    graph (and ``bw_compiler``, default the same, the backward graph); the callable is called
+    positionally, or with one list if it has ``_boxed_call = True``. With
+    ``BYTEGRAPH_REPRO_AFTER=aot`` the minifier watches these inner compilers.
+    """
+    if not callable(fw_compiler) or (bw_compiler is not None and not callable(bw_compiler)):
+        raise BackendError("aot_autograd: fw_compiler and bw_compiler must be callables "
+                           "(fx.GraphModule, example_inputs) -> callable")
+
+    def backend(gm, example_inputs):
+        return _aot(gm, example_inputs, fw_compiler, bw_compiler or fw_compiler, name)
+
+    backend.__name__ = name
+    return backend
 
 
 def aot_eager(gm, example_inputs):
@@ -37,6 +58,10 @@ def aot_eager(gm, example_inputs):
     guard on them. ``gm`` may be modified in place (its output node is
     flattened to a tuple when it was not one already).
     """
+    return _aot(gm, example_inputs, _boxed_nop, _boxed_nop, "aot_eager")
+
+
+def _aot(gm, example_inputs, fw_compiler, bw_compiler, name):
     # Heavy (AOTAutograd pulls in torch._dynamo): imported on first use, not with bytegraph.
     from torch._functorch.aot_autograd import aot_module_simplified
     from torch._functorch.partitioners import min_cut_rematerialization_partition
@@ -47,16 +72,16 @@ def aot_eager(gm, example_inputs):
         compiled = aot_module_simplified(
             gm,
             as_list(example_inputs),
-            fw_compiler=_boxed_nop,
-            bw_compiler=_boxed_nop,
+            fw_compiler=watched_inner(fw_compiler, name, "forward"),
+            bw_compiler=watched_inner(bw_compiler, name, "backward"),
             partition_fn=min_cut_rematerialization_partition,
             keep_inference_input_mutations=True,
         )
     except Exception as exc:
         cause = data_dependent_cause(exc)
         if cause is not None:
-            return run_uncompiled("aot_eager", gm, cause, restore)
-        raise compile_failed("aot_eager", exc) from exc
+            return run_uncompiled(name, gm, cause, restore)
+        raise compile_failed(name, exc) from exc
     # NB: aot_module_simplified returns a function called with positional
     # arguments, although functools.wraps copies ``_boxed_call = True`` onto
     # it from the inner boxed function. Never trust that attribute here.

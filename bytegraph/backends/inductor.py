@@ -1,7 +1,7 @@
 """The ``inductor`` backend: TorchInductor code generation (C++/OpenMP on CPU)."""
 from . import grad_presence
 from ._common import (as_list, compile_failed, data_dependent_cause, flat_tuple_output, quiet_torch_imports,
-                      run_uncompiled, with_restore)
+                      run_uncompiled, watched_inner, with_restore)
 
 
 def mark_parameters_static(gm):
@@ -29,13 +29,14 @@ def inductor(gm, example_inputs, *, config_patches=None):
     """
     with quiet_torch_imports():
         # Heavy (Inductor): imported on first use, not with bytegraph.
-        from torch._inductor.compile_fx import compile_fx
+        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
     restore = flat_tuple_output(gm)
     grads = grad_presence.plan(gm)
     mark_parameters_static(gm)
     try:
-        compiled = compile_fx(gm, as_list(example_inputs), config_patches=config_patches or None)
+        compiled = compile_fx(gm, as_list(example_inputs), inner_compile=watched_inner(compile_fx_inner, "inductor"),
+                              config_patches=config_patches or None)
     except Exception as exc:
         cause = data_dependent_cause(exc)
         if cause is not None:

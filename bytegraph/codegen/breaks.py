@@ -14,7 +14,7 @@ from ..bytecode import analysis
 from ..bytecode.instructions import decode, first_part, is_last_part, offset_after
 from ..bytecode.resume import CLOSURE_PARAM, NULL_SLOT, closure_names, resume_code, step_code
 from ..bytecode.versions import split_call_prefix
-from ..debug import logs
+from ..debug import debug_dir, logs
 from ..errors import Unsupported
 from ..null import NULL
 from ..residual import (AutocastExit, Continuation, GradModeExit, Routed, call_through,
@@ -262,6 +262,7 @@ def _generic_step(fn, code, ins, stack, live_names, bound, slot_expr, rb, ns, co
     step_name = f"step_in_{_clean(origin)}_at_line_{ins.line}"
     step = step_code(original, orig_offset, before, live_before, after, after_live, handover, step_name)
     _log_code("STEP FUNCTION", step)
+    debug_dir.generated_code("step function", step)
     routed = _callable_slot(ins, stack)
     args = [(f"__Routed(__compiler, {slot_expr(v)})" if i == routed else slot_expr(v))
             for i, v in enumerate(stack) if v is not NULL]
@@ -353,6 +354,7 @@ def _resume_wrapper(compiler, fn, code, offset, layout, live):
         RESUME_INFO[new_code] = ResumeInfo(original, origin, orig_offset, offsets)
         CUT_FROM[new_code] = original
         _log_code("RESUME FUNCTION", new_code)
+    debug_dir.generated_code("resume function", new_code)
     return compiler.wrapper_for_code(new_code, fn.__globals__)
 
 

@@ -2,10 +2,13 @@
 import dis
 import time
 import types
+from collections import defaultdict
 
 from ..bytecode.instructions import decode
+from ..backends._common import inner_compiler_hook
 from ..config import config
-from ..debug import logs, records, timing
+from ..debug import debug_dir, logs, minifier, progress, records, replay, timing
+from ..debug.inner import watch_inner_compiler
 from ..errors import BackendError, BytegraphError, Unsupported
 from ..guards.builder import ID_MATCH, SHAPE_ENV, GuardSet, add_global_state_guards, compile_guards
 from ..guards.sources import ClosureSource, LocalSource
@@ -23,6 +26,8 @@ log_guards = logs.get_logger("guards")
 log_code = logs.get_logger("output_code")
 log_bytecode = logs.get_logger("bytecode")
 log_breaks = logs.get_logger("graph_breaks")
+# AOTAutograd inner compilers go through the debugging tools (debug dir, minifier after 'aot').
+inner_compiler_hook[0] = watch_inner_compiler
 
 
 class _Compile:
@@ -39,48 +44,63 @@ class _Compile:
         self.guard_params = self.params + (["__closure"] if code.co_freevars else [])
         self.name = fn.__qualname__
         self.backend_seconds = 0.0
+        self.times = defaultdict(float)   # phase -> seconds, this compile only
+        self.dump = debug_dir.OFF         # this compile's folder in the debug directory
+
+    def time(self, phase, seconds):
+        timing.add(self.name, phase, seconds)
+        self.times[phase] += seconds
 
     def trace(self, values, stop_before=None):
         t0 = time.perf_counter()
         try:
             result = trace_frame(self.fn, values, self.compiler, stop_before=stop_before, cache=self.cache)
         except Unsupported:
-            timing.add(self.name, "bytecode tracing", time.perf_counter() - t0)
+            self.time("bytecode tracing", time.perf_counter() - t0)
             raise
         fake = result.tx.graph.fake_seconds
-        timing.add(self.name, "fake-tensor propagation", fake)
-        timing.add(self.name, "bytecode tracing", time.perf_counter() - t0 - fake)
+        self.time("fake-tensor propagation", fake)
+        self.time("bytecode tracing", time.perf_counter() - t0 - fake)
         return result
 
     def compile_graph(self, gm, example_inputs):
         if logs.enabled("graph"):
             log_graph.debug("GRAPH %s\n%s", self.name, gm.print_readable(print_output=False))
+        backend = self.compiler.backend_name
+        graph_entry = self.dump.graph(gm, example_inputs, backend)
+        compiler_fn = minifier.wrap_backend(self.compiler.compiler_fn, backend, self.name)
         t0 = time.perf_counter()
         try:
-            return self.compiler.compiler_fn(gm, example_inputs)
+            with progress.backend_compile(self.name, backend):
+                return compiler_fn(gm, example_inputs)
         except BytegraphError:
             raise
         except Exception as e:
-            raise BackendError(f"backend {self.compiler.backend_name!r} failed on the graph of "
-                               f"{self.name}: {type(e).__name__}: {e}") from e
+            notes = "".join(f"\n{note}" for note in getattr(e, "__notes__", ()))
+            raise BackendError(f"backend {backend!r} failed on the graph of "
+                               f"{self.name}: {type(e).__name__}: {e}{notes}") from e
         finally:
             seconds = time.perf_counter() - t0
             self.backend_seconds += seconds
-            timing.add(self.name, "backend compile", seconds)
+            self.time("backend compile", seconds)
+            if graph_entry is not None:
+                graph_entry["backend_seconds"] = round(seconds, 6)
 
     def codegen(self, make):
         """Run a code generator, timing it apart from the backend compile it may call."""
         t0 = time.perf_counter()
         before = self.backend_seconds
         out = make()
-        timing.add(self.name, "code generation",
-                   time.perf_counter() - t0 - (self.backend_seconds - before))
+        self.time("code generation", time.perf_counter() - t0 - (self.backend_seconds - before))
         return out
 
     def guards(self, guard_set, run):
-        with timing.phase(self.name, "guard building"):
+        t0 = time.perf_counter()
+        try:
             return compile_guards(guard_set, self.guard_params, self.fn.__globals__,
                                   name=f"guard_{_clean(self.fn.__name__)}_{self.n}", hit=run)
+        finally:
+            self.time("guard building", time.perf_counter() - t0)
 
     def transformed_name(self):
         return f"transformed_{_clean(self.fn.__name__)}_{self.n}"
@@ -100,6 +120,8 @@ class _Compile:
                                            guards=guards, break_reason=break_reason, hint=hint,
                                            user_stack=list(user_stack), transformed_source=source,
                                            guard_source=guard_source))
+        self.dump.finish("graph break" if break_reason else ("graph" if gm is not None else "no graph"),
+                         self.times, guards, guard_source, source, break_reason, hint, user_stack)
         return CacheEntry(guard, run, explain, guards, graph=gm, transformed_source=source,
                           guard_source=guard_source, identity=identity_of(guards))
 
@@ -109,6 +131,17 @@ def compile_frame(fn, frame_args, compiler, cache=None):
         return _skipped_entry(fn, compiler, cache)
     c = _Compile(fn, compiler, cache)
     timing.count_compile(c.name)
+    c.dump = debug_dir.begin_frame(fn, cache)
+    try:
+        return _compile(c, fn, frame_args, compiler)
+    except BaseException as e:
+        c.dump.finish("error", c.times, reason=f"{type(e).__name__}: {e}")
+        raise
+    finally:
+        debug_dir.end_frame(c.dump)
+
+
+def _compile(c, fn, frame_args, compiler):
     values = frame_args[:len(c.params)]
     if logs.enabled("bytecode"):
         code = fn.__code__
@@ -127,6 +160,7 @@ def compile_frame(fn, frame_args, compiler, cache=None):
         except BytegraphError:
             raise
         except Exception as internal:
+            _record_for_replay(fn, values, internal)
             if not config.suppress_errors:
                 raise
             log_breaks.debug("internal error while splitting %s at a break: %r", c.name, internal)
@@ -135,9 +169,10 @@ def compile_frame(fn, frame_args, compiler, cache=None):
     except BytegraphError:
         raise
     except Exception as e:
+        record = _record_for_replay(fn, values, e)
         if not config.suppress_errors:
             raise
-        err = Unsupported(f"internal error while tracing: {type(e).__name__}: {e}")
+        err = Unsupported(f"internal error while tracing: {type(e).__name__}: {e}{record}")
         err.user_stack = getattr(e, "_bytegraph_user_stack", None) or [function_entry(fn)]
         if compiler.fullgraph:
             raise err from e
@@ -187,7 +222,24 @@ def _fallback(c, err):
     records.record(records.FrameRecord(c.name, fn.__code__.co_filename, fn.__code__.co_firstlineno,
                                        fallback_reason=err.reason, user_stack=list(err.user_stack),
                                        hint=err.hint))
+    c.dump.finish("eager", c.times, reason=err.reason, hint=err.hint, user_stack=err.user_stack)
     return eager_entry(fn, c.cache, (), reason)
+
+
+def _record_for_replay(fn, values, error):
+    """With config.replay_record_enabled: write the replay record of this failing frame; the
+    text to add to the reason ("" when off or when the record could not be written)."""
+    if not config.replay_record_enabled:
+        return ""
+    try:
+        path = replay.write_record(fn, values, error)
+    except Exception as e:   # never hide the error being recorded
+        log_breaks.debug("could not write a replay record for %s: %r", fn.__qualname__, e)
+        return ""
+    note = f"replay record: {path} (bytegraph.replay(path) retraces the frame)"
+    log_breaks.debug("%s: %s", fn.__qualname__, note)
+    error.add_note(note)
+    return f" ({note})"
 
 
 def selected(code):

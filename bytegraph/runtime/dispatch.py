@@ -10,7 +10,7 @@ import warnings
 import weakref
 
 from ..config import config
-from ..debug import logs, records, timing
+from ..debug import debug_dir, logs, progress, records, timing
 from ..guards.builder import TENSOR_MATCH
 from ..trace.tracer import frame_params
 from .cache import CodeCache
@@ -114,6 +114,7 @@ class Compiler:
             records.recompiles.append(records.RecompileRecord(fn.__qualname__, code.co_filename,
                                                               code.co_firstlineno, reason, limit_hit))
             if limit_hit:
+                debug_dir.recompile_given_up(records.recompiles[-1])
                 limit = ("cache_size_limit" if len(like) >= config.cache_size_limit
                          else "accumulated_cache_size_limit")
                 warnings.warn(
@@ -189,6 +190,7 @@ def reset_all():
     _total_entries[0] = 0
     records.clear()
     timing.clear()
+    progress.reset()
 
 
 def _dispatch_lines(args):

@@ -25,10 +25,10 @@ def _signature_parts(fn):
         passthrough.append(name)
         original.append(name)
     pos = nargs + nkwonly
+    star = None
     if code.co_flags & 0x04:
         star = names[pos]
         params.append(f"*{star}")
-        passthrough.append(star)
         original.append(f"*{star}")
         pos += 1
     elif nkwonly:
@@ -42,6 +42,10 @@ def _signature_parts(fn):
             params.append(name)
         passthrough.append(name)
         original.append(f"{name}={name}")
+    # The frame's values go in co_varnames order (positional, keyword-only, *args, **kwargs),
+    # the order of frame_params, which names the guard and transformed functions' parameters.
+    if star is not None:
+        passthrough.append(star)
     if code.co_flags & 0x08:
         dstar = names[pos]
         params.append(f"**{dstar}")

@@ -29,7 +29,7 @@ class TraceResult:
 
 
 def frame_params(code):
-    """Names of a code object's parameters in order: positional, *args, keyword-only, **kwargs."""
+    """Names of a code object's parameters in ``co_varnames`` order: positional, keyword-only, *args, **kwargs."""
     n = code.co_argcount + code.co_kwonlyargcount
     if code.co_flags & 0x04:
         n += 1
