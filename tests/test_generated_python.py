@@ -21,17 +21,22 @@ break is recorded per seed and summarised at the end of the run.
 """
 import contextlib
 import dataclasses
+import functools
 import linecache
 import math
 import os
 import random
 import sys
+import types
 
 import pytest
 import torch
 
 from bytegraph.debug import records
-from helpers import assert_same_run, compile_counted, run_observed
+import bytegraph
+from bytegraph.backends.registry import lookup_backend
+from bytegraph.testing import CompileCounter
+from helpers import assert_same_run, run_observed
 
 DEFAULT_SEEDS = 80
 N_SEEDS = int(os.environ.get("BYTEGRAPH_GEN_SEEDS", DEFAULT_SEEDS))
@@ -54,6 +59,13 @@ FEATURES = (
     "print",
     "globals",      # module global list/dict mutation, `global` counter
     "inputs",       # mutation of an input list
+    # families of past wrong results (issues 9 and 19):
+    "nested",       # nested functions closing over arguments/locals that break, called again
+    "raising",      # side effects followed by an exception eager raises too; raise on tensor conditions
+    "inplace",      # in-place updates of tensor arguments (and views of them), also inside loops
+    "masks",        # data-dependent shapes: boolean masks, nonzero, unique, repeat_interleave
+    "grads",        # inputs that require grad; .grad compared (None vs tensor), aot_eager backend
+    "shared",       # one code object, many functions: shared decorators, closure factories, lambdas
 )
 
 FEATURE_SETS = {
@@ -61,7 +73,13 @@ FEATURE_SETS = {
     "functions": {"arith", "if", "for", "helpers", "closures", "classes", "tensors", "containers"},
     "effects": {"arith", "if", "for", "containers", "print", "globals", "inputs", "tensors", "strings"},
     "control": {"arith", "if", "for", "while", "exceptions", "generators", "containers", "tensors"},
-    "all": set(FEATURES),
+    "closures": {"arith", "if", "for", "containers", "tensors", "nested", "print", "inputs", "strings"},
+    "raising": {"arith", "if", "for", "containers", "tensors", "raising", "exceptions", "globals", "inputs",
+                "print"},
+    "inplace": {"arith", "if", "for", "while", "tensors", "inplace", "print", "nested"},
+    "grads": {"arith", "if", "for", "tensors", "masks", "grads", "nested", "print"},
+    "shared": {"arith", "if", "for", "tensors", "shared", "print", "containers", "nested"},
+    "all": set(FEATURES) - {"grads"},
 }
 
 # Seeds whose compiled run differs from eager because of a known bytegraph bug:
@@ -136,6 +154,7 @@ class ProgramGen:
 
     def __init__(self, seed, features):
         self.r = random.Random(seed)
+        self.tensor_rng = torch.Generator().manual_seed(seed)   # input values: the same in any test order
         self.features = set(features)
         self.lines = []
         self.indent = 1
@@ -396,6 +415,8 @@ class ProgramGen:
             src = self.pick_tensor()
             base = own if own and r.random() < 0.5 else r.choice(
                 [f"{src}.sum()", f"{src}.mean()", f"{src}.max()", f"{src}.abs().sum()"])
+            if self.on("masks") and r.random() < 0.3:
+                base = self.mask_expr()
         if depth >= 2 or r.random() < 0.25:
             return base
         choice = r.randrange(6)
@@ -786,6 +807,297 @@ class ProgramGen:
                             f"{t} = torch.cat({acc}).reshape(-1, {self.shape[1]})[:{self.shape[0]}]"]))
         self.define(t, "tensor:full")
 
+    # ---- families of past wrong results (issues 9 and 19)
+
+    def stmt_nested(self):
+        """A nested function closing over arguments and locals that breaks inside (print,
+        .item(), a tensor branch), defined here and called now and later (also after the
+        variables it closes over were reassigned)."""
+        r = self.r
+        name = self.fresh("inner")
+        t_free = self.pick_tensor("full")
+        other = self.pick_tensor() or t_free
+        i_free = self.pick("int")
+        lst = self.pick("list")
+        rebinds = self.mutable("int") if r.random() < 0.2 else None
+        with self.block(f"def {name}(u, k={r.randint(1, 3)}):"):
+            if rebinds:
+                self.emit(f"nonlocal {rebinds}")
+            choice = r.randrange(5)
+            if choice == 0:
+                self.emit(f'print(f"{name}={{{t_free}.sum().item():.3f}} {{{i_free}}}")')
+            elif choice == 1:
+                with self.block(f"if {other}.sum() > {r.choice(['0', '0.5', '-1'])}:"):
+                    self.emit(f"u = u + {t_free} * k")
+            elif choice == 2:
+                self.emit(f"k = k + int({other}.abs().sum().item() > {r.choice(['1', '2'])})")
+            elif choice == 3:
+                with self.block(f"if {t_free}.max() > 0.3:"):
+                    self.emit(f"print('{name}', {i_free}, round({other}.sum().item(), 3))")
+            else:
+                helper = self.fresh("inner")
+                with self.block(f"def {helper}(v):"):
+                    with self.block(f"if v.sum() > {other}.sum():"):
+                        self.emit(f"return v - {t_free} + {i_free}")
+                    self.emit("return v + k")
+                self.emit(f"u = {helper}(u) + {helper}({t_free})")
+            if lst and self.on("containers") and r.random() < 0.3:
+                with self.block(f"if {lst}:"):     # replaces an item: safe while a caller iterates it
+                    self.emit(f"{lst}[-1] = k")
+            if rebinds:
+                self.emit(f"{rebinds} = ({rebinds} + k) % 50")
+            self.emit(f"return u * k + {t_free} - {i_free}")
+        self.define(name, "fn:nested")
+        self.stmt_call_nested(name)
+
+    def stmt_call_nested(self, name=None):
+        r = self.r
+        name = name or self.pick("fn:nested")
+        if name is None:
+            return self.stmt_define()
+        t = self.fresh("t")
+        arg = self.tensor_expr("full", 1)
+        if r.random() < 0.3 and self.depth < self.MAX_DEPTH:
+            self.emit(f"{t} = {arg}")
+            i = self.fresh("i")
+            with self.block(f"for {i} in range({r.randint(1, 3)}):"):
+                self.emit(f"{t} = {name}({t}, k={i} + 1)")
+        else:
+            kw = f", k={self.int_leaf()} % 4" if r.random() < 0.3 else ""
+            self.emit(f"{t} = {name}({arg}{kw})")
+        self.define(t, "tensor:full")
+
+    def effect_stmt(self):
+        r = self.r
+        options = [f"G_LIST.append({self.int_expr(1)})", f"G_DICT[{self.str_leaf()}] = {self.int_expr(1)}",
+                   f"G_OBJ.a = G_OBJ.a + {self.int_leaf()}", f"G_OBJ.hist.append({self.int_leaf()})"]
+        if self.on("inputs") and "items" not in self.frozen:
+            options.append(f"items.append({self.int_leaf()})")
+        t = self.pick_tensor("full")
+        if self.on("inplace") and t in ("x0", "x1") and not self.on("grads"):
+            options.append(f"{t}.add_(1)")
+        return r.choice(options)
+
+    def stmt_raise_after_effects(self):
+        """Side effects on state that exists before the call, then an exception eager raises too."""
+        r = self.r
+        for _ in range(r.randint(1, 3)):
+            self.emit(self.effect_stmt())
+        t = self.pick_tensor()
+        raising = [f"{self.fresh('t')} = {t} + None", 'raise ValueError("gen after effects")',
+                   f"{self.fresh('n')} = int('x' + str({self.int_leaf()}))",
+                   f"{self.fresh('n')} = [1, 2][{self.int_leaf()} % 2 + 2]",
+                   f"{self.fresh('n')} = {self.int_leaf()} // 0", f"G_OBJ.missing_method({self.int_leaf()})"]
+        stmt = r.choice(raising)
+        cond = r.choice([self.bool_expr(), f"{self.pick_tensor()}.sum() > {r.choice(['0', '1', '-1'])}",
+                         "True"])
+        if cond == "True" and self.depth == 0:
+            cond = self.bool_expr()          # keep the rest of the program reachable
+        with self.block(f"if {cond}:"):
+            self.emit(stmt)
+
+    def stmt_tensor_try(self):
+        """try/except where the raise depends on a tensor condition."""
+        r = self.r
+        t = self.pick_tensor()
+        exc = r.choice(["ValueError", "KeyError", "RuntimeError"])
+        with self.block("try:"):
+            if r.random() < 0.4:
+                self.emit(self.effect_stmt())
+            if r.random() < 0.3:
+                self.emit(f"assert {t}.sum() > {r.choice(['-2', '0'])}, 'gen assert'")
+            with self.block(f"if {t}.min() < {r.choice(['-1.0', '0', '-0.5'])}:"):
+                self.emit(f"raise {exc}('gen data')")
+            self.emit(f"{self.fresh('t')} = torch.tanh({self.pick_tensor()})")
+            if r.random() < 0.3:
+                self.body(small=True)
+        caught = r.choice([exc, "Exception", f"({exc}, AssertionError)", exc])
+        e = self.fresh("e")
+        with self.block(f"except {caught} as {e}:"):
+            self.emit(r.choice([f"print('handler ran', type({e}).__name__)", f"G_LIST.append(len(str({e})))",
+                                f"G_OBJ.hist.append(type({e}).__name__)"]))
+            if r.random() < 0.3:
+                self.body(small=True)
+        if r.random() < 0.3:
+            with self.block("else:"):
+                self.emit("print('no error')")
+        if r.random() < 0.3:
+            with self.block("finally:"):
+                self.emit(r.choice(["G_OBJ.a += 1", "print('finally')"]))
+
+    def stmt_inplace(self):
+        """In-place updates of tensor arguments (or of views of them), also in a loop."""
+        r = self.r
+        targets = [n for n in ("x0", "x1") if n in self.visible()] + self.visible("tensor:full")
+        target = r.choice(targets)
+        kind = self.kind_of(target)
+        shape = kind.split(":")[1]
+        smaller = {"full": ["full", "row", "scalar"], "row": ["row", "scalar"], "scalar": ["scalar"]}[shape]
+        other = self.tensor_expr(r.choice(smaller), 1)
+        options = [f"{target}.add_({other})", f"{target}.mul_(0.5)", f"{target}.clamp_(-2.0, 2.0)",
+                   f"{target}.sub_({target}.mean())", f"{target}.copy_(({target} * 0.5 + {other}).tanh())"]
+        if shape == "full":
+            v = self.fresh("v")
+            options += [f"{target}[{self.int_leaf()} % {self.shape[0]}] += 1",
+                        [f"{v} = {target}[0]", f"{v}.add_(2)"],     # through a view
+                        f"{target}[{target} > 1.0] = 0.0"]
+        stmt = r.choice(options)
+        lines = stmt if isinstance(stmt, list) else [stmt]
+        if r.random() < 0.4 and self.depth < self.MAX_DEPTH:
+            i = self.fresh("i")
+            with self.block(f"for {i} in range({r.randint(1, 3)}):"):
+                for line in lines:
+                    self.emit(line)
+                if r.random() < 0.4:
+                    with self.block(f"if {target}.sum() > {i}:"):
+                        self.emit(r.choice(["break", "continue", f"print('step', {i})"]))
+        else:
+            for line in lines:
+                self.emit(line)
+
+    def kind_of(self, name):
+        for scope in reversed(self.scopes):
+            if name in scope.names:
+                return scope.names[name]
+        raise KeyError(name)
+
+    def mask_expr(self):
+        """A 0-dim tensor computed through an op whose output size depends on data."""
+        t = self.pick_tensor("full") or self.pick_tensor()
+        return "(" + self.r.choice([
+            f"{t}[{t} > 0].sum()", f"torch.masked_select({t}, {t} > 0.2).sum() * 2",
+            f"{t}.nonzero().shape[0] * 0.5 + {t}.sum()", f"torch.unique({t}.round()).sum()",
+            f"{t}.flatten().repeat_interleave(({t}.flatten().abs() * 2).long()).sum()",
+            f"{t}[{t}.abs() > {t}.abs().mean()].sum()"]) + ")"
+
+    def stmt_mask_assign(self):
+        r = self.r
+        c = self.fresh("t")
+        self.emit(f"{c} = {self.tensor_expr('full', 1)}.clone()")
+        self.emit(r.choice([f"{c}[{c} > 0] = {self.tensor_expr('scalar', 1)}", f"{c}[{c} < 0] *= 2",
+                            f"{c}[{c}.abs() > 0.5] = 0.0"]))
+        self.define(c, "tensor:full")
+
+    def stmt_no_grad(self):
+        r = self.r
+        t = self.fresh("t")
+        with self.block(r.choice(["with torch.no_grad():", "with torch.set_grad_enabled(False):"])):
+            self.emit(f"{t} = {self.tensor_expr('full')}")
+            if r.random() < 0.3:
+                self.emit(f"print('no grad', {t}.requires_grad)")
+        self.define(t, "tensor:full")
+        if r.random() < 0.3:
+            d = self.fresh("t")
+            self.emit(f"{d} = {self.tensor_expr('full', 1)}.detach() * 2")
+            self.define(d, "tensor:full")
+
+    # one code object, many functions: module-level decorators, decorated functions and
+    # methods, closure factories (written once per program, before `generated`)
+    def write_prelude(self):
+        r = self.r
+        S = self.shape
+        out = self.prelude
+        self.shared_fns, self.shared_mods = [], []
+        for d in range(r.randint(1, 2)):
+            deco = f"deco{d}"
+            kind = r.choice(["plain", "kwpop", "tryfinally", "break", "lambda", "eager", "item"])
+            out.append(f"def {deco}(func):")
+            if r.random() < 0.7:
+                out.append("    @functools.wraps(func)")
+            out.append("    def wrapper(*args, **kwargs):")
+            body = []
+            if kind == "kwpop":
+                body.append("scale = kwargs.pop('scale', 1)")
+            else:
+                body.append(f"scale = {r.randint(1, 3)}")
+            if kind == "break":
+                body += ["if args[0].sum() > 0:", "    print('deco', func.__name__, scale)"]
+            if kind == "item":
+                body += ["scale = scale + int(args[0].abs().sum().item() > 2)"]
+            if kind == "lambda":
+                body += ["double = lambda u: u * scale", "args = (double(args[0]),) + args[1:]"]
+            if kind == "eager":
+                body += ["scale = scale + len(locals()) - 2"]     # a frame-reading builtin: runs eagerly
+            if kind == "tryfinally":
+                body += ["try:", "    out = func(*args, **kwargs)", "finally:",
+                         "    G_LIST.append(len(func.__name__))"]
+            else:
+                body += ["out = func(*args, **kwargs)"]
+            body += ["return out * scale"]
+            out += ["        " + line for line in body]
+            out += ["    return wrapper", ""]
+            for k in range(r.randint(2, 3)):
+                fn = f"p{d}_{k}"
+                out.append(f"@{deco}")
+                out.append(f"def {fn}(t, k={r.randint(0, 3)}):")
+                out.append("    " + r.choice([f"return t * k + {k}", f"return torch.relu(t) - k * {k + 1}",
+                                                f"return t.sin() * {k + 2} + k", f"return (t + k) * {k + 1}"]))
+                out.append("")
+                self.shared_fns.append((fn, kind == "kwpop"))
+        # decorated forward methods of two module classes
+        if r.random() < 0.6:
+            wbody = (["if t.mean() > self.c * 0.1:", "    t = t + self.c"] if r.random() < 0.5
+                     else ["t = t * 1"])
+            out += ["def mdeco(fn):", "    @functools.wraps(fn)", "    def wrapper(self, t):"]
+            out += ["        " + line for line in wbody]
+            out += ["        return fn(self, t) * 2", "    return wrapper", ""]
+            for m in range(2):
+                out += [f"class Mod{m}(torch.nn.Module):", "    def __init__(self, c):",
+                        "        super().__init__()", "        self.c = c",
+                        "    @mdeco", "    def forward(self, t):",
+                        "        " + ["return t + self.c", "return t * self.c - 1"][m], ""]
+                out.append(f"MOD{m} = Mod{m}({r.randint(1, 3)})")
+                self.shared_mods.append(f"MOD{m}")
+            out.append("")
+        # a closure factory: one inner code object, one function object per call
+        out += ["def make_scaler(s, off=0):", "    def inner(t, k=s):"]
+        if r.random() < 0.5:
+            out += ["        if t.sum() > s:", "            print('scaler', s, off)"]
+        out += ["        return t * k + off", "    return inner", ""]
+
+    def stmt_shared(self):
+        r = self.r
+        t = self.fresh("t")
+        arg = self.tensor_expr("full", 1)
+        choice = r.randrange(6)
+        if choice <= 1 and self.shared_fns:
+            fn, takes_scale = r.choice(self.shared_fns)
+            extra = r.choice(["", f", k={self.int_leaf()} % 3", f", {r.randint(0, 2)}"])
+            if takes_scale and r.random() < 0.5:
+                extra += ", scale=2"
+            self.emit(f"{t} = {fn}({arg}{extra})")
+            if r.random() < 0.5:
+                fn2, _ = r.choice(self.shared_fns)
+                self.emit(f"{t} = {t} + {fn2}({t})")
+        elif choice == 2 and self.shared_mods:
+            self.emit(f"{t} = {r.choice(self.shared_mods)}({arg}) + {r.choice(self.shared_mods)}({arg})")
+        elif choice == 3:
+            a, b = self.fresh("sc"), self.fresh("sc")
+            self.emit(f"{a}, {b} = make_scaler({self.int_leaf()} % 3), make_scaler(2, off={self.int_leaf()})")
+            self.emit(f"{t} = {a}({arg}) + {b}({arg}) - {a}({arg}, k=1)")
+        elif choice == 4:
+            fs = self.fresh("fs")
+            if r.random() < 0.5:
+                self.emit(f"{fs} = [lambda u, j=j: u * j for j in range({r.randint(1, 3)})]")
+            else:
+                j = self.fresh("j")
+                self.emit(f"{fs} = []")
+                with self.block(f"for {j} in range({r.randint(1, 3)}):"):
+                    self.emit(f"{fs}.append(lambda u: u + {j})")      # late binding: all see the last j
+            self.emit(f"{t} = {arg}")
+            f = self.fresh("f")
+            with self.block(f"for {f} in {fs}:"):
+                self.emit(f"{t} = {f}({t})")
+        else:
+            fns = [f for f, _ in self.shared_fns[:2]] or ["make_scaler(2)"]
+            sc = self.fresh("fs")
+            self.emit(f"{sc} = [{', '.join(fns)}, make_scaler(3)]")
+            self.emit(f"{t} = {arg}")
+            i = self.fresh("i")
+            with self.block(f"for {i}, g in enumerate({sc}):"):
+                self.emit(f"{t} = g({t}) * 0.5 + {i}")
+        self.define(t, "tensor:full")
+
     def statements(self, top):
         """(weight, statement) of the enabled statement kinds."""
         out = [(3, self.stmt_update)]
@@ -816,6 +1128,23 @@ class ProgramGen:
             out.append((2, self.stmt_class))
         if top and self.on("tensors"):
             out.append((1, self.stmt_tensor_list))
+        if self.on("nested"):
+            if top:
+                out.append((2, self.stmt_nested))
+            if self.visible("fn:nested"):
+                out.append((2, self.stmt_call_nested))
+        if self.on("raising"):
+            out.append((1, self.stmt_raise_after_effects))
+            if self.depth < self.MAX_DEPTH:
+                out.append((2, self.stmt_tensor_try))
+        if self.on("inplace"):
+            out.append((3, self.stmt_inplace))
+        if self.on("masks"):
+            out.append((1, self.stmt_mask_assign))
+        if self.on("grads") and self.depth < self.MAX_DEPTH:
+            out.append((1, self.stmt_no_grad))
+        if self.on("shared"):
+            out.append((3, self.stmt_shared))
         return out
 
     def one_statement(self):
@@ -831,15 +1160,26 @@ class ProgramGen:
     def program(self):
         r = self.r
         self.shape = (r.randint(1, 4), r.randint(1, 4))
+        self.prelude = []
+        self.shared_fns, self.shared_mods = [], []
+        if self.on("shared"):
+            self.write_prelude()
         params = ["x0", "x1", "items", "n"]
         self.define("x0", "tensor:full")
         self.define("x1", "tensor:full" if r.random() < 0.7 else "tensor:row")
         self.define("items", "list")
         self.define("n", "int")
         self.define("label", "str")
-        args = [torch.randn(self.shape),
-                torch.randn(self.shape if self.scopes[0].names["x1"] == "tensor:full" else self.shape[1:]),
+        grads = self.on("grads")
+        g = self.tensor_rng
+        args = [torch.randn(self.shape, generator=g, requires_grad=grads),
+                torch.randn(self.shape if self.scopes[0].names["x1"] == "tensor:full" else self.shape[1:],
+                            generator=g, requires_grad=grads),
                 [r.randint(-3, 6) for _ in range(r.randint(1, 4))], r.randint(-2, 5)]
+        if grads:    # a parameter that may or may not reach the loss
+            params.append("w")
+            self.define("w", "tensor:full")
+            args.append(torch.randn(self.shape, generator=g, requires_grad=True))
         kwargs = {"label": r.choice(WORDS)} if r.random() < 0.5 else {}
         if not self.on("inputs"):
             self.frozen.append("items")   # not mutated unless the feature is on (it is still read)
@@ -854,18 +1194,26 @@ class ProgramGen:
         self.emit(f"{result} = {self.tensor_expr('full')}")
         self.define(result, "tensor:full")
         outs = [result]
-        candidates = [n for n in self.visible() if n not in ("items",)]
+        candidates = [n for n, k in self.visible_kinds().items() if n != "items" and not k.startswith("fn:")]
         outs += r.sample(candidates, min(len(candidates), r.randint(1, 4)))
         header = [f"def generated({', '.join(params)}, *, label='ab'):"]
         if self.uses_counter:
             header.append("    global COUNTER")
-        src = "\n".join(header + self.lines + [f"    return ({', '.join(outs)},)"]) + "\n"
+        src = "\n".join(self.prelude + header + self.lines + [f"    return ({', '.join(outs)},)"]) + "\n"
         return src, args, kwargs
+
+    def visible_kinds(self):
+        out = {}
+        for scope in self.scopes:
+            out.update(scope.names)
+        return dict(sorted(out.items()))
 
 
 # ---- building, validating and comparing programs
 
 ACCEPTED_ESCAPES = (KeyError, ValueError, IndexError)
+# Programs of the "raising" family escape with these too (eager raises them; so must compiled).
+RAISING_ESCAPES = ACCEPTED_ESCAPES + (TypeError, ZeroDivisionError, AttributeError, AssertionError)
 
 
 def _fresh_state(ns):
@@ -873,11 +1221,14 @@ def _fresh_state(ns):
     ns["G_DICT"].clear()
     ns["G_DICT"].update({"ab": 1})
     ns["COUNTER"] = 0
+    ns["G_OBJ"].__dict__.clear()
+    ns["G_OBJ"].a = 0
+    ns["G_OBJ"].hist = []
 
 
 def _namespace(name):
-    ns = {"__name__": name, "torch": torch, "math": math, "dataclasses": dataclasses,
-          "G_LIST": [], "G_DICT": {}, "COUNTER": 0}
+    ns = {"__name__": name, "torch": torch, "math": math, "dataclasses": dataclasses, "functools": functools,
+          "G_LIST": [], "G_DICT": {}, "COUNTER": 0, "G_OBJ": types.SimpleNamespace()}
     ns.update(HELPERS)
     _fresh_state(ns)
     return ns
@@ -890,16 +1241,25 @@ def build(src, filename):
     return ns["generated"], ns
 
 
+def _observe(ns, args):
+    """What a run leaves behind: module state, and the .grad of every input tensor that
+    requires grad (None where the loss did not reach it)."""
+    state = (list(ns["G_LIST"]), dict(ns["G_DICT"]), ns["COUNTER"], ns["G_OBJ"].a, list(ns["G_OBJ"].hist))
+    grads = [a.grad for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    return state + (grads,)
+
+
 def _maker(ns, args, kwargs):
     def make():
         _fresh_state(ns)
-        return _clone(args), _clone(kwargs), lambda: (list(ns["G_LIST"]), dict(ns["G_DICT"]), ns["COUNTER"])
+        fresh_args = _clone(args)
+        return fresh_args, _clone(kwargs), lambda: _observe(ns, fresh_args)
     return make
 
 
 def _clone(value):
     if isinstance(value, torch.Tensor):
-        return value.clone()
+        return value.detach().clone().requires_grad_(value.requires_grad)
     if type(value) is list:
         return [_clone(v) for v in value]
     if type(value) is dict:
@@ -907,9 +1267,41 @@ def _clone(value):
     return value
 
 
+def _vary(value, r, keep_ints):
+    """Inputs of the same structure and shapes with other values (ints and list lengths too
+    unless ``keep_ints``): a compiled function must not keep anything of an earlier call."""
+    if isinstance(value, torch.Tensor):
+        g = torch.Generator().manual_seed(r.randrange(2 ** 31))
+        new = torch.randn(value.shape, generator=g) * r.choice([0.5, 1.0, 2.0])
+        return new.requires_grad_(value.requires_grad)
+    if type(value) is list:
+        length = len(value) if keep_ints else r.randint(1, 4)
+        return [r.randint(-3, 6) for _ in range(length)]
+    if type(value) is dict:
+        return {k: (r.choice(WORDS) if k == "label" and not keep_ints else v) for k, v in value.items()}
+    if type(value) is int and not keep_ints:
+        return r.randint(-2, 5)
+    return value
+
+
+def with_backward(fn):
+    """``fn`` followed by ``backward()`` of the sum of its outputs that require grad."""
+    def run(*args, **kwargs):
+        result = fn(*args, **kwargs)
+        parts = [v.sum() for v in result if isinstance(v, torch.Tensor) and v.requires_grad]
+        if parts:
+            sum(parts).backward()
+        return result
+    run.__wrapped_generated__ = fn
+    return run
+
+
 def make_program(feature_set, seed):
-    """(fn, namespace, source, args, kwargs) of the first valid program for this seed."""
+    """(fn, namespace, source, inputs) of the first valid program for this seed, where
+    ``inputs`` is a list of (args, kwargs): the first call's inputs, then the same shapes
+    with other values, then other ints and list lengths as well."""
     features = FEATURE_SETS[feature_set]
+    accepted = RAISING_ESCAPES if "raising" in features else ACCEPTED_ESCAPES
     for attempt in range(20):
         sub_seed = seed * 1000 + attempt
         src, args, kwargs = ProgramGen(sub_seed, features).program()
@@ -918,26 +1310,40 @@ def make_program(feature_set, seed):
             fn, ns = build(src, filename)
         except SyntaxError as e:
             raise AssertionError(f"generator wrote invalid syntax:\n{src}") from e
+        if "grads" in features:
+            fn = with_backward(fn)
         _, exc, _, _, _ = run_observed(fn, _maker(ns, args, kwargs))
-        if exc is None or issubclass(exc[0], ACCEPTED_ESCAPES):
-            return fn, ns, src, args, kwargs
+        if exc is None or issubclass(exc[0], accepted):
+            r = random.Random(sub_seed + 7)
+            same_ints = ([_vary(a, r, True) for a in args], _vary(kwargs, r, True))
+            other_ints = ([_vary(a, r, False) for a in args], _vary(kwargs, r, False))
+            return fn, ns, src, [(args, kwargs), same_ints, other_ints]
     raise AssertionError(f"no valid program for seed {seed} in 20 attempts; last:\n{src}\n{exc}")
 
 
-def compare(fn, make, calls=2, rtol=1e-4, atol=1e-5):
-    """check_program without the graph-count assertion (fullgraph=False); True when the
-    first call compiled the function as one graph with no break or fallback."""
-    expected = run_observed(fn, make)
-    compiled, cnt = compile_counted(fn, fullgraph=False)
+CALL_ORDER = (0, 1, 0, 2)   # which inputs each compiled call gets
+
+
+def compare(fn, makers, rtol=1e-4, atol=1e-5, backend=None, call_order=None):
+    """check_program without the graph-count assertion (fullgraph=False), over several
+    inputs (``makers[i]()`` makes the i-th; compiled calls take them in ``call_order``);
+    True when the first call compiled the function as one graph with no break or
+    fallback. A ``with_backward`` wrapper is compiled inside: its backward runs as a user's."""
+    call_order = call_order or ([0, 1, 0, 2] if len(makers) == 3 else [0] * 2)
+    inner = getattr(fn, "__wrapped_generated__", None)
+    expected = [run_observed(fn, make) for make in makers]
+    compiled = bytegraph.compile(inner or fn, backend=CompileCounter(backend))
+    if inner is not None:
+        compiled = with_backward(compiled)
     one_graph = None
-    for i in range(calls):
+    for i, which in enumerate(call_order):
         records.clear()
-        actual = run_observed(compiled, make)
+        actual = run_observed(compiled, makers[which])
         if i == 0:
             frames = list(records.frames)
             one_graph = (len(frames) == 1 and frames[0].break_reason is None
                          and frames[0].fallback_reason is None)
-        assert_same_run(expected, actual, f"(call {i + 1})", rtol, atol)
+        assert_same_run(expected[which], actual, f"(call {i + 1}, inputs #{which})", rtol, atol)
     return one_graph
 
 
@@ -971,15 +1377,21 @@ def _cases():
             yield pytest.param(name, seed, id=f"{name}-{seed}", marks=marks)
 
 
-@pytest.mark.parametrize("feature_set, seed", list(_cases()))
-def test_generated_python(feature_set, seed):
-    fn, ns, src, args, kwargs = make_program(feature_set, seed)
+def run_seed(feature_set, seed):
+    """Compare one generated program with eager; True when it compiled as one graph."""
+    fn, ns, src, inputs = make_program(feature_set, seed)
+    # Gradients: every other seed through AOTAutograd (the rest through the graph as is).
+    backend = lookup_backend("aot_eager") if feature_set == "grads" and seed % 2 == 0 else None
     try:
-        one_graph = compare(fn, _maker(ns, args, kwargs))
+        return compare(fn, [_maker(ns, a, k) for a, k in inputs], backend=backend)
     except BaseException as e:
         raise AssertionError(f"generated program ({feature_set}, seed {seed}) differs:\n{src}\n"
-                             f"args: {args!r}\nkwargs: {kwargs!r}\n") from e
-    ONE_GRAPH.setdefault(feature_set, {})[seed] = one_graph
+                             f"inputs: {inputs!r}\n") from e
+
+
+@pytest.mark.parametrize("feature_set, seed", list(_cases()))
+def test_generated_python(feature_set, seed):
+    ONE_GRAPH.setdefault(feature_set, {})[seed] = run_seed(feature_set, seed)
 
 
 def test_generator_covers_its_features():
@@ -988,7 +1400,12 @@ def test_generator_covers_its_features():
     for needle in ["elif ", "for ", "while ", "enumerate(", "zip(", ".items()", "try:", "except ", "raise ",
                    "yield", "lambda ", "class ", "@property", "dataclasses.dataclass", "print(", "G_LIST",
                    "G_DICT", "global COUNTER", "items.", "h_add(", "f\"", "% (", ".format(", " for v in ",
-                   "torch.", ".append(", "next("]:
+                   "torch.", ".append(", "next(",
+                   # families of issues 9 and 19
+                   "def inner", "nonlocal ", ".item()", "+ None", "G_OBJ.", ".add_(", "[0]\n", " > 0] = ",
+                   "nonzero()", "torch.unique(", "repeat_interleave(", "torch.no_grad()", "@functools.wraps",
+                   "kwargs.pop(", "finally:", "locals()", "@mdeco", "make_scaler(", "lambda u, j=j",
+                   "lambda u: u +"]:
         assert needle in sources, f"no generated program uses {needle!r}"
 
 
@@ -1009,7 +1426,7 @@ def test_keyword_call_breaking_inside_try():
             pass
         return x + 1
 
-    compare(fn, lambda: ((torch.ones(2), 3), {}, lambda: None))
+    compare(fn, [lambda: ((torch.ones(2), 3), {}, lambda: None)])
 
 
 def test_nested_function_with_constant_defaults_and_closure():
@@ -1020,4 +1437,30 @@ def test_nested_function_with_constant_defaults_and_closure():
             return v * w + n
         return x + scaled(n)
 
-    assert compare(fn, lambda: ((torch.ones(2), 3), {}, lambda: None)) is True
+    assert compare(fn, [lambda: ((torch.ones(2), 3), {}, lambda: None)]) is True
+
+
+def test_membership_of_a_symbolic_int():
+    # `sum(items) in items` with items[0] symbolic (after it changed between calls) compared
+    # nothing and answered False; items that are neither constants nor the same value now
+    # compare with == (a guard for symbolic ints), as CPython does.
+    def fn(x, items):
+        if sum(items) in items:
+            x = x + 1
+        return x * 2, items.count(items[0]), items.index(items[-1])
+
+    compare(fn, [lambda items=items: ((torch.ones(2), items), {}, lambda: None)
+                 for items in ([0], [4], [1, 5], [4])], call_order=[0, 1, 2, 3, 1])
+
+
+def test_inplace_operator_on_symbolic_int_inside_loops():
+    # `n1 += n22` on symbolic ints became operator.iadd in the graph; FX's code rebound the
+    # input name, so every later use of the argument saw the sum.
+    def fn(x, n):
+        m = n
+        for _ in range(3):
+            x = (x * 0.5 - x * n).tanh()
+            m += 2
+        return x * 4, m
+
+    compare(fn, [lambda n=n: ((torch.ones(2, 3), n), {}, lambda: None) for n in (1, 3, 4)])

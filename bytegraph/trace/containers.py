@@ -14,6 +14,7 @@ from ..values.builder import constant
 from . import generators, operators
 from .builtin_calls import sort_values
 from .calls import enter_context, exit_context
+from .exceptions import PythonError
 from .iteration import iterate
 
 _MUTATING = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse",
@@ -75,8 +76,7 @@ def _list_method(frame, lst, name, args, kwargs):
         return _sequence_query(frame, lst, name, args)
     elif name == "remove":
         for i, x in enumerate(items):
-            if operators.is_same(x, args[0]) or (operators.is_constant(x) and operators.is_constant(args[0])
-                                                  and operators.as_constant(x) == operators.as_constant(args[0])):
+            if operators.item_equal(frame, x, args[0]):
                 del items[i]
                 break
         else:
@@ -92,13 +92,18 @@ def _list_method(frame, lst, name, args, kwargs):
 
 
 def _sequence_query(frame, seq, name, args):
-    if name in ("index", "count"):
-        consts = [operators.as_constant(x) for x in seq.items]
-        target = operators.as_constant(args[0])
-        try:
-            return ConstantValue(getattr(consts, name)(target))
-        except ValueError as e:
-            raise Unsupported(f"{name}() raised ValueError: {e}") from e
+    if name == "count":
+        return ConstantValue(sum(operators.item_equal(frame, x, args[0]) for x in seq.items))
+    if name == "index":
+        bounds = [operators.as_constant(a) for a in args[1:3]] + [None, None]
+        for i in range(len(seq.items))[slice(bounds[0], bounds[1])]:
+            if operators.item_equal(frame, seq.items[i], args[0]):
+                return ConstantValue(i)
+        if not operators.is_constant(args[0]):
+            raise Unsupported("index(x): x not in the sequence (ValueError)")
+        what = f"{operators.as_constant(args[0])!r} is not in list" if isinstance(seq, ListValue) \
+            else "tuple.index(x): x not in tuple"
+        raise PythonError(f"index() raised ValueError: {what}", ValueError(what))
     raise Unsupported(f"tuple.{name}() is not supported yet")
 
 

@@ -189,6 +189,16 @@ def _compare_special(frame, op, a, b):
     return None
 
 
+def item_equal(frame, x, item):
+    """``x is item or x == item``: how ``in``, ``list.index``/``count``/``remove`` match items.
+    Symbolic ints compare through the ShapeEnv (a guard), user objects through ``__eq__``."""
+    if is_same(x, item):
+        return True
+    if isinstance(x, TensorValue) or isinstance(item, TensorValue):
+        raise Unsupported("comparing tensors by value (`in`, list.index/count/remove) needs their data")
+    return truth(frame, compare(frame, "==", x, item))
+
+
 def is_same(a, b):
     if a is b:
         return True
@@ -230,14 +240,7 @@ def contains(frame, container, item):
     if isinstance(container, DictValue):
         return key_of(item) in container.items
     if isinstance(container, (TupleValue, ListValue)):
-        for x in container.items:
-            if is_same(x, item):
-                return True
-            if is_constant(x) and is_constant(item) and as_constant(x) == as_constant(item):
-                return True
-            if isinstance(x, TensorValue) or isinstance(item, TensorValue):
-                raise Unsupported("`in` comparing tensors by value is not supported")
-        return False
+        return any(item_equal(frame, x, item) for x in container.items)
     if isinstance(container, DictViewValue):
         return contains(frame, TupleValue(container.materialize()), item)
     if isinstance(container, ObjectValue) and isinstance(container.obj, torch.nn.Module):
