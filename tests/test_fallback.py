@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import bytegraph
+from bytegraph.testing import same
 from helpers import assert_same, clone_input, compile_counted
 
 
@@ -161,3 +162,23 @@ def test_fullgraph_error_does_not_poison_later_calls():
 
 def test_unsupported_is_a_bytegraph_error():
     assert issubclass(bytegraph.Unsupported, bytegraph.BytegraphError)
+
+
+def test_function_reading_its_locals_after_a_break_runs_eagerly_whole():
+    # A resume function has only the live locals (and parameters of its own): locals() after a
+    # break would miss `x` (KeyError). A frame that reads its own locals is not split.
+    def f(x):
+        y = x.nonzero().sum()          # a data-dependent size: a break
+        return y + locals()["x"].sum()
+
+    def g(x, k=2):
+        print("break")
+        z = x * k
+        return sorted(vars()), z
+
+    for fn in (f, g):
+        x = torch.ones(3)
+        assert same(fn(x), bytegraph.compile(fn, backend="eager")(x))
+    reasons = [r.fallback_reason for r in bytegraph.debug.records.frames if r.fallback_reason]
+    assert any("reads its own locals (locals() at line" in r for r in reasons)
+    assert any("reads its own locals (vars() at line" in r for r in reasons)

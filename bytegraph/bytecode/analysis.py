@@ -130,3 +130,32 @@ def _liveness(code):
 def live_locals(code, offset):
     """Names of fast locals that may be read at or after ``offset`` before being written."""
     return _liveness(code).get(offset, frozenset(code.co_varnames))
+
+
+_FRAME_READERS = {"locals", "eval", "exec"}            # read the calling frame whatever the arguments
+_FRAME_READERS_WITHOUT_ARGS = {"vars", "dir"}          # vars()/dir() read it; vars(obj)/dir(obj) do not
+_FRAME_GETTERS = {"_getframe", "currentframe"}         # sys._getframe(), inspect.currentframe()
+
+
+@lru_cache(maxsize=1024)
+def reads_own_frame(code):
+    """(line, what) of the first place ``code`` may read its own frame's locals (``locals()``,
+    ``vars()``, ``eval``/``exec``, ``sys._getframe``), else None. Code copied from the middle
+    of such a function has other locals than the original (only live ones, plus its own
+    parameters), so it must not be split at a graph break."""
+    instrs = _raw(code)
+    line = code.co_firstlineno
+    for k, ins in enumerate(instrs):
+        if ins.positions is not None and ins.positions.lineno is not None:
+            line = ins.positions.lineno
+        name = ins.argval
+        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+            if name in _FRAME_READERS:
+                return line, f"{name}()"
+            if name in _FRAME_READERS_WITHOUT_ARGS:
+                call = next((i for i in instrs[k + 1:] if i.opname not in ("PUSH_NULL", "PRECALL")), None)
+                if call is not None and call.opname == "CALL" and call.arg == 0:
+                    return line, f"{name}()"
+        elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and name in _FRAME_GETTERS:
+            return line, name
+    return None

@@ -4,6 +4,7 @@ import time
 import types
 from collections import defaultdict
 
+from ..bytecode import analysis
 from ..bytecode.instructions import decode
 from ..backends._common import inner_compiler_hook
 from ..config import config
@@ -197,6 +198,12 @@ def _split_at_break(c, values, err):
     if err.root_index is None or err.eager_frame:
         return None
     fn = c.fn
+    reads_frame = analysis.reads_own_frame(CUT_FROM.get(fn.__code__, fn.__code__))
+    if reads_frame is not None:
+        line, what = reads_frame
+        err.reason += (f"; {c.name} reads its own locals ({what} at line {line}), so it is not split here "
+                       "and runs eagerly as a whole")
+        return None
     try:
         kind, index = plan_break(fn, err.root_index)
         result = c.trace(values, stop_before=index)
