@@ -7,6 +7,8 @@ exceptions escaping the compiled function (same type and message as eager).
 
 PYTEST_DONT_REWRITE: the traced functions use ``assert`` as user code does.
 """
+import functools
+
 import pytest
 import torch
 import torch.nn as nn
@@ -761,4 +763,28 @@ def test_print_exception_after_handler():
         print("recovered from", repr(err))
         return y + 1
     check_program(f, lambda: ((X.clone(), {}), {}, None), graphs=2, fullgraph=False)
+    assert not fallback_reasons()
+
+
+def _memo_pick(k):
+    if k > 2:
+        raise ValueError(f"too big: {k}")
+    return k
+
+
+memo_pick = functools.lru_cache(_memo_pick)
+
+
+def test_lru_cached_function_raising_inside_try():
+    # An lru_cache'd function called on constants runs while tracing; when it raises (the cache
+    # keeps no exceptions), the wrapped function is traced instead and the handler runs in the graph.
+    def f(x, k):
+        try:
+            v = memo_pick(k)
+        except ValueError as e:
+            v = -len(str(e))
+        return x + v
+
+    for k in (1, 3):
+        check_program(f, lambda k=k: ((X.clone(), k), {}, None))
     assert not fallback_reasons()

@@ -66,7 +66,10 @@ def call_stdlib_object(frame, fv, args, kwargs):
         return call(frame, func, pargs + list(args), {**pkw, **kwargs})
     if isinstance(obj, functools._lru_cache_wrapper):
         if all(_is_memo_argument(a) for a in list(args) + list(kwargs.values())):
-            return _call_memoized(frame, fv, args, kwargs)
+            try:
+                return _call_memoized(frame, fv, args, kwargs)
+            except Exception:   # noqa: BLE001 - an lru_cache does not keep exceptions
+                pass            # trace the function instead: the exception is raised in the trace
         # On other arguments the cache only saves work: the wrapped function gives the same values.
         return call(frame, wrap(frame.tx, obj.__wrapped__, AttrSource(src, "__wrapped__") if src else None),
                     args, kwargs)
