@@ -13,6 +13,7 @@ import builtins
 import linecache
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .sources import GlobalSource, ObjectSource, Source
@@ -32,6 +33,8 @@ NO_HOOKS = "NO_HOOKS"   # an nn.Module called while tracing had no forward hooks
 NOT_ALIAS = "NOT_ALIAS"   # two sources named different objects when traced (`is`, id(), or one is mutated)
 STORAGE_SHARED = "STORAGE_SHARED"   # two tensor inputs of a graph that mutates: share storage or not
 MISSING_ATTR = "MISSING_ATTR"   # the object had no attribute ``expected`` (hasattr, except AttributeError)
+NDARRAY_MATCH = "NDARRAY_MATCH"   # an np.ndarray traced as a tensor: exact type, dtype, shape, strides, writeable
+ARRAYS_APART = "ARRAYS_APART"   # two arrays a mutating graph reads do not overlap in memory
 
 
 class TensorMeta:
@@ -49,6 +52,27 @@ class TensorMeta:
 
     def dim(self):
         return len(self.shape)
+
+
+class ArrayMeta:
+    """What an NDARRAY_MATCH guard remembers of an np.ndarray (not the array itself)."""
+    __slots__ = ("dtype", "shape", "strides", "writeable")
+
+    def __init__(self, a):
+        self.dtype = a.dtype
+        self.shape = a.shape
+        self.strides = a.strides
+        self.writeable = bool(a.flags.writeable)
+
+
+_CPU = torch.device("cpu")
+
+
+def default_device():
+    """``torch.get_default_device()``, cheaply when no torch function mode is active."""
+    if not torch._C._len_torch_function_stack():
+        return _CPU
+    return torch.get_default_device()
 
 
 @dataclass
@@ -79,6 +103,12 @@ class Guard:
             return f"{where}: is {self.expected.name()}"
         if self.kind == NOT_ALIAS:
             return f"{where}: is not {self.expected.name()}"
+        if self.kind == NDARRAY_MATCH:
+            a = self.expected
+            return (f"{where}: NDARRAY_MATCH ndarray {a.dtype} shape={list(a.shape)} strides={list(a.strides)}"
+                    f"{'' if a.writeable else ' read-only'}")
+        if self.kind == ARRAYS_APART:
+            return f"{where}: does not overlap {self.expected.name()} in memory"
         if self.kind == STORAGE_SHARED:
             return f"{where}: {'shares' if self.expected[1] else 'shares no'} storage with {self.expected[0].name()}"
         return f"{where}: {self.kind} {self.expected!r}"
@@ -139,6 +169,8 @@ class _Emitter:
             "_get_default_dtype": torch.get_default_dtype,
             "_autocast_enabled": torch.is_autocast_enabled,
             "_inference_mode": torch.is_inference_mode_enabled,
+            "_default_device": default_device, "_ndarray": np.ndarray,
+            "_may_share_memory": np.may_share_memory,
         }
         self._consts = {}
         self.uses = {}
@@ -219,6 +251,21 @@ class _Emitter:
             return [(f"({same}) is {shared}",
                      f"f'{who} and {other_source.name()} {relation} storage when compiled (the graph mutates "
                      f"inputs), now they differ'")]
+        if g.kind == NDARRAY_MATCH:
+            a = g.expected
+            dt = self.const(a.dtype)
+            return [(f"type({e}) is _ndarray", f"f'{who} is no longer an np.ndarray: got {{type({e}).__qualname__}}'"),
+                    (f"{e}.dtype == {dt}", f"f'dtype of {who} changed: expected {a.dtype}, got {{{e}.dtype}}'"),
+                    (f"{e}.shape == {a.shape!r}", f"f'shape of {who} changed: expected {a.shape}, got {{{e}.shape}}'"),
+                    (f"{e}.strides == {a.strides!r}",
+                     f"f'strides of {who} changed: expected {a.strides}, got {{{e}.strides}}'"),
+                    (f"{e}.flags.writeable is {a.writeable}",
+                     f"f'{who} is {'no longer' if a.writeable else 'now'} writeable'")]
+        if g.kind == ARRAYS_APART:
+            other = self.render(g.expected)
+            return [(f"not _may_share_memory({e}, {other})",
+                     f"f'{who} and {g.expected.name()} did not overlap in memory when compiled (the graph changes "
+                     f"arrays in place), now they may'")]
         if g.kind == NO_HOOKS:
             return [(f"not ({e}._forward_hooks or {e}._forward_pre_hooks)",
                      f"f'{who} has forward hooks now; they were not traced'")]

@@ -14,7 +14,8 @@ from ..values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, ConstantVal
                            ObjectValue, SliceValue, SymValue, TensorMethodValue, TensorValue,
                            TupleValue, UserObjectValue)
 from ..values.builder import wrap
-from . import attrs, ops, protocols
+from ..values.arrays import NdarrayValue
+from . import attrs, numpy_calls, ops, protocols
 from .basics import as_constant, constant_value, is_constant
 from .exceptions import PythonError
 from .protocols import is_not_implemented
@@ -67,6 +68,8 @@ def _user_objects(*values):
 
 def binary(frame, op, a, b):
     fn = BINARY[op]
+    if numpy_calls.involves_arrays(a, b):
+        return numpy_calls.binary(frame, op, a, b)
     if op.endswith("=") and isinstance(a, (ListValue, DictValue, ConstantValue)):
         changed = ops.inplace_operator(frame, op, a, b)
         if changed is not None:
@@ -141,6 +144,8 @@ def _empty(cls):
 
 def compare(frame, op, a, b):
     fn = COMPARE[op]
+    if numpy_calls.involves_arrays(a, b):
+        return numpy_calls.compare(frame, op, a, b)
     if _user_objects(a, b):
         result = _compare_special(frame, op, a, b)
         if result is not None:
@@ -222,6 +227,8 @@ def is_none(v):
 
 
 def contains(frame, container, item):
+    if numpy_calls.involves_arrays(container):
+        raise Unsupported("`in` on a NumPy array needs its data", hint=numpy_calls.DATA_HINT)
     if protocols.has_special_method(container, "__contains__"):
         return truth(frame, protocols.call_special_method(frame, container, "__contains__", [item]))
     container = protocols.dict_part(container)
@@ -247,6 +254,8 @@ def contains(frame, container, item):
 
 
 def unary(frame, fn, v):
+    if numpy_calls.involves_arrays(v):
+        return numpy_calls.unary(frame, fn, v)
     if isinstance(v, TensorValue):
         return graph_op(frame, fn, [v])
     if isinstance(v, SymValue):
@@ -266,6 +275,8 @@ def truth(frame, v):
         return bool(v.sym != 0)
     if isinstance(v, TensorValue):
         raise Unsupported("branching on a tensor's value (data-dependent control flow)", hint=DATA_DEPENDENT_BRANCH)
+    if numpy_calls.involves_arrays(v):
+        numpy_calls.truth(v)
     if isinstance(v, (TupleValue, ListValue, DictValue)):
         return bool(v.items)
     for name in ("__bool__", "__len__"):
@@ -308,6 +319,8 @@ def python_type(v):
 
 
 def length(frame, v):
+    if numpy_calls.involves_arrays(v):
+        return numpy_calls.length(v)
     if protocols.has_special_method(v, "__len__"):
         n = protocols.call_special_method(frame, v, "__len__", [])
         if isinstance(n, SymValue):
@@ -338,6 +351,8 @@ def make_slice(start, stop, step):
 
 
 def getitem(frame, obj, index):
+    if numpy_calls.involves_arrays(obj, index):
+        return numpy_calls.getitem(frame, obj, index)
     if isinstance(obj, TensorValue):
         return graph_op(frame, operator.getitem, [obj, index])
     if isinstance(obj, (TupleValue, ListValue)):
@@ -394,6 +409,9 @@ def _module_item(frame, mv, index):
 
 
 def setitem(frame, obj, index, value):
+    if numpy_calls.involves_arrays(obj, index, value):
+        numpy_calls.setitem(frame, obj, index, value)
+        return
     if isinstance(obj, TensorValue):
         graph_op(frame, operator.setitem, [obj, index, value])
         return
