@@ -17,7 +17,7 @@ Targets whose name ends in ``_`` change their first argument in place (what
 import numpy as np
 import torch
 import torch._numpy as tnp
-from torch._numpy import _dtypes_impl
+from torch._numpy import _dtypes, _dtypes_impl
 
 from ..values.arrays import NUMPY_TO_TORCH
 
@@ -43,7 +43,7 @@ def to_tensors(x):
         return x.tensor
     if isinstance(x, (tuple, list)):
         return type(x)(to_tensors(i) for i in x)
-    if isinstance(x, tnp.dtype):
+    if isinstance(x, _dtypes.DType):
         return np.dtype(x.name)
     return x
 

@@ -26,6 +26,7 @@ from ..config import config
 from ..errors import Unsupported
 from ..graph import numpy_ops as nops
 from ..guards import builder as g
+from ..guards.sources import AttrSource
 from ..values.arrays import (NUMPY_TO_TORCH, TORCH_TO_NUMPY, NdarrayMethodValue, NdarrayValue,
                              dtype_unsupported_reason, unsupported_reason)
 from ..values.base import (ConstantValue, DictValue, ListValue, ObjectValue, SliceValue, SymValue,
@@ -68,8 +69,18 @@ def is_numpy_callable(obj):
 def is_numpy_object(v):
     """An ObjectValue holding a NumPy object that is not traced: an array of an unsupported kind,
     a scalar of an unsupported dtype, a poly1d, a random generator..."""
-    return isinstance(v, ObjectValue) and _numpy_module(type(v.obj).__module__ or "") \
-        and not isinstance(v.obj, (type, types.ModuleType, np.ufunc))
+    if not isinstance(v, ObjectValue):
+        return False
+    obj = v.obj
+    if isinstance(obj, (np.ndarray, np.generic)):
+        return True
+    return _numpy_module(type(obj).__module__ or "") and not _is_function_like(obj)
+
+
+def _is_function_like(obj):
+    """NumPy functions and types (``np.sum`` is an ``_ArrayFunctionDispatcher``), not NumPy objects."""
+    return isinstance(obj, (type, types.ModuleType, np.ufunc, types.FunctionType, types.BuiltinFunctionType,
+                            types.MethodType, types.BuiltinMethodType)) or hasattr(obj, "_implementation")
 
 
 def numpy_object_reason(obj):
@@ -104,7 +115,8 @@ def object_attr(frame, v, name):
     except Exception:
         return None
     if callable(value) and not isinstance(value, type):
-        return ObjectValue(value)
+        # Read again on each call (a bound method is made per read); calling it breaks the graph.
+        return ObjectValue(value, AttrSource(v.source, name) if v.source is not None else None)
     return None
 
 
@@ -287,7 +299,8 @@ def call_numpy(frame, fv, args, kwargs):
     owner = getattr(obj, "__self__", None)
     if owner is not None and not isinstance(owner, types.ModuleType):
         if isinstance(owner, np.ufunc):
-            raise unsupported(f"ufunc methods such as {name.replace('np.', f'np.{owner.__name__}.')} are not traced")
+            raise unsupported(f"ufunc methods such as np.{owner.__name__}.{getattr(obj, '__name__', '?')} are not "
+                              "traced")
         if isinstance(owner, (np.ndarray, np.generic)):
             raise unsupported(numpy_object_reason(owner))
         raise unsupported(numpy_object_reason(owner))
@@ -302,6 +315,8 @@ def call_numpy(frame, fv, args, kwargs):
         raise unsupported(f"{name} changes or reads NumPy's global state or files; it runs natively")
     if isinstance(obj, type):
         return _call_numpy_type(frame, obj, name, args, kwargs)
+    if not _is_function_like(obj):
+        raise unsupported(numpy_object_reason(obj))
     if not _any_traced(args, kwargs):
         folded = _fold(frame, obj, name, args, kwargs)
         if folded is not None:
@@ -585,15 +600,29 @@ def bind(np_fn, name, args, kwargs):
         raise PythonError(f"{name}() {e}", TypeError(str(e))) from None
 
 
-def call_tnp(frame, np_fn, name, tnp_fn, args, kwargs, spec, prepend=()):
-    """A NumPy function through its torch._numpy counterpart, arguments matched by name."""
-    bound = bind(np_fn, name, list(prepend) + list(args), kwargs)
+def call_tnp(frame, np_fn, name, tnp_fn, args, kwargs, spec):
+    """A NumPy function through its torch._numpy counterpart, arguments given as the user gave them
+    (positional ones by position, keywords by name, renamed where torch._numpy names them otherwise)."""
+    args = list(args)
+    bound = bind(np_fn, name, args, kwargs)
     post = None
     if spec.fix is not None and bound is not None:
+        before = dict(bound)
         post = spec.fix(frame, name, bound)
-        if isinstance(post, (NdarrayValue, TupleValue, ConstantValue)):
-            return post
-    call_args, call_kwargs = _match(name, tnp_fn, bound, list(prepend) + list(args), kwargs, spec.renames, frame)
+        if isinstance(post, (NdarrayValue, TupleValue)):
+            return post      # the fix computed the result itself
+        # What a fix changed or added: in the argument's own position, or by keyword.
+        kwargs = dict(kwargs)
+        order = list(signature(np_fn).parameters)
+        for k, v in bound.items():
+            if k in before and before[k] is v:
+                continue
+            i = order.index(k) if k in order else len(args)
+            if i < len(args) and k not in kwargs:
+                args[i] = v
+            else:
+                kwargs[k] = v
+    call_args, call_kwargs = _match(name, np_fn, tnp_fn, args, kwargs, spec.renames, frame)
     result = _new_array(frame, nops.function(name.split(".")[-1], tnp_fn), call_args, call_kwargs, name,
                         scalar=not spec.array)
     if post is not None:
@@ -601,40 +630,42 @@ def call_tnp(frame, np_fn, name, tnp_fn, args, kwargs, spec, prepend=()):
     return result
 
 
-def _match(name, tnp_fn, bound, args, kwargs, renames, frame):
-    """(args, kwargs) for the torch._numpy function from NumPy's bound arguments."""
+def _match(name, np_fn, tnp_fn, args, kwargs, renames, frame):
+    """(args, kwargs) for the torch._numpy function: positional arguments by position, keywords by
+    (renamed) name; a keyword torch._numpy does not take is refused unless it is None."""
     target = signature(tnp_fn)
-    params = target.parameters if target is not None else None
-    if bound is None or params is None:
+    params = list(target.parameters.values()) if target is not None else None
+    if params is None:
         return ([_graph_arg(frame, a, True) for a in args],
                 {k: _graph_arg(frame, v, True) for k, v in kwargs.items()})
-    call_args, call_kwargs = [], {}
-    by_name = {}
-    for np_name, value in bound.items():
-        tnp_name = renames.get(np_name, np_name)
-        if np_name == "kwargs" and isinstance(value, dict):
-            for k, v in value.items():
-                by_name[renames.get(k, k)] = v
-            continue
-        by_name[tnp_name] = value
-    for pname, value in by_name.items():
-        if pname not in params:
+    by_name = {p.name: p for p in params}
+    var_positional = next((p for p in params if p.kind is inspect.Parameter.VAR_POSITIONAL), None)
+    var_keyword = next((p for p in params if p.kind is inspect.Parameter.VAR_KEYWORD), None)
+    positional = [p for p in params if p.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                                  inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    call_args = []
+    for i, value in enumerate(args):
+        if i < len(positional):
+            p = positional[i]
+        elif var_positional is not None:
+            p = var_positional
+        else:
+            raise unsupported(f"{name}() with {len(args)} positional arguments is not traced")
+        call_args.append(_graph_arg(frame, value, "ArrayLike" in str(p.annotation)))
+    call_kwargs = {}
+    for key, value in kwargs.items():
+        key = renames.get(key, key)
+        p = by_name.get(key)
+        if p is None or p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            if var_keyword is not None:
+                call_kwargs[key] = _graph_arg(frame, value, False)
+                continue
             if _is_default(value):
                 continue
-            raise unsupported(f"{name}(..., {pname}=...) is not traced")
-    for pname, p in params.items():
-        if pname not in by_name:
-            continue
-        value = by_name[pname]
-        array_like = "ArrayLike" in str(p.annotation)
-        if p.kind is inspect.Parameter.VAR_POSITIONAL:
-            call_args.extend(_graph_arg(frame, v, True) for v in value)
-        elif p.kind is inspect.Parameter.POSITIONAL_ONLY:
-            call_args.append(_graph_arg(frame, value, array_like))
-        elif p.kind is inspect.Parameter.VAR_KEYWORD:
-            call_kwargs.update({k: _graph_arg(frame, v, array_like) for k, v in value.items()})
-        else:
-            call_kwargs[pname] = _graph_arg(frame, value, array_like)
+            raise unsupported(f"{name}(..., {key}=...) is not traced")
+        if p.kind is inspect.Parameter.POSITIONAL_ONLY:
+            raise unsupported(f"{name}(..., {key}=...) is not traced")
+        call_kwargs[key] = _graph_arg(frame, value, "ArrayLike" in str(p.annotation))
     return call_args, call_kwargs
 
 
@@ -788,6 +819,66 @@ def _fix_complex_unsupported(frame, name, bound):
     return None
 
 
+def _describe_operand(v):
+    """What np.result_type sees for an operand (NEP 50: Python numbers are weak)."""
+    if isinstance(v, NdarrayValue):
+        return v.dtype
+    if isinstance(v, ConstantValue) and isinstance(v.value, np.generic):
+        return v.value.dtype
+    if isinstance(v, ConstantValue) and isinstance(v.value, (bool, int, float, complex)):
+        return v.value
+    return None
+
+
+def _fix_where(frame, name, bound):
+    """np.where(c, x, y): the result has NumPy's promoted dtype of x and y; torch._numpy promotes
+    Python numbers its own way, so they become 0-d arrays of that dtype first."""
+    x, y = bound.get("x"), bound.get("y")
+    if x is None or y is None:
+        return None
+    parts = [_describe_operand(x), _describe_operand(y)]
+    if any(p is None for p in parts):
+        return None
+    dtype = np.result_type(*parts)
+    if dtype_unsupported_reason(dtype):
+        raise unsupported(dtype_unsupported_reason(dtype))
+    for key in ("x", "y"):
+        v = bound[key]
+        if isinstance(v, ConstantValue):
+            bound[key] = _numpy_scalar_array(frame, dtype.type(v.value))
+    return _cast_to(frame, dtype)
+
+
+def _pad_spec(pad_width, ndim):
+    """np.pad's pad_width as torch.nn.functional.pad's flat list (last dimension first)."""
+    pw = np.broadcast_to(np.asarray(pad_width, dtype=np.int64), (ndim, 2))
+    out = []
+    for before, after in reversed(pw.tolist()):
+        out += [before, after]
+    return out
+
+
+def _fix_pad(frame, name, bound):
+    """np.pad with constant padding: torch.nn.functional.pad (torch._numpy's needs the data)."""
+    a = _first_array(bound)
+    mode = bound.get("mode")
+    if a is None or mode is not None and as_constant(mode) != "constant":
+        raise unsupported(f"{name} other than mode='constant' is not traced")
+    extra = dict(bound.get("kwargs") or {})
+    value = extra.pop("constant_values", ConstantValue(0))
+    if extra:
+        raise unsupported(f"{name}(..., {', '.join(extra)}=...) is not traced")
+    value = as_constant(value)
+    if not isinstance(value, (int, float, bool)):
+        raise unsupported(f"{name}(..., constant_values={value!r}) is not traced")
+    spec = _pad_spec(as_constant(bound["pad_width"]), a.fake.dim())
+    if min(spec, default=0) < 0:
+        raise unsupported(f"{name} with negative widths (eager raises)")
+    result = _graph_call(frame, torch.nn.functional.pad, [a, ConstantValue(spec)],
+                         {"value": ConstantValue(value)}, name)
+    return _array(result)
+
+
 def _fix_dtype_kept(frame, name, bound):
     """Functions whose result keeps the first array's dtype (torch._numpy may promote)."""
     a = _first_array(bound)
@@ -815,7 +906,7 @@ TRACED = {
     "np.hsplit": _A, "np.vsplit": _A, "np.dsplit": _A, "np.tile": _A, "np.repeat": _A,
     "np.flip": Spec(array=False, fix=_fix_flip), "np.flipud": Spec(array=False, fix=_fix_flip),
     "np.fliplr": Spec(array=False, fix=_fix_flip), "np.roll": _A, "np.rot90": _A,
-    "np.tril": _A, "np.triu": _A, "np.diagonal": _A, "np.pad": _A,
+    "np.tril": _A, "np.triu": _A, "np.diagonal": _A, "np.pad": Spec(array=True, fix=_fix_pad),
     "np.tril_indices": Spec(array=True, fix=_fix_indices), "np.triu_indices": Spec(array=True, fix=_fix_indices),
     "np.tril_indices_from": Spec(array=True, fix=_fix_indices),
     "np.triu_indices_from": Spec(array=True, fix=_fix_indices),
@@ -833,7 +924,7 @@ TRACED = {
     # products, sorting, selection
     "np.dot": _S, "np.vdot": _S, "np.inner": _S, "np.outer": _A, "np.tensordot": _A, "np.einsum": _S,
     "np.kron": _A, "np.cross": _S, "np.trace": _S,
-    "np.where": _A, "np.clip": Spec(renames={"a_min": "min", "a_max": "max"}),
+    "np.where": Spec(array=True, fix=_fix_where), "np.clip": Spec(renames={"a_min": "min", "a_max": "max"}),
     "np.round": Spec(fix=_fix_dtype_kept), "np.around": Spec(fix=_fix_dtype_kept),
     "np.sort": Spec(array=True, fix=_fix_complex_unsupported), "np.argsort": Spec(array=True, fix=_fix_complex_unsupported),
     "np.take": _S, "np.take_along_axis": _A, "np.diff": _A, "np.ediff1d": _A,

@@ -2,6 +2,7 @@
 import enum
 import operator
 
+import numpy as np
 import torch
 
 from ..errors import Unsupported
@@ -164,6 +165,9 @@ def compare(frame, op, a, b):
     if op in ("==", "!=") and (isinstance(a, ObjectValue) or isinstance(b, ObjectValue)):
         oa = a.obj if isinstance(a, ObjectValue) else as_constant(a) if is_constant(a) else a
         ob = b.obj if isinstance(b, ObjectValue) else as_constant(b) if is_constant(b) else b
+        if isinstance(oa, np.dtype) or isinstance(ob, np.dtype):
+            # A NumPy dtype equals the scalar types and names that spell it (x.dtype == np.float32).
+            return constant_fold(frame, fn, [a, b], f"comparison {op}")
         if type(oa).__eq__ is object.__eq__ or type(ob).__eq__ is object.__eq__ or isinstance(oa, type):
             same = oa is ob
             return ConstantValue(same if op == "==" else not same)
