@@ -98,12 +98,16 @@ class GraphBuilder:
         self.inputs.append(GraphInput(source, tensor, node))
         return TensorValue(node, fake, source, cls=type(tensor))
 
-    def add_ndarray_input(self, array, source, device):
-        """An np.ndarray argument, traced as a tensor over its data (values/arrays.py)."""
+    def add_ndarray_input(self, array, source, device, dynamic_dims=None):
+        """An np.ndarray argument, traced as a tensor over its data (values/arrays.py);
+        ``dynamic_dims`` as for ``add_input``."""
         mode = arrays.input_mode(array, device)
         tensor = arrays.array_to_tensor(array) if mode == arrays.SHARE else arrays.array_to_tensor_copy(array)
         node = self._placeholder(source)
-        fake = self.fake(tensor)
+        if dynamic_dims:
+            fake = self.shapes.fake_dynamic(self.fake_mode, tensor, source, dynamic_dims, array=True)
+        else:
+            fake = self.fake(tensor)
         node.meta["example_value"] = fake
         inp = GraphInput(source, tensor, node, array_mode=mode, writeable=bool(array.flags.writeable))
         inp.version = fake._version

@@ -56,13 +56,14 @@ class TensorMeta:
 
 class ArrayMeta:
     """What an NDARRAY_MATCH guard remembers of an np.ndarray (not the array itself)."""
-    __slots__ = ("dtype", "shape", "strides", "writeable")
+    __slots__ = ("dtype", "shape", "strides", "writeable", "contiguous")
 
     def __init__(self, a):
         self.dtype = a.dtype
         self.shape = a.shape
         self.strides = a.strides
         self.writeable = bool(a.flags.writeable)
+        self.contiguous = bool(a.flags.c_contiguous)
 
 
 _CPU = torch.device("cpu")
@@ -254,13 +255,24 @@ class _Emitter:
         if g.kind == NDARRAY_MATCH:
             a = g.expected
             dt = self.const(a.dtype)
-            return [(f"type({e}) is _ndarray", f"f'{who} is no longer an np.ndarray: got {{type({e}).__qualname__}}'"),
-                    (f"{e}.dtype == {dt}", f"f'dtype of {who} changed: expected {a.dtype}, got {{{e}.dtype}}'"),
-                    (f"{e}.shape == {a.shape!r}", f"f'shape of {who} changed: expected {a.shape}, got {{{e}.shape}}'"),
-                    (f"{e}.strides == {a.strides!r}",
-                     f"f'strides of {who} changed: expected {a.strides}, got {{{e}.strides}}'"),
-                    (f"{e}.flags.writeable is {a.writeable}",
-                     f"f'{who} is {'no longer' if a.writeable else 'now'} writeable'")]
+            out = [(f"type({e}) is _ndarray", f"f'{who} is no longer an np.ndarray: got {{type({e}).__qualname__}}'"),
+                   (f"{e}.dtype == {dt}", f"f'dtype of {who} changed: expected {a.dtype}, got {{{e}.dtype}}'")]
+            if not g.dynamic_dims:
+                out += [(f"{e}.shape == {a.shape!r}",
+                         f"f'shape of {who} changed: expected {a.shape}, got {{{e}.shape}}'"),
+                        (f"{e}.strides == {a.strides!r}",
+                         f"f'strides of {who} changed: expected {a.strides}, got {{{e}.strides}}'")]
+            else:
+                out.append((f"{e}.ndim == {len(a.shape)}",
+                            f"f'rank of {who} changed: expected {len(a.shape)} dims, got {{{e}.ndim}}'"))
+                out += [(f"{e}.shape[{i}] == {n}", f"f'size of {who} (dim {i}): expected {n}, got {{{e}.shape[{i}]}}'")
+                        for i, n in enumerate(a.shape) if i not in g.dynamic_dims]
+                out.append((f"{e}.flags.c_contiguous", f"f'{who} is no longer C-contiguous'") if a.contiguous else
+                           (f"{e}.strides == {a.strides!r}",
+                            f"f'strides of {who} changed: expected {a.strides}, got {{{e}.strides}}'"))
+            out.append((f"{e}.flags.writeable is {a.writeable}",
+                        f"f'{who} is {'no longer' if a.writeable else 'now'} writeable'"))
+            return out
         if g.kind == ARRAYS_APART:
             other = self.render(g.expected)
             return [(f"not _may_share_memory({e}, {other})",
@@ -363,12 +375,12 @@ def compile_guards(guards, params, fn_globals, name="guard", hit=True):
     src += ["    except Exception as e:",
             "        return f'guard raised {type(e).__name__}: {e}'",
             "    return None", ""]
-    observed = [g for g in ordered if g.kind == TENSOR_MATCH or (
+    observed = [g for g in ordered if g.kind in (TENSOR_MATCH, NDARRAY_MATCH) or (
         g.kind == CONSTANT_MATCH and type(g.expected) is int)]
     src += [f"def observe_{name}({sig}):", "    out = []"]
     for g in observed:
         e = g.source.expr_over(em.render_plain)
-        value = f"tuple({e}.shape)" if g.kind == TENSOR_MATCH else e
+        value = f"tuple({e}.shape)" if g.kind in (TENSOR_MATCH, NDARRAY_MATCH) else e
         src += ["    try:", f"        out.append({value})", "    except Exception:", "        out.append(None)"]
     src += ["    return out", ""]
     text = "\n".join(src)

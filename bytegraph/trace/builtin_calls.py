@@ -22,6 +22,7 @@ from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue
                            ExceptionValue, FunctionValue, IteratorValue, ListValue, MethodOfValue,
                            ObjectValue, PrivateObjectValue, SuperValue, SymValue, TensorMethodValue,
                            TensorValue, TracedId, TupleValue, UserObjectValue)
+from ..values.arrays import NdarrayValue
 from ..values.builder import wrap
 from . import attrs, generators, numpy_calls, operators, ops, with_blocks
 from .calls import TENSOR_DATA_HINT, call, fold, has_tensor
@@ -57,6 +58,8 @@ def _len(frame, args, kwargs):
         if v.fake.dim() == 0:
             raise Unsupported("len() of a 0-d tensor")
         return frame.tx.graph.size_value(v, 0)
+    if isinstance(v, NdarrayValue):
+        return numpy_calls.len_value(frame, v)
     if isinstance(v, (UserObjectValue, ObjectValue)):
         n = generators.user_dunder(frame, v, "__len__", [])
         if n is not None:

@@ -76,13 +76,13 @@ class TraceContext:
         return mode
 
     def dynamic_dims_for(self, tensor, source):
-        """dim -> (min, max) for the dims of an input tensor that should be symbolic."""
+        """dim -> (min, max) for the dims of an input tensor (or np.ndarray) that should be symbolic."""
         mode = self._dynamic_mode()
         if mode is False:
             return {}
         dims = dict(getattr(tensor, "_bytegraph_dynamic", {}) or {})
         if mode is True:
-            for d in range(tensor.dim()):
+            for d in range(tensor.ndim):
                 dims.setdefault(d, (None, None))
         else:
             for d in self.auto_dynamic.get(source, ()):
@@ -92,7 +92,7 @@ class TraceContext:
             return {}
         for d in static or ():
             dims.pop(d, None)
-        return {d: b for d, b in dims.items() if d < tensor.dim()}
+        return {d: b for d, b in dims.items() if d < tensor.ndim}
 
     def is_dynamic_scalar(self, source):
         mode = self._dynamic_mode()

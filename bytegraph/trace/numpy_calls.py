@@ -1027,15 +1027,30 @@ def _special_dtype_query(frame, obj, name, args, kwargs):
     return folded
 
 
+def shape_value(frame, a):
+    """``a.shape``: a tuple of ints, with symbolic sizes where the array's are."""
+    shape = a.fake.shape
+    if not any(isinstance(n, torch.SymInt) for n in shape):
+        return ConstantValue(tuple(shape))
+    t = array_as_tensor(a)
+    return TupleValue([frame.tx.graph.size_value(t, d) for d in range(len(shape))])
+
+
+def len_value(frame, a):
+    """``len(a)``."""
+    length(a)
+    return frame.tx.graph.size_value(array_as_tensor(a), 0)
+
+
 def _special_shape(frame, obj, name, args, kwargs):
     a = args[0] if args else None
     if isinstance(a, NdarrayValue) and len(args) == 1 and not kwargs:
         if name == "np.shape":
-            return ConstantValue(tuple(a.fake.shape))
+            return shape_value(frame, a)
         if name == "np.ndim":
             return ConstantValue(a.fake.dim())
         if name == "np.size":
-            return ConstantValue(a.fake.numel())
+            return array_attr(frame, a, "size")
     raise unsupported(f"{name} of {describe(a)} is not traced")
 
 
@@ -1163,9 +1178,11 @@ _ATTR_ARRAYS = {"T": "T", "mT": "mT", "real": "real", "imag": "imag"}
 def array_attr(frame, a, name):
     """``a.name`` for a traced array."""
     if name == "shape":
-        return ConstantValue(tuple(a.fake.shape))
+        return shape_value(frame, a)
     if name == "dtype":
         return ConstantValue(a.dtype)
+    if name == "size" and isinstance(a.fake.numel(), torch.SymInt):
+        return frame.tx.graph.call("call_method", "numel", [array_as_tensor(a)], {})
     if name in _META:
         fake = a.fake
         return ConstantValue({"ndim": fake.dim(), "size": fake.numel(), "itemsize": fake.element_size(),
@@ -1269,7 +1286,7 @@ def call_array_method(frame, a, name, args, kwargs):
         setitem(frame, a, args[0], args[1])
         return ConstantValue(None)
     if name == "__len__":
-        return ConstantValue(length(a))
+        return len_value(frame, a)
     raise unsupported(f"ndarray.{name}() is not traced yet")
 
 

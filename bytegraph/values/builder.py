@@ -207,10 +207,13 @@ def _wrap_ndarray(tx, array, source):
     """An np.ndarray read through a source: a graph input over its data (values/arrays.py)."""
     if source is None:
         raise _unsupported("an np.ndarray that cannot be re-read on later calls (no source)")
-    tx.guards.add(g.NDARRAY_MATCH, source, g.ArrayMeta(array))
     device = g.default_device()
     tx.guards.add(g.GLOBAL_STATE, None, ("_default_device()", device), "default device")
-    return tx.graph.add_ndarray_input(array, source, device)
+    dynamic = tx.dynamic_dims_for(array, source)
+    value = tx.graph.add_ndarray_input(array, source, device, dynamic)
+    symbolic = tuple(d for d in dynamic if isinstance(value.fake.shape[d], torch.SymInt))
+    tx.guards.add(g.NDARRAY_MATCH, source, g.ArrayMeta(array), dynamic_dims=symbolic)
+    return value
 
 
 def _unsupported(reason):
