@@ -78,6 +78,15 @@ class Rebuilder:
         return self.temp(f"__make_function({self.ns.ref(v.code, 'code')}, {self.ns.ref(v.globals, 'g')}, "
                          f"{v.name!r}, {defaults}, {kwdefaults}, {closure})")
 
+    def _negative_stride_view(self, v):
+        """Eager NumPy's negative-stride view, made again from its base (the trace held a copy)."""
+        if v.view_of is arrays.UNREBUILDABLE:
+            raise Unsupported("a view of a negative-stride NumPy view (traced as a copy) outlives the graph; "
+                              "it cannot be made again as NumPy's view")
+        fn, args, kwargs = v.view_of
+        parts = [self.expr(a) for a in args] + [f"{k}={self.expr(x)}" for k, x in kwargs.items()]
+        return self.temp(f"{self.ns.ref(fn, 'view')}({', '.join(parts)})")
+
     def temp(self, expr):
         name = f"__v{self._temps}"
         self._temps += 1
@@ -107,6 +116,8 @@ class Rebuilder:
     def _expr(self, v):
         if isinstance(v, (TensorValue, SymValue)):
             return self.tensor_exprs[id(v)]
+        if isinstance(v, NdarrayValue) and v.view_of is not None:
+            return self._negative_stride_view(v)
         if isinstance(v, NdarrayValue):
             expr = self.tensor_exprs[id(v)]
             if isinstance(expr, ArrayExpr):
@@ -206,7 +217,9 @@ def _is_literal(text):
 
 def tensors_in(values, out):
     for v in values:
-        if isinstance(v, (TensorValue, SymValue, NdarrayValue)):
+        if isinstance(v, NdarrayValue) and v.view_of is not None and v.view_of is not arrays.UNREBUILDABLE:
+            tensors_in(list(v.view_of[1]) + list(v.view_of[2].values()), out)
+        elif isinstance(v, (TensorValue, SymValue, NdarrayValue)):
             out.append(v)
         elif isinstance(v, NdarrayMethodValue):
             out.append(v.array)

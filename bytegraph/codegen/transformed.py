@@ -25,10 +25,13 @@ def finish_graph(tx, ns, live_values, compile_graph):
     expression that produces it after the graph has run.
     """
     exprs, outputs = graph_value_exprs(ns, tensors_in(live_values, []), tx.graph.inputs, tx.graph.state_root)
+    # Array arguments whose tensor is used after the graph even if the graph does not read it.
+    used = set(exprs.values())
+    referenced = [i for i in tx.graph.inputs if i.array_mode is not None and array_input_name(i) in used]
     gm = tx.graph.output(outputs)
     guard_input_aliasing(tx, gm)
     guard_container_aliasing(tx)
-    lines, write_back = array_input_lines(tx, ns)
+    lines, write_back = array_input_lines(tx, ns, referenced)
     if count_ops(gm) == 0:
         return lines, exprs, None
     ns.ns["__compiled_fn"] = compile_graph(gm, tx.graph.example_inputs())
@@ -36,13 +39,13 @@ def finish_graph(tx, ns, live_values, compile_graph):
     return lines + [f"__out = __compiled_fn({args})"] + write_back, exprs, gm
 
 
-def array_input_lines(tx, ns):
+def array_input_lines(tx, ns, referenced=()):
     """(lines making the tensors that np.ndarray arguments are traced as, lines writing the graph's
     in-place changes back into arrays it got copies of)."""
     make, back = [], []
-    for inp in tx.graph.inputs:
-        if inp.array_mode is None:
-            continue
+    inputs = [i for i in tx.graph.inputs if i.array_mode is not None]
+    inputs += [i for i in referenced if i not in inputs]
+    for inp in inputs:
         name = array_input_name(inp)
         convert = arrays.array_to_tensor if inp.array_mode == arrays.SHARE else arrays.array_to_tensor_copy
         make.append(f"{name} = {ns.ref(convert, convert.__name__)}({ns.source(inp.source)})")

@@ -41,9 +41,10 @@ class TraceContext:
         self.cell_stores = {}          # id(real cell) -> (RealCell, value)
         self.effects_recorded = 0      # changes to state outside the trace so far (all kinds above but attrs)
         self.entry_grad_mode = torch.is_grad_enabled()
-        # Memory of arrays of which a negative-stride view was taken (traced as a copy): writing
-        # to them is refused (trace/numpy_calls.py).
+        # Memory of arrays of which a negative-stride view was taken, and of those views (traced as
+        # copies): writing to either is refused (trace/numpy_calls.py).
         self.reversed_bases = set()
+        self.reversed_copies = set()
 
     def effect_count(self):
         """How many side effects the trace has recorded so far (to tell whether code made any)."""

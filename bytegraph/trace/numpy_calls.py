@@ -27,7 +27,7 @@ from ..errors import Unsupported
 from ..graph import numpy_ops as nops
 from ..guards import builder as g
 from ..guards.sources import AttrSource
-from ..values.arrays import (NUMPY_TO_TORCH, TORCH_TO_NUMPY, NdarrayMethodValue, NdarrayValue,
+from ..values.arrays import (NUMPY_TO_TORCH, TORCH_TO_NUMPY, UNREBUILDABLE, NdarrayMethodValue, NdarrayValue,
                              dtype_unsupported_reason, unsupported_reason)
 from ..values.base import (ConstantValue, DictValue, ListValue, ObjectValue, SliceValue, SymValue,
                            TensorValue, TupleValue, UserObjectValue)
@@ -183,7 +183,13 @@ def _array(result, scalar=False):
 
 def _new_array(frame, target, args, kwargs, what, scalar=False):
     _device_guard(frame)
-    return _array(_graph_call(frame, target, args, kwargs, what), scalar)
+    result = _array(_graph_call(frame, target, args, kwargs, what), scalar)
+    if frame.tx.reversed_copies:
+        # A view of a negative-stride copy (x[::-1][1:]) cannot be made again as eager's view.
+        for v in result.items if isinstance(result, TupleValue) else [result]:
+            if isinstance(v, NdarrayValue) and v.view_of is None and storage_key(v.fake) in frame.tx.reversed_copies:
+                v.view_of = UNREBUILDABLE
+    return result
 
 
 def _dtype_name(dtype):
@@ -546,10 +552,10 @@ def check_writable(frame, a, what):
     """``a`` is about to be changed in place: refuse what eager NumPy would do differently."""
     if a.scalar:
         raise unsupported(f"{what}: the target is a NumPy scalar in eager NumPy (immutable)")
-    if a.reversed_copy:
+    storage = storage_key(a.fake)
+    if a.view_of is not None or storage in frame.tx.reversed_copies:
         raise unsupported(f"{what}: the array is a negative-stride view in eager NumPy (a copy here), so "
                           "writing to it would not reach the array it views")
-    storage = storage_key(a.fake)
     if storage in frame.tx.reversed_bases:
         raise unsupported(f"{what}: a negative-stride view of this array was taken (a copy here); writing to "
                           "the array would not reach it")
@@ -759,16 +765,22 @@ def _fix_indices(frame, name, bound):
 def _fix_flip(frame, name, bound):
     """np.flip / np.flipud / np.fliplr: eager NumPy returns a negative-stride view; here it is a copy."""
     a = _first_array(bound)
+    fn = {"np.flip": np.flip, "np.flipud": np.flipud, "np.fliplr": np.fliplr}[name]
+    rest = {k: v for k, v in bound.items() if v is not a}
+    recipe = (fn, [a], rest) if all(isinstance(v, ConstantValue) for v in rest.values()) else None
 
     def post(result):
-        mark_reversed(frame, a, result)
+        mark_reversed(frame, a, result, recipe)
         return result
     return post
 
 
-def mark_reversed(frame, base, result):
+def mark_reversed(frame, base, result, recipe):
+    """``result`` is eager NumPy's negative-stride view of ``base``, traced as a copy; ``recipe``
+    (function, argument values, keyword values) makes the view at run time, or None."""
     if isinstance(result, NdarrayValue):
-        result.reversed_copy = True
+        result.view_of = recipe if recipe is not None else UNREBUILDABLE
+        frame.tx.reversed_copies.add(storage_key(result.fake))
         if isinstance(base, NdarrayValue):
             frame.tx.reversed_bases.add(storage_key(base.fake))
 
@@ -1428,7 +1440,11 @@ def getitem(frame, a, index):
     idx, has_ellipsis, negative = _index(frame, index)
     result = _new_array(frame, nops.getitem, [a, idx], {}, "array indexing", scalar=not has_ellipsis)
     if negative:
-        mark_reversed(frame, a, result)
+        try:
+            recipe = (operator.getitem, [a, ConstantValue(as_constant(idx))], {})
+        except Unsupported:
+            recipe = None     # a symbolic bound: the view cannot be made again outside the graph
+        mark_reversed(frame, a, result, recipe)
     return result
 
 

@@ -34,19 +34,24 @@ class NdarrayValue(Value):
 
     ``scalar``: the value is 0-d and eager NumPy gives a NumPy scalar there (``np.sum(x)``,
     ``x[0, 1]``), so it is rebuilt as one; the trace treats it as a 0-d array (NEP 50 gives
-    the two the same promotion). ``reversed_copy``: eager NumPy returns a view with negative
-    strides here (``x[::-1]``, ``np.flip``), which torch cannot express, so this is a copy;
-    writing to it, or to the array it copies, is refused (the two would not share memory).
+    the two the same promotion).
+
+    ``view_of``: eager NumPy has a view with negative strides here (``x[::-1]``, ``np.flip``),
+    which torch cannot express, so the trace holds a copy; writing to it, or to the array it
+    copies, is refused (trace/numpy_calls.py). Where it outlives the graph it is made again as
+    eager makes it, from its base: ``view_of`` is ``(function, argument values, keyword
+    values)`` to call at run time (``operator.getitem``, ``np.flip``...), or
+    ``UNREBUILDABLE`` when that cannot be done (then it cannot leave the graph).
     """
 
-    __slots__ = ("node", "fake", "scalar", "reversed_copy")
+    __slots__ = ("node", "fake", "scalar", "view_of")
 
     def __init__(self, node, fake, source=None, scalar=False):
         super().__init__(source)
         self.node = node
         self.fake = fake
         self.scalar = scalar
-        self.reversed_copy = False
+        self.view_of = None
 
     @property
     def dtype(self):
@@ -58,6 +63,9 @@ class NdarrayValue(Value):
     def _repr_body(self):
         kind = "scalar " if self.scalar else ""
         return f"{self.node.name}: {kind}{tuple(self.fake.shape)} {self.dtype}"
+
+
+UNREBUILDABLE = ("unrebuildable",)
 
 
 class NdarrayMethodValue(Value):
