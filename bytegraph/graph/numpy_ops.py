@@ -146,6 +146,12 @@ UFUNC_FLOAT_ONLY = {"reciprocal"}
 UFUNC_IMPLS["reciprocal"] = torch.reciprocal
 
 
+# Ops that take a Python number as their second operand and give the tensor operand's dtype when
+# the number's kind is no higher than that dtype's (so: the loop dtype NumPy chose).
+SCALAR_SECOND = {torch.add, torch.sub, torch.mul, torch.true_divide, torch.floor_divide, torch.remainder,
+                 torch.fmod, torch.pow, torch.eq, torch.ne, torch.lt, torch.le, torch.gt, torch.ge}
+
+
 class Ufunc(GraphOp):
     """``ufunc(*operands, out=...)`` with the dtypes NumPy resolved: operands cast to the loop's
     input dtypes, torch computes, results cast to the output dtypes (and copied into ``out``)."""
@@ -159,8 +165,12 @@ class Ufunc(GraphOp):
 
     def __call__(self, *operands, out=None):
         device = next((x.device for x in operands if isinstance(x, torch.Tensor)), None)
-        xs = [x.to(dt) if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=dt, device=device)
-              for x, dt in zip(operands, self.in_dtypes)]
+        xs = [x.to(dt) if isinstance(x, torch.Tensor) else x for x, dt in zip(operands, self.in_dtypes)]
+        if not (self.impl in SCALAR_SECOND and len(xs) == 2 and isinstance(xs[0], torch.Tensor)):
+            # A Python number stays one only as the second operand of an op that takes it (x ** 2
+            # lets Inductor multiply); elsewhere it is a 0-d tensor of the loop dtype.
+            xs = [x if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=dt, device=device)
+                  for x, dt in zip(xs, self.in_dtypes)]
         results = self.impl(*xs)
         if not isinstance(results, tuple):
             results = (results,)
