@@ -123,6 +123,12 @@ def int_floor_and_mod_negative(x, y):
     return x // y, x % y, np.fmod(x, y), np.divmod(x, y)
 
 
+@case(fixed(np.array([7, -7, 3, 0]), np.array([0, 2, 0, 3])))
+def int_division_by_zero_gives_zero(x, y):
+    with np.errstate(divide="ignore"):
+        return x // y, x % y, np.fmod(x, y), np.divmod(x, y)
+
+
 @case(a(A))
 def float_floor_and_mod_negative(x):
     return x // 0.3, x % 0.3, np.floor_divide(x, -0.7), np.remainder(x, -0.7)

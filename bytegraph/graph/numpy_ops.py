@@ -89,8 +89,25 @@ def _rounding(fn):
     return impl
 
 
+def _integer_safe(fn):
+    """NumPy's integer division by zero gives 0 (with a warning); torch raises."""
+    def impl(x, y):
+        if isinstance(y, torch.Tensor) and not (y.is_floating_point() or y.is_complex()):
+            zero = y == 0
+            return torch.where(zero, torch.zeros((), dtype=y.dtype, device=y.device),
+                               fn(x, torch.where(zero, torch.ones((), dtype=y.dtype, device=y.device), y)))
+        return fn(x, y)
+    impl.__name__ = fn.__name__
+    return impl
+
+
+_floor_divide = _integer_safe(torch.floor_divide)
+_remainder = _integer_safe(torch.remainder)
+_fmod = _integer_safe(torch.fmod)
+
+
 def _divmod(x, y):
-    return torch.floor_divide(x, y), torch.remainder(x, y)
+    return _floor_divide(x, y), _remainder(x, y)
 
 
 def _modf(x):
@@ -106,8 +123,8 @@ def _frexp(x):
 # ufunc name -> (torch implementation over tensors of the loop dtypes, outputs)
 UFUNC_IMPLS = {
     "add": torch.add, "subtract": torch.sub, "multiply": torch.mul, "divide": torch.true_divide,
-    "true_divide": torch.true_divide, "floor_divide": torch.floor_divide, "remainder": torch.remainder,
-    "mod": torch.remainder, "fmod": torch.fmod, "power": torch.pow, "pow": torch.pow,
+    "true_divide": torch.true_divide, "floor_divide": _floor_divide, "remainder": _remainder,
+    "mod": _remainder, "fmod": _fmod, "power": torch.pow, "pow": torch.pow,
     "float_power": torch.float_power, "maximum": torch.maximum, "minimum": torch.minimum,
     "fmax": torch.fmax, "fmin": torch.fmin, "arctan2": torch.atan2, "atan2": torch.atan2,
     "hypot": torch.hypot, "copysign": torch.copysign, "heaviside": torch.heaviside,
@@ -148,8 +165,8 @@ UFUNC_IMPLS["reciprocal"] = torch.reciprocal
 
 # Ops that take a Python number as their second operand and give the tensor operand's dtype when
 # the number's kind is no higher than that dtype's (so: the loop dtype NumPy chose).
-SCALAR_SECOND = {torch.add, torch.sub, torch.mul, torch.true_divide, torch.floor_divide, torch.remainder,
-                 torch.fmod, torch.pow, torch.eq, torch.ne, torch.lt, torch.le, torch.gt, torch.ge}
+SCALAR_SECOND = {torch.add, torch.sub, torch.mul, torch.true_divide, torch.pow, torch.eq, torch.ne, torch.lt,
+                 torch.le, torch.gt, torch.ge}
 
 
 class Ufunc(GraphOp):

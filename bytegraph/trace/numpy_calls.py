@@ -29,7 +29,7 @@ from ..guards import builder as g
 from ..guards.sources import AttrSource
 from ..values.arrays import (NUMPY_TO_TORCH, TORCH_TO_NUMPY, UNREBUILDABLE, NdarrayMethodValue, NdarrayValue,
                              dtype_unsupported_reason, unsupported_reason)
-from ..values.base import (ConstantValue, DictValue, ListValue, ObjectValue, SliceValue, SymValue,
+from ..values.base import (ConstantValue, ContextManagerValue, DictValue, ListValue, ObjectValue, SliceValue, SymValue,
                            TensorValue, TupleValue, UserObjectValue)
 from . import ops
 from .basics import as_constant, constant_value, describe
@@ -281,7 +281,7 @@ def _graph_arg(frame, v, array_like):
 # Functions with side effects or hidden state: never folded, never traced.
 _STATEFUL = {"seterr", "seterrcall", "set_printoptions", "printoptions", "setbufsize", "save", "savez",
              "savez_compressed", "savetxt", "load", "loadtxt", "genfromtxt", "fromfile", "fromregex",
-             "errstate", "show_config", "show_runtime", "info", "test", "get_printoptions", "geterr",
+             "show_config", "show_runtime", "info", "test", "get_printoptions", "geterr",
              "getbufsize", "geterrcall", "frombuffer", "may_share_memory", "shares_memory", "copyto"}
 
 
@@ -410,6 +410,14 @@ def _call_numpy_type(frame, cls, name, args, kwargs):
         folded = _fold(frame, cls, name, args, kwargs)
         if folded is not None:
             return folded
+    if cls is np.errstate:
+        # Traced code never warns or raises on floating-point errors; only settings that ask for
+        # nothing more than that are traced (as a block that does nothing).
+        settings = {k: as_constant(v) for k, v in kwargs.items()}
+        if args or any(k not in ("all", "divide", "over", "under", "invalid") or v not in ("ignore", "warn", None)
+                       for k, v in settings.items()):
+            raise unsupported(f"np.errstate({settings}) inside compiled code is not traced (only 'ignore'/'warn')")
+        return ContextManagerValue("noop")
     if cls is np.ndarray:
         raise unsupported("np.ndarray(...) (the low-level constructor) is not traced; use np.empty or np.zeros")
     if cls is np.poly1d or (cls.__module__ or "").startswith("numpy.polynomial"):
@@ -506,6 +514,9 @@ def call_ufunc(frame, uf, args, kwargs, out_of_place_scalar=True):
         raise unsupported(f"np.{name} on integers is not traced")
     for v, d in zip(operands, loop_in):
         _check_fits(v, d, name)
+    if name in ("power", "pow") and loop_in[1].kind in "iu" and isinstance(operands[1], ConstantValue) \
+            and operands[1].value < 0:
+        raise unsupported("integers to negative integer powers are not allowed (NumPy raises ValueError)")
     graph_operands = [ConstantValue(_plain(v.value)) if isinstance(v, ConstantValue) else v for v in operands]
     target = nops.ufunc(name, [NUMPY_TO_TORCH[d] for d in loop_in], [NUMPY_TO_TORCH[d] for d in loop_out])
     call_kwargs = {}
