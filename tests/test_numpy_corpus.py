@@ -42,6 +42,7 @@ CPLX = (f64(3, 4) + 1j * f64(3, 4))
 SPD = (lambda m: m @ m.T + 4 * np.eye(4))(f64(4, 4))
 NANS = np.array([[1.0, np.nan, -np.inf], [np.inf, -2.0, 0.0]])
 T = torch.randn(3, 4)
+
 G = np.linspace(0.0, 1.0, 12).reshape(3, 4)        # a global array
 SCALE = np.float32(0.5)                               # a global NumPy scalar
 
@@ -813,6 +814,65 @@ def data_dependent_branch(x):
 def python_float_of_reduction(x):
     m = float(x.max())
     return x / m, m
+
+
+class Holder:
+    def __init__(self):
+        self.buf = None
+
+
+@case(lambda: (A.copy(), [], Holder()))
+def arrays_stored_into_existing_objects(x, out, holder):
+    out.append(x * 2)
+    out.append(x.sum())
+    holder.buf = np.maximum(x, 0)
+    return len(out)
+
+
+@case(a(A), graphs=2)
+def view_of_argument_kept_across_a_break(x):
+    y = x[1:]
+    print("", end="")
+    y += 1
+    return x
+
+
+@case(a(A), graphs=2)
+def views_of_an_intermediate_across_a_break(x):
+    a = x * 2
+    b = a[1:]
+    c = a.T
+    print("", end="")
+    b += 1
+    return a, c, b
+
+
+@case(a(A), graphs=2)
+def scalar_and_array_across_a_break(x):
+    s = x.sum()
+    m = x.mean(axis=0)
+    print("", end="")
+    return s * m, type(s)
+
+
+class NumpyModule(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.table = np.linspace(0.0, 1.0, 4).astype(np.float32)
+
+    def forward(self, t):
+        scale = np.exp(self.table)
+        return self.lin(t) * torch.from_numpy(scale)
+
+
+MODULE = NumpyModule()
+
+
+@case(lambda: (MODULE, T.clone()))
+def numpy_inside_module_forward(m, t):
+    with torch.no_grad():
+        return m(t)
 
 
 # ------------------------------------------------------------------------------------- random
