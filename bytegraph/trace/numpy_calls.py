@@ -160,9 +160,90 @@ def _as_tensor_values(x):
 
 
 def _graph_call(frame, target, args, kwargs, what):
-    result = frame.tx.graph.call("call_function", target, [_as_tensor_values(a) for a in args],
-                                 {k: _as_tensor_values(v) for k, v in kwargs.items()}, describe=what)
-    return result
+    args = [_as_tensor_values(a) for a in args]
+    kwargs = {k: _as_tensor_values(v) for k, v in kwargs.items()}
+    _probe_kernels(target, args, kwargs, what)
+    return frame.tx.graph.call("call_function", target, args, kwargs, describe=what)
+
+
+# Dtypes some torch kernels lack (on the CPU especially); fake tensors do not know it.
+_PROBED_DTYPES = {torch.bool, torch.float16, torch.complex64, torch.complex128, torch.int8, torch.int16,
+                  torch.uint8}
+_probed = {}
+
+
+def _probe_kernels(target, args, kwargs, what):
+    """Run the op once on real zeros of the same shapes and dtypes when a dtype some kernels lack
+    is involved: a kernel missing for a dtype must be a fall-back now, not an error at run time."""
+    fakes = []
+
+    def collect(x):
+        if isinstance(x, TensorValue):
+            fakes.append(x.fake)
+        elif isinstance(x, (TupleValue, ListValue)):
+            for i in x.items:
+                collect(i)
+        elif isinstance(x, SliceValue):
+            for p in (x.start, x.stop, x.step):
+                collect(p)
+        elif isinstance(x, SymValue):
+            fakes.append(None)
+    for a in list(args) + list(kwargs.values()):
+        collect(a)
+    if None in fakes or not any(f.dtype in _PROBED_DTYPES for f in fakes):
+        return
+    if any(isinstance(n, torch.SymInt) for f in fakes for n in f.shape):
+        return
+    key = (target, tuple((f.dtype, f.dim()) for f in fakes), repr([_constant_repr(a) for a in args]),
+           repr({k: _constant_repr(v) for k, v in kwargs.items()}))
+    verdict = _probed.get(key)
+    if verdict is None:
+        verdict = _run_probe(target, args, kwargs)
+        _probed[key] = verdict
+    if verdict is not True:
+        raise unsupported(f"{what} is not implemented by torch for these dtypes ({verdict})")
+
+
+def _constant_repr(v):
+    if isinstance(v, TensorValue):
+        return "T"
+    if isinstance(v, (TupleValue, ListValue)):
+        return [_constant_repr(i) for i in v.items]
+    if isinstance(v, ConstantValue):
+        return repr(v.value)
+    return type(v).__name__
+
+
+def _run_probe(target, args, kwargs):
+    def real(x):
+        if isinstance(x, TensorValue):
+            return torch.zeros(x.fake.shape, dtype=x.fake.dtype, device=x.fake.device)
+        if isinstance(x, TupleValue):
+            return tuple(real(i) for i in x.items)
+        if isinstance(x, ListValue):
+            return [real(i) for i in x.items]
+        if isinstance(x, SliceValue):
+            return slice(real(x.start), real(x.stop), real(x.step))
+        if isinstance(x, ConstantValue):
+            return x.value
+        raise TypeError(type(x).__name__)
+    try:
+        rargs = [real(a) for a in args]
+        rkwargs = {k: real(v) for k, v in kwargs.items()}
+    except TypeError:
+        return True
+    try:
+        with torch.no_grad():
+            target(*rargs, **rkwargs)
+    except NotImplementedError as e:
+        return str(e).splitlines()[0]
+    except RuntimeError as e:
+        text = str(e)
+        if "not implemented" in text or "not supported" in text:
+            return text.splitlines()[0]
+    except Exception:
+        pass
+    return True
 
 
 def _array(result, scalar=False):
@@ -905,7 +986,17 @@ def _fix_pad(frame, name, bound):
 def _fix_dtype_kept(frame, name, bound):
     """Functions whose result keeps the first array's dtype (torch._numpy may promote)."""
     a = _first_array(bound)
+    if a is not None and a.dtype.kind == "b":
+        raise unsupported(f"{name} of a bool array (NumPy raises)")
     return _cast_to(frame, a.dtype) if a is not None else None
+
+
+def _fix_einsum(frame, name, bound):
+    """np.einsum keeps the operands' promoted dtype (torch._numpy widens small integers)."""
+    operands = [v for v in bound.get("operands", ()) if isinstance(v, NdarrayValue)]
+    if not operands or bound.get("dtype") is not None or bound.get("out") is not None:
+        return None
+    return _cast_to(frame, np.result_type(*[v.dtype for v in operands]))
 
 
 _A = Spec(array=True)
@@ -945,7 +1036,7 @@ TRACED = {
     "np.median": Spec(fix=_fix_median), "np.average": _S,
     "np.count_nonzero": _S,
     # products, sorting, selection
-    "np.dot": _S, "np.vdot": _S, "np.inner": _S, "np.outer": _A, "np.tensordot": _A, "np.einsum": _S,
+    "np.dot": _S, "np.vdot": _S, "np.inner": _S, "np.outer": _A, "np.tensordot": _A, "np.einsum": Spec(fix=_fix_einsum),
     "np.kron": _A, "np.cross": _S, "np.trace": _S,
     "np.where": Spec(array=True, fix=_fix_where), "np.clip": Spec(renames={"a_min": "min", "a_max": "max"}),
     "np.round": Spec(fix=_fix_dtype_kept), "np.around": Spec(fix=_fix_dtype_kept),
@@ -1360,9 +1451,12 @@ def binary(frame, op, a, b):
                           "(NumPy and torch resolve it in their own ways)",
                           hint="convert explicitly: torch.from_numpy(a) or t.numpy()")
     uf = BINARY_UFUNCS[base]
+    operands = [a, b]
+    if base == "**" and isinstance(b, ConstantValue) and type(b.value) is int and b.value == 2:
+        uf, operands = np.square, [a]    # ndarray.__pow__'s own fast path (bool ** 2 is int8)
     if inplace and isinstance(a, NdarrayValue) and not a.scalar:
-        return call_ufunc(frame, uf, [a, b], {"out": a})
-    return call_ufunc(frame, uf, [a, b], {})
+        return call_ufunc(frame, uf, operands, {"out": a})
+    return call_ufunc(frame, uf, operands, {})
 
 
 def compare(frame, op, a, b):
