@@ -142,3 +142,14 @@ def _map_leaves(value, kind, fn):
     if type(value) is dict:
         return {k: _map_leaves(v, kind, fn) for k, v in value.items()}
     return value
+
+
+def torch_wrap_numpy_target(fn):
+    """The function ``torch.compiler.wrap_numpy`` wrapped, if ``fn`` is such a wrapper (it means what
+    ``wrap_numpy`` means, so bytegraph treats it the same way), else None."""
+    code = getattr(fn, "__code__", None)
+    # functools.wraps gives the wrapper the wrapped function's names; its code keeps torch's.
+    if code is None or getattr(code, "co_qualname", "") != "wrap_numpy.<locals>.wrap" \
+            or not code.co_filename.replace("\\", "/").endswith("torch/_dynamo/external_utils.py"):
+        return None
+    return getattr(fn, "__wrapped__", None)

@@ -213,6 +213,13 @@ def ufunc_out_argument(x, y, out):
     return r is out, out
 
 
+@case(fixed(A, np.zeros((3, 4)), np.zeros((3, 4))))
+def ufunc_out_tuple(x, q, r):
+    res = np.divmod(x, 0.5, out=(q, r))
+    frac, whole = np.modf(x, out=(np.empty_like(x), None))
+    return res[0] is q, res[1] is r, frac, whole
+
+
 @case(ab(I, J))
 def ufunc_dtype_argument(x, y):
     return np.add(x, y, dtype=np.float32), np.multiply(x, y, dtype=np.float64)

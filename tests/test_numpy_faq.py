@@ -122,6 +122,22 @@ def test_faq_cuda_wrap_numpy():
 
 
 @cuda
+def test_faq_cuda_torch_compiler_wrap_numpy_as_written():
+    @bytegraph.compile(fullgraph=True)
+    @torch.compiler.wrap_numpy
+    def numpy_fn(X, Y):
+        return np.sum(X[:, :, None] * Y[:, None, :], axis=(-2, -1))
+
+    X = torch.randn(1024, 64, device="cuda", requires_grad=True)
+    Y = torch.randn(1024, 64, device="cuda")
+    Z = numpy_fn(X, Y)
+    assert isinstance(Z, torch.Tensor)
+    assert Z.device.type == "cuda"
+    Z.sum().backward()
+    assert X.grad is not None and X.grad.device.type == "cuda"
+
+
+@cuda
 def test_faq_cuda_wrap_numpy_gradients():
     X = torch.randn(1024, 64, device="cuda", requires_grad=True)
     Y = torch.randn(1024, 64, device="cuda")
@@ -345,3 +361,22 @@ def test_returned_negative_stride_views_alias_their_base_as_in_numpy():
     same_np(fn(x), out)
     assert all(np.shares_memory(o, x) for o in out[:3])
     assert out[0].strides[0] < 0
+
+
+def test_torch_compiler_wrap_numpy_is_understood():
+    @torch.compiler.wrap_numpy
+    def fn(X, Y):
+        return np.sum(X[:, :, None] * Y[:, None, :], axis=(-2, -1))
+
+    X = torch.randn(16, 8, requires_grad=True)
+    Y = torch.randn(16, 8)
+    Z = bytegraph.compile(fn, backend="aot_eager", fullgraph=True)(X, Y)
+    assert isinstance(Z, torch.Tensor) and Z.requires_grad
+    Z.sum().backward()
+    torch.testing.assert_close(X.grad, Y.sum(1, keepdim=True).expand_as(Y))
+
+    def outer(X, Y):
+        return fn(X, Y) * 2
+
+    Z2 = bytegraph.compile(outer, backend="eager", fullgraph=True)(X.detach(), Y)
+    torch.testing.assert_close(Z2, 2 * (X.detach()[:, :, None] * Y[:, None, :]).sum((-2, -1)))

@@ -80,6 +80,8 @@ def _call_object(frame, fv, args, kwargs):
     if isinstance(obj, types.FunctionType):
         if is_graph_function(obj):
             return torch_call(frame, obj, args, kwargs)
+        if control.torch_wrap_numpy_target(obj) is not None:
+            return numpy_calls.call_torch_wrap_numpy(frame, fv, args, kwargs)
         return call_python_function(frame, fv, args, kwargs)
     if isinstance(obj, types.MethodType):
         self_value = wrap(tx, obj.__self__, AttrSource(fv.source, "__self__") if fv.source else None)

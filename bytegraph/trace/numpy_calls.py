@@ -31,6 +31,7 @@ from ..values.arrays import (NUMPY_TO_TORCH, TORCH_TO_NUMPY, UNREBUILDABLE, Ndar
                              dtype_unsupported_reason, unsupported_reason)
 from ..values.base import (ConstantValue, ContextManagerValue, DictValue, ListValue, ObjectValue, SliceValue, SymValue,
                            TensorValue, TupleValue, UserObjectValue)
+from ..values.builder import wrap
 from . import ops
 from .basics import as_constant, constant_value, describe
 from .exceptions import MissingAttribute, PythonError
@@ -1609,3 +1610,14 @@ def _map_values(v, fn):
     if isinstance(v, DictValue) and v.cls is dict:
         return DictValue({k: _map_values(i, fn) for k, i in v.items.items()})
     return fn(v)
+
+
+def call_torch_wrap_numpy(frame, fv, args, kwargs):
+    """A function wrapped by ``torch.compiler.wrap_numpy``: as ``bytegraph.wrap_numpy`` (the
+    wrapped function is read through the wrapper, so it is guarded)."""
+    inner = fv.obj.__wrapped__
+    inner_value = wrap(frame.tx, inner, AttrSource(fv.source, "__wrapped__") if fv.source is not None else None)
+    arrays = arrays_from_tensors(frame, [TupleValue(list(args))], {})
+    arrays_kw = arrays_from_tensors(frame, [DictValue(dict(kwargs))], {})
+    result = ops.call(frame, inner_value, list(arrays.items), dict(arrays_kw.items))
+    return tensors_from_arrays(frame, [result], {})
