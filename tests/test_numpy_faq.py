@@ -380,3 +380,17 @@ def test_torch_compiler_wrap_numpy_is_understood():
 
     Z2 = bytegraph.compile(outer, backend="eager", fullgraph=True)(X.detach(), Y)
     torch.testing.assert_close(Z2, 2 * (X.detach()[:, :, None] * Y[:, None, :]).sum((-2, -1)))
+
+
+def test_array_and_tensor_sharing_memory_with_in_place_update():
+    def fn(t, a):
+        a += 1
+        return t * 2
+
+    def make():
+        t = torch.arange(4.0)
+        return t, t.numpy()
+
+    check_np(fn, make, graphs=None)
+    # Apart, they stay one graph; the guard tells the two cases apart.
+    check_np(fn, lambda: (torch.arange(4.0), np.arange(4.0)))

@@ -72,28 +72,20 @@ def guard_input_aliasing(tx, gm):
 
 
 def guard_array_overlap(tx):
-    """np.ndarray inputs of a graph that mutates must not overlap in memory (each is its own tensor
-    in the graph): guard that they do not; arrays that overlap now run eagerly."""
-    array_inputs = [i for i in tx.graph.inputs if i.array_mode is not None]
-    for i, a in enumerate(array_inputs):
-        for b in array_inputs[i + 1:]:
-            if a.example.untyped_storage().data_ptr() == b.example.untyped_storage().data_ptr() or \
-                    _overlap(a.example, b.example):
+    """An np.ndarray input of a graph that mutates must not overlap another array or tensor input in
+    memory (each is its own tensor in the graph, so the graph could not see one change through the
+    other): guard that they do not; inputs that overlap now run eagerly."""
+    inputs = tx.graph.inputs
+    for i, a in enumerate(inputs):
+        for b in inputs[i + 1:]:
+            if a.array_mode is None and b.array_mode is None:
+                continue
+            x = a.array if a.array_mode is not None else a.example
+            y = b.array if b.array_mode is not None else b.example
+            if not g.memory_apart(x, y):
                 raise Unsupported(f"{a.source.name()} and {b.source.name()} overlap in memory and the graph changes "
                                   "arrays in place; that is not traced")
             tx.guards.add(g.ARRAYS_APART, a.source, b.source, detail=b.source.name())
-
-
-def _overlap(a, b):
-    """Whether two CPU tensors' byte ranges overlap (conservative)."""
-    if a.device.type != "cpu" or b.device.type != "cpu" or a.numel() == 0 or b.numel() == 0:
-        return False
-    def span(t):
-        start = t.data_ptr()
-        extent = sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1
-        return start, start + extent * t.element_size()
-    (a0, a1), (b0, b1) = span(a), span(b)
-    return a0 < b1 and b0 < a1
 
 
 def guard_container_aliasing(tx):

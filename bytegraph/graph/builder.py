@@ -34,15 +34,16 @@ class GraphInput:
     ``array_mode`` says how the transformed function makes that tensor (values/arrays.py:
     SHARE its memory, or COPY it; ``writeable``: the array's flag).
     """
-    __slots__ = ("source", "example", "node", "array_mode", "writeable", "version")
+    __slots__ = ("source", "example", "node", "array_mode", "writeable", "version", "array")
 
-    def __init__(self, source, example, node, array_mode=None, writeable=True):
+    def __init__(self, source, example, node, array_mode=None, writeable=True, array=None):
         self.source = source
         self.example = example
         self.node = node
         self.array_mode = array_mode
         self.writeable = writeable
         self.version = None
+        self.array = array          # the np.ndarray itself (its memory, for overlap checks)
 
     def mutated(self):
         """Whether the graph changed this input in place (its fake tensor's version moved)."""
@@ -109,7 +110,7 @@ class GraphBuilder:
         else:
             fake = self.fake(tensor)
         node.meta["example_value"] = fake
-        inp = GraphInput(source, tensor, node, array_mode=mode, writeable=bool(array.flags.writeable))
+        inp = GraphInput(source, tensor, node, array_mode=mode, writeable=bool(array.flags.writeable), array=array)
         inp.version = fake._version
         self.inputs.append(inp)
         return NdarrayValue(node, fake, source)

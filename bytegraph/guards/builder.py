@@ -34,7 +34,7 @@ NOT_ALIAS = "NOT_ALIAS"   # two sources named different objects when traced (`is
 STORAGE_SHARED = "STORAGE_SHARED"   # two tensor inputs of a graph that mutates: share storage or not
 MISSING_ATTR = "MISSING_ATTR"   # the object had no attribute ``expected`` (hasattr, except AttributeError)
 NDARRAY_MATCH = "NDARRAY_MATCH"   # an np.ndarray traced as a tensor: exact type, dtype, shape, strides, writeable
-ARRAYS_APART = "ARRAYS_APART"   # two arrays a mutating graph reads do not overlap in memory
+ARRAYS_APART = "ARRAYS_APART"   # an array and another array or tensor a mutating graph reads do not overlap in memory
 
 
 class TensorMeta:
@@ -67,6 +67,34 @@ class ArrayMeta:
 
 
 _CPU = torch.device("cpu")
+
+
+def _byte_span(x):
+    """[first byte, past the last byte) an array or CPU tensor reads, or None (empty, not in host memory)."""
+    if isinstance(x, np.ndarray):
+        if x.size == 0:
+            return None
+        start, steps, item = x.__array_interface__["data"][0], zip(x.shape, x.strides), x.itemsize
+    elif isinstance(x, torch.Tensor):
+        if x.device.type != "cpu" or x.numel() == 0:
+            return None
+        item = x.element_size()
+        start, steps = x.data_ptr(), [(n, s * item) for n, s in zip(x.shape, x.stride())]
+    else:
+        return None
+    lo = hi = start
+    for n, step in steps:
+        if step < 0:
+            lo += (n - 1) * step
+        else:
+            hi += (n - 1) * step
+    return lo, hi + item
+
+
+def memory_apart(x, y):
+    """Whether two arrays/tensors certainly use different bytes (conservative: ranges, not elements)."""
+    a, b = _byte_span(x), _byte_span(y)
+    return a is None or b is None or a[1] <= b[0] or b[1] <= a[0]
 
 
 def default_device():
@@ -170,8 +198,7 @@ class _Emitter:
             "_get_default_dtype": torch.get_default_dtype,
             "_autocast_enabled": torch.is_autocast_enabled,
             "_inference_mode": torch.is_inference_mode_enabled,
-            "_default_device": default_device, "_ndarray": np.ndarray,
-            "_may_share_memory": np.may_share_memory,
+            "_default_device": default_device, "_ndarray": np.ndarray, "_memory_apart": memory_apart,
         }
         self._consts = {}
         self.uses = {}
@@ -275,7 +302,7 @@ class _Emitter:
             return out
         if g.kind == ARRAYS_APART:
             other = self.render(g.expected)
-            return [(f"not _may_share_memory({e}, {other})",
+            return [(f"_memory_apart({e}, {other})",
                      f"f'{who} and {g.expected.name()} did not overlap in memory when compiled (the graph changes "
                      f"arrays in place), now they may'")]
         if g.kind == NO_HOOKS:
