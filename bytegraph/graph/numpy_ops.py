@@ -19,7 +19,6 @@ import torch
 import torch._numpy as tnp
 from torch._numpy import _dtypes, _dtypes_impl
 
-from ..values.arrays import NUMPY_TO_TORCH
 
 # torch._numpy takes its default dtypes from torch._dynamo's config on first use; set NumPy's
 # own defaults first, so that no other front end is imported.
@@ -313,10 +312,6 @@ def ufunc(name, in_dtypes, out_dtypes):
     if op is None:
         op = _ufuncs[key] = Ufunc(name, in_dtypes, out_dtypes)
     return op
-
-
-def torch_dtype(np_dtype):
-    return NUMPY_TO_TORCH[np.dtype(np_dtype)]
 
 
 # --- NumPy's namespaces and their torch._numpy counterparts ---------------------------------------

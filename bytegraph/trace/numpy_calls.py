@@ -548,7 +548,7 @@ def _operand(frame, v):
     raise unsupported(f"{describe(v)} as a NumPy ufunc operand is not traced")
 
 
-def call_ufunc(frame, uf, args, kwargs, out_of_place_scalar=True):
+def call_ufunc(frame, uf, args, kwargs):
     """``uf(*operands, out=..., dtype=..., casting=...)``."""
     name = uf.__name__
     if name not in nops.UFUNC_IMPLS:
@@ -883,13 +883,6 @@ def storage_key(fake):
     return fake.untyped_storage()._cdata
 
 
-def _fix_copy(frame, name, bound):
-    a = _first_array(bound)
-    if a is None:
-        return None
-    return None
-
-
 _LINALG_RESULTS = {}
 
 
@@ -1065,7 +1058,6 @@ def asarray_value(frame, v, dtype, name, copy=False):
         raise unsupported(dtype_unsupported_reason(dt))
     if isinstance(v, TensorValue):
         v = tensor_as_array(frame, v, name)
-        copy = copy and True
     if isinstance(v, NdarrayValue):
         if dt is None or dt == v.dtype:
             if not copy and not v.scalar:

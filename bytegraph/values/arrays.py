@@ -103,11 +103,6 @@ def dtype_unsupported_reason(dtype):
     return f"arrays of the non-numeric dtype {dtype} are not traced"
 
 
-def scalar_unsupported_reason(obj):
-    """Why the NumPy scalar ``obj`` cannot take part in a traced operation, or None."""
-    return dtype_unsupported_reason(obj.dtype)
-
-
 # --- what the generated code calls at run time ---------------------------------------------
 
 SHARE, COPY = "share", "copy"
