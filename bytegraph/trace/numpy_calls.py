@@ -405,7 +405,10 @@ def call_numpy(frame, fv, args, kwargs):
         return _call_numpy_type(frame, obj, name, args, kwargs)
     if not _is_function_like(obj):
         raise unsupported(numpy_object_reason(obj))
-    if not _any_traced(args, kwargs):
+    spec = TRACED.get(name)
+    makes_array = spec is not None and spec.array or name in _ARRAY_MAKERS
+    if not _any_traced(args, kwargs) and not makes_array:
+        # (Functions that make arrays are never run here: np.zeros(10**9) would allocate now.)
         folded = _fold(frame, obj, name, args, kwargs)
         if folded is not None:
             return folded
@@ -415,7 +418,6 @@ def call_numpy(frame, fv, args, kwargs):
     if special is not None:
         return special(frame, obj, name, list(args), dict(kwargs))
     entry = nops.counterpart(obj)
-    spec = TRACED.get(name)
     if entry is None or spec is None:
         raise unsupported(f"{name} is not traced yet (no checked torch._numpy implementation)")
     return call_tnp(frame, obj, name, entry[2], args, kwargs, spec)
@@ -1175,6 +1177,8 @@ def _special_iscomplexobj(frame, obj, name, args, kwargs):
         return ConstantValue(kind == "c" if name == "np.iscomplexobj" else kind != "c")
     return _special_dtype_query(frame, obj, name, args, kwargs)
 
+
+_ARRAY_MAKERS = {"np.asarray", "np.array", "np.asanyarray", "np.ascontiguousarray", "np.copy"}
 
 _SPECIAL = {
     "np.asarray": _special_asarray, "np.array": _special_asarray, "np.asanyarray": _special_asarray,
