@@ -1,4 +1,4 @@
-"""Every traced NumPy function and ufunc against eager NumPy, over every supported dtype.
+"""Traced NumPy functions and ufuncs against eager NumPy, over every supported dtype.
 
 For each program and dtype the function is compiled anew (so the cache limit never hides a
 difference) without fullgraph: what is traced must equal eager NumPy (values, dtypes, result
@@ -61,6 +61,30 @@ PROGRAMS = {
     "round": lambda x: np.round(x, 1), "astype_f32": lambda x: x.astype(np.float32),
     "zeros_like": lambda x: np.zeros_like(x), "full_like": lambda x: np.full_like(x, 2),
     "getitem": lambda x: (x[1], x[1, 2], x[:, ::2], x[[0, 2]]),
+    "amax_amin": lambda x: (np.amax(x, axis=1), np.amin(x)), "argmin": lambda x: x.argmin(axis=0),
+    "diff": lambda x: np.diff(x, axis=1), "repeat": lambda x: np.repeat(x, 2, axis=0),
+    "squeeze_expand": lambda x: np.squeeze(np.expand_dims(x, 0), 0), "moveaxis": lambda x: np.moveaxis(x, 0, 1),
+    "swapaxes": lambda x: np.swapaxes(x, 0, 1), "broadcast_to": lambda x: np.broadcast_to(x[:1], (2, 4)),
+    "split": lambda x: np.split(x, 2, axis=1), "array_split": lambda x: np.array_split(x, 3),
+    "vstack_hstack": lambda x: (np.vstack([x, x]), np.hstack([x, x])), "outer": lambda x: np.outer(x[0], x[1]),
+    "kron": lambda x: np.kron(x[:2, :2], x[:2, :2]), "cross": lambda x: np.cross(x[0, :3], x[1, :3]),
+    "trace": lambda x: np.trace(x), "diagonal": lambda x: np.diagonal(x), "triu": lambda x: np.triu(x, 1),
+    "tril_indices_from": lambda x: x[np.tril_indices_from(x[:3, :3])], "rot90": lambda x: np.rot90(x),
+    "isclose": lambda x: np.isclose(x, x), "nan_to_num": lambda x: np.nan_to_num(x),
+    "real_imag": lambda x: (np.real(x), np.imag(x)), "angle": lambda x: np.angle(x),
+    "searchsorted": lambda x: np.searchsorted(np.sort(x.ravel()), x[0]),
+    "take_along_axis": lambda x: np.take_along_axis(x, np.argsort(x, axis=1), axis=1),
+    "inner_vdot": lambda x: (np.inner(x, x), np.vdot(x, x)), "tensordot": lambda x: np.tensordot(x, x, axes=([1], [1])),
+    "copy": lambda x: np.copy(x), "count_nonzero": lambda x: np.count_nonzero(x, axis=0),
+    "around_fix": lambda x: (np.around(x), np.fix(x)), "meshgrid": lambda x: np.meshgrid(x[0], x[1]),
+    "norm": lambda x: np.linalg.norm(x, axis=1), "det": lambda x: np.linalg.det(x[:3, :3] + 3 * np.eye(3, dtype=x.dtype)),
+    "inv": lambda x: np.linalg.inv(x[:3, :3] + 3 * np.eye(3, dtype=x.dtype)),
+    "solve": lambda x: np.linalg.solve(x[:3, :3] + 3 * np.eye(3, dtype=x.dtype), x[:3, 0]),
+    "svdvals": lambda x: np.linalg.svd(x, compute_uv=False), "pinv": lambda x: np.linalg.pinv(x),
+    "eigvalsh": lambda x: np.linalg.eigvalsh(x @ x.T), "qr_r": lambda x: np.abs(np.linalg.qr(x)[1]),
+    "cholesky": lambda x: np.linalg.cholesky(x @ x.T + 4 * np.eye(3, dtype=x.dtype)),
+    "linspace_arange": lambda x: (np.linspace(0, x.shape[0], 5, dtype=x.dtype), np.arange(4, dtype=x.dtype)),
+    "eye_full": lambda x: (np.eye(3, dtype=x.dtype), np.full((2, 2), 1, dtype=x.dtype)),
     "setitem": lambda x: (x.__setitem__((0, 0), 1), x)[1],
     "iadd": lambda x: x.__iadd__(1),
 }

@@ -213,7 +213,11 @@ class Function(GraphOp):
     def __call__(self, *args, **kwargs):
         if kwargs.get("out") is not None:
             kwargs["out"] = to_tnp(kwargs["out"])
-        return to_tensors(self.fn(*args, **kwargs))
+        try:
+            return to_tensors(self.fn(*args, **kwargs))
+        except (tnp.linalg.LinAlgError, torch.linalg.LinAlgError) as e:
+            # What NumPy raises (a singular matrix...), so `except np.linalg.LinAlgError` works.
+            raise np.linalg.LinAlgError(str(e)) from e
 
 
 class Method(GraphOp):

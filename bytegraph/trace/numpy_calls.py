@@ -900,8 +900,21 @@ def _linalg_tuple(np_fn):
     return _LINALG_RESULTS[key]
 
 
+def _fix_linalg(frame, name, bound):
+    """np.linalg computes integer and bool matrices in float64 (torch._numpy in float32) and refuses
+    float16 (except norm)."""
+    for key, v in list(bound.items()):
+        if isinstance(v, NdarrayValue):
+            if v.dtype.kind in "biu":
+                bound[key] = _new_array(frame, nops.astype, [v, ConstantValue(torch.float64)], {}, name)
+            elif v.dtype == np.float16 and name != "np.linalg.norm":
+                raise unsupported(f"{name} of float16 arrays (NumPy raises TypeError)")
+    return None
+
+
 def _fix_linalg_tuple(np_fn):
     def fix(frame, name, bound):
+        _fix_linalg(frame, name, bound)
         cls = _linalg_tuple(np_fn)
 
         def post(result):
@@ -910,6 +923,52 @@ def _fix_linalg_tuple(np_fn):
             return result
         return post
     return fix
+
+
+def _result_container(cls):
+    """NumPy returns a list here (np.split) or a tuple (np.meshgrid); torch._numpy the other."""
+    def fix(frame, name, bound):
+        def post(result):
+            if isinstance(result, (TupleValue, ListValue)):
+                return ListValue(result.items) if cls is list else TupleValue(result.items)
+            return result
+        return post
+    return fix
+
+
+def _fix_trace(frame, name, bound):
+    """np.trace sums: small integers in int64, unsigned ones in uint64 (which torch lacks)."""
+    a = _first_array(bound)
+    if a is not None and _no_dtype(bound):
+        if a.dtype in _SMALL_INTS:
+            return _cast_to(frame, np.dtype(np.int64))
+        if a.dtype.kind == "u":
+            raise unsupported(f"{name} of {a.dtype} accumulates in uint64, which torch lacks")
+    return None
+
+
+def _fix_range_dtype(frame, name, bound):
+    """np.arange/linspace/...: a dtype torch cannot make ranges of is a fall-back."""
+    dtype = bound.get("dtype")
+    if dtype is None or isinstance(dtype, ConstantValue) and dtype.value is None:
+        return None
+    dt = _dtype_of(dtype)
+    if dtype_unsupported_reason(dt):
+        raise unsupported(dtype_unsupported_reason(dt))
+    if dt.kind == "b":
+        raise unsupported(f"{name} of dtype bool (NumPy raises)")
+    verdict = _probed.get(("range", dt))
+    if verdict is None:
+        try:
+            torch.arange(2, dtype=NUMPY_TO_TORCH[dt], device=g.default_device())
+            torch.linspace(0, 1, 2, dtype=NUMPY_TO_TORCH[dt], device=g.default_device())
+            verdict = True
+        except (RuntimeError, NotImplementedError) as e:
+            verdict = str(e).splitlines()[0]
+        _probed[("range", dt)] = verdict
+    if verdict is not True:
+        raise unsupported(f"{name} of {dt} is not implemented by torch ({verdict})")
+    return None
 
 
 def _fix_complex_unsupported(frame, name, bound):
@@ -999,21 +1058,24 @@ _A = Spec(array=True)
 _S = Spec()
 
 # NumPy functions traced through torch._numpy: name -> Spec (a 0-d result stays an array or
-# becomes a NumPy scalar, as NumPy does). Each was checked against NumPy over dtypes
-# (tests/test_numpy_corpus.py); anything else runs natively at a graph break.
+# becomes a NumPy scalar, as NumPy does). Each is compared with NumPy over every supported dtype
+# (tests/test_numpy_dtypes.py) and in programs (tests/test_numpy_corpus.py); anything else runs
+# natively at a graph break.
 TRACED = {
     # creation
     "np.zeros": _A, "np.ones": _A, "np.empty": _A, "np.full": _A, "np.zeros_like": _A, "np.ones_like": _A,
-    "np.empty_like": _A, "np.full_like": _A, "np.arange": _A, "np.linspace": _A, "np.logspace": _A,
-    "np.geomspace": _A, "np.eye": _A, "np.identity": _A, "np.tri": _A, "np.diag": _A, "np.diagflat": _A,
-    "np.meshgrid": _A, "np.indices": _A,
+    "np.empty_like": _A, "np.full_like": _A, "np.arange": Spec(array=True, fix=_fix_range_dtype), "np.linspace": Spec(array=True, fix=_fix_range_dtype),
+    "np.logspace": Spec(array=True, fix=_fix_range_dtype), "np.geomspace": Spec(array=True, fix=_fix_range_dtype), "np.eye": _A, "np.identity": _A, "np.tri": _A, "np.diag": _A, "np.diagflat": _A,
+    "np.meshgrid": Spec(array=True, fix=_result_container(tuple)), "np.indices": _A,
     # shapes
     "np.reshape": Spec(array=True, renames={"shape": "newshape"}), "np.ravel": _A, "np.transpose": _A,
     "np.swapaxes": _A, "np.moveaxis": _A, "np.rollaxis": _A, "np.squeeze": _A, "np.expand_dims": _A,
     "np.atleast_1d": _A, "np.atleast_2d": _A, "np.atleast_3d": _A, "np.broadcast_to": _A,
-    "np.broadcast_arrays": _A, "np.concatenate": _A, "np.stack": _A, "np.vstack": _A, "np.hstack": _A,
-    "np.dstack": _A, "np.column_stack": _A, "np.row_stack": _A, "np.split": _A, "np.array_split": _A,
-    "np.hsplit": _A, "np.vsplit": _A, "np.dsplit": _A, "np.tile": _A, "np.repeat": _A,
+    "np.broadcast_arrays": Spec(array=True, fix=_result_container(tuple)), "np.concatenate": _A, "np.stack": _A, "np.vstack": _A, "np.hstack": _A,
+    "np.dstack": _A, "np.column_stack": _A, "np.row_stack": _A, "np.split": Spec(array=True, fix=_result_container(list)),
+    "np.array_split": Spec(array=True, fix=_result_container(list)),
+    "np.hsplit": Spec(array=True, fix=_result_container(list)), "np.vsplit": Spec(array=True, fix=_result_container(list)),
+    "np.dsplit": Spec(array=True, fix=_result_container(list)), "np.tile": _A, "np.repeat": _A,
     "np.flip": Spec(array=False, fix=_fix_flip), "np.flipud": Spec(array=False, fix=_fix_flip),
     "np.fliplr": Spec(array=False, fix=_fix_flip), "np.roll": _A, "np.rot90": _A,
     "np.tril": _A, "np.triu": _A, "np.diagonal": _A, "np.pad": Spec(array=True, fix=_fix_pad),
@@ -1033,17 +1095,19 @@ TRACED = {
     "np.count_nonzero": _S,
     # products, sorting, selection
     "np.dot": _S, "np.vdot": _S, "np.inner": _S, "np.outer": _A, "np.tensordot": _A, "np.einsum": Spec(fix=_fix_einsum),
-    "np.kron": _A, "np.cross": _S, "np.trace": _S,
+    "np.kron": _A, "np.cross": _S, "np.trace": Spec(fix=_fix_trace),
     "np.where": Spec(array=True, fix=_fix_where), "np.clip": Spec(renames={"a_min": "min", "a_max": "max"}),
     "np.round": Spec(fix=_fix_dtype_kept), "np.around": Spec(fix=_fix_dtype_kept),
     "np.sort": Spec(array=True, fix=_fix_complex_unsupported), "np.argsort": Spec(array=True, fix=_fix_complex_unsupported),
     "np.take": _S, "np.take_along_axis": _A, "np.diff": _A, "np.ediff1d": _A,
-    "np.isclose": _S, "np.nan_to_num": _A, "np.real": _A, "np.imag": _A, "np.angle": _S,
-    "np.searchsorted": _S, "np.copy": _A, "np.fix": _S,
+    "np.isclose": _S, "np.nan_to_num": _A, "np.real": _A, "np.imag": _A,
+    "np.searchsorted": _S, "np.copy": _A,
     # linalg
-    "np.linalg.norm": _S, "np.linalg.det": _S, "np.linalg.inv": _A, "np.linalg.solve": _A,
-    "np.linalg.pinv": _A, "np.linalg.matrix_power": _A, "np.linalg.cholesky": _A,
-    "np.linalg.eigvalsh": _A, "np.linalg.multi_dot": _S,
+    "np.linalg.norm": Spec(fix=_fix_linalg), "np.linalg.det": Spec(fix=_fix_linalg),
+    "np.linalg.inv": Spec(array=True, fix=_fix_linalg), "np.linalg.solve": Spec(array=True, fix=_fix_linalg),
+    "np.linalg.pinv": Spec(array=True, fix=_fix_linalg), "np.linalg.matrix_power": _A,
+    "np.linalg.cholesky": Spec(array=True, fix=_fix_linalg), "np.linalg.eigvalsh": Spec(array=True, fix=_fix_linalg),
+    "np.linalg.multi_dot": _S,
     "np.linalg.eigh": Spec(array=True, fix=_fix_linalg_tuple(np.linalg.eigh)),
     "np.linalg.svd": Spec(array=True, fix=_fix_linalg_tuple(np.linalg.svd)),
     "np.linalg.qr": Spec(array=True, fix=_fix_linalg_tuple(np.linalg.qr)),
@@ -1178,6 +1242,30 @@ def _special_iscomplexobj(frame, obj, name, args, kwargs):
     return _special_dtype_query(frame, obj, name, args, kwargs)
 
 
+def _special_fix(frame, obj, name, args, kwargs):
+    """np.fix rounds toward zero: np.trunc's loops (torch._numpy's rounds to nearest)."""
+    bound = bind(obj, name, args, kwargs)
+    if bound.get("out") is not None:
+        raise unsupported("np.fix(..., out=...) is not traced")
+    return call_ufunc(frame, np.trunc, [bound["x"]], {})
+
+
+def _special_angle(frame, obj, name, args, kwargs):
+    """np.angle as NumPy writes it: arctan2 of the imaginary and real parts (or of 0 and z)."""
+    bound = bind(obj, name, args, kwargs)
+    z = bound["z"]
+    if not isinstance(z, NdarrayValue):
+        raise unsupported(f"{name} of {describe(z)} is not traced")
+    if z.dtype.kind == "c":
+        a = call_ufunc(frame, np.arctan2, [array_attr(frame, z, "imag"), array_attr(frame, z, "real")], {})
+    else:
+        a = call_ufunc(frame, np.arctan2, [ConstantValue(0), z], {})
+    deg = bound.get("deg")
+    if deg is not None and as_constant(deg):
+        a = call_ufunc(frame, np.multiply, [a, ConstantValue(180 / np.pi)], {})
+    return a
+
+
 _ARRAY_MAKERS = {"np.asarray", "np.array", "np.asanyarray", "np.ascontiguousarray", "np.copy"}
 
 _SPECIAL = {
@@ -1187,7 +1275,7 @@ _SPECIAL = {
     "np.promote_types": _special_dtype_query, "np.issubdtype": _special_dtype_query,
     "np.shape": _special_shape, "np.ndim": _special_shape, "np.size": _special_shape,
     "np.isscalar": _special_isscalar, "np.iscomplexobj": _special_iscomplexobj,
-    "np.isrealobj": _special_iscomplexobj,
+    "np.isrealobj": _special_iscomplexobj, "np.fix": _special_fix, "np.angle": _special_angle,
 }
 
 
