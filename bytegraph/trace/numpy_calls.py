@@ -1352,7 +1352,8 @@ def torch_with_arrays(frame, fn, args, kwargs):
             default = _device_guard(frame)
             if a.fake.device != default:
                 to_kwargs["device"] = ConstantValue(default)
-        make_copy = name == "tensor" or (copy is not None and as_constant(copy) is True)
+        # A NumPy scalar is immutable: the tensor made from it is its own memory.
+        make_copy = name == "tensor" or a.scalar or (copy is not None and as_constant(copy) is True)
         if to_kwargs or make_copy:
             if make_copy:
                 to_kwargs["copy"] = ConstantValue(True)
