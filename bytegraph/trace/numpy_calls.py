@@ -216,9 +216,12 @@ def _constant_repr(v):
 
 
 def _run_probe(target, args, kwargs):
+    elementwise = isinstance(target, nops.Ufunc)     # the size does not matter: one element each
+
     def real(x):
         if isinstance(x, TensorValue):
-            return torch.zeros(x.fake.shape, dtype=x.fake.dtype, device=x.fake.device)
+            shape = (1,) * x.fake.dim() if elementwise else x.fake.shape
+            return torch.zeros(shape, dtype=x.fake.dtype, device=x.fake.device)
         if isinstance(x, TupleValue):
             return tuple(real(i) for i in x.items)
         if isinstance(x, ListValue):
