@@ -8,7 +8,8 @@ from .backends.registry import list_backends, register_backend
 from .api import compile, reset, run, OptimizedModule, is_compiling
 from .debug.profiler import CompileProfiler
 from .debug.timing import compile_times
-from .control import allow_in_graph, disable, disallow_in_graph, graph_break, mark_dynamic, mark_static
+from .control import (allow_in_graph, disable, disallow_in_graph, graph_break, mark_dynamic, mark_static,
+                      wrap_numpy)
 from .api import explain, replay
 
 __version__ = "0.1.0"
@@ -17,5 +18,5 @@ __all__ = [
     "compile", "reset", "config", "list_backends", "register_backend", "OptimizedModule",
     "is_compiling", "BytegraphError", "Unsupported", "BackendError", "ConfigError",
     "disable", "allow_in_graph", "disallow_in_graph", "graph_break", "explain", "mark_dynamic",
-    "mark_static", "run", "CompileProfiler", "compile_times", "replay", "AccuracyError",
+    "mark_static", "run", "CompileProfiler", "compile_times", "replay", "AccuracyError", "wrap_numpy",
 ]

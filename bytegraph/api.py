@@ -5,6 +5,7 @@ import types
 
 import torch
 
+from .control import torch_wrap_numpy_target, wrap_numpy
 from .errors import BytegraphError
 from .backends.registry import lookup_backend
 from .config import config
@@ -77,6 +78,11 @@ def compile_callable(target, compiler):
         wrapped = compiler.wrap_function(target.__func__)
         return types.MethodType(wrapped, target.__self__)
     if isinstance(target, types.FunctionType):
+        inner = torch_wrap_numpy_target(target)
+        if inner is not None:
+            # torch.compiler.wrap_numpy converts eagerly, which fails for tensors on a GPU or needing
+            # grad; bytegraph.wrap_numpy means the same and traces without converting.
+            return compiler.wrap_function(wrap_numpy(inner))
         return compiler.wrap_function(target)
     if isinstance(target, functools.partial):
         inner = compile_callable(target.func, compiler)

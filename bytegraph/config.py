@@ -82,6 +82,8 @@ _SETTINGS = {
     "suppress_errors": (True, (bool,), "an internal error while compiling runs the frame eagerly"),
     "dynamic_shapes": (os.environ.get("BYTEGRAPH_DYNAMIC_SHAPES", "1") != "0", (bool,),
                        "allow symbolic sizes at all (BYTEGRAPH_DYNAMIC_SHAPES=0 turns them off)"),
+    "trace_numpy": (os.environ.get("BYTEGRAPH_TRACE_NUMPY", "1") != "0", (bool,),
+                    "trace NumPy code as tensor code (BYTEGRAPH_TRACE_NUMPY=0 runs NumPy natively at graph breaks)"),
     "debug_function": (_env_names("BYTEGRAPH_DEBUG_FUNCTION"), (list, tuple),
                        "compile only frames of functions with these names (BYTEGRAPH_DEBUG_FUNCTION=a,b); "
                        "empty: every frame"),

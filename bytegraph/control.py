@@ -1,6 +1,8 @@
-"""Fine-grained control over what is traced: disable, allow_in_graph, disallow_in_graph, graph_break."""
+"""Fine-grained control over what is traced: disable, allow_in_graph, disallow_in_graph, graph_break;
+``wrap_numpy`` (NumPy code as a function of tensors)."""
 import functools
 
+import numpy as np
 import torch
 
 from .errors import BytegraphError
@@ -71,7 +73,7 @@ def is_disabled(fn):
     return getattr(fn, "_bytegraph_disabled", False)
 
 
-__all__ = ["disable", "allow_in_graph", "disallow_in_graph", "graph_break"]
+__all__ = ["disable", "allow_in_graph", "disallow_in_graph", "graph_break", "wrap_numpy"]
 
 
 def mark_dynamic(t, dim, min=None, max=None):
@@ -98,3 +100,56 @@ def mark_static(t, dim=None):
     current = getattr(t, "_bytegraph_static", None)
     current = set() if current in (None, "all") else set(current)
     t._bytegraph_static = current | {d % t.dim() for d in dims}
+
+
+# --- NumPy code on tensors --------------------------------------------------------------------------
+
+def wrap_numpy(fn):
+    """Make ``fn``, written for ``np.ndarray``s, a function of ``torch.Tensor``s.
+
+    Tensor arguments (also inside tuples, lists and dicts) are handed to ``fn`` as arrays
+    and array results come back as tensors. Compiled, the arrays *are* the tensors (no
+    copies, no device moves): NumPy code runs on the tensors' device, and gradients flow
+    through it (with ``fullgraph=True``). Run eagerly, tensors are converted with
+    ``t.numpy(force=True)`` and results with ``torch.as_tensor``.
+    """
+    if not callable(fn):
+        raise BytegraphError(f"wrap_numpy expects a callable, got {type(fn).__name__}")
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        return tensors_from_arrays(fn(*arrays_from_tensors(args), **arrays_from_tensors(kwargs)))
+
+    wrapped._bytegraph_wrap_numpy = fn
+    return wrapped
+
+
+def arrays_from_tensors(value):
+    """Tensors in ``value`` (a tuple, list or dict of them, or one) as NumPy arrays."""
+    return _map_leaves(value, torch.Tensor, lambda t: t.numpy(force=True))
+
+
+def tensors_from_arrays(value):
+    """NumPy arrays in ``value`` as tensors."""
+    return _map_leaves(value, np.ndarray, torch.as_tensor)
+
+
+def _map_leaves(value, kind, fn):
+    if isinstance(value, kind):
+        return fn(value)
+    if type(value) in (tuple, list):
+        return type(value)(_map_leaves(v, kind, fn) for v in value)
+    if type(value) is dict:
+        return {k: _map_leaves(v, kind, fn) for k, v in value.items()}
+    return value
+
+
+def torch_wrap_numpy_target(fn):
+    """The function ``torch.compiler.wrap_numpy`` wrapped, if ``fn`` is such a wrapper (it means what
+    ``wrap_numpy`` means, so bytegraph treats it the same way), else None."""
+    code = getattr(fn, "__code__", None)
+    # functools.wraps gives the wrapper the wrapped function's names; its code keeps torch's.
+    if code is None or getattr(code, "co_qualname", "") != "wrap_numpy.<locals>.wrap" \
+            or not code.co_filename.replace("\\", "/").endswith("torch/_dynamo/external_utils.py"):
+        return None
+    return getattr(fn, "__wrapped__", None)

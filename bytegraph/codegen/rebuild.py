@@ -16,6 +16,8 @@ from ..bytecode.resume import CLOSURE_PARAM
 from ..guards.sources import AttrSource, ClosureSource, ObjectSource
 from ..trace.exceptions import rebuild_expr, values_inside
 from ..trace.frame import PendingLocal
+from ..values import arrays
+from ..values.arrays import NdarrayMethodValue, NdarrayValue
 from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DefaultDictValue, DictValue,
                            DictViewValue, ExceptionValue, FunctionValue, IteratorValue, ListValue,
                            PartialValue, PrivateObjectValue, RealCell,
@@ -81,6 +83,15 @@ class Rebuilder:
         return self.temp(f"__make_function({self.ns.ref(v.code, 'code')}, {self.ns.ref(v.globals, 'g')}, "
                          f"{v.name!r}, {defaults}, {kwdefaults}, {closure})")
 
+    def _negative_stride_view(self, v):
+        """Eager NumPy's negative-stride view, made again from its base (the trace held a copy)."""
+        if v.view_of is arrays.UNREBUILDABLE:
+            raise Unsupported("a view of a negative-stride NumPy view (traced as a copy) outlives the graph; "
+                              "it cannot be made again as NumPy's view")
+        fn, args, kwargs = v.view_of
+        parts = [self.expr(a) for a in args] + [f"{k}={self.expr(x)}" for k, x in kwargs.items()]
+        return self.temp(f"{self.ns.ref(fn, 'view')}({', '.join(parts)})")
+
     def temp(self, expr):
         name = f"__v{self._temps}"
         self._temps += 1
@@ -110,6 +121,17 @@ class Rebuilder:
     def _expr(self, v):
         if isinstance(v, (TensorValue, SymValue)):
             return self.tensor_exprs[id(v)]
+        if isinstance(v, NdarrayValue) and v.view_of is not None:
+            return self._negative_stride_view(v)
+        if isinstance(v, NdarrayValue):
+            expr = self.tensor_exprs[id(v)]
+            if isinstance(expr, ArrayExpr):
+                return expr.text
+            # Each array value is converted once: one object, however often it is used.
+            convert = arrays.tensor_to_scalar if v.scalar else arrays.tensor_to_array
+            return self.temp(f"{self.ns.ref(convert, convert.__name__)}({expr})")
+        if isinstance(v, NdarrayMethodValue):
+            return f"{self.expr(v.array)}.{v.name}"
         if isinstance(v, ConstantValue):
             if v.source is not None:
                 return self.ns.source(v.source)
@@ -200,8 +222,12 @@ def _is_literal(text):
 
 def tensors_in(values, out):
     for v in values:
-        if isinstance(v, (TensorValue, SymValue)):
+        if isinstance(v, NdarrayValue) and v.view_of is not None and v.view_of is not arrays.UNREBUILDABLE:
+            tensors_in(list(v.view_of[1]) + list(v.view_of[2].values()), out)
+        elif isinstance(v, (TensorValue, SymValue, NdarrayValue)):
             out.append(v)
+        elif isinstance(v, NdarrayMethodValue):
+            out.append(v.array)
         elif isinstance(v, (TupleValue, ListValue)):
             tensors_in(v.items, out)
         elif isinstance(v, DictValue):
@@ -264,18 +290,38 @@ def new_object(cls, attrs, dict_items=None):
     return obj
 
 
-def graph_value_exprs(ns, values, graph_inputs, state_root, out_var="__out"):
-    """id(value) -> expression for tensors/symbolic ints, and the values the graph must output.
+class ArrayExpr:
+    """The expression of an np.ndarray value that is already an array (an array argument itself)."""
+    __slots__ = ("text",)
 
-    Graph inputs are re-read from their sources and module state is referenced
-    directly; everything else is an output of the graph.
+    def __init__(self, text):
+        self.text = text
+
+
+def array_input_name(inp):
+    """The name the transformed function gives the tensor an array argument is traced as."""
+    return f"__in_{inp.node.name}"
+
+
+def graph_value_exprs(ns, values, graph_inputs, state_root, out_var="__out"):
+    """id(value) -> expression for tensors/symbolic ints/arrays, and the values the graph must output.
+
+    Graph inputs are re-read from their sources (an array argument seen as a tensor is the
+    tensor made for the graph) and module state is referenced directly; everything else is an
+    output of the graph. The expression of an array value is its tensor's, converted by the
+    Rebuilder, or an ArrayExpr when it is the array argument itself.
     """
     by_node = {inp.node: inp for inp in graph_inputs}
     outputs, index, exprs = [], {}, {}
     for v in values:
         inp = by_node.get(v.node)
         if inp is not None:
-            exprs[id(v)] = ns.source(inp.source)
+            if inp.array_mode is None:
+                exprs[id(v)] = ns.source(inp.source)
+            elif isinstance(v, NdarrayValue):
+                exprs[id(v)] = ArrayExpr(ns.source(inp.source))
+            else:
+                exprs[id(v)] = array_input_name(inp)
         elif v.node.op == "get_attr":
             exprs[id(v)] = ns.ref(getattr(state_root, v.node.target), "state")
         else:

@@ -14,7 +14,8 @@ from ..guards.sources import AttrSource, ClosureSource, GlobalSource
 from ..debug.counting import count_ops
 from ..trace.context import DELETED
 from ..values.base import ConstantValue, DictValue, IteratorValue, ListValue
-from .rebuild import Namespace, Rebuilder, _key_expr, graph_value_exprs, tensors_in
+from ..values import arrays
+from .rebuild import Namespace, Rebuilder, _key_expr, array_input_name, graph_value_exprs, tensors_in
 
 
 def finish_graph(tx, ns, live_values, compile_graph):
@@ -24,14 +25,36 @@ def finish_graph(tx, ns, live_values, compile_graph):
     expression that produces it after the graph has run.
     """
     exprs, outputs = graph_value_exprs(ns, tensors_in(live_values, []), tx.graph.inputs, tx.graph.state_root)
+    # Array arguments whose tensor is used after the graph even if the graph does not read it.
+    used = set(exprs.values())
+    referenced = [i for i in tx.graph.inputs if i.array_mode is not None and array_input_name(i) in used]
     gm = tx.graph.output(outputs)
     guard_input_aliasing(tx, gm)
     guard_container_aliasing(tx)
+    lines, write_back = array_input_lines(tx, ns, referenced)
     if count_ops(gm) == 0:
-        return [], exprs, None
+        return lines, exprs, None
     ns.ns["__compiled_fn"] = compile_graph(gm, tx.graph.example_inputs())
-    args = ", ".join(ns.source(i.source) for i in tx.graph.inputs)
-    return [f"__out = __compiled_fn({args})"], exprs, gm
+    args = ", ".join(ns.source(i.source) if i.array_mode is None else array_input_name(i) for i in tx.graph.inputs)
+    return lines + [f"__out = __compiled_fn({args})"] + write_back, exprs, gm
+
+
+def array_input_lines(tx, ns, referenced=()):
+    """(lines making the tensors that np.ndarray arguments are traced as, lines writing the graph's
+    in-place changes back into arrays it got copies of)."""
+    make, back = [], []
+    inputs = [i for i in tx.graph.inputs if i.array_mode is not None]
+    inputs += [i for i in referenced if i not in inputs]
+    for inp in inputs:
+        name = array_input_name(inp)
+        convert = arrays.array_to_tensor if inp.array_mode == arrays.SHARE else arrays.array_to_tensor_copy
+        make.append(f"{name} = {ns.ref(convert, convert.__name__)}({ns.source(inp.source)})")
+        if inp.mutated():
+            if not inp.writeable:
+                raise Unsupported(f"{inp.source.name()} is read-only; the graph would change it in place")
+            if inp.array_mode == arrays.COPY:
+                back.append(f"{ns.ref(arrays.write_back, 'write_back')}({ns.source(inp.source)}, {name})")
+    return make, back
 
 
 def guard_input_aliasing(tx, gm):
@@ -40,11 +63,29 @@ def guard_input_aliasing(tx, gm):
     as a backend that functionalizes the graph (AOTAutograd) relies on it."""
     if not any(_mutates(node) for node in gm.graph.nodes):
         return
-    tensors = [i for i in tx.graph.inputs if isinstance(i.example, torch.Tensor)]
+    guard_array_overlap(tx)
+    tensors = [i for i in tx.graph.inputs if isinstance(i.example, torch.Tensor) and i.array_mode is None]
     for i, a in enumerate(tensors):
         for b in tensors[i + 1:]:
             shared = a.example.untyped_storage().data_ptr() == b.example.untyped_storage().data_ptr()
             tx.guards.add(g.STORAGE_SHARED, a.source, (b.source, shared), detail=b.source.name())
+
+
+def guard_array_overlap(tx):
+    """An np.ndarray input of a graph that mutates must not overlap another array or tensor input in
+    memory (each is its own tensor in the graph, so the graph could not see one change through the
+    other): guard that they do not; inputs that overlap now run eagerly."""
+    inputs = tx.graph.inputs
+    for i, a in enumerate(inputs):
+        for b in inputs[i + 1:]:
+            if a.array_mode is None and b.array_mode is None:
+                continue
+            x = a.array if a.array_mode is not None else a.example
+            y = b.array if b.array_mode is not None else b.example
+            if not g.memory_apart(x, y):
+                raise Unsupported(f"{a.source.name()} and {b.source.name()} overlap in memory and the graph changes "
+                                  "arrays in place; that is not traced")
+            tx.guards.add(g.ARRAYS_APART, a.source, b.source, detail=b.source.name())
 
 
 def guard_container_aliasing(tx):

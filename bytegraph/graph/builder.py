@@ -11,6 +11,7 @@ import time
 
 import warnings
 
+import numpy as np
 import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
@@ -19,19 +20,35 @@ from torch._subclasses.fake_tensor import (
 )
 
 from ..errors import Unsupported
+from ..values import arrays
+from ..values.arrays import NdarrayValue
 from ..values.base import (ConstantValue, DictValue, ListValue, ObjectValue, SliceValue,
                            SymValue, TensorValue, TupleValue)
 from .shapes import Shapes
 
 
 class GraphInput:
-    """One placeholder: the source it is read from and the value seen at trace time."""
-    __slots__ = ("source", "example", "node")
+    """One placeholder: the source it is read from and the value seen at trace time.
 
-    def __init__(self, source, example, node):
+    For an np.ndarray read through ``source``, ``example`` is the tensor it is traced as and
+    ``array_mode`` says how the transformed function makes that tensor (values/arrays.py:
+    SHARE its memory, or COPY it; ``writeable``: the array's flag).
+    """
+    __slots__ = ("source", "example", "node", "array_mode", "writeable", "version", "array")
+
+    def __init__(self, source, example, node, array_mode=None, writeable=True, array=None):
         self.source = source
         self.example = example
         self.node = node
+        self.array_mode = array_mode
+        self.writeable = writeable
+        self.version = None
+        self.array = array          # the np.ndarray itself (its memory, for overlap checks)
+
+    def mutated(self):
+        """Whether the graph changed this input in place (its fake tensor's version moved)."""
+        fake = self.node.meta.get("example_value")
+        return self.version is not None and isinstance(fake, torch.Tensor) and fake._version != self.version
 
 
 class GraphBuilder:
@@ -81,6 +98,22 @@ class GraphBuilder:
             node.meta["input_grad_edge"] = (fake.grad_fn, fake.output_nr)
         self.inputs.append(GraphInput(source, tensor, node))
         return TensorValue(node, fake, source, cls=type(tensor))
+
+    def add_ndarray_input(self, array, source, device, dynamic_dims=None):
+        """An np.ndarray argument, traced as a tensor over its data (values/arrays.py);
+        ``dynamic_dims`` as for ``add_input``."""
+        mode = arrays.input_mode(array, device)
+        tensor = arrays.array_to_tensor(array) if mode == arrays.SHARE else arrays.array_to_tensor_copy(array)
+        node = self._placeholder(source)
+        if dynamic_dims:
+            fake = self.shapes.fake_dynamic(self.fake_mode, tensor, source, dynamic_dims, array=True)
+        else:
+            fake = self.fake(tensor)
+        node.meta["example_value"] = fake
+        inp = GraphInput(source, tensor, node, array_mode=mode, writeable=bool(array.flags.writeable), array=array)
+        inp.version = fake._version
+        self.inputs.append(inp)
+        return NdarrayValue(node, fake, source)
 
     def add_sym_input(self, value, source):
         """An int argument that is symbolic in the graph."""
@@ -377,7 +410,10 @@ def _unwrap(obj):
     if isinstance(obj, SymValue):
         return obj.node, obj.sym
     if isinstance(obj, ConstantValue):
-        return obj.value, obj.value
+        value = obj.value
+        if isinstance(value, (np.generic, np.dtype)):
+            value = _numpy_scalar(value)
+        return value, value
     if isinstance(obj, TupleValue):
         nodes, fakes = _unwrap(obj.items)
         if obj.cls is torch.Size:
@@ -395,6 +431,14 @@ def _unwrap(obj):
     if isinstance(obj, ObjectValue) and _is_plain_constant(obj.obj):
         return obj.obj, obj.obj
     raise Unsupported(f"cannot pass {obj!r} to a graph operation")
+
+
+def _numpy_scalar(value):
+    """A NumPy integer or float scalar given to a torch op: torch takes it as the Python number it
+    holds (checked against eager); FX code cannot spell NumPy objects, so the graph holds that number."""
+    if isinstance(value, (np.integer, np.floating)) and not isinstance(value, np.bool_):
+        return value.item()
+    raise Unsupported(f"a NumPy {type(value).__name__} passed to a torch operation is not traced")
 
 
 def _is_plain_constant(o):

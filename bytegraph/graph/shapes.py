@@ -36,21 +36,24 @@ class ShapeSource(TorchSource):
 
 
 class SymbolOrigin:
-    """Where a symbol's value is read at run time: a tensor's size, or an int argument."""
-    __slots__ = ("source", "dim")
+    """Where a symbol's value is read at run time: a tensor's (or an np.ndarray's) size, or an int argument."""
+    __slots__ = ("source", "dim", "array")
 
-    def __init__(self, source, dim=None):
+    def __init__(self, source, dim=None, array=False):
         self.source = source
         self.dim = dim     # None: the source is the int itself
+        self.array = array   # an np.ndarray: its sizes are read as .shape[dim]
 
     def render(self, render_source):
         base = render_source(self.source)
-        return base if self.dim is None else f"{base}.size({self.dim})"
+        if self.dim is None:
+            return base
+        return f"{base}.shape[{self.dim}]" if self.array else f"{base}.size({self.dim})"
 
     def user_name(self):
         if self.dim is None:
             return self.source.name()
-        return f"{self.source.name()}.size({self.dim})"
+        return f"{self.source.name()}.shape[{self.dim}]" if self.array else f"{self.source.name()}.size({self.dim})"
 
 
 def _finite(bound):
@@ -74,7 +77,7 @@ class Shapes:
     def has_symbols(self):
         return bool(self.origins)
 
-    def fake_dynamic(self, fake_mode, tensor, source, dynamic_dims):
+    def fake_dynamic(self, fake_mode, tensor, source, dynamic_dims, array=False):
         """Fake tensor whose dims in ``dynamic_dims`` (dim -> (min, max)) are symbolic."""
         sizes = [DimDynamic.DUCK if d in dynamic_dims else DimDynamic.STATIC for d in range(tensor.dim())]
         ctx = StatelessSymbolicContext(dynamic_sizes=sizes)
@@ -83,7 +86,7 @@ class Shapes:
             size = fake.shape[d]
             if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
                 sym = size.node.expr
-                self.origins.setdefault(sym, []).append(SymbolOrigin(source, d))
+                self.origins.setdefault(sym, []).append(SymbolOrigin(source, d, array))
                 lo, hi = bounds
                 if lo is not None:
                     self.lower_bounds[sym] = max(lo, self.lower_bounds.get(sym, lo))

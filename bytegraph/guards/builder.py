@@ -13,6 +13,7 @@ import builtins
 import linecache
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .sources import GlobalSource, ObjectSource, Source
@@ -32,6 +33,8 @@ NO_HOOKS = "NO_HOOKS"   # an nn.Module called while tracing had no forward hooks
 NOT_ALIAS = "NOT_ALIAS"   # two sources named different objects when traced (`is`, id(), or one is mutated)
 STORAGE_SHARED = "STORAGE_SHARED"   # two tensor inputs of a graph that mutates: share storage or not
 MISSING_ATTR = "MISSING_ATTR"   # the object had no attribute ``expected`` (hasattr, except AttributeError)
+NDARRAY_MATCH = "NDARRAY_MATCH"   # an np.ndarray traced as a tensor: exact type, dtype, shape, strides, writeable
+ARRAYS_APART = "ARRAYS_APART"   # an array and another array or tensor a mutating graph reads do not overlap in memory
 
 
 class TensorMeta:
@@ -49,6 +52,56 @@ class TensorMeta:
 
     def dim(self):
         return len(self.shape)
+
+
+class ArrayMeta:
+    """What an NDARRAY_MATCH guard remembers of an np.ndarray (not the array itself)."""
+    __slots__ = ("dtype", "shape", "strides", "writeable", "contiguous")
+
+    def __init__(self, a):
+        self.dtype = a.dtype
+        self.shape = a.shape
+        self.strides = a.strides
+        self.writeable = bool(a.flags.writeable)
+        self.contiguous = bool(a.flags.c_contiguous)
+
+
+_CPU = torch.device("cpu")
+
+
+def _byte_span(x):
+    """[first byte, past the last byte) an array or CPU tensor reads, or None (empty, not in host memory)."""
+    if isinstance(x, np.ndarray):
+        if x.size == 0:
+            return None
+        start, steps, item = x.__array_interface__["data"][0], zip(x.shape, x.strides), x.itemsize
+    elif isinstance(x, torch.Tensor):
+        if x.device.type != "cpu" or x.numel() == 0:
+            return None
+        item = x.element_size()
+        start, steps = x.data_ptr(), [(n, s * item) for n, s in zip(x.shape, x.stride())]
+    else:
+        return None
+    lo = hi = start
+    for n, step in steps:
+        if step < 0:
+            lo += (n - 1) * step
+        else:
+            hi += (n - 1) * step
+    return lo, hi + item
+
+
+def memory_apart(x, y):
+    """Whether two arrays/tensors certainly use different bytes (conservative: ranges, not elements)."""
+    a, b = _byte_span(x), _byte_span(y)
+    return a is None or b is None or a[1] <= b[0] or b[1] <= a[0]
+
+
+def default_device():
+    """``torch.get_default_device()``, cheaply when no torch function mode is active."""
+    if not torch._C._len_torch_function_stack():
+        return _CPU
+    return torch.get_default_device()
 
 
 @dataclass
@@ -79,6 +132,12 @@ class Guard:
             return f"{where}: is {self.expected.name()}"
         if self.kind == NOT_ALIAS:
             return f"{where}: is not {self.expected.name()}"
+        if self.kind == NDARRAY_MATCH:
+            a = self.expected
+            return (f"{where}: NDARRAY_MATCH ndarray {a.dtype} shape={list(a.shape)} strides={list(a.strides)}"
+                    f"{'' if a.writeable else ' read-only'}")
+        if self.kind == ARRAYS_APART:
+            return f"{where}: does not overlap {self.expected.name()} in memory"
         if self.kind == STORAGE_SHARED:
             return f"{where}: {'shares' if self.expected[1] else 'shares no'} storage with {self.expected[0].name()}"
         return f"{where}: {self.kind} {self.expected!r}"
@@ -139,6 +198,7 @@ class _Emitter:
             "_get_default_dtype": torch.get_default_dtype,
             "_autocast_enabled": torch.is_autocast_enabled,
             "_inference_mode": torch.is_inference_mode_enabled,
+            "_default_device": default_device, "_ndarray": np.ndarray, "_memory_apart": memory_apart,
         }
         self._consts = {}
         self.uses = {}
@@ -219,6 +279,32 @@ class _Emitter:
             return [(f"({same}) is {shared}",
                      f"f'{who} and {other_source.name()} {relation} storage when compiled (the graph mutates "
                      f"inputs), now they differ'")]
+        if g.kind == NDARRAY_MATCH:
+            a = g.expected
+            dt = self.const(a.dtype)
+            out = [(f"type({e}) is _ndarray", f"f'{who} is no longer an np.ndarray: got {{type({e}).__qualname__}}'"),
+                   (f"{e}.dtype == {dt}", f"f'dtype of {who} changed: expected {a.dtype}, got {{{e}.dtype}}'")]
+            if not g.dynamic_dims:
+                out += [(f"{e}.shape == {a.shape!r}",
+                         f"f'shape of {who} changed: expected {a.shape}, got {{{e}.shape}}'"),
+                        (f"{e}.strides == {a.strides!r}",
+                         f"f'strides of {who} changed: expected {a.strides}, got {{{e}.strides}}'")]
+            else:
+                out.append((f"{e}.ndim == {len(a.shape)}",
+                            f"f'rank of {who} changed: expected {len(a.shape)} dims, got {{{e}.ndim}}'"))
+                out += [(f"{e}.shape[{i}] == {n}", f"f'size of {who} (dim {i}): expected {n}, got {{{e}.shape[{i}]}}'")
+                        for i, n in enumerate(a.shape) if i not in g.dynamic_dims]
+                out.append((f"{e}.flags.c_contiguous", f"f'{who} is no longer C-contiguous'") if a.contiguous else
+                           (f"{e}.strides == {a.strides!r}",
+                            f"f'strides of {who} changed: expected {a.strides}, got {{{e}.strides}}'"))
+            out.append((f"{e}.flags.writeable is {a.writeable}",
+                        f"f'{who} is {'no longer' if a.writeable else 'now'} writeable'"))
+            return out
+        if g.kind == ARRAYS_APART:
+            other = self.render(g.expected)
+            return [(f"_memory_apart({e}, {other})",
+                     f"f'{who} and {g.expected.name()} did not overlap in memory when compiled (the graph changes "
+                     f"arrays in place), now they may'")]
         if g.kind == NO_HOOKS:
             return [(f"not ({e}._forward_hooks or {e}._forward_pre_hooks)",
                      f"f'{who} has forward hooks now; they were not traced'")]
@@ -316,12 +402,12 @@ def compile_guards(guards, params, fn_globals, name="guard", hit=True):
     src += ["    except Exception as e:",
             "        return f'guard raised {type(e).__name__}: {e}'",
             "    return None", ""]
-    observed = [g for g in ordered if g.kind == TENSOR_MATCH or (
+    observed = [g for g in ordered if g.kind in (TENSOR_MATCH, NDARRAY_MATCH) or (
         g.kind == CONSTANT_MATCH and type(g.expected) is int)]
     src += [f"def observe_{name}({sig}):", "    out = []"]
     for g in observed:
         e = g.source.expr_over(em.render_plain)
-        value = f"tuple({e}.shape)" if g.kind == TENSOR_MATCH else e
+        value = f"tuple({e}.shape)" if g.kind in (TENSOR_MATCH, NDARRAY_MATCH) else e
         src += ["    try:", f"        out.append({value})", "    except Exception:", "        out.append(None)"]
     src += ["    return out", ""]
     text = "\n".join(src)

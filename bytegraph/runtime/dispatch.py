@@ -11,7 +11,7 @@ import weakref
 
 from ..config import config
 from ..debug import debug_dir, logs, progress, records, timing
-from ..guards.builder import TENSOR_MATCH
+from ..guards.builder import NDARRAY_MATCH, TENSOR_MATCH
 from ..trace.tracer import frame_params
 from .cache import CodeCache
 from .compile_frame import compile_frame, eager_entry
@@ -173,7 +173,7 @@ def _note_changed_sizes(cache, entry, frame_args):
     for g, now in zip(check.observed, observe(*frame_args)):
         if now is None:
             continue
-        if g.kind == TENSOR_MATCH:
+        if g.kind in (TENSOR_MATCH, NDARRAY_MATCH):
             before = g.expected.shape
             if len(now) == len(before):
                 changed = {d for d, (a, b) in enumerate(zip(before, now)) if a != b}

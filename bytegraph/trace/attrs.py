@@ -13,7 +13,8 @@ from ..values.base import (BoundMethodValue, ConstantValue, ContextManagerValue,
                            ObjectValue, PrivateObjectValue, SuperValue, TensorMethodValue, TensorValue,
                            TupleValue, UserObjectValue)
 from ..values.builder import CONSTANT_TYPES, is_trusted_module, note_reassigned_buffer, wrap
-from . import exceptions, ops
+from ..values.arrays import NdarrayValue
+from . import exceptions, numpy_calls, ops
 from .basics import as_constant, describe
 from .context import DELETED
 from .exceptions import MissingAttribute, set_attr as set_exception_attr, super_attr
@@ -41,6 +42,12 @@ def get_attr(frame, v, name):
 def _get_attr(frame, v, name):
     if isinstance(v, TensorValue):
         return _tensor_attr(frame, v, name)
+    if isinstance(v, NdarrayValue):
+        return numpy_calls.array_attr(frame, v, name)
+    if numpy_calls.is_numpy_object(v):
+        value = numpy_calls.object_attr(frame, v, name)
+        if value is not None:
+            return value
     if isinstance(v, ConstantValue):
         return _constant_attr(v, name)
     if isinstance(v, ObjectValue):

@@ -14,6 +14,7 @@ import types
 
 import torch
 
+from .. import control
 from ..errors import Unsupported
 from ..guards import builder as g
 from ..guards.sources import AttrSource, ModuleEntrySource
@@ -21,8 +22,9 @@ from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue
                            ExceptionValue, FunctionValue, IteratorValue, ListValue, MethodOfValue,
                            ObjectValue, PrivateObjectValue, SuperValue, SymValue, TensorMethodValue,
                            TensorValue, TracedId, TupleValue, UserObjectValue)
+from ..values.arrays import NdarrayValue
 from ..values.builder import wrap
-from . import attrs, generators, operators, ops, with_blocks
+from . import attrs, generators, numpy_calls, operators, ops, with_blocks
 from .calls import TENSOR_DATA_HINT, call, fold, has_tensor
 from .exceptions import TracedRaise, to_str
 from .generators import check_unchanged, iterated_containers
@@ -56,6 +58,8 @@ def _len(frame, args, kwargs):
         if v.fake.dim() == 0:
             raise Unsupported("len() of a 0-d tensor")
         return frame.tx.graph.size_value(v, 0)
+    if isinstance(v, NdarrayValue):
+        return numpy_calls.len_value(frame, v)
     if isinstance(v, (UserObjectValue, ObjectValue)):
         n = generators.user_dunder(frame, v, "__len__", [])
         if n is not None:
@@ -506,6 +510,9 @@ def _make_fold(fn):
         if fn in (int, float) and len(args) == 1 and isinstance(args[0], TensorValue):
             raise Unsupported(f"{fn.__name__}(tensor) needs the tensor's data, which is unknown while tracing",
                               hint=TENSOR_DATA_HINT)
+        if fn in (int, float, complex, str, repr, hash) and len(args) == 1 and numpy_calls.involves_arrays(args[0]):
+            raise Unsupported(f"{fn.__name__}() of a NumPy array needs its data, which is unknown while tracing",
+                              hint=numpy_calls.DATA_HINT)
         if fn in (str, repr) and len(args) == 1 and isinstance(args[0], ExceptionValue):
             return to_str(frame, args[0], fn)
         return fold(frame, fn, args, kwargs)
@@ -517,6 +524,8 @@ for _fn in (int, float, bool, complex, str, bytes, repr, round, divmod, pow, has
     BUILTIN_HANDLERS[_fn] = _make_fold(_fn)
 
 
+BUILTIN_HANDLERS[control.arrays_from_tensors] = numpy_calls.arrays_from_tensors
+BUILTIN_HANDLERS[control.tensors_from_arrays] = numpy_calls.tensors_from_arrays
 BUILTIN_HANDLERS[map] = generators.lazy_map
 BUILTIN_HANDLERS[filter] = generators.lazy_filter
 BUILTIN_HANDLERS.update(generators.LAZY_BUILTINS)

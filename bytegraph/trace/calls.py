@@ -23,7 +23,8 @@ from ..values.base import (BoundMethodValue, ConstantValue, DictValue, ExitValue
                            UserObjectValue)
 from ..residual import has_hooks
 from ..values.builder import CONSTANT_TYPES, wrap
-from . import attrs, generators, operators, ops, protocols
+from ..values.arrays import NdarrayMethodValue
+from . import attrs, generators, numpy_calls, operators, ops, protocols
 from .exceptions import PythonError, make_exception
 from .frame import inline_call
 from .hooks import call_with_hooks
@@ -34,6 +35,8 @@ from .torch_calls import apply_state, call_torch_class, current_state, is_graph_
 def call(frame, fn, args, kwargs):
     if isinstance(fn, TensorMethodValue):
         return tensor_method(frame, fn.tensor, fn.name, args, kwargs)
+    if isinstance(fn, NdarrayMethodValue):
+        return numpy_calls.call_array_method(frame, fn.array, fn.name, list(args), kwargs)
     if isinstance(fn, BoundMethodValue):
         return call(frame, fn.func, [fn.self_value] + list(args), kwargs)
     if isinstance(fn, FunctionValue):
@@ -64,6 +67,8 @@ def _call_object(frame, fv, args, kwargs):
     special = _control_call(frame, obj, args, kwargs)
     if special is not None:
         return special
+    if numpy_calls.is_numpy_callable(obj):
+        return numpy_calls.call_numpy(frame, fv, args, kwargs)
     handler = ops.BUILTIN_HANDLERS.get(_key(obj))
     if handler is not None:
         return handler(frame, args, kwargs)
@@ -75,6 +80,8 @@ def _call_object(frame, fv, args, kwargs):
     if isinstance(obj, types.FunctionType):
         if is_graph_function(obj):
             return torch_call(frame, obj, args, kwargs)
+        if control.torch_wrap_numpy_target(obj) is not None:
+            return numpy_calls.call_torch_wrap_numpy(frame, fv, args, kwargs)
         return call_python_function(frame, fv, args, kwargs)
     if isinstance(obj, types.MethodType):
         self_value = wrap(tx, obj.__self__, AttrSource(fv.source, "__self__") if fv.source else None)
@@ -310,6 +317,8 @@ TENSOR_DATA_HINT = ("keep the value a tensor (e.g. x.sum() instead of x.sum().it
 
 
 def tensor_method(frame, tensor, name, args, kwargs):
+    if name == "numpy":
+        return numpy_calls.tensor_method_to_array(frame, tensor, name, args, kwargs)
     if name in _DATA_DEPENDENT:
         raise Unsupported(f"Tensor.{name}() needs the tensor's data, which is unknown while tracing",
                           hint=TENSOR_DATA_HINT)

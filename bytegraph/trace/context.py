@@ -41,6 +41,10 @@ class TraceContext:
         self.cell_stores = {}          # id(real cell) -> (RealCell, value)
         self.effects_recorded = 0      # changes to state outside the trace so far (all kinds above but attrs)
         self.entry_grad_mode = torch.is_grad_enabled()
+        # Memory of arrays of which a negative-stride view was taken, and of those views (traced as
+        # copies): writing to either is refused (trace/numpy_calls.py).
+        self.reversed_bases = set()
+        self.reversed_copies = set()
 
     def effect_count(self):
         """How many side effects the trace has recorded so far (to tell whether code made any)."""
@@ -73,13 +77,13 @@ class TraceContext:
         return mode
 
     def dynamic_dims_for(self, tensor, source):
-        """dim -> (min, max) for the dims of an input tensor that should be symbolic."""
+        """dim -> (min, max) for the dims of an input tensor (or np.ndarray) that should be symbolic."""
         mode = self._dynamic_mode()
         if mode is False:
             return {}
         dims = dict(getattr(tensor, "_bytegraph_dynamic", {}) or {})
         if mode is True:
-            for d in range(tensor.dim()):
+            for d in range(tensor.ndim):
                 dims.setdefault(d, (None, None))
         else:
             for d in self.auto_dynamic.get(source, ()):
@@ -89,7 +93,7 @@ class TraceContext:
             return {}
         for d in static or ():
             dims.pop(d, None)
-        return {d: b for d, b in dims.items() if d < tensor.dim()}
+        return {d: b for d, b in dims.items() if d < tensor.ndim}
 
     def is_dynamic_scalar(self, source):
         mode = self._dynamic_mode()

@@ -14,7 +14,7 @@ from ..bytecode.analysis import inside_user_handler
 from ..errors import Unsupported
 from ..values.base import (ConstantValue, DictValue, DictViewValue, GeneratorValue, IteratorValue,
                            LazyIteratorValue, ListValue, ObjectValue, TracerCallableValue, TupleValue)
-from . import attrs, ops, protocols
+from . import attrs, numpy_calls, ops, protocols
 from .basics import as_constant
 from .exceptions import TracedRaise, new, raise_new, to_exception, unwind
 from .operators import truth
@@ -289,6 +289,8 @@ def get_iter(frame, v):
     """``iter(v)``: iterators are their own iterators; user classes run ``__iter__``."""
     if isinstance(v, (IteratorValue, GeneratorValue, LazyIteratorValue)):
         return v
+    if numpy_calls.involves_arrays(v):
+        return IteratorValue(numpy_calls.iterate(frame, v))
     user = user_iterator(frame, v)
     if user is not None:
         return user

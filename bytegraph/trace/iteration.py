@@ -8,7 +8,7 @@ from ..guards.sources import ModuleEntrySource
 from ..values.base import (ConstantValue, DictValue, DictViewValue, IteratorValue, ListValue,
                            ObjectValue, TensorValue, TupleValue)
 from ..values.builder import wrap
-from . import attrs, generators, protocols
+from . import attrs, generators, numpy_calls, protocols
 from .exceptions import PythonError
 from .operators import getitem
 
@@ -30,6 +30,8 @@ def iterate(frame, v):
             return [ConstantValue(x) for x in v.value]
         except TypeError as e:
             raise PythonError(f"{type(v.value).__name__} object is not iterable", e) from None
+    if numpy_calls.involves_arrays(v):
+        return numpy_calls.iterate(frame, v)
     if isinstance(v, TensorValue):
         n = v.fake.shape[0] if v.fake.dim() else None
         if n is None:

@@ -2,6 +2,7 @@
 import enum
 import operator
 
+import numpy as np
 import torch
 
 from ..errors import Unsupported
@@ -14,7 +15,8 @@ from ..values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, ConstantVal
                            ObjectValue, SliceValue, SymValue, TensorMethodValue, TensorValue,
                            TupleValue, UserObjectValue)
 from ..values.builder import wrap
-from . import attrs, ops, protocols
+from ..values.arrays import NdarrayValue
+from . import attrs, numpy_calls, ops, protocols
 from .basics import as_constant, constant_value, is_constant
 from .exceptions import PythonError
 from .protocols import is_not_implemented
@@ -67,6 +69,8 @@ def _user_objects(*values):
 
 def binary(frame, op, a, b):
     fn = BINARY[op]
+    if numpy_calls.involves_arrays(a, b):
+        return numpy_calls.binary(frame, op, a, b)
     if op.endswith("=") and isinstance(a, (ListValue, DictValue, ConstantValue)):
         changed = ops.inplace_operator(frame, op, a, b)
         if changed is not None:
@@ -143,6 +147,8 @@ def _empty(cls):
 
 def compare(frame, op, a, b):
     fn = COMPARE[op]
+    if numpy_calls.involves_arrays(a, b):
+        return numpy_calls.compare(frame, op, a, b)
     if _user_objects(a, b):
         result = _compare_special(frame, op, a, b)
         if result is not None:
@@ -161,6 +167,9 @@ def compare(frame, op, a, b):
     if op in ("==", "!=") and (isinstance(a, ObjectValue) or isinstance(b, ObjectValue)):
         oa = a.obj if isinstance(a, ObjectValue) else as_constant(a) if is_constant(a) else a
         ob = b.obj if isinstance(b, ObjectValue) else as_constant(b) if is_constant(b) else b
+        if isinstance(oa, np.dtype) or isinstance(ob, np.dtype):
+            # A NumPy dtype equals the scalar types and names that spell it (x.dtype == np.float32).
+            return constant_fold(frame, fn, [a, b], f"comparison {op}")
         if type(oa).__eq__ is object.__eq__ or type(ob).__eq__ is object.__eq__ or isinstance(oa, type):
             same = oa is ob
             return ConstantValue(same if op == "==" else not same)
@@ -234,6 +243,8 @@ def is_none(v):
 
 
 def contains(frame, container, item):
+    if numpy_calls.involves_arrays(container):
+        raise Unsupported("`in` on a NumPy array needs its data", hint=numpy_calls.DATA_HINT)
     if protocols.has_special_method(container, "__contains__"):
         return truth(frame, protocols.call_special_method(frame, container, "__contains__", [item]))
     container = protocols.dict_part(container)
@@ -252,6 +263,8 @@ def contains(frame, container, item):
 
 
 def unary(frame, fn, v):
+    if numpy_calls.involves_arrays(v):
+        return numpy_calls.unary(frame, fn, v)
     if isinstance(v, TensorValue):
         return graph_op(frame, fn, [v])
     if isinstance(v, SymValue):
@@ -271,6 +284,8 @@ def truth(frame, v):
         return bool(v.sym != 0)
     if isinstance(v, TensorValue):
         raise Unsupported("branching on a tensor's value (data-dependent control flow)", hint=DATA_DEPENDENT_BRANCH)
+    if numpy_calls.involves_arrays(v):
+        numpy_calls.truth(v)
     if isinstance(v, (TupleValue, ListValue, DictValue)):
         return bool(v.items)
     for name in ("__bool__", "__len__"):
@@ -313,6 +328,8 @@ def python_type(v):
 
 
 def length(frame, v):
+    if numpy_calls.involves_arrays(v):
+        return numpy_calls.length(v)
     if protocols.has_special_method(v, "__len__"):
         n = protocols.call_special_method(frame, v, "__len__", [])
         if isinstance(n, SymValue):
@@ -343,6 +360,8 @@ def make_slice(start, stop, step):
 
 
 def getitem(frame, obj, index):
+    if numpy_calls.involves_arrays(obj, index):
+        return numpy_calls.getitem(frame, obj, index)
     if isinstance(obj, TensorValue):
         return graph_op(frame, operator.getitem, [obj, index])
     if isinstance(obj, (TupleValue, ListValue)):
@@ -399,6 +418,9 @@ def _module_item(frame, mv, index):
 
 
 def setitem(frame, obj, index, value):
+    if numpy_calls.involves_arrays(obj, index, value):
+        numpy_calls.setitem(frame, obj, index, value)
+        return
     if isinstance(obj, TensorValue):
         graph_op(frame, operator.setitem, [obj, index, value])
         return

@@ -9,14 +9,17 @@ MRO, never on the instance. Mixin methods written in Python (``collections.abc``
 """
 import types
 
+import numpy as np
 import torch
 
 from ..values.base import ConstantValue, ObjectValue, UserObjectValue
 from ..values.builder import wrap
 from . import ops
 
-# Classes whose Python-level special methods are *not* traced: their behaviour is known natively.
-_NATIVE_BASES = (torch.nn.Module, torch.Tensor, type)
+# Classes whose Python-level special methods are *not* traced: their behaviour is known natively
+# (NumPy's: arrays, masked arrays and polynomials are trace/numpy_calls.py's, or run natively).
+_NATIVE_BASES = (torch.nn.Module, torch.Tensor, type, np.ndarray, np.generic, np.poly1d,
+                 np.polynomial._polybase.ABCPolyBase)
 
 
 def _lookup_static(cls, name):

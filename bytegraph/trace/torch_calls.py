@@ -6,7 +6,7 @@ import torch
 from ..errors import Unsupported
 from ..residual import set_autocast_state
 from ..values.base import ContextManagerValue, PrivateObjectValue, TensorValue
-from . import attrs, operators, ops
+from . import attrs, numpy_calls, operators, ops
 
 # Python modules of torch whose functions go into the graph as one node each.
 _GRAPH_MODULE_PREFIXES = ("torch.nn.functional", "torch.functional", "torch._refs", "torch.special",
@@ -54,6 +54,8 @@ def torch_call(frame, fn, args, kwargs):
     if name in _STATEFUL_NAMES or name.startswith(("set_", "_set_")) or "nesting" in name \
             or name in ("clear_autocast_cache", "_enter_autocast", "_exit_autocast"):
         raise Unsupported(f"torch.{name}() changes global state and cannot be traced")
+    if numpy_calls.involves_arrays(*args, *kwargs.values()):
+        return numpy_calls.torch_with_arrays(frame, fn, args, kwargs)
     if isinstance(fn, (types.MethodDescriptorType, types.WrapperDescriptorType)):
         # torch.Tensor.add(x, y) is x.add(y).
         if not args or not isinstance(args[0], TensorValue):

@@ -11,12 +11,15 @@ import functools
 import types
 import weakref
 
+import numpy as np
 import torch
 
+from ..config import config
 from ..errors import Unsupported
 from ..guards import builder as g
 from ..guards.sources import AttrSource, ItemSource, ModuleEntrySource
 from ..residual import AutocastExit, GradModeExit
+from .arrays import unsupported_reason as array_unsupported_reason
 from .base import (ConstantValue, ContextManagerValue, DictValue, ExitValue, ListValue, ObjectValue, TupleValue,
                    constant)
 
@@ -88,7 +91,9 @@ def _wrap(tx, obj, source):
                                              else "_bytegraph_original") if source is not None else None)
     if isinstance(obj, torch.Tensor):
         return _wrap_tensor(tx, obj, source)
-    if t in CONSTANT_TYPES:
+    if t is np.ndarray and config.trace_numpy and array_unsupported_reason(obj) is None:
+        return _wrap_ndarray(tx, obj, source)
+    if t in CONSTANT_TYPES or isinstance(obj, (np.generic, np.dtype)) and _module_is_numpy(t):
         if source is None:
             return ConstantValue(obj)
         if t is int and tx.is_dynamic_scalar(source):
@@ -191,6 +196,23 @@ def _wrap_tensor(tx, tensor, source):
     value = tx.graph.add_input(tensor, source, dynamic)
     symbolic = tuple(d for d in dynamic if isinstance(value.fake.shape[d], torch.SymInt))
     tx.guards.add(g.TENSOR_MATCH, source, g.TensorMeta(tensor), dynamic_dims=symbolic)
+    return value
+
+
+def _module_is_numpy(t):
+    return t.__module__ == "numpy" or t.__module__.startswith("numpy.")
+
+
+def _wrap_ndarray(tx, array, source):
+    """An np.ndarray read through a source: a graph input over its data (values/arrays.py)."""
+    if source is None:
+        raise _unsupported("an np.ndarray that cannot be re-read on later calls (no source)")
+    device = g.default_device()
+    tx.guards.add(g.GLOBAL_STATE, None, ("_default_device()", device), "default device")
+    dynamic = tx.dynamic_dims_for(array, source)
+    value = tx.graph.add_ndarray_input(array, source, device, dynamic)
+    symbolic = tuple(d for d in dynamic if isinstance(value.fake.shape[d], torch.SymInt))
+    tx.guards.add(g.NDARRAY_MATCH, source, g.ArrayMeta(array), dynamic_dims=symbolic)
     return value
 
 

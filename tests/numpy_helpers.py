@@ -1,0 +1,95 @@
+"""Differential checks for NumPy programs: eager NumPy vs compiled, on values, dtypes, types and
+the arguments the program changes.
+
+``check_np(fn, make, graphs=1)``: ``make()`` returns fresh arguments (a tuple) for each run;
+``fn`` runs eagerly on one set and compiled (``CompileCounter`` backend, ``fullgraph`` when one
+graph is expected) on another, twice, and everything is compared: the result's structure and
+exact types (``np.ndarray`` vs NumPy scalar vs tensor vs Python value), dtypes, shapes and
+values, and every argument afterwards (in-place updates must reach the caller's arrays). The
+second call must not recompile.
+"""
+import numpy as np
+import torch
+
+import bytegraph
+from bytegraph.testing import CompileCounter
+
+
+def same_np(expected, actual, path="result", rtol=1e-6, atol=1e-8):
+    """Raise AssertionError naming the first difference between two results."""
+    if type(expected) is not type(actual):
+        raise AssertionError(f"{path}: type {type(expected).__name__} (eager) vs {type(actual).__name__} (compiled)")
+    if isinstance(expected, np.ndarray):
+        if expected.dtype != actual.dtype or expected.shape != actual.shape:
+            raise AssertionError(f"{path}: {expected.dtype}{expected.shape} (eager) vs "
+                                 f"{actual.dtype}{actual.shape} (compiled)")
+        if not np.allclose(expected, actual, rtol=rtol, atol=atol, equal_nan=True) if expected.dtype.kind in "fc" \
+                else not np.array_equal(expected, actual):
+            raise AssertionError(f"{path}: values differ\n eager:    {expected!r}\n compiled: {actual!r}")
+        return
+    if isinstance(expected, np.generic):
+        if expected.dtype.kind in "fc":
+            ok = np.allclose(expected, actual, rtol=rtol, atol=atol, equal_nan=True)
+        else:
+            ok = expected == actual
+        if not ok:
+            raise AssertionError(f"{path}: {expected!r} (eager) vs {actual!r} (compiled)")
+        return
+    if isinstance(expected, torch.Tensor):
+        if expected.dtype != actual.dtype or expected.shape != actual.shape or expected.device != actual.device:
+            raise AssertionError(f"{path}: tensor {expected.dtype}{tuple(expected.shape)} vs "
+                                 f"{actual.dtype}{tuple(actual.shape)}")
+        if not torch.allclose(expected, actual, rtol=rtol, atol=atol, equal_nan=True):
+            raise AssertionError(f"{path}: tensor values differ\n eager:    {expected}\n compiled: {actual}")
+        if expected.requires_grad != actual.requires_grad:
+            raise AssertionError(f"{path}: requires_grad differs")
+        return
+    if isinstance(expected, (tuple, list)):
+        if len(expected) != len(actual):
+            raise AssertionError(f"{path}: length {len(expected)} vs {len(actual)}")
+        for i, (e, a) in enumerate(zip(expected, actual)):
+            same_np(e, a, f"{path}[{i}]", rtol, atol)
+        return
+    if isinstance(expected, dict):
+        if list(expected) != list(actual):
+            raise AssertionError(f"{path}: keys {list(expected)} vs {list(actual)}")
+        for k in expected:
+            same_np(expected[k], actual[k], f"{path}[{k!r}]", rtol, atol)
+        return
+    if isinstance(expected, float) and np.isnan(expected) and np.isnan(actual):
+        return
+    if isinstance(expected, np.random.Generator):
+        return
+    if type(expected).__eq__ is object.__eq__ and hasattr(expected, "__dict__") and not callable(expected):
+        same_np(vars(expected), vars(actual), f"{path}.__dict__", rtol, atol)
+        return
+    if expected != actual:
+        raise AssertionError(f"{path}: {expected!r} (eager) vs {actual!r} (compiled)")
+
+
+def run_both(fn, make, fullgraph=False, backend=None):
+    """(eager result, eager args after, compiled fn, counter)."""
+    eager_args = make()
+    expected = fn(*eager_args)
+    cnt = CompileCounter() if backend is None else backend
+    compiled = bytegraph.compile(fn, backend=cnt, fullgraph=fullgraph)
+    return expected, eager_args, compiled, cnt
+
+
+def check_np(fn, make, graphs=1, rtol=1e-6, atol=1e-8, fullgraph=None, calls=2):
+    """The differential check of the module docstring; returns the counter."""
+    if fullgraph is None:
+        fullgraph = graphs in (0, 1)
+    expected, eager_args, compiled, cnt = run_both(fn, make, fullgraph)
+    first = None
+    for call in range(calls):
+        args = make()
+        actual = compiled(*args)
+        same_np(expected, actual, "result" if call == 0 else "result of the second call", rtol, atol)
+        same_np(eager_args, args, "arguments after the call", rtol, atol)
+        if first is None:
+            first = cnt.frame_count
+    assert cnt.frame_count == first, f"recompiled on a call with the same kind of inputs ({first} -> {cnt.frame_count})"
+    if graphs is not None:
+        assert cnt.frame_count == graphs, f"expected {graphs} graph(s), got {cnt.frame_count}"
+    return cnt
