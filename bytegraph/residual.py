@@ -76,9 +76,12 @@ def call_through(compiler, fn, args, kwargs):
     elif isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType) \
             and _is_user_function(fn.__func__) and not hasattr(fn.__func__, "_bytegraph_original"):
         target = types.MethodType(compiler.wrapper_for(fn.__func__), fn.__self__)
-    elif isinstance(fn, torch.nn.Module) and not has_hooks(fn) and _is_user_function(type(fn).forward) \
-            and "forward" not in fn.__dict__:
-        return compiler.wrapper_for(type(fn).forward)(fn, *args, **kwargs)
+    elif isinstance(fn, torch.nn.Module) and not has_hooks(fn) and "forward" not in fn.__dict__:
+        forward = next((k.__dict__["forward"] for k in type(fn).__mro__ if "forward" in k.__dict__), None)
+        if isinstance(forward, staticmethod) and _is_user_function(forward.__func__):
+            return compiler.wrapper_for(forward.__func__)(*args, **kwargs)
+        if isinstance(forward, types.FunctionType) and _is_user_function(forward):
+            return compiler.wrapper_for(forward)(fn, *args, **kwargs)
     return target(*args, **kwargs)
 
 

@@ -73,8 +73,14 @@ class Rebuilder:
         defaults = f"({', '.join(self.expr(d) for d in v.defaults)}{',' if len(v.defaults) == 1 else ''})"
         kwdefaults = "{" + ", ".join(f"{k!r}: {self.expr(d)}" for k, d in v.kwdefaults.items()) + "}"
         closure = f"({', '.join(cells)}{',' if len(cells) == 1 else ''})"
-        return self.temp(f"__make_function({self.ns.ref(v.code, 'code')}, {self.ns.ref(v.globals, 'g')}, "
-                         f"{v.name!r}, {defaults}, {kwdefaults}, {closure})")
+        fn = self.temp(f"__make_function({self.ns.ref(v.code, 'code')}, {self.ns.ref(v.globals, 'g')}, "
+                       f"{v.name!r}, {defaults}, {kwdefaults}, {closure})")
+        self._done[id(v)] = fn   # an attribute may refer to the function itself
+        if v.qualname != v.code.co_qualname:
+            self.lines.append(f"{fn}.__qualname__ = {v.qualname!r}")
+        for name, value in v.attrs.items():
+            self.lines.append(f"{fn}.{name} = {self.expr(value)}")
+        return fn
 
     def temp(self, expr):
         name = f"__v{self._temps}"
@@ -220,7 +226,7 @@ def tensors_in(values, out):
         elif isinstance(v, ExceptionValue):
             tensors_in(values_inside(v), out)
         elif isinstance(v, FunctionValue):
-            tensors_in(list(v.defaults) + list(v.kwdefaults.values())
+            tensors_in(list(v.defaults) + list(v.kwdefaults.values()) + list(v.attrs.values())
                        + [c.contents for c in v.closure if isinstance(c, CellValue) and c.contents is not None], out)
     return out
 

@@ -10,7 +10,7 @@ from ..guards.builder import MISSING_ATTR
 from ..guards.sources import AttrSource, ItemSource, ModuleEntrySource
 from ..values.base import (BoundMethodValue, ConstantValue, ContextManagerValue, DictValue,
                            ExceptionValue, FunctionValue, GeneratorValue, ListValue, MethodOfValue,
-                           ObjectValue, PrivateObjectValue, SuperValue, TensorMethodValue, TensorValue,
+                           ObjectValue, PartialValue, PrivateObjectValue, SuperValue, TensorMethodValue, TensorValue,
                            TupleValue, UserObjectValue)
 from ..values.builder import CONSTANT_TYPES, is_trusted_module, note_reassigned_buffer, wrap
 from . import exceptions, ops
@@ -61,10 +61,16 @@ def _get_attr(frame, v, name):
         if hasattr(v.python_type(), name):
             return MethodOfValue(v, name)
     if isinstance(v, FunctionValue):
-        table = {"__name__": v.name, "__qualname__": v.qualname, "__code__": v.code,
-                 "__module__": v.globals.get("__name__")}
-        if name in table:
-            return ConstantValue(table[name])
+        return _function_attr(frame, v, name)
+    if isinstance(v, PartialValue):
+        if name == "func":
+            return v.func
+        if name == "args":
+            return TupleValue(v.args)
+        if name == "keywords":
+            table = DictValue({})
+            table.items = v.kwargs   # the partial's own table, as in CPython
+            return table
     if isinstance(v, ContextManagerValue) and name in ("__enter__", "__exit__"):
         return MethodOfValue(v, name)
     if isinstance(v, BoundMethodValue):
@@ -73,6 +79,59 @@ def _get_attr(frame, v, name):
         if name == "__func__":
             return v.func
     raise Unsupported(f"attribute {name!r} of {describe(v)} is not supported yet")
+
+
+def _function_attr(frame, v, name):
+    """An attribute of a function made in the frame: what was set on it, else what CPython gives."""
+    if name in v.attrs:
+        return v.attrs[name]
+    if name == "__dict__":
+        table = DictValue({})
+        table.items = v.attrs   # the function's own attribute table
+        return table
+    if name in ("__name__", "__qualname__"):
+        return ConstantValue(v.name if name == "__name__" else v.qualname)
+    if name == "__code__":
+        return ConstantValue(v.code)
+    if name == "__module__":
+        return ConstantValue(v.globals.get("__name__"))
+    if name == "__doc__":
+        # CPython's rule for the docstring, from a throwaway function over the same code.
+        cells = tuple(types.CellType() for _ in v.code.co_freevars) or None
+        return ConstantValue(types.FunctionType(v.code, {}, None, None, cells).__doc__)
+    if name == "__defaults__":
+        return TupleValue(v.defaults) if v.defaults else ConstantValue(None)
+    if name == "__kwdefaults__":
+        return DictValue(v.kwdefaults) if v.kwdefaults else ConstantValue(None)
+    if name == "__globals__":
+        return wrap(frame.tx, v.globals, None)
+    if name == "__type_params__" and hasattr(types.FunctionType, name):
+        return ConstantValue(())
+    if hasattr(types.FunctionType, name):
+        raise Unsupported(f"attribute {name!r} of a function made in the compiled function is not supported yet")
+    raise MissingAttribute(f"'function' object has no attribute {name!r}")
+
+
+_FUNCTION_STR_ATTRS = ("__name__", "__qualname__")
+
+
+def _set_function_attr(frame, v, name, value):
+    if name in _FUNCTION_STR_ATTRS:
+        text = value.value if isinstance(value, ConstantValue) else None
+        if not isinstance(text, str):
+            exceptions.raise_new(TypeError, f"{name} must be set to a string object")
+        if name == "__name__":
+            v.name = text
+        else:
+            v.qualname = text
+        return
+    if name in ("__code__", "__defaults__", "__kwdefaults__", "__closure__", "__globals__", "__dict__",
+                "__annotations__", "__builtins__"):
+        raise Unsupported(f"setting {name} of a function made in the compiled function is not supported yet")
+    if name == "__type_params__" and not (isinstance(value, TupleValue) and value.cls is tuple or
+                                          isinstance(value, ConstantValue) and type(value.value) is tuple):
+        raise Unsupported("setting __type_params__ to a value that is not a tuple")
+    v.attrs[name] = value
 
 
 def _tensor_attr(frame, v, name):
@@ -182,6 +241,8 @@ def _object_attr(frame, v, name):
         trusted = obj.__module__.split(".")[0] in ("torch", "builtins", "collections", "typing", "enum")
         return wrap(tx, value, None if trusted else asrc)
     cls = type(obj)
+    if cls is types.MappingProxyType and name in _DICT_READS:
+        return MethodOfValue(proxy_dict(frame, v), name)
     if isinstance(obj, types.CodeType):
         # Code objects are immutable: once the code is guarded, its attributes are fixed.
         try:
@@ -293,6 +354,8 @@ def _super_attr(frame, sv, name):
         if found is not None:
             return found
     obj_type = sv.obj.python_type() if not isinstance(sv.obj, ObjectValue) else type(sv.obj.obj)
+    if isinstance(sv.obj, ObjectValue) and isinstance(sv.obj.obj, type) and issubclass(sv.obj.obj, sv.cls):
+        return _super_class_attr(frame, sv, name)   # super() in a classmethod: super(C, cls)
     mro = obj_type.__mro__
     if sv.cls not in mro:
         raise Unsupported("super(): the object is not an instance of the class")
@@ -324,6 +387,23 @@ def _super_attr(frame, sv, name):
     raise Unsupported(f"super().{name} is not supported yet")
 
 
+def _super_class_attr(frame, sv, name):
+    """``super(C, cls).name`` for a class ``cls``: classmethods bind to ``cls``, functions stay plain."""
+    owner = sv.obj.obj
+    mro = owner.__mro__
+    for klass in mro[mro.index(sv.cls) + 1:]:
+        if name in klass.__dict__:
+            attr = klass.__dict__[name]
+            if isinstance(attr, classmethod):
+                return BoundMethodValue(wrap(frame.tx, attr.__func__, None), sv.obj)
+            if isinstance(attr, staticmethod):
+                return wrap(frame.tx, attr.__func__, None)
+            if isinstance(attr, types.FunctionType):
+                return wrap(frame.tx, attr, None)
+            break
+    raise Unsupported(f"super().{name} in a classmethod is not supported yet")
+
+
 def _defined_by_dict(cls, name):
     """True if ``cls.name`` comes from ``dict``/``OrderedDict`` rather than Python code."""
     for klass in cls.__mro__:
@@ -352,6 +432,32 @@ def _dict_view(frame, ov):
     return view
 
 
+# --- a class's __dict__ (a mappingproxy) ----------------------------------------------------
+
+def is_mapping_proxy(v):
+    return isinstance(v, ObjectValue) and type(v.obj) is types.MappingProxyType
+
+
+def proxy_keys(frame, v):
+    """The keys of a mappingproxy value; the trace relies on all of them (guarded)."""
+    if v.source is not None:
+        frame.tx.guards.add(g.DICT_KEYS, v.source, list(v.obj))
+    return list(v.obj)
+
+
+def proxy_item(frame, v, key):
+    """``proxy[key]``: the entry read through its own source; KeyError (guarded) if missing."""
+    if key not in v.obj:
+        proxy_keys(frame, v)
+        exceptions.raise_new(KeyError, key)
+    return wrap(frame.tx, v.obj[key], ItemSource(v.source, key) if v.source is not None else None)
+
+
+def proxy_dict(frame, v):
+    """A read-only dict value with every entry of a mappingproxy (for its methods)."""
+    return DictValue({k: proxy_item(frame, v, k) for k in proxy_keys(frame, v)}, cls=types.MappingProxyType)
+
+
 def _noop_init(*args, **kwargs):
     return None
 
@@ -363,14 +469,15 @@ def set_attr(frame, obj, name, value, plain=False):
     """
     if isinstance(obj, ExceptionValue):
         return set_exception_attr(frame, obj, name, value)
+    if isinstance(obj, FunctionValue):
+        return _set_function_attr(frame, obj, name, value)
     if isinstance(obj, UserObjectValue):
         hook = obj.cls.__setattr__
         if not plain and hook is not object.__setattr__:
             ops.call(frame, wrap(frame.tx, hook, None), [obj, ConstantValue(name), value], {})
             return
-        attr, found = _lookup_static(obj.cls, name)
-        if found and _is_data_descriptor(attr) and not isinstance(attr, types.MemberDescriptorType):
-            raise Unsupported(f"setting {obj.cls.__qualname__}.{name} (a descriptor) is not supported yet")
+        if descriptor_store(frame, obj, obj.cls, name, value):
+            return
         obj.attrs[name] = value   # a __slots__ member is stored like an attribute
         return
     if isinstance(obj, PrivateObjectValue):
@@ -381,11 +488,54 @@ def set_attr(frame, obj, name, value, plain=False):
         # Nothing outside the trace sees this object: the store happens now.
         object.__setattr__(obj.obj, name, as_constant(value))
         return
+    if isinstance(obj, ObjectValue) and obj.source is not None and type(obj.obj).__setattr__ is object.__setattr__ \
+            and not isinstance(obj.obj, (type, types.ModuleType)) \
+            and descriptor_store(frame, obj, type(obj.obj), name, value):
+        return
     if isinstance(obj, ObjectValue) and obj.source is not None and _replayable_store(obj.obj, name, value):
         frame.tx.attr_stores[(id(obj.obj), name)] = (obj, name, value)
         return
     raise Unsupported(f"setting attribute {name!r} on {describe(obj)} (a side effect) is not supported yet",
                       hint="side effects on objects that exist outside the compiled function run eagerly")
+
+
+def descriptor_store(frame, obj, cls, name, value, delete=False):
+    """``obj.name = value`` (or ``del obj.name``) through a data descriptor of ``cls`` written in
+    Python or a ``property``: its setter (deleter) is traced. False if no such descriptor applies;
+    a slot member (``__slots__``) is left to the caller."""
+    attr, found = _lookup_static(cls, name)
+    if not found or not _is_data_descriptor(attr) or isinstance(attr, types.MemberDescriptorType):
+        return False
+    what = "deleter" if delete else "setter"
+    if isinstance(attr, property):
+        fn = attr.fdel if delete else attr.fset
+        if fn is None:
+            raise Unsupported(f"property {name!r} of {cls.__qualname__} has no {what} (eager raises AttributeError)")
+        ops.call(frame, wrap(frame.tx, fn, None), [obj] + ([] if delete else [value]), {})
+        return True
+    method = getattr(type(attr), "__delete__" if delete else "__set__", None)
+    if isinstance(method, types.FunctionType):
+        ops.call(frame, wrap(frame.tx, method, None), [wrap(frame.tx, attr, None), obj] + ([] if delete else [value]), {})
+        return True
+    raise Unsupported(f"{'deleting' if delete else 'setting'} {cls.__qualname__}.{name} "
+                      f"(a {type(attr).__name__} descriptor) is not supported yet")
+
+
+def delete_attr(frame, obj, name):
+    """``del obj.name`` on an object made in the frame: a Python ``__delattr__``, a property's
+    deleter, or the attribute itself. True if done; False if ``obj`` is not such an object."""
+    if not isinstance(obj, UserObjectValue):
+        return False
+    hook = obj.cls.__delattr__
+    if hook is not object.__delattr__ and isinstance(hook, types.FunctionType):
+        ops.call(frame, wrap(frame.tx, hook, None), [obj, ConstantValue(name)], {})
+        return True
+    if descriptor_store(frame, obj, obj.cls, name, None, delete=True):
+        return True
+    if name not in obj.attrs:
+        raise MissingAttribute(f"{obj.cls.__name__!r} object has no attribute {name!r}")
+    del obj.attrs[name]
+    return True
 
 
 def _replayable_store(obj, name, value):

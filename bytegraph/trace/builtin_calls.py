@@ -24,7 +24,7 @@ from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue
 from ..values.builder import wrap
 from . import attrs, generators, operators, ops, with_blocks
 from .calls import TENSOR_DATA_HINT, call, fold, has_tensor
-from .exceptions import TracedRaise, to_str
+from .exceptions import TracedRaise
 from .generators import check_unchanged, iterated_containers
 from .iteration import iterate
 
@@ -506,8 +506,10 @@ def _make_fold(fn):
         if fn in (int, float) and len(args) == 1 and isinstance(args[0], TensorValue):
             raise Unsupported(f"{fn.__name__}(tensor) needs the tensor's data, which is unknown while tracing",
                               hint=TENSOR_DATA_HINT)
-        if fn in (str, repr) and len(args) == 1 and isinstance(args[0], ExceptionValue):
-            return to_str(frame, args[0], fn)
+        if fn in (str, repr, ascii) and len(args) == 1 and not kwargs:
+            return operators.text_of(frame, args[0], fn)
+        if fn is format and 1 <= len(args) <= 2 and not kwargs:
+            return operators.format_of(frame, args[0], args[1] if len(args) > 1 else ConstantValue(""))
         return fold(frame, fn, args, kwargs)
     return h
 

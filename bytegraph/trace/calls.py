@@ -175,9 +175,13 @@ def _call_forward(frame, mv, args, kwargs):
     if forward is not None:
         return call(frame, wrap(frame.tx, forward, AttrSource(mv.source, "forward") if mv.source else None),
                     args, kwargs)
-    fwd = type(m).forward
+    fwd, _ = protocols._lookup_static(type(m), "forward")
     if fwd is torch.nn.Module.forward:
         raise Unsupported(f"{type(m).__name__} has no forward()")
+    if isinstance(fwd, staticmethod):
+        return call(frame, wrap(frame.tx, fwd.__func__, None), args, kwargs)
+    if isinstance(fwd, classmethod):
+        return call(frame, wrap(frame.tx, fwd.__func__, None), [wrap(frame.tx, type(m), None)] + args, kwargs)
     return call(frame, wrap(frame.tx, fwd, None), [mv] + args, kwargs)
 
 

@@ -37,6 +37,8 @@ def iterate(frame, v):
         return [getitem(frame, v, ConstantValue(i)) for i in range(n)]
     if protocols.dict_part(v) is not v and not protocols.has_special_method(v, "__iter__"):
         return iterate(frame, protocols.dict_part(v))
+    if attrs.is_mapping_proxy(v):
+        return [ConstantValue(k) for k in attrs.proxy_keys(frame, v)]
     if isinstance(v, ObjectValue) and isinstance(v.obj, enum.EnumMeta):
         return [wrap(frame.tx, member, None) for member in v.obj]   # fixed with the class
     if isinstance(v, ObjectValue):

@@ -16,7 +16,7 @@ from ..values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, ConstantVal
 from ..values.builder import wrap
 from . import attrs, ops, protocols
 from .basics import as_constant, constant_value, is_constant
-from .exceptions import PythonError
+from .exceptions import PythonError, raise_new, to_str
 from .protocols import is_not_implemented
 
 BINARY = {
@@ -243,6 +243,8 @@ def contains(frame, container, item):
             return as_constant(item) in container.obj
     if isinstance(container, TensorValue):
         raise Unsupported("`in` on a tensor needs its data")
+    if attrs.is_mapping_proxy(container):
+        return key_of(item) in attrs.proxy_keys(frame, container)
     return as_constant(item) in as_constant(container)
 
 
@@ -328,6 +330,8 @@ def length(frame, v):
         return len(v.obj)
     if isinstance(v, ObjectValue) and isinstance(v.obj, enum.EnumMeta):
         return len(v.obj)   # an enum's members are fixed when its class is made
+    if attrs.is_mapping_proxy(v):
+        return len(attrs.proxy_keys(frame, v))
     raise Unsupported(f"len() of {attrs.describe(v)} is not supported yet")
 
 
@@ -363,6 +367,8 @@ def getitem(frame, obj, index):
         return constant_fold(frame, operator.getitem, [obj, index], "indexing")
     if isinstance(obj, ObjectValue) and isinstance(obj.obj, torch.nn.Module):
         return _module_item(frame, obj, as_constant(index))
+    if attrs.is_mapping_proxy(obj):
+        return attrs.proxy_item(frame, obj, key_of(index))
     if protocols.has_special_method(obj, "__getitem__"):
         return protocols.call_special_method(frame, obj, "__getitem__", [index])
     if protocols.dict_part(obj) is not obj:
@@ -458,3 +464,73 @@ def _on_real(fn, obj, index, value, what):
         fn(*args)
     except Exception as e:
         raise Unsupported(f"{what} raised {type(e).__name__}: {e}") from e
+
+
+# --- str(), repr(), format() ----------------------------------------------------------------
+
+_TEXT_METHODS = {str: "__str__", repr: "__repr__"}
+
+
+def text_of(frame, v, fn):
+    """``str(v)``, ``repr(v)`` or ``ascii(v)``: a ``__str__``/``__repr__`` written in Python runs
+    traced (as Python looks it up: on the type; ``str`` falls back to ``repr``); containers
+    of such objects are spelled as Python spells them; constants are folded."""
+    if isinstance(v, ExceptionValue) and fn is not ascii:
+        return to_str(frame, v, fn)
+    if fn is ascii and not is_constant(v):
+        text = as_constant(text_of(frame, v, repr))
+        return ConstantValue(text.encode("ascii", "backslashreplace").decode("ascii"))
+    if is_constant(v) and not isinstance(v, SymValue):
+        return constant_fold(frame, fn, [v], f"{fn.__name__}()")
+    cls = python_type(v) if isinstance(v, (UserObjectValue, ObjectValue)) else None
+    if cls is not None:
+        for name in ((_TEXT_METHODS[fn], "__repr__") if fn is str else ("__repr__",)):
+            method = protocols.python_special_method(v, name)
+            if method is not None:
+                return _checked_text(frame, protocols.call_special_method(frame, v, name, []), name)
+            if protocols._lookup_static(cls, name)[0] is not getattr(object, name):
+                break   # a C method other than object's: not known here
+        raise Unsupported(f"{fn.__name__}() of {attrs.describe(v)} (no __str__/__repr__ written in Python; "
+                          "the default one shows its address) is not supported yet")
+    if isinstance(v, (ListValue, TupleValue, DictValue)) and v.source is None and \
+            python_type(v) in (list, tuple, dict):
+        return ConstantValue(_container_repr(frame, v))
+    raise Unsupported(f"{fn.__name__}() on non-constant arguments ({attrs.describe(v)}) is not supported yet")
+
+
+def _checked_text(frame, result, name):
+    if not isinstance(result, ConstantValue) or not isinstance(result.value, str):
+        if isinstance(result, ConstantValue):
+            raise_new(TypeError, f"{name} returned non-string (type {type(result.value).__name__})")
+        raise Unsupported(f"{name} returned {attrs.describe(result)}, not a string known while tracing")
+    return result
+
+
+def _container_repr(frame, v):
+    def item(x):
+        return as_constant(text_of(frame, x, repr))
+    if isinstance(v, ListValue):
+        return "[" + ", ".join(item(x) for x in v.items) + "]"
+    if isinstance(v, TupleValue):
+        parts = [item(x) for x in v.items]
+        return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+    return "{" + ", ".join(f"{k!r}: {item(x)}" for k, x in v.items.items()) + "}"
+
+
+def format_of(frame, v, spec):
+    """``format(v, spec)`` (f-strings): a ``__format__`` written in Python runs traced;
+    ``object.__format__`` is ``str(v)`` for an empty spec."""
+    if is_constant(v) and not isinstance(v, SymValue):
+        return constant_fold(frame, format, [v, spec], "f-string formatting")
+    method = protocols.python_special_method(v, "__format__")
+    if method is not None:
+        return _checked_text(frame, protocols.call_special_method(frame, v, "__format__", [spec]), "__format__")
+    cls = python_type(v) if isinstance(v, (UserObjectValue, ObjectValue, ExceptionValue)) else None
+    if cls is not None and protocols._lookup_static(cls, "__format__")[0] is object.__format__:
+        text = as_constant(spec)
+        if text:
+            raise_new(TypeError, f"unsupported format string passed to {cls.__name__}.__format__")
+        return text_of(frame, v, str)
+    if isinstance(v, (ListValue, TupleValue, DictValue)) and not as_constant(spec):
+        return text_of(frame, v, str)
+    return constant_fold(frame, format, [v, spec], "f-string formatting")

@@ -206,6 +206,15 @@ def _partial(frame, args, kwargs):
     fn = args[0]
     if isinstance(fn, PartialValue):
         return PartialValue(fn.func, fn.args + list(args[1:]), {**fn.kwargs, **kwargs})
+    if isinstance(fn, ObjectValue) and type(fn.obj) is functools.partial and not fn.obj.__dict__:
+        # CPython flattens a partial of a plain partial: one function, the arguments joined.
+        inner, src = fn.obj, fn.source
+        func = wrap(frame.tx, inner.func, AttrSource(src, "func") if src else None)
+        pargs = [wrap(frame.tx, a, ItemSource(AttrSource(src, "args"), i) if src else None)
+                 for i, a in enumerate(inner.args)]
+        pkw = {k: wrap(frame.tx, a, ItemSource(AttrSource(src, "keywords"), k) if src else None)
+               for k, a in inner.keywords.items()}
+        return PartialValue(func, pargs + list(args[1:]), {**pkw, **kwargs})
     return PartialValue(fn, args[1:], kwargs)
 
 

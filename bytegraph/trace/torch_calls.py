@@ -5,7 +5,7 @@ import torch
 
 from ..errors import Unsupported
 from ..residual import set_autocast_state
-from ..values.base import ContextManagerValue, PrivateObjectValue, TensorValue
+from ..values.base import ConstantValue, ContextManagerValue, PrivateObjectValue, TensorValue
 from . import attrs, operators, ops
 
 # Python modules of torch whose functions go into the graph as one node each.
@@ -51,6 +51,16 @@ _TORCH_PY_OPS = {"is_floating_point", "is_complex", "numel", "typename", "is_sto
 
 def torch_call(frame, fn, args, kwargs):
     name = getattr(fn, "__name__", "")
+    if fn is torch._C._set_grad_enabled and len(args) == 1 and not kwargs:
+        # What grad-mode managers written in Python (__enter__/__exit__) call: a graph node that
+        # switches grad mode, also applied here so the rest of the trace sees it.
+        mode = operators.as_constant(args[0])
+        if not isinstance(mode, bool):
+            raise Unsupported(f"torch._C._set_grad_enabled() of {type(mode).__name__}")
+        mgr = ContextManagerValue("set_grad", (mode,))
+        mgr.saved = current_state(mgr)
+        apply_state(frame, mgr, entering=True)
+        return ConstantValue(None)
     if name in _STATEFUL_NAMES or name.startswith(("set_", "_set_")) or "nesting" in name \
             or name in ("clear_autocast_cache", "_enter_autocast", "_exit_autocast"):
         raise Unsupported(f"torch.{name}() changes global state and cannot be traced")

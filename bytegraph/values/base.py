@@ -256,7 +256,7 @@ class SuperValue(Value):
 class FunctionValue(Value):
     """A Python function made while tracing (MAKE_FUNCTION): code plus symbolic defaults and cells."""
 
-    __slots__ = ("code", "globals", "name", "qualname", "defaults", "kwdefaults", "closure")
+    __slots__ = ("code", "globals", "name", "qualname", "defaults", "kwdefaults", "closure", "attrs")
 
     def __init__(self, code, fn_globals, name, qualname, defaults=(), kwdefaults=None, closure=()):
         super().__init__(None)
@@ -267,6 +267,9 @@ class FunctionValue(Value):
         self.defaults = tuple(defaults)
         self.kwdefaults = dict(kwdefaults or {})
         self.closure = tuple(closure)
+        # Attributes set on it in the frame (``__doc__``, ``__module__``, ``__wrapped__``, its
+        # ``__dict__``...): what decorators and functools.wraps store. name -> value.
+        self.attrs = {}
 
     def python_type(self):
         return type(lambda: None)
