@@ -6,17 +6,21 @@ symbolic ints come from the graph's outputs or are re-read from their sources;
 each symbolic container is built once, so identity between uses is kept.
 """
 import copy
+import dis
 import functools
 import types
 
 import torch
 
+from ..bytecode import analysis
+from ..bytecode.resume import NULL_SLOT, resume_code
 from ..errors import Unsupported
+from ..null import NULL
 from ..guards.sources import AttrSource, ObjectSource
 from ..trace.exceptions import rebuild_expr, values_inside
 from ..trace.frame import PendingLocal
 from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DefaultDictValue, DictValue,
-                           DictViewValue, ExceptionValue, FunctionValue, IteratorValue, ListValue,
+                           DictViewValue, ExceptionValue, FunctionValue, GeneratorValue, IteratorValue, ListValue,
                            PartialValue, PrivateObjectValue, RealCell,
                            MethodOfValue, ObjectValue, SymValue, TensorMethodValue, TensorValue,
                            MUTABLE_CONSTANT_TYPES, TracedId, TupleValue, UserObjectValue)
@@ -56,9 +60,10 @@ class Rebuilder:
         self._done = {}
         self._temps = 0
 
-    def _function(self, v):
+    def _cells(self, closure):
+        """Expressions for the cell objects of a closure (a cell made in the frame: once)."""
         cells = []
-        for cell in v.closure:
+        for cell in closure:
             if isinstance(cell, CellValue):
                 if id(cell) not in self._done:
                     contents = "" if cell.contents is None else self.expr(cell.contents)
@@ -70,6 +75,10 @@ class Rebuilder:
             else:
                 raise Unsupported("cannot rebuild a closure over this cell yet")
         self.ns.ns.update({"__make_function": make_function, "__CellType": types.CellType})
+        return cells
+
+    def _function(self, v):
+        cells = self._cells(v.closure)
         defaults = f"({', '.join(self.expr(d) for d in v.defaults)}{',' if len(v.defaults) == 1 else ''})"
         kwdefaults = "{" + ", ".join(f"{k!r}: {self.expr(d)}" for k, d in v.kwdefaults.items()) + "}"
         closure = f"({', '.join(cells)}{',' if len(cells) == 1 else ''})"
@@ -191,7 +200,74 @@ class Rebuilder:
             return f"{self.expr(v.dict_value)}.{v.kind}()"
         if isinstance(v, ExceptionValue):
             return rebuild_expr(self, v)
+        if isinstance(v, GeneratorValue):
+            return self._generator(v)
         raise Unsupported(f"cannot rebuild a {type(v).__name__} outside the graph yet")
+
+    def _generator(self, v):
+        """A real generator in the state the trace left ``v`` in (see ``generator_state``)."""
+        code = v.frame.code
+        self.ns.ns.update({"__exhausted_generator": exhausted_generator, "__primed": primed})
+        if v.state == "done":
+            return self.temp(f"__exhausted_generator({code.co_name!r}, {code.co_qualname!r})")
+        offset, stack, live, cell_names = generator_state(v)
+        layout = tuple(NULL_SLOT if x is NULL else f"__stack{i}" for i, x in enumerate(stack))
+        params = tuple(live) + tuple(cell_names)
+        resumed, _ = resume_code(code, offset, layout, params, code.co_name)
+        resumed = resumed.replace(co_qualname=code.co_qualname)
+        frame = v.frame
+        args = [self.expr(x) for x in stack if x is not NULL]
+        args += [self.expr(frame.locals[n]) for n in live]
+        args += [self.expr(frame.cells[n].contents) for n in cell_names]
+        cells = self._cells([frame.cells[n] for n in code.co_freevars])
+        closure = f"({', '.join(cells)}{',' if len(cells) == 1 else ''})"
+        fn = self.temp(f"__make_function({self.ns.ref(resumed, 'code')}, {self.ns.ref(frame.globals, 'g')}, "
+                       f"{code.co_name!r}, (), {{}}, {closure})")
+        made = f"{fn}({', '.join(args)})"
+        # Suspended: the copy starts at the same yield, and one next() stops it there.
+        return self.temp(f"__primed({made})" if v.state == "suspended" else made)
+
+
+def generator_state(v):
+    """(offset to resume at, stack values, live local names, cell names) of a generator value
+    made in the trace and not finished: a created one starts at its first instruction with its
+    arguments; a suspended one re-runs the yield it stopped at (with a dummy on the stack)."""
+    frame = v.frame
+    code = frame.code
+    if v.state == "created":
+        raw = [i for i in dis.get_instructions(code) if i.opname not in ("CACHE", "EXTENDED_ARG")]
+        first = next(k for k, i in enumerate(raw) if i.opname == "RESUME")
+        offset, stack = raw[first + 1].offset, []
+    elif v.state == "suspended":
+        offset, stack = frame.instructions[frame.yield_index].offset, list(frame.stack) + [ConstantValue(None)]
+        if any(isinstance(c, CellValue) for n, c in frame.cells.items() if n in code.co_cellvars):
+            raise Unsupported(f"cannot rebuild the suspended generator {code.co_name}() yet: it has cell "
+                              "variables (a closure made in its body)")
+    else:
+        raise Unsupported(f"cannot rebuild a generator that is {v.state}")
+    wanted = analysis.live_locals(code, offset)
+    live = [n for n in code.co_varnames if n in frame.locals and n in wanted and n not in code.co_cellvars]
+    cell_names = [n for n in code.co_cellvars if n in frame.cells and isinstance(frame.cells[n], CellValue)
+                  and frame.cells[n].contents is not None]
+    return offset, stack, live, cell_names
+
+
+def primed(gen):
+    """``gen`` after the one step that takes it to the yield it was rebuilt at."""
+    next(gen)
+    return gen
+
+
+def exhausted_generator(name, qualname):
+    """A finished generator named like the one the trace ran to its end."""
+    def gen():
+        return
+        yield
+    gen.__name__, gen.__qualname__ = name, qualname
+    made = gen()
+    for _ in made:
+        pass
+    return made
 
 
 def _is_literal(text):
@@ -225,6 +301,16 @@ def tensors_in(values, out):
                 tensors_in(v.dict_items.items.values(), out)
         elif isinstance(v, ExceptionValue):
             tensors_in(values_inside(v), out)
+        elif isinstance(v, GeneratorValue):
+            if v.state in ("created", "suspended"):
+                try:
+                    _, stack, live, cells = generator_state(v)
+                except Unsupported:
+                    continue
+                free = [v.frame.cells[n] for n in v.frame.code.co_freevars]
+                tensors_in([x for x in stack if x is not NULL] + [v.frame.locals[n] for n in live]
+                           + [v.frame.cells[n].contents for n in cells]
+                           + [c.contents for c in free if isinstance(c, CellValue) and c.contents is not None], out)
         elif isinstance(v, FunctionValue):
             tensors_in(list(v.defaults) + list(v.kwdefaults.values()) + list(v.attrs.values())
                        + [c.contents for c in v.closure if isinstance(c, CellValue) and c.contents is not None], out)

@@ -12,6 +12,7 @@ from ..values.base import (ConstantValue, ContextManagerValue, DefaultDictValue,
                            DictViewValue, IteratorValue, ListValue, ObjectValue, TupleValue)
 from ..values.builder import constant
 from . import generators, operators
+from .exceptions import PythonError
 from .builtin_calls import sort_values
 from .calls import enter_context, exit_context
 from .iteration import iterate
@@ -74,13 +75,12 @@ def _list_method(frame, lst, name, args, kwargs):
     elif name in ("index", "count"):
         return _sequence_query(frame, lst, name, args)
     elif name == "remove":
-        for i, x in enumerate(items):
-            if operators.is_same(x, args[0]) or (operators.is_constant(x) and operators.is_constant(args[0])
-                                                  and operators.as_constant(x) == operators.as_constant(args[0])):
+        for i, x in enumerate(list(items)):
+            if operators.element_equal(frame, x, args[0]):
                 del items[i]
                 break
         else:
-            raise Unsupported("list.remove(x): x not in list")
+            _not_found(lst, "remove", args[0])
     elif name == "sort":
         unexpected = set(kwargs) - {"key", "reverse"}
         if args or unexpected:
@@ -92,14 +92,34 @@ def _list_method(frame, lst, name, args, kwargs):
 
 
 def _sequence_query(frame, seq, name, args):
-    if name in ("index", "count"):
-        consts = [operators.as_constant(x) for x in seq.items]
-        target = operators.as_constant(args[0])
-        try:
-            return ConstantValue(getattr(consts, name)(target))
-        except ValueError as e:
-            raise Unsupported(f"{name}() raised ValueError: {e}") from e
+    """``seq.index(x[, start[, stop]])`` / ``seq.count(x)``, comparing as CPython does
+    (identity first, then ``==``)."""
+    items = list(seq.items)
+    if name == "count":
+        if len(args) != 1:
+            raise Unsupported("count() takes exactly one argument")
+        return ConstantValue(sum(operators.element_equal(frame, x, args[0]) for x in items))
+    if name == "index":
+        bounds = slice(*[operators.as_constant(a) for a in args[1:3]]) if len(args) > 1 else slice(None)
+        start, stop, _ = bounds.indices(len(items))
+        for i in range(start, stop):
+            if operators.element_equal(frame, items[i], args[0]):
+                return ConstantValue(i)
+        _not_found(seq, "index", args[0])
     raise Unsupported(f"tuple.{name}() is not supported yet")
+
+
+def _not_found(seq, name, item):
+    """Raise the ValueError Python raises when ``item`` is not in ``seq``."""
+    if not operators.is_constant(item):
+        raise Unsupported(f"{name}(): the item is not in the {seq.python_type().__name__} "
+                          "(eager raises ValueError naming it)")
+    empty = [] if isinstance(seq, ListValue) else ()
+    try:
+        getattr(empty, name)(operators.as_constant(item))
+    except ValueError as e:
+        raise PythonError(str(e), e) from None
+    raise AssertionError(name)
 
 
 def _dict_method(frame, d, name, args, kwargs):

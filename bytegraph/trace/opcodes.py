@@ -306,7 +306,11 @@ def is_op(f, ins):
 def contains_op(f, ins):
     container = f.pop()
     item = f.pop()
-    f.push(ConstantValue(operators.contains(f, container, item) != bool(ins.arg)))
+    if generators.is_iterated_for_contains(container):
+        found = generators.contains_by_iteration(f, container, item)
+    else:
+        found = operators.contains(f, container, item)
+    f.push(ConstantValue(found != bool(ins.arg)))
 
 
 @handler("UNARY_NEGATIVE")

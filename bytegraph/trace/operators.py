@@ -228,14 +228,7 @@ def contains(frame, container, item):
     if isinstance(container, DictValue):
         return key_of(item) in container.items
     if isinstance(container, (TupleValue, ListValue)):
-        for x in container.items:
-            if is_same(x, item):
-                return True
-            if is_constant(x) and is_constant(item) and as_constant(x) == as_constant(item):
-                return True
-            if isinstance(x, TensorValue) or isinstance(item, TensorValue):
-                raise Unsupported("`in` comparing tensors by value is not supported")
-        return False
+        return any(element_equal(frame, x, item) for x in list(container.items))
     if isinstance(container, DictViewValue):
         return contains(frame, TupleValue(container.materialize()), item)
     if isinstance(container, ObjectValue) and isinstance(container.obj, torch.nn.Module):
@@ -246,6 +239,17 @@ def contains(frame, container, item):
     if attrs.is_mapping_proxy(container):
         return key_of(item) in attrs.proxy_keys(frame, container)
     return as_constant(item) in as_constant(container)
+
+
+def element_equal(frame, element, item):
+    """How ``in``, ``index``, ``count`` and ``remove`` compare (PyObject_RichCompareBool):
+    the same object is equal, else ``element == item`` decides (a tensor's needs its data)."""
+    if is_same(element, item):
+        return True
+    if is_constant(element) and is_constant(item) and not isinstance(element, SymValue) \
+            and not isinstance(item, SymValue):
+        return as_constant(element) == as_constant(item)
+    return truth(frame, compare(frame, "==", element, item))
 
 
 def unary(frame, fn, v):
