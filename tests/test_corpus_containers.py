@@ -660,9 +660,7 @@ CASES = [
     set_ops, set_from_list_dedupe, tuple_methods, tuple_unpack_star, tuple_comparison,
     ordered_dict, default_dict_list, default_dict_int, namedtuple_make_and_read,
     namedtuple_defaults_and_asdict, namedtuple_unpack, deque_basic,
-    pytest.param(deque_maxlen, marks=pytest.mark.xfail(
-        strict=True, reason="deques are kept as real objects of Python values; "
-                            "deque.append() on non-constant arguments (a tensor) is unsupported")),
+    deque_maxlen,
     counter_basic,
     counter_of_list,
     sorted_key_reverse, sorted_tensors_by_key, sorted_dict_items_by_value, sorted_named_tensors,

@@ -5,6 +5,7 @@ code at a graph break (rebuilding the live stack and locals). Tensors and
 symbolic ints come from the graph's outputs or are re-read from their sources;
 each symbolic container is built once, so identity between uses is kept.
 """
+import collections
 import copy
 import dis
 import functools
@@ -20,10 +21,10 @@ from ..guards.sources import AttrSource, ObjectSource
 from ..trace.exceptions import rebuild_expr, values_inside
 from ..trace.frame import PendingLocal
 from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DefaultDictValue, DictValue,
-                           DictViewValue, ExceptionValue, FunctionValue, GeneratorValue, IteratorValue, ListValue,
+                           DictViewValue, ExceptionValue, FunctionValue, GeneratorValue, HeldValue, IteratorValue, ListValue,
                            PartialValue, PrivateObjectValue, RealCell,
                            MethodOfValue, ObjectValue, SymValue, TensorMethodValue, TensorValue,
-                           MUTABLE_CONSTANT_TYPES, TracedId, TupleValue, UserObjectValue)
+                           MUTABLE_CONSTANT_TYPES, TracedId, TupleValue, UserObjectValue, holds_values)
 
 
 class Namespace:
@@ -129,6 +130,8 @@ class Rebuilder:
             if isinstance(c, TracedId):
                 raise Unsupported("an id() taken while tracing escapes the compiled code; its value is "
                                   "known only at run time", hint="compare ids inside the function only")
+            if isinstance(c, (set, frozenset, collections.deque)) and holds_values(c):
+                return self.temp(self._holding(c))
             if isinstance(c, MUTABLE_CONSTANT_TYPES):
                 # A set/deque/Counter made in the frame: a new copy per call, never the trace's own.
                 if id(c) not in self._mutable_copies:
@@ -204,6 +207,24 @@ class Rebuilder:
             return self._generator(v)
         raise Unsupported(f"cannot rebuild a {type(v).__name__} outside the graph yet")
 
+    def _held(self, x):
+        """An element of a real container made in the frame (a HeldValue is its value rebuilt)."""
+        if isinstance(x, HeldValue):
+            return self.expr(x.value)
+        if type(x) is tuple:
+            parts = [self._held(i) for i in x]
+            return f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
+        if x is None or isinstance(x, (bool, str)) or type(x) is int:
+            return repr(x)
+        return self.ns.ref(x)
+
+    def _holding(self, c):
+        """A new set/frozenset/deque with the elements of ``c``, which holds traced values."""
+        parts = ", ".join(self._held(x) for x in c)
+        if isinstance(c, collections.deque):
+            return f"{self.ns.ref(collections.deque, 'cls')}([{parts}], {c.maxlen!r})"
+        return f"{{{parts}}}" if type(c) is set else f"frozenset({{{parts}}})"
+
     def _generator(self, v):
         """A real generator in the state the trace left ``v`` in (see ``generator_state``)."""
         code = v.frame.code
@@ -226,6 +247,16 @@ class Rebuilder:
         made = f"{fn}({', '.join(args)})"
         # Suspended: the copy starts at the same yield, and one next() stops it there.
         return self.temp(f"__primed({made})" if v.state == "suspended" else made)
+
+
+def _held_values(c):
+    out = []
+    for x in c:
+        if isinstance(x, HeldValue):
+            out.append(x.value)
+        elif type(x) is tuple:
+            out += _held_values(x)
+    return out
 
 
 def generator_state(v):
@@ -279,6 +310,8 @@ def tensors_in(values, out):
     for v in values:
         if isinstance(v, (TensorValue, SymValue)):
             out.append(v)
+        elif isinstance(v, ConstantValue) and isinstance(v._value, (set, frozenset, collections.deque)):
+            tensors_in(_held_values(v._value), out)
         elif isinstance(v, (TupleValue, ListValue)):
             tensors_in(v.items, out)
         elif isinstance(v, DictValue):

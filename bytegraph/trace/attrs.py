@@ -57,6 +57,11 @@ def _get_attr(frame, v, name):
             return v.items[fields.index(name)]
         if name in ("count", "index"):
             return MethodOfValue(v, name)
+        if v.cls not in (tuple, torch.Size) and name not in ("_replace", "_asdict"):
+            # Methods, properties and class attributes of a namedtuple (subclass): as for any object.
+            attr, found = _lookup_static(v.cls, name)
+            if found and _defined_in_python_class(v.cls, name):
+                return _class_attribute(frame, v.cls, name, v)[0]
     if isinstance(v, (ListValue, DictValue, TupleValue)):
         if hasattr(v.python_type(), name):
             return MethodOfValue(v, name)
@@ -300,6 +305,14 @@ def _object_attr(frame, v, name):
     if has_hook and getattr_hook is not torch.nn.Module.__getattr__:
         return ops.call(frame, BoundMethodValue(wrap(tx, getattr_hook, None), v), [ConstantValue(name)], {})
     raise MissingAttribute(f"{cls.__name__!r} object has no attribute {name!r}")
+
+
+def _defined_in_python_class(cls, name):
+    """True if ``cls.name`` comes from a class other than the builtin ones (tuple, object...)."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass.__module__ != "builtins"
+    return False
 
 
 def _class_attribute(frame, cls, name, self_value):

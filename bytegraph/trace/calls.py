@@ -263,14 +263,17 @@ def _is_foldable(obj):
     return False
 
 
-def fold(frame, fn, args, kwargs, what=None):
-    """Call a pure function on constant arguments at trace time."""
+def fold(frame, fn, args, kwargs, what=None, hold=None):
+    """Call a pure function on constant arguments at trace time.
+
+    ``hold``: for a method of a container made in the frame that may hold values the trace
+    cannot know (a deque of tensors), how to turn such an argument into what it holds."""
     name = what or getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))
     args = generators.materialize_args(frame, fn, args)
     iterators = []   # (value, real iterator handed to fn, items it had)
     try:
-        cargs = [_fold_arg(a, iterators) for a in args]
-        ckwargs = {k: _fold_arg(v, iterators) for k, v in kwargs.items()}
+        cargs = [_fold_arg(a, iterators, hold) for a in args]
+        ckwargs = {k: _fold_arg(v, iterators, hold) for k, v in kwargs.items()}
     except Unsupported:
         # Some operator.* functions are graph operations on tensors.
         if getattr(fn, "__module__", None) in ("_operator", "operator") and has_tensor(args):
@@ -286,13 +289,15 @@ def fold(frame, fn, args, kwargs, what=None):
     return operators.constant_value(result)
 
 
-def _fold_arg(v, iterators):
+def _fold_arg(v, iterators, hold=None):
     """The real argument for a folded call; an iterator becomes a real iterator over its constants."""
     if isinstance(v, IteratorValue):
-        rest = [operators.as_constant(i) for i in v.items[v.pos:]]
+        rest = [(hold or operators.as_constant)(i) for i in v.items[v.pos:]]
         real = iter(rest)
         iterators.append((v, real, len(rest)))
         return real
+    if hold is not None and not operators.is_frame_mutable_constant(v):
+        return hold(v)
     return operators.as_constant(v)
 
 

@@ -8,10 +8,11 @@ in place after the graph (``codegen.transformed.replay_side_effects``).
 import collections
 
 from ..errors import Unsupported
-from ..values.base import (ConstantValue, ContextManagerValue, DefaultDictValue, DictValue,
+from ..values.base import (ConstantValue, ContextManagerValue, DefaultDictValue, DictValue, holds_values,
                            DictViewValue, IteratorValue, ListValue, ObjectValue, TupleValue)
 from ..values.builder import constant
 from . import generators, operators
+from .basics import constant_value, held_item
 from .exceptions import PythonError
 from .builtin_calls import sort_values
 from .calls import enter_context, exit_context
@@ -63,9 +64,11 @@ def _list_method(frame, lst, name, args, kwargs):
     elif name == "insert":
         items.insert(operators.as_constant(args[0]), args[1])
     elif name == "pop":
-        if not items:
-            raise Unsupported("list.pop() on an empty list raises IndexError")
-        return items.pop(operators.as_constant(args[0]) if args else -1)
+        index = operators.as_constant(args[0]) if args else -1
+        try:
+            return items.pop(index)
+        except (IndexError, TypeError) as e:
+            raise PythonError(f"{type(e).__name__}: {e}", e) from None
     elif name == "clear":
         items.clear()
     elif name == "reverse":
@@ -155,7 +158,7 @@ def _dict_method(frame, d, name, args, kwargs):
             return items.pop(k)
         if len(args) > 1:
             return args[1]
-        raise Unsupported(f"dict.pop(): KeyError {k!r}")
+        raise PythonError(f"KeyError: {k!r}", KeyError(k))
     if name == "setdefault":
         k = operators.key_of(args[0])
         if k not in items:
@@ -167,12 +170,12 @@ def _dict_method(frame, d, name, args, kwargs):
     if name == "__delitem__":
         k = operators.key_of(args[0])
         if k not in items:
-            raise Unsupported(f"del on a dict: KeyError {k!r}")
+            raise PythonError(f"KeyError: {k!r}", KeyError(k))
         del items[k]
         return ConstantValue(None)
     if name == "popitem":
         if not items:
-            raise Unsupported("dict.popitem() on an empty dict raises KeyError")
+            raise PythonError("KeyError: 'popitem(): dictionary is empty'", KeyError("popitem(): dictionary is empty"))
         k, v = items.popitem()
         return TupleValue([ConstantValue(k) if isinstance(k, (str, int)) else ObjectValue(k), v])
     if name == "clear":
@@ -186,7 +189,7 @@ def _dict_method(frame, d, name, args, kwargs):
         k = operators.key_of(args[0])
         last = kwargs.get("last", args[1] if len(args) > 1 else ConstantValue(True))
         if k not in items:
-            raise Unsupported(f"OrderedDict.move_to_end(): KeyError {k!r}")
+            raise PythonError(f"KeyError: {k!r}", KeyError(k))
         v = items.pop(k)
         if operators.as_constant(last):
             items[k] = v
@@ -213,14 +216,15 @@ def _set_method(frame, s, name, args, kwargs):
     if kwargs:
         raise Unsupported(f"set.{name}() with keyword arguments")
     target = s.value
-    if name in ("add", "discard", "remove"):
-        x = operators.as_constant(args[0])
+    if name in ("add", "discard", "remove", "__contains__"):
+        x = held_item(args[0])
         if name == "remove" and x not in target:
-            raise Unsupported(f"set.remove(x): KeyError {x!r}")
-        getattr(target, name)(x)
-        return ConstantValue(None)
+            if holds_values(x):
+                raise Unsupported("set.remove(x) of a missing item raises KeyError")
+            raise PythonError(f"KeyError: {x!r}", KeyError(x))
+        return constant_value(getattr(target, name)(x))
     if name in ("update", "difference_update", "intersection_update", "symmetric_difference_update"):
-        others = [{operators.as_constant(x) for x in iterate(frame, a)} for a in args]
+        others = [{held_item(x) for x in iterate(frame, a)} for a in args]
         getattr(target, name)(*others)
         return ConstantValue(None)
     if name == "clear":
@@ -229,7 +233,7 @@ def _set_method(frame, s, name, args, kwargs):
     if name == "pop":
         raise Unsupported("set.pop() removes an arbitrary element; not supported")
     if name in _SET_QUERIES:
-        others = [{operators.as_constant(x) for x in iterate(frame, a)} for a in args]
+        others = [{held_item(x) for x in iterate(frame, a)} for a in args]
         return operators.constant_value(getattr(target, name)(*others))
     raise Unsupported(f"set.{name}() is not supported yet")
 

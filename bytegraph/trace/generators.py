@@ -335,7 +335,64 @@ def _sequence_next(frame, it):
     return item
 
 
-_LAZY_NEXT = {"zip": _zip_next, "enumerate": _enumerate_next, "map": _map_next,
+_NOTHING = object()   # groupby: no current value / key yet
+
+
+def _groupby_step(frame, it):
+    """Take the next value of the grouped iterator and its key; False when it is exhausted."""
+    s = it.state
+    value = next_item(frame, it.parts[0])
+    if value is EXHAUSTED:
+        return False
+    s["currkey"] = value if s["key"] is None else ops.call(frame, s["key"], [value], {})
+    s["currvalue"] = value
+    return True
+
+
+def _groupby_next(frame, it):
+    # CPython's groupby_next, step for step: which items are pulled, and when, matters.
+    s = it.state
+    s["grouper"] = None
+    while True:
+        if s["currkey"] is _NOTHING:
+            pass
+        elif s["tgtkey"] is _NOTHING or not element_equal(frame, s["tgtkey"], s["currkey"]):
+            break
+        if not _groupby_step(frame, it):
+            return EXHAUSTED
+    s["tgtkey"] = s["currkey"]
+    grouper = LazyIteratorValue("grouper", [], {"parent": it, "tgtkey": s["tgtkey"]})
+    s["grouper"] = grouper
+    return TupleValue([s["currkey"], grouper])
+
+
+def _grouper_next(frame, it):
+    parent = it.state["parent"]
+    s = parent.state
+    if s["grouper"] is not it:
+        return EXHAUSTED   # the groupby moved on: this group is over
+    if s["currvalue"] is _NOTHING and not _groupby_step(frame, parent):
+        return EXHAUSTED
+    if not element_equal(frame, it.state["tgtkey"], s["currkey"]):
+        return EXHAUSTED
+    value = s["currvalue"]
+    s["currvalue"] = s["currkey"] = _NOTHING
+    return value
+
+
+def groupby(frame, args, kwargs):
+    if len(args) > 2 or set(kwargs) - {"iterable", "key"}:
+        raise_new(TypeError, "groupby() takes at most 2 arguments")
+    source = kwargs.get("iterable", args[0] if args else None)
+    key = kwargs.get("key", args[1] if len(args) > 1 else None)
+    if key is not None and isinstance(key, ConstantValue) and key.value is None:
+        key = None
+    return LazyIteratorValue("groupby", [get_iter(frame, source)],
+                             {"key": key, "tgtkey": _NOTHING, "currkey": _NOTHING, "currvalue": _NOTHING,
+                              "grouper": None})
+
+
+_LAZY_NEXT = {"groupby": _groupby_next, "grouper": _grouper_next, "zip": _zip_next, "enumerate": _enumerate_next, "map": _map_next,
               "filter": _filter_next, "islice": _islice_next, "count": _count_next,
               "sequence": _sequence_next}
 
@@ -559,4 +616,4 @@ def user_dunder(frame, obj, name, args):
     return protocols.call_special_method(frame, obj, name, args)
 
 
-LAZY_BUILTINS = {itertools.islice: islice, itertools.count: count}
+LAZY_BUILTINS = {itertools.islice: islice, itertools.count: count, itertools.groupby: groupby}

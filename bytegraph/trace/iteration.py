@@ -9,6 +9,7 @@ from ..values.base import (ConstantValue, DictValue, DictViewValue, IteratorValu
                            ObjectValue, TensorValue, TupleValue)
 from ..values.builder import wrap
 from . import attrs, generators, protocols
+from .basics import item_value
 from .exceptions import PythonError
 from .operators import getitem
 
@@ -27,7 +28,7 @@ def iterate(frame, v):
         return v.materialize()
     if isinstance(v, ConstantValue):
         try:
-            return [ConstantValue(x) for x in v.value]
+            return [item_value(x) for x in v.value]
         except TypeError as e:
             raise PythonError(f"{type(v.value).__name__} object is not iterable", e) from None
     if isinstance(v, TensorValue):

@@ -20,6 +20,7 @@ from ..values.builder import TRUSTED_MODULE_PREFIXES, wrap
 from .context import DELETED
 from . import attrs, calls, exceptions, generators, operators, patterns, protocols, with_blocks
 from .generators import check_unchanged
+from .basics import held_item
 from .iteration import iterate, unpack
 from ..bytecode.versions import method_pair, send_returned, split_call_prefix
 
@@ -392,7 +393,7 @@ def build_list(f, ins):
 @handler("BUILD_SET")
 def build_set(f, ins):
     items = f.popn(ins.arg)
-    f.push(operators.constant_fold(f, lambda *xs: set(xs), items, "set display"))
+    f.push(ConstantValue({held_item(x) for x in items}))
 
 
 @handler("BUILD_MAP")
@@ -462,7 +463,7 @@ def list_append(f, ins):
 @handler("SET_ADD")
 def set_add(f, ins):
     v = f.pop()
-    _new_set(f, f.stack[-ins.arg], "SET_ADD").add(operators.as_constant(v))
+    _new_set(f, f.stack[-ins.arg], "SET_ADD").add(held_item(v))
 
 
 @handler("MAP_ADD")
@@ -481,7 +482,7 @@ def list_extend(f, ins):
 @handler("SET_UPDATE")
 def set_update(f, ins):
     v = f.pop()
-    _new_set(f, f.stack[-ins.arg], "SET_UPDATE").update(operators.as_constant(x) for x in iterate(f, v))
+    _new_set(f, f.stack[-ins.arg], "SET_UPDATE").update(held_item(x) for x in iterate(f, v))
 
 
 @handler("LIST_TO_TUPLE")

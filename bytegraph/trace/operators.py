@@ -8,14 +8,14 @@ from ..errors import Unsupported
 from ..null import NULL
 from ..guards.builder import NOT_ALIAS
 from ..guards.sources import ModuleEntrySource
-from ..values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, ConstantValue, ContextManagerValue,
+from ..values.base import (MUTABLE_CONSTANT_TYPES, holds_values, BoundMethodValue, ConstantValue, ContextManagerValue,
                            DefaultDictValue, DictValue, DictViewValue, ExceptionValue, FunctionValue,
                            GeneratorValue, IteratorValue, LazyIteratorValue, ListValue, MethodOfValue,
                            ObjectValue, SliceValue, SymValue, TensorMethodValue, TensorValue,
                            TupleValue, UserObjectValue)
 from ..values.builder import wrap
 from . import attrs, ops, protocols
-from .basics import as_constant, constant_value, is_constant
+from .basics import as_constant, constant_value, held_item, is_constant
 from .exceptions import PythonError, raise_new, to_str
 from .protocols import is_not_implemented
 
@@ -43,7 +43,10 @@ def key_of(v):
     """A dict key: constants by value, objects by identity."""
     if isinstance(v, ObjectValue):
         return v.obj
-    return as_constant(v)
+    k = as_constant(v)
+    if isinstance(k, frozenset) and holds_values(k):
+        raise Unsupported("a frozenset holding tensors or objects as a dict key is not supported yet")
+    return k
 
 
 def constant_fold(frame, fn, args, what):
@@ -238,6 +241,8 @@ def contains(frame, container, item):
         raise Unsupported("`in` on a tensor needs its data")
     if attrs.is_mapping_proxy(container):
         return key_of(item) in attrs.proxy_keys(frame, container)
+    if isinstance(container, ConstantValue) and isinstance(container.value, (set, frozenset)):
+        return held_item(item) in container.value
     return as_constant(item) in as_constant(container)
 
 
@@ -485,6 +490,8 @@ def text_of(frame, v, fn):
         text = as_constant(text_of(frame, v, repr))
         return ConstantValue(text.encode("ascii", "backslashreplace").decode("ascii"))
     if is_constant(v) and not isinstance(v, SymValue):
+        if holds_values(as_constant(v)):
+            raise Unsupported(f"{fn.__name__}() of a container holding tensors or objects is not supported yet")
         return constant_fold(frame, fn, [v], f"{fn.__name__}()")
     cls = python_type(v) if isinstance(v, (UserObjectValue, ObjectValue)) else None
     if cls is not None:

@@ -464,6 +464,7 @@ class _GetitemOnly:
 
 
 _SEQUENCE_ITERATOR = type(iter(_GetitemOnly()))   # what iter() gives for __getitem__-only objects
+_GROUPER = type(next(itertools.groupby([0]))[1])     # the group iterators itertools.groupby yields
 
 
 class LazyIteratorValue(Value):
@@ -485,6 +486,7 @@ class LazyIteratorValue(Value):
     def python_type(self):
         return {"zip": zip, "enumerate": enumerate, "map": map, "filter": filter,
                 "islice": itertools.islice, "count": itertools.count,
+                "groupby": itertools.groupby, "grouper": _GROUPER,
                 "sequence": _SEQUENCE_ITERATOR}[self.kind]
 
     def _repr_body(self):
@@ -514,6 +516,37 @@ class TracerCallableValue(Value):
 # generation copies them for each call.
 import collections as _collections  # noqa: E402
 MUTABLE_CONSTANT_TYPES = (set, _collections.deque, _collections.Counter)
+
+
+class HeldValue:
+    """A value the trace cannot know by its contents (a tensor, an object hashed by identity),
+    held as an element of a real set, frozenset or deque made in the frame. Python hashes and
+    compares such objects by identity, and so does this stand-in: equal only to the stand-in
+    of the same object (``key``)."""
+
+    __slots__ = ("value", "key")
+
+    def __init__(self, value, key):
+        self.value = value
+        self.key = key
+
+    def __eq__(self, other):
+        return isinstance(other, HeldValue) and other.key == self.key
+
+    def __hash__(self):
+        return hash(self.key)
+
+    def __repr__(self):
+        return f"<held {type(self.value).__name__}>"
+
+
+def holds_values(c):
+    """True if the real container ``c`` (or a tuple inside it) holds a HeldValue."""
+    if isinstance(c, HeldValue):
+        return True
+    if isinstance(c, (tuple, set, frozenset, collections.deque)):
+        return any(holds_values(x) for x in c)
+    return False
 
 
 class DefaultDictValue(DictValue):
