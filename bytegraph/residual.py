@@ -123,6 +123,9 @@ class _RoutingGlobals(dict):
 
 def call_disabled(compiler, fn, args, kwargs):
     """Call a disabled function; with recursive=False its global callees go through ``compiler``."""
+    if isinstance(fn, types.MethodType):
+        # A disabled method, bound: the wrapped function takes the object first.
+        args, fn = (fn.__self__,) + tuple(args), fn.__func__
     target = fn._bytegraph_disabled_target
     if fn._bytegraph_recursive or compiler is None or not isinstance(target, types.FunctionType) \
             or writes_globals(target.__code__):

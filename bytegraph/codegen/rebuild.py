@@ -21,7 +21,7 @@ from ..guards.sources import AttrSource, ObjectSource
 from ..trace.exceptions import rebuild_expr, values_inside
 from ..trace.frame import PendingLocal
 from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DefaultDictValue, DictValue,
-                           DictViewValue, ExceptionValue, FunctionValue, GeneratorValue, HeldValue, IteratorValue, ListValue,
+                           DictViewValue, ExceptionValue, FormattedTextValue, FunctionValue, GeneratorValue, HeldValue, IteratorValue, ListValue,
                            PartialValue, PrivateObjectValue, RealCell,
                            MethodOfValue, ObjectValue, SymValue, TensorMethodValue, TensorValue,
                            MUTABLE_CONSTANT_TYPES, TracedId, TupleValue, UserObjectValue, holds_values)
@@ -205,6 +205,18 @@ class Rebuilder:
             return rebuild_expr(self, v)
         if isinstance(v, GeneratorValue):
             return self._generator(v)
+        if isinstance(v, FormattedTextValue):
+            pieces = []
+            for part in v.parts:
+                if isinstance(part, str):
+                    pieces.append(repr(part))
+                    continue
+                value, conv, spec = part
+                inner = self.expr(value)
+                if conv is not None:
+                    inner = f"{conv.__name__}({inner})"
+                pieces.append(f"format({inner}, {spec!r})")
+            return self.temp(" + ".join(pieces) if pieces else "''")
         raise Unsupported(f"cannot rebuild a {type(v).__name__} outside the graph yet")
 
     def _held(self, x):
@@ -334,6 +346,8 @@ def tensors_in(values, out):
                 tensors_in(v.dict_items.items.values(), out)
         elif isinstance(v, ExceptionValue):
             tensors_in(values_inside(v), out)
+        elif isinstance(v, FormattedTextValue):
+            tensors_in([p[0] for p in v.parts if not isinstance(p, str)], out)
         elif isinstance(v, GeneratorValue):
             if v.state in ("created", "suspended"):
                 try:

@@ -45,6 +45,12 @@ class GraphBuilder:
         self._state_names = {}        # id(tensor) -> attribute name on state_root
         self._last_placeholder = None
         self._names = set()
+        # node -> why it may not be used by another node: a tensor whose requires_grad the trace
+        # changed (the change is done after the graph, so later uses belong to a new graph).
+        self.frozen = {}
+        # Why no op may mutate a tensor from here on (a tensor's text is made after the graph),
+        # or None.
+        self.no_mutation = None
 
     # --- inputs -----------------------------------------------------------
 
@@ -151,6 +157,14 @@ class GraphBuilder:
         """
         node_args, fake_args = _unwrap(args)
         node_kwargs, fake_kwargs = _unwrap(kwargs)
+        if self.frozen:
+            used = []
+            fx.node.map_arg((node_args, node_kwargs), used.append)
+            for n in used:
+                if n in self.frozen:
+                    raise Unsupported(self.frozen[n])
+        if self.no_mutation is not None and (_mutates(target) or "out" in kwargs):
+            raise Unsupported(self.no_mutation)
         t0 = time.perf_counter()
         try:
             grad_check = _BackwardCheck.needed(kind, target, fake_args, fake_kwargs)

@@ -139,7 +139,64 @@ def _set_function_attr(frame, v, name, value):
     v.attrs[name] = value
 
 
+def _real_tensor(frame, v):
+    """The real tensor behind a graph input or a module's parameter/buffer, else None."""
+    if v.node.op == "get_attr":
+        return getattr(frame.tx.graph.state_root, v.node.target)
+    for inp in frame.tx.graph.inputs:
+        if inp.node is v.node:
+            return inp.example
+    return None
+
+
+def requires_grad_of(frame, v):
+    """``v.requires_grad`` as the trace has left it."""
+    stored = frame.tx.attr_stores.get((id(v), "requires_grad"))
+    return as_constant(stored[2]) if stored is not None else v.fake.requires_grad
+
+
+def set_requires_grad(frame, v, flag):
+    """``v.requires_grad_(flag)``: done on the real tensor after the graph; a later graph op on
+    ``v`` starts a new graph (autograd must see the new flag from there on)."""
+    if not isinstance(flag, bool):
+        raise Unsupported(f"requires_grad set to a {type(flag).__name__}")
+    if flag == requires_grad_of(frame, v):
+        return v
+    if not flag and not v.fake.is_leaf:
+        raise Unsupported("requires_grad_(False) on a tensor that is not a leaf raises RuntimeError in eager")
+    if flag and not (v.fake.dtype.is_floating_point or v.fake.dtype.is_complex):
+        raise Unsupported(f"requires_grad_() on a {v.fake.dtype} tensor raises RuntimeError in eager")
+    frame.tx.attr_stores[(id(v), "requires_grad")] = (v, "requires_grad", ConstantValue(flag))
+    frame.tx.graph.frozen[v.node] = ("a tensor whose requires_grad was changed in the compiled function is used "
+                                     "again: the change is made between graphs, so the graph breaks here")
+    return v
+
+
+def _set_tensor_attr(frame, v, name, value):
+    """``tensor.name = value``: recorded, seen by later reads in the trace, done after the graph."""
+    if name == "requires_grad":
+        set_requires_grad(frame, v, as_constant(value))
+        return
+    if name == "grad":
+        if isinstance(value, TensorValue):
+            g_fake, t_fake = value.fake, v.fake
+            if g_fake.shape != t_fake.shape or g_fake.dtype != t_fake.dtype or g_fake.device != t_fake.device:
+                raise Unsupported("assigning a .grad of another shape, dtype or device raises in eager")
+        elif not (isinstance(value, ConstantValue) and value.value is None):
+            raise Unsupported(f"assigning {describe(value)} to a tensor's .grad raises in eager")
+    elif hasattr(torch.Tensor, name) or name.startswith("__"):
+        raise Unsupported(f"setting Tensor.{name} is not supported yet")
+    frame.tx.attr_stores[(id(v), name)] = (v, name, value)
+
+
 def _tensor_attr(frame, v, name):
+    stored = frame.tx.attr_stores.get((id(v), name))
+    if stored is not None:
+        if stored[2] is DELETED:
+            raise MissingAttribute(f"'Tensor' object has no attribute {name!r}")
+        return stored[2]
+    if name in ("requires_grad", "is_leaf") and (id(v), "requires_grad") in frame.tx.attr_stores:
+        return ConstantValue(requires_grad_of(frame, v) if name == "requires_grad" else v.fake.is_leaf)
     if name == "shape":
         return _shape_value(frame, v)
     if name == "__class__":
@@ -149,14 +206,19 @@ def _tensor_attr(frame, v, name):
     if name in _TENSOR_VIEWS:
         return frame.tx.graph.call("call_function", getattr, [v, ConstantValue(name)], {},
                                    describe=f"Tensor.{name}")
-    if name == "grad" and v.source is not None:
+    real = _real_tensor(frame, v) if v.source is not None else None
+    if name == "grad" and real is not None:
         # Only inputs can be re-read; the grad tensor is then an input of its own.
-        real = _real_from_source(frame, v)
         return wrap(frame.tx, real.grad, AttrSource(v.source, "grad"))
     if name in ("data", "grad", "grad_fn", "_version", "untyped_storage"):
         raise Unsupported(f"Tensor.{name} is not supported in a graph yet")
     attr = getattr(torch.Tensor, name, None)
     if attr is None:
+        # A Python attribute set on the tensor object (``t.tag = ...``), read through its source.
+        if real is not None and name in getattr(real, "__dict__", {}):
+            return wrap(frame.tx, real.__dict__[name], AttrSource(v.source, name))
+        if real is not None:
+            frame.tx.guards.add(MISSING_ATTR, v.source, name)
         raise MissingAttribute(f"'Tensor' object has no attribute {name!r}")
     if callable(attr):
         return TensorMethodValue(v, name)
@@ -168,13 +230,6 @@ def _shape_value(frame, v):
     if not any(isinstance(s, torch.SymInt) for s in shape):
         return ConstantValue(shape)
     return TupleValue([frame.tx.graph.size_value(v, d) for d in range(len(shape))], cls=torch.Size)
-
-
-def _real_from_source(frame, v):
-    for inp in frame.tx.graph.inputs:
-        if inp.node is v.node:
-            return inp.example
-    raise Unsupported("tensor attribute of a non-input tensor")
 
 
 def _constant_attr(v, name):
@@ -484,6 +539,8 @@ def set_attr(frame, obj, name, value, plain=False):
         return set_exception_attr(frame, obj, name, value)
     if isinstance(obj, FunctionValue):
         return _set_function_attr(frame, obj, name, value)
+    if isinstance(obj, TensorValue) and obj.cls in (torch.Tensor, torch.nn.Parameter):
+        return _set_tensor_attr(frame, obj, name, value)
     if isinstance(obj, UserObjectValue):
         hook = obj.cls.__setattr__
         if not plain and hook is not object.__setattr__:

@@ -33,6 +33,13 @@ _NAMED_CALLABLES = (type, types.FunctionType, types.MethodDescriptorType, types.
                     types.MethodWrapperType, types.ClassMethodDescriptorType)
 
 
+def type_name(cls):
+    """The class's C-level ``tp_name``, as CPython's messages spell it (``int``, ``torch.dtype``)."""
+    if cls.__flags__ & (1 << 9) or cls.__module__ == "builtins":   # a heap type: its __name__
+        return cls.__name__
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def describe(v):
     if isinstance(v, ObjectValue):
         o = v.obj

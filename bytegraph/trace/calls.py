@@ -24,8 +24,9 @@ from ..values.base import (BoundMethodValue, ConstantValue, DictValue, ExitValue
 from ..residual import has_hooks
 from ..values.builder import CONSTANT_TYPES, wrap
 from . import attrs, generators, operators, ops, protocols
-from .exceptions import PythonError, make_exception
+from .exceptions import PythonError, make_exception, raise_new
 from .frame import inline_call
+from .basics import type_name
 from .hooks import call_with_hooks
 from .state import is_compiling
 from .torch_calls import apply_state, call_torch_class, current_state, is_graph_function, torch_call
@@ -55,6 +56,9 @@ def call(frame, fn, args, kwargs):
     if isinstance(fn, UserObjectValue):
         if protocols.has_special_method(fn, "__call__"):
             return protocols.call_special_method(frame, fn, "__call__", list(args), kwargs)
+    if isinstance(fn, ConstantValue) or (isinstance(fn, UserObjectValue) and not hasattr(fn.cls, "__call__")):
+        # ``torch.float32(1)``, ``3()``: eager raises TypeError.
+        raise_new(TypeError, f"'{type_name(fn.python_type())}' object is not callable")
     raise Unsupported(f"calling {attrs.describe(fn)} is not supported yet")
 
 
@@ -310,7 +314,7 @@ def has_tensor(args):
 # Methods that turn tensor data into Python values: the trace cannot know them.
 _DATA_DEPENDENT = {"item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__",
                    "data_ptr", "nonzero_static", "__array__", "cpu_numpy"}
-_UNSUPPORTED_METHODS = {"backward", "register_hook", "retain_grad", "requires_grad_", "share_memory_",
+_UNSUPPORTED_METHODS = {"backward", "register_hook", "retain_grad", "share_memory_",
                         "pin_memory", "record_stream", "storage", "untyped_storage", "set_", "resize_"}
 
 
@@ -338,6 +342,9 @@ def tensor_method(frame, tensor, name, args, kwargs):
                 return frame.tx.graph.size_value(tensor, d)
             if not isinstance(shape[d], torch.SymInt):
                 return ConstantValue(shape[d])
+    if name == "requires_grad_":
+        flag = kwargs.get("requires_grad", args[0] if args else ConstantValue(True))
+        return attrs.set_requires_grad(frame, tensor, operators.as_constant(flag))
     if name in ("dim", "ndimension"):
         return ConstantValue(tensor.fake.dim())
     if name in ("numel", "nelement") and not isinstance(tensor.fake.numel(), torch.SymInt):

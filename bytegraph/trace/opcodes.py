@@ -14,7 +14,7 @@ from ..guards import builder as guard_kinds
 from ..null import NULL
 from ..guards.sources import AttrSource, GlobalSource, ItemSource, ObjectSource
 from ..values.base import (CellValue, ConstantValue, ContextManagerValue, DictValue,
-                           ExceptionValue, ExitValue, FunctionValue, GeneratorValue, IteratorValue,
+                           ExceptionValue, ExitValue, FormattedTextValue, FunctionValue, GeneratorValue, IteratorValue,
                            ListValue, ObjectValue, SavedExcInfoValue, SuperValue, TupleValue)
 from ..values.builder import TRUSTED_MODULE_PREFIXES, wrap
 from .context import DELETED
@@ -421,6 +421,12 @@ def build_slice(f, ins):
 @handler("BUILD_STRING")
 def build_string(f, ins):
     parts = f.popn(ins.arg)
+    if any(isinstance(p, FormattedTextValue) for p in parts):
+        pieces = []
+        for p in parts:
+            pieces += p.parts if isinstance(p, FormattedTextValue) else [operators.as_constant(p)]
+        f.push(operators.lazy_text(f, pieces))
+        return
     f.push(operators.constant_fold(f, lambda *xs: "".join(xs), parts, "string building"))
 
 

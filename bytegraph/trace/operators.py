@@ -9,7 +9,8 @@ from ..null import NULL
 from ..guards.builder import NOT_ALIAS
 from ..guards.sources import ModuleEntrySource
 from ..values.base import (MUTABLE_CONSTANT_TYPES, holds_values, BoundMethodValue, ConstantValue, ContextManagerValue,
-                           DefaultDictValue, DictValue, DictViewValue, ExceptionValue, FunctionValue,
+                           DefaultDictValue, DictValue, DictViewValue, ExceptionValue, FormattedTextValue,
+                           FunctionValue,
                            GeneratorValue, IteratorValue, LazyIteratorValue, ListValue, MethodOfValue,
                            ObjectValue, SliceValue, SymValue, TensorMethodValue, TensorValue,
                            TupleValue, UserObjectValue)
@@ -83,6 +84,16 @@ def binary(frame, op, a, b):
         result = protocols.binary_special_method(frame, name, a, b)
         if result is not None:
             return result
+    if op in ("+", "+=") and (isinstance(a, FormattedTextValue) or isinstance(b, FormattedTextValue)):
+        pieces = []
+        for side in (a, b):
+            if isinstance(side, FormattedTextValue):
+                pieces += side.parts
+            elif is_constant(side) and isinstance(as_constant(side), str):
+                pieces.append(as_constant(side))
+            else:
+                raise Unsupported(f"operator + of a string and {attrs.describe(side)}")
+        return lazy_text(frame, pieces)
     if isinstance(a, TensorValue) or isinstance(b, TensorValue):
         if op.endswith("=") and not isinstance(a, TensorValue):
             # `n += tensor` with a Python number on the left is just `n + tensor`.
@@ -480,12 +491,25 @@ def _on_real(fn, obj, index, value, what):
 _TEXT_METHODS = {str: "__str__", repr: "__repr__"}
 
 
+def lazy_text(frame, parts):
+    """A FormattedTextValue; from here on an in-place op breaks the graph (the text must show
+    the tensor as it is now)."""
+    frame.tx.graph.no_mutation = ("a tensor was formatted into a string earlier in this graph and its text "
+                                  "is made after the graph; an in-place op could change it first, so the "
+                                  "graph breaks here")
+    return FormattedTextValue(parts)
+
+
 def text_of(frame, v, fn):
     """``str(v)``, ``repr(v)`` or ``ascii(v)``: a ``__str__``/``__repr__`` written in Python runs
     traced (as Python looks it up: on the type; ``str`` falls back to ``repr``); containers
     of such objects are spelled as Python spells them; constants are folded."""
     if isinstance(v, ExceptionValue) and fn is not ascii:
         return to_str(frame, v, fn)
+    if isinstance(v, TensorValue):
+        return lazy_text(frame, [(v, fn, "")])
+    if isinstance(v, FormattedTextValue):
+        return v if fn is str else lazy_text(frame, [(v, fn, "")])
     if fn is ascii and not is_constant(v):
         text = as_constant(text_of(frame, v, repr))
         return ConstantValue(text.encode("ascii", "backslashreplace").decode("ascii"))
@@ -530,7 +554,11 @@ def _container_repr(frame, v):
 
 def format_of(frame, v, spec):
     """``format(v, spec)`` (f-strings): a ``__format__`` written in Python runs traced;
-    ``object.__format__`` is ``str(v)`` for an empty spec."""
+    ``object.__format__`` is ``str(v)`` for an empty spec; a tensor's text is made later."""
+    if isinstance(v, (TensorValue, FormattedTextValue)) and is_constant(spec):
+        if isinstance(v, FormattedTextValue) and not as_constant(spec):
+            return v
+        return lazy_text(frame, [(v, None, as_constant(spec))])
     if is_constant(v) and not isinstance(v, SymValue):
         return constant_fold(frame, format, [v, spec], "f-string formatting")
     method = protocols.python_special_method(v, "__format__")

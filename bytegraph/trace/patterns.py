@@ -14,13 +14,12 @@ from ..errors import Unsupported
 from ..values.base import ConstantValue, ObjectValue, TupleValue
 from ..values.builder import wrap
 from . import attrs, ops
-from .basics import as_constant, describe
+from .basics import as_constant, describe, type_name
 from .exceptions import MissingAttribute, TracedRaise, raise_new
 from .operators import is_same, python_type
 
 _TPFLAGS_SEQUENCE = 1 << 5
 _TPFLAGS_MAPPING = 1 << 6
-_TPFLAGS_HEAPTYPE = 1 << 9
 _TPFLAGS_MATCH_SELF = 1 << 22    # bool, int, float, str, bytes, tuple, list, dict, set... : X(v) matches v itself
 
 
@@ -69,13 +68,6 @@ def match_keys(frame, subject, keys):
     return TupleValue(values)
 
 
-def _type_name(cls):
-    """The class's C-level ``tp_name``, as CPython's messages spell it."""
-    if cls.__flags__ & _TPFLAGS_HEAPTYPE or cls.__module__ == "builtins":
-        return cls.__name__
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
 def match_class(frame, subject, cls_value, count, names):
     """MATCH_CLASS: a tuple value of the sub-patterns' attributes, or None (no match)."""
     cls = cls_value.obj if isinstance(cls_value, ObjectValue) else (
@@ -87,7 +79,7 @@ def match_class(frame, subject, cls_value, count, names):
         return ConstantValue(None)
     seen = set()
     found = []
-    name = _type_name(cls)
+    name = type_name(cls)
 
     def attribute(attr_name):
         if attr_name in seen:

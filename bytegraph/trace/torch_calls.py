@@ -105,6 +105,10 @@ def call_torch_class(frame, cls, args, kwargs):
         if mode and not torch.is_inference_mode_enabled():
             raise Unsupported("entering torch.inference_mode inside a compiled function is not supported yet")
         return ContextManagerValue("noop", ())
+    if cls is torch.autograd.profiler.record_function:
+        # A profiler range: nothing for the graph to compute. (A profiler running at run time
+        # does not see the range, as under torch.compile.)
+        return ContextManagerValue("noop", ())
     if cls in (torch.autocast, torch.amp.autocast) or cls.__name__ == "autocast":
         return _autocast(frame, cls, args, kwargs)
     if cls is torch.Size:

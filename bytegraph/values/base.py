@@ -493,6 +493,21 @@ class LazyIteratorValue(Value):
         return self.kind
 
 
+class FormattedTextValue(Value):
+    """A string whose text shows a tensor (an f-string, ``str(t)``): made after the graph (or at a
+    break) from the tensor the graph computes, as Python would make it. ``parts`` are strings
+    and ``(value, conversion or None, format spec)`` triples."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts):
+        super().__init__(None)
+        self.parts = list(parts)
+
+    def python_type(self):
+        return str
+
+
 class TracerCallableValue(Value):
     """A callable implemented by the tracer itself (e.g. the ``__exit__`` of a
     ``@contextmanager`` object): ``impl(frame, args, kwargs) -> value``."""
