@@ -20,7 +20,7 @@ from ..null import NULL
 from ..guards.sources import AttrSource, ObjectSource
 from ..trace.exceptions import rebuild_expr, values_inside
 from ..trace.frame import PendingLocal
-from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DefaultDictValue, DictValue,
+from ..values.base import (BoundMethodValue, CellValue, ConstantValue, ContextManagerValue, DefaultDictValue, DictValue,
                            DictViewValue, ExceptionValue, FormattedTextValue, FunctionValue, GeneratorValue, HeldValue, IteratorValue, ListValue,
                            PartialValue, PrivateObjectValue, RealCell,
                            MethodOfValue, ObjectValue, SymValue, TensorMethodValue, TensorValue,
@@ -205,6 +205,8 @@ class Rebuilder:
             return rebuild_expr(self, v)
         if isinstance(v, GeneratorValue):
             return self._generator(v)
+        if isinstance(v, ContextManagerValue) and v.kind == "inference_mode":
+            return f"torch.inference_mode({v.args[0]!r})"
         if isinstance(v, FormattedTextValue):
             pieces = []
             for part in v.parts:

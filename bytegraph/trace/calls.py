@@ -81,6 +81,9 @@ def _call_object(frame, fv, args, kwargs):
             return torch_call(frame, obj, args, kwargs)
         return call_python_function(frame, fv, args, kwargs)
     if isinstance(obj, types.MethodType):
+        if isinstance(obj.__self__, torch.inference_mode) and obj.__name__ == "__exit__":
+            raise Unsupported("leaving a torch.inference_mode() block: it is left natively at a graph break",
+                              hint=INFERENCE_MODE_HINT)
         self_value = wrap(tx, obj.__self__, AttrSource(fv.source, "__self__") if fv.source else None)
         func = wrap(tx, obj.__func__, None)
         return call(frame, func, [self_value] + args, kwargs)
@@ -356,7 +359,14 @@ def tensor_method(frame, tensor, name, args, kwargs):
 
 # --- with-blocks over torch global state --------------------------------------------
 
+INFERENCE_MODE_HINT = ("tensors made in inference mode cannot be traced with the rest of the graph; the block's "
+                       "body is compiled as a graph of its own (no change needed)")
+
+
 def enter_context(frame, mgr):
+    if mgr.kind == "inference_mode":
+        raise Unsupported("entering torch.inference_mode(): the block is entered natively at a graph break",
+                          hint=INFERENCE_MODE_HINT)
     if mgr.kind == "set_grad":
         # set_grad_enabled took effect when it was made; entering does nothing more.
         return

@@ -103,7 +103,8 @@ def call_torch_class(frame, cls, args, kwargs):
     if cls is torch.inference_mode:
         mode = operators.as_constant(args[0]) if args else True
         if mode and not torch.is_inference_mode_enabled():
-            raise Unsupported("entering torch.inference_mode inside a compiled function is not supported yet")
+            # Entered natively at a graph break; its body is compiled as a graph of its own.
+            return ContextManagerValue("inference_mode", (True,))
         return ContextManagerValue("noop", ())
     if cls is torch.autograd.profiler.record_function:
         # A profiler range: nothing for the graph to compute. (A profiler running at run time
