@@ -266,14 +266,16 @@ def _min_max(fn):
 def _select_by_tensors(frame, fn, items, keys):
     """``max``/``min`` whose comparisons are between tensors: Python keeps the first item and
     replaces it by each later one whose key compares greater (``>``; ``<`` for min), which needs
-    ``bool()`` of a one-element tensor. When every item is a tensor of one shape, dtype, device
-    and requires_grad and every key has one element, that choice is ``torch.where(key > best,
-    item, best)`` (the same values and gradients as picking the object); otherwise the
-    comparison's truth value is data-dependent and the graph breaks."""
+    ``bool()`` of a one-element tensor. When every item is a tensor of one shape, dtype and
+    device that does not need grad, and every key has one element, that choice is
+    ``torch.where(key > best, item, best)`` (the same values as picking the object); otherwise
+    the comparison's truth value is data-dependent and the graph breaks."""
     first = items[0]
-    same_kind = all(isinstance(i, TensorValue) for i in items) and all(
+    # Items that need grad would all be connected to the result (eager leaves the others' .grad
+    # None), so those keep Python's bool() at a break.
+    same_kind = all(isinstance(i, TensorValue) and not i.fake.requires_grad for i in items) and all(
         i.fake.shape == first.fake.shape and i.fake.dtype == first.fake.dtype and i.fake.device == first.fake.device
-        and i.fake.requires_grad == first.fake.requires_grad for i in items)
+        for i in items)
     one_element = all(isinstance(k, TensorValue) and not isinstance(k.fake.numel(), torch.SymInt)
                       and k.fake.numel() == 1 and k.fake.shape == keys[0].fake.shape
                       and k.fake.dtype == keys[0].fake.dtype for k in keys)

@@ -103,8 +103,9 @@ def _sequence_query(frame, seq, name, args):
             raise Unsupported("count() takes exactly one argument")
         return ConstantValue(sum(operators.element_equal(frame, x, args[0]) for x in items))
     if name == "index":
-        bounds = slice(*[operators.as_constant(a) for a in args[1:3]]) if len(args) > 1 else slice(None)
-        start, stop, _ = bounds.indices(len(items))
+        start = operators.as_constant(args[1]) if len(args) > 1 else 0
+        stop = operators.as_constant(args[2]) if len(args) > 2 else len(items)
+        start, stop, _ = slice(start, stop).indices(len(items))
         for i in range(start, stop):
             if operators.element_equal(frame, items[i], args[0]):
                 return ConstantValue(i)
