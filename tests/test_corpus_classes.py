@@ -9,6 +9,7 @@ import collections.abc
 import dataclasses
 import enum
 import functools
+import types
 import typing
 
 import pytest
@@ -995,3 +996,45 @@ def test_decorator_factory_sets_names():
     assert (fn.__name__, fn.__qualname__, fn.__doc__, fn.__module__) == expected[1:5]
     assert torch.allclose(fn(X), expected[5](X))
     assert cnt.frame_count == 1
+
+
+# ------------------------------------------------------------------ disabled callees: graph counts
+
+
+def _wrapping(f):
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        return f(*args, **kwargs)
+    return wrapper
+
+
+def _calls(callee):
+    @_wrapping
+    def caller(x):
+        a = x + 1
+        b = callee(a)
+        return b + 1
+    return caller
+
+
+class _WithDisabledMethod(nn.Module):
+    def __init__(self, disable):
+        super().__init__()
+        self.helper = types.MethodType(disable(lambda self, x: x * 2), self)
+
+    def forward(self, x):
+        return self.helper(x + 1) + 1
+
+
+def test_disabled_callee_in_a_decorated_function_matches_torch_compile():
+    import bytegraph
+    from helpers import torch_compile_graphs
+    for wrap in (lambda f: f, _wrapping):
+        ours = _calls(wrap(bytegraph.disable(lambda v: v * 2)))
+        theirs = _calls(wrap(torch.compiler.disable(lambda v: v * 2)))
+        reference = torch_compile_graphs(theirs, (X,))
+        cnt, _ = check(ours, X, graphs=reference)
+        assert cnt.frame_count == reference == 2
+    # A disabled method, called on its object at the break.
+    check(_WithDisabledMethod(bytegraph.disable), X, graphs=torch_compile_graphs(
+        _WithDisabledMethod(torch.compiler.disable), (X,)))
