@@ -1038,3 +1038,31 @@ def test_disabled_callee_in_a_decorated_function_matches_torch_compile():
     # A disabled method, called on its object at the break.
     check(_WithDisabledMethod(bytegraph.disable), X, graphs=torch_compile_graphs(
         _WithDisabledMethod(torch.compiler.disable), (X,)))
+
+
+class WithScaleProperty(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self._scale = 1.0
+
+    @property
+    def scale(self):
+        return self._scale
+
+    @scale.setter
+    def scale(self, value):
+        self._scale = value
+
+    def forward(self, x):
+        self.scale = self.scale + 1.0
+        return x * self.scale
+
+
+def test_property_setter_on_a_module():
+    from helpers import check_program
+    m = WithScaleProperty()
+
+    def make():
+        m._scale = 1.0
+        return (X.clone(),), {}, lambda: m._scale
+    check_program(lambda x: m(x), make)

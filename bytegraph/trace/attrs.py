@@ -558,8 +558,8 @@ def set_attr(frame, obj, name, value, plain=False):
         # Nothing outside the trace sees this object: the store happens now.
         object.__setattr__(obj.obj, name, as_constant(value))
         return
-    if isinstance(obj, ObjectValue) and obj.source is not None and type(obj.obj).__setattr__ is object.__setattr__ \
-            and not isinstance(obj.obj, (type, types.ModuleType)) \
+    if isinstance(obj, ObjectValue) and obj.source is not None and not isinstance(obj.obj, (type, types.ModuleType)) \
+            and (type(obj.obj).__setattr__ is object.__setattr__ or _module_plain_store(obj.obj, name, value)) \
             and descriptor_store(frame, obj, type(obj.obj), name, value):
         return
     if isinstance(obj, ObjectValue) and obj.source is not None and _replayable_store(obj.obj, name, value):
@@ -589,6 +589,18 @@ def descriptor_store(frame, obj, cls, name, value, delete=False):
         return True
     raise Unsupported(f"{'deleting' if delete else 'setting'} {cls.__qualname__}.{name} "
                       f"(a {type(attr).__name__} descriptor) is not supported yet")
+
+
+def _module_plain_store(module, name, value):
+    """True if ``nn.Module.__setattr__`` would hand ``module.name = value`` to ``object.__setattr__``
+    (so a property's setter runs): no parameter, submodule or buffer is involved."""
+    if not isinstance(module, torch.nn.Module) or type(module).__setattr__ is not torch.nn.Module.__setattr__:
+        return False
+    if isinstance(value, TensorValue) and value.cls is not torch.Tensor:
+        return False   # a Parameter is registered
+    if isinstance(value, ObjectValue) and isinstance(value.obj, torch.nn.Module):
+        return False   # a submodule is registered
+    return not any(name in module.__dict__.get(t, ()) for t in ("_parameters", "_buffers", "_modules"))
 
 
 def delete_attr(frame, obj, name):
