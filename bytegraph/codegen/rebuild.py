@@ -20,11 +20,11 @@ from ..null import NULL
 from ..guards.sources import AttrSource, ObjectSource
 from ..trace.exceptions import rebuild_expr, values_inside
 from ..trace.frame import PendingLocal
-from ..values.base import (BoundMethodValue, CellValue, ConstantValue, ContextManagerValue, DefaultDictValue, DictValue,
-                           DictViewValue, ExceptionValue, FormattedTextValue, FunctionValue, GeneratorValue, HeldValue, IteratorValue, ListValue,
-                           PartialValue, PrivateObjectValue, RealCell,
-                           MethodOfValue, ObjectValue, SymValue, TensorMethodValue, TensorValue,
-                           MUTABLE_CONSTANT_TYPES, TracedId, TupleValue, UserObjectValue, holds_values)
+from ..values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, CellValue, ConstantValue, ContextManagerValue,
+                           DefaultDictValue, DictValue, DictViewValue, ExceptionValue, FormattedTextValue,
+                           FunctionValue, GeneratorValue, HeldValue, IteratorValue, ListValue, MethodOfValue,
+                           ObjectValue, PartialValue, PrivateObjectValue, RealCell, SymValue, TensorMethodValue,
+                           TensorValue, TracedId, TupleValue, UserObjectValue, holds_values)
 
 
 class Namespace:
@@ -113,7 +113,10 @@ class Rebuilder:
         if isinstance(v, PendingLocal):
             return self.ns.source(v.source)
         if id(v) in self._done:
-            return self._done[id(v)]
+            done = self._done[id(v)]
+            if done is None:
+                raise Unsupported(f"cannot rebuild a {type(v).__name__} whose state refers to itself yet")
+            return done
         out = self._expr(v)
         self._done[id(v)] = out
         return out
@@ -243,6 +246,7 @@ class Rebuilder:
         """A real generator in the state the trace left ``v`` in (see ``generator_state``)."""
         code = v.frame.code
         self.ns.ns.update({"__exhausted_generator": exhausted_generator, "__primed": primed})
+        self._done[id(v)] = None   # being built (a reference to itself cannot be rebuilt)
         if v.state == "done":
             return self.temp(f"__exhausted_generator({code.co_name!r}, {code.co_qualname!r})")
         offset, stack, live, cell_names = generator_state(v)

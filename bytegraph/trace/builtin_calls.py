@@ -18,7 +18,7 @@ from ..errors import Unsupported
 from ..guards import builder as g
 from ..guards.sources import AttrSource, ModuleEntrySource
 from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, DictViewValue,
-                           ExceptionValue, FunctionValue, IteratorValue, ListValue, MethodOfValue,
+                           FunctionValue, IteratorValue, ListValue, MethodOfValue,
                            ObjectValue, PrivateObjectValue, SuperValue, SymValue, TensorMethodValue,
                            TensorValue, TracedId, TupleValue, UserObjectValue)
 from ..values.builder import wrap

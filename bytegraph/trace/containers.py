@@ -8,8 +8,8 @@ in place after the graph (``codegen.transformed.replay_side_effects``).
 import collections
 
 from ..errors import Unsupported
-from ..values.base import (ConstantValue, ContextManagerValue, DefaultDictValue, DictValue, holds_values,
-                           DictViewValue, IteratorValue, ListValue, ObjectValue, TupleValue)
+from ..values.base import (ConstantValue, ContextManagerValue, DefaultDictValue, DictValue,
+                           DictViewValue, IteratorValue, ListValue, ObjectValue, TupleValue, holds_values)
 from ..values.builder import constant
 from . import generators, operators
 from .basics import constant_value, held_item

@@ -8,12 +8,11 @@ from ..errors import Unsupported
 from ..null import NULL
 from ..guards.builder import NOT_ALIAS
 from ..guards.sources import ModuleEntrySource
-from ..values.base import (MUTABLE_CONSTANT_TYPES, holds_values, BoundMethodValue, ConstantValue, ContextManagerValue,
+from ..values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, ConstantValue, ContextManagerValue,
                            DefaultDictValue, DictValue, DictViewValue, ExceptionValue, FormattedTextValue,
-                           FunctionValue,
-                           GeneratorValue, IteratorValue, LazyIteratorValue, ListValue, MethodOfValue,
-                           ObjectValue, SliceValue, SymValue, TensorMethodValue, TensorValue,
-                           TupleValue, UserObjectValue)
+                           FunctionValue, GeneratorValue, IteratorValue, LazyIteratorValue, ListValue,
+                           MethodOfValue, ObjectValue, SliceValue, SymValue, TensorMethodValue, TensorValue,
+                           TupleValue, UserObjectValue, holds_values)
 from ..values.builder import wrap
 from . import attrs, ops, protocols
 from .basics import as_constant, constant_value, held_item, is_constant
@@ -492,11 +491,13 @@ _TEXT_METHODS = {str: "__str__", repr: "__repr__"}
 
 
 def lazy_text(frame, parts):
-    """A FormattedTextValue; from here on an in-place op breaks the graph (the text must show
-    the tensor as it is now)."""
-    frame.tx.graph.no_mutation = ("a tensor was formatted into a string earlier in this graph and its text "
-                                  "is made after the graph; an in-place op could change it first, so the "
-                                  "graph breaks here")
+    """A FormattedTextValue; from here on an in-place op on a tensor it shows breaks the graph
+    (the text must show the tensor as it is now)."""
+    for part in parts:
+        if not isinstance(part, str) and isinstance(part[0], TensorValue):
+            frame.tx.graph.keep_unchanged(part[0], (
+                "a tensor was formatted into a string earlier in this graph and its text is made after "
+                "the graph; this in-place op would change it first, so the graph breaks here"))
     return FormattedTextValue(parts)
 
 
