@@ -875,3 +875,37 @@ def test_in_iterator_comparing_tensors_by_value_breaks():
         return y in iter([x, y])
     a, b = t(3), t(3)
     check_program(f, lambda: ((a.clone(), b.clone()), {}, None), graphs=0, fullgraph=False)
+
+
+class _Section:
+    def __init__(self, log):
+        self.log = log
+
+    def __enter__(self):
+        self.log.append("enter")
+        return self
+
+    def __exit__(self, *exc):
+        self.log.append("exit")
+        return False
+
+
+def test_generator_suspended_inside_a_user_with_block_returned():
+    def sectioned(x, log):
+        with _Section(log):
+            yield x
+            yield x * 2
+
+    def f(x, log):
+        g = sectioned(x, log)
+        first = next(g)
+        return first, g
+
+    from helpers import compile_counted
+    eager_log, log = [], []
+    first, g = f(X, eager_log)
+    compiled, cnt = compile_counted(f, fullgraph=True)
+    got_first, got = compiled(X, log)
+    assert log == eager_log == ["enter"]
+    assert torch.allclose(got_first, first) and torch.allclose(next(got), next(g))
+    assert list(got) == list(g) == [] and log == eager_log == ["enter", "exit"]

@@ -178,6 +178,7 @@ class Rebuilder:
             owner = v.owner if isinstance(v, MethodOfValue) else v.tensor
             return f"{self.expr(owner)}.{v.name}"
         if isinstance(v, BoundMethodValue):
+            self.ns.ns["__MethodType"] = types.MethodType
             return f"__MethodType({self.expr(v.func)}, {self.expr(v.self_value)})"
         if isinstance(v, FunctionValue):
             return self._function(v)
