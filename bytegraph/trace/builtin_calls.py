@@ -20,7 +20,7 @@ from ..guards.sources import AttrSource, ModuleEntrySource
 from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, DictViewValue,
                            FunctionValue, IteratorValue, ListValue, MethodOfValue,
                            ObjectValue, PrivateObjectValue, SuperValue, SymValue, TensorMethodValue,
-                           TensorValue, TracedId, TupleValue, UserObjectValue)
+                           TensorValue, TracedId, TupleValue, UserObjectValue, holds_values)
 from ..values.builder import wrap
 from . import attrs, generators, operators, ops, with_blocks
 from .calls import TENSOR_DATA_HINT, call, fold, has_tensor
@@ -406,7 +406,7 @@ def _deepcopy(frame, args, kwargs):
                               hint="copy it outside the compiled function")
         frame.tx.guards.add(g.STATE_MATCH, v.source, snapshot)
         return PrivateObjectValue(copy.deepcopy(v.obj))
-    if operators.is_constant(v):
+    if operators.is_constant(v) and not holds_values(operators.as_constant(v)):
         return operators.constant_value(copy.deepcopy(operators.as_constant(v)))
     raise Unsupported(f"copy.deepcopy() of {attrs.describe(v)} is not supported yet")
 
