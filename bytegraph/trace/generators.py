@@ -16,9 +16,9 @@ from ..errors import Unsupported
 from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, DictViewValue, ExceptionValue,
                            FunctionValue, GeneratorValue, IteratorValue, LazyIteratorValue, ListValue,
                            MethodOfValue, ObjectValue, PartialValue, TracerCallableValue, TupleValue,
-                           UserObjectValue, Value)
+                           UserObjectValue, Value, holds_values)
 from . import attrs, ops, protocols
-from .basics import as_constant
+from .basics import as_constant, item_value
 from .exceptions import TracedRaise, new, raise_new, to_exception, unwind
 from .operators import element_equal, truth
 
@@ -167,6 +167,8 @@ def reachable_generators(values):
             todo.append(v.owner if isinstance(v, MethodOfValue) else v.dict_value)
         elif isinstance(v, ExceptionValue):
             todo += list(v.args) + list(v.attrs.values())
+        elif isinstance(v, ConstantValue) and holds_values(v._value):
+            todo += [item_value(x) for x in v._value]
     return found
 
 
