@@ -76,9 +76,12 @@ def call_through(compiler, fn, args, kwargs):
     elif isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType) \
             and _is_user_function(fn.__func__) and not hasattr(fn.__func__, "_bytegraph_original"):
         target = types.MethodType(compiler.wrapper_for(fn.__func__), fn.__self__)
-    elif isinstance(fn, torch.nn.Module) and not has_hooks(fn) and _is_user_function(type(fn).forward) \
-            and "forward" not in fn.__dict__:
-        return compiler.wrapper_for(type(fn).forward)(fn, *args, **kwargs)
+    elif isinstance(fn, torch.nn.Module) and not has_hooks(fn) and "forward" not in fn.__dict__:
+        forward = next((k.__dict__["forward"] for k in type(fn).__mro__ if "forward" in k.__dict__), None)
+        if isinstance(forward, staticmethod) and _is_user_function(forward.__func__):
+            return compiler.wrapper_for(forward.__func__)(*args, **kwargs)
+        if isinstance(forward, types.FunctionType) and _is_user_function(forward):
+            return compiler.wrapper_for(forward)(fn, *args, **kwargs)
     return target(*args, **kwargs)
 
 
@@ -120,6 +123,9 @@ class _RoutingGlobals(dict):
 
 def call_disabled(compiler, fn, args, kwargs):
     """Call a disabled function; with recursive=False its global callees go through ``compiler``."""
+    if isinstance(fn, types.MethodType):
+        # A disabled method, bound: the wrapped function takes the object first.
+        args, fn = (fn.__self__,) + tuple(args), fn.__func__
     target = fn._bytegraph_disabled_target
     if fn._bytegraph_recursive or compiler is None or not isinstance(target, types.FunctionType) \
             or writes_globals(target.__code__):

@@ -17,7 +17,8 @@ import torch
 import bytegraph
 from bytegraph.testing import CompileCounter, same
 
-__all__ = ["check", "check_program", "run_observed", "assert_same_run", "clone_input", "assert_same", "compile_counted", "CompileCounter", "same"]
+__all__ = ["check", "check_program", "run_observed", "assert_same_run", "clone_input", "assert_same", "compile_counted",
+           "torch_compile_graphs", "CompileCounter", "same"]
 
 
 def clone_input(value):
@@ -150,3 +151,23 @@ def check_program(fn, make, graphs=1, fullgraph=None, calls=2, rtol=1e-5, atol=1
         assert_same_run(expected, run_observed(compiled, make), f"(call {i + 1})", rtol, atol)
     assert cnt.frame_count == graphs, f"expected {graphs} graph(s), got {cnt.frame_count}"
     return cnt
+
+
+def torch_compile_graphs(fn, *calls, dynamic=None):
+    """How many graphs torch.compile (the reference) makes of ``fn`` over ``calls`` (argument
+    tuples, each cloned), counted by a backend that runs each graph as it is."""
+    import torch._dynamo
+    count = [0]
+
+    def backend(gm, example_inputs):
+        count[0] += 1
+        return gm.forward
+
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
+        for args in calls:
+            compiled(*clone_input(args))
+    finally:
+        torch._dynamo.reset()
+    return count[0]

@@ -660,9 +660,7 @@ CASES = [
     set_ops, set_from_list_dedupe, tuple_methods, tuple_unpack_star, tuple_comparison,
     ordered_dict, default_dict_list, default_dict_int, namedtuple_make_and_read,
     namedtuple_defaults_and_asdict, namedtuple_unpack, deque_basic,
-    pytest.param(deque_maxlen, marks=pytest.mark.xfail(
-        strict=True, reason="deques are kept as real objects of Python values; "
-                            "deque.append() on non-constant arguments (a tensor) is unsupported")),
+    deque_maxlen,
     counter_basic,
     counter_of_list,
     sorted_key_reverse, sorted_tensors_by_key, sorted_dict_items_by_value, sorted_named_tensors,
@@ -784,3 +782,288 @@ def test_sort_that_compares_tensors_is_unsupported():
     from bytegraph.errors import Unsupported
     with pytest.raises(Unsupported, match="sorting compared values that are not known"):
         bytegraph.compile(sort_compares_tensors, fullgraph=True)(X)
+
+
+# ------------------------------------------------------------------ sets and deques of tensors
+# Tensors (and plain objects) hash by identity in Python: a set holds the very objects.
+
+
+def set_of_tensors(x):
+    y = x * 2
+    s = {x, y, x}
+    f = frozenset([x, 1, "a", (x, 2)])
+    s.add(y)
+    s.discard(x)
+    total = x * 0
+    for v in s:
+        total = total + v
+    return len(s), y in s, x in s, x in f, (x, 2) in f, 1 in f, len(f), total, \
+        len(s | {x}), len(s & {y}), s == {y}
+
+
+def set_mixed_values_and_methods(x):
+    s = set([1, 2, x])
+    s.update([x * 2, 3])
+    s.remove(1)
+    n = sum(1 for v in s if isinstance(v, torch.Tensor))
+    try:
+        s.remove(99)
+    except KeyError as e:
+        missing = e.args
+    return n, len(s), 2 in s, missing, sorted(v for v in s if isinstance(v, int))
+
+
+def set_comprehension_of_tensors(x):
+    rows = [x[0], x[1], x[0]]
+    unique = {r for r in rows}
+    return len(unique), sum(unique)
+
+
+def deque_of_tensors(x):
+    d = collections.deque([x], maxlen=3)
+    d.append(x + 1)
+    d.appendleft(x * 2)
+    d.append(x - 1)                 # drops x * 2 from the left
+    d.extend([x * 3])
+    first = d.popleft()
+    d.rotate(1)
+    return first, d[0], d[-1], len(d), list(d), sum(d)
+
+
+def returns_set_and_deque_of_tensors(x):
+    y = x + 1
+    return {x, y, 3}, frozenset([y]), collections.deque([y, 4]), y
+
+
+def test_sets_and_deques_of_tensors():
+    for fn in (set_of_tensors, set_mixed_values_and_methods, set_comprehension_of_tensors, deque_of_tensors):
+        check(fn, X)
+
+
+def test_returned_set_and_deque_of_tensors():
+    from helpers import compile_counted
+    compiled, cnt = compile_counted(returns_set_and_deque_of_tensors, fullgraph=True)
+    x = X.clone()
+    s, f, d, y = compiled(x)
+    assert type(s) is set and type(f) is frozenset and type(d) is collections.deque
+    assert x in s and y in s and 3 in s and len(s) == 3 and f == frozenset([y])
+    assert list(d)[0] is y and list(d)[1] == 4
+    assert torch.allclose(y, X + 1) and cnt.frame_count == 1
+    s2 = compiled(x)[0]
+    assert s2 is not s and x in s2
+
+
+def set_argument_gets_a_tensor(x, s):
+    s.add(x)
+    return x + 1
+
+
+def test_existing_set_gets_a_tensor():
+    x, s = X.clone(), {1, 2}
+    compiled = __import__("bytegraph").compile(set_argument_gets_a_tensor, fullgraph=True)
+    compiled(x, s)
+    assert x in s and len(s) == 3
+
+
+# ------------------------------------------------------------------ dicts with tensor values
+
+
+def dict_views_with_tensor_values(x):
+    a = {"x": x, "y": 1}
+    b = {"y": x * 2, "x": 3}
+    c = a | b
+    a |= {"z": x * 2}
+    keys = (a.keys() == b.keys(), a.keys() - b.keys(), a.keys() & {"x", "q"}, a.keys() | {"q"},
+            b.keys() <= a.keys(), sorted(a.keys() ^ {"x", "w"}))
+    return c, a, keys
+
+
+def dict_fromkeys_and_setdefault(x):
+    d = dict.fromkeys(["a", "b"], 0)
+    e = dict.fromkeys("cd")
+    g = dict.fromkeys(range(2), x)
+    d["a"] += 1
+    dd = collections.defaultdict(list)
+    dd.setdefault("a", []).append(x)
+    dd["b"].append(x + 1)
+    got = dd.setdefault("a", None)
+    return x + d["a"], d, e, g, dd["a"][0] + dd["b"][0], sorted(dd), got is dd["a"]
+
+
+def dict_errors_in_try(x):
+    d = {"a": x}
+    out = []
+    try:
+        d.pop("b")
+    except KeyError as e:
+        out.append(("pop", e.args))
+    try:
+        del d["zz"]
+    except KeyError as e:
+        out.append(("del", str(e)))
+    try:
+        {}.popitem()
+    except KeyError as e:
+        out.append(("popitem", e.args))
+    try:
+        [].pop()
+    except IndexError as e:
+        out.append(("list.pop", str(e)))
+    return x + len(out), out, d.pop("b", None)
+
+
+def test_dicts_with_tensor_values():
+    for fn in (dict_views_with_tensor_values, dict_fromkeys_and_setdefault, dict_errors_in_try):
+        check(fn, X)
+
+
+# ------------------------------------------------------------------ namedtuples, itertools
+
+
+def namedtuple_made_in_frame(x):
+    P = collections.namedtuple("P", ["a", "b", "c"], defaults=[5, 6])
+    p = P(x)
+    q = p._replace(a=x * 2)
+    r = P._make([x, 1, 2])
+    return p.a + q.a + p.b, p._fields, q._asdict(), P._field_defaults, r.c, tuple(p)[1:], P.__name__
+
+
+NT = collections.namedtuple("NT", "a b c", defaults=(1, 2))
+
+
+class NTWithMethods(NT):
+    __slots__ = ()
+
+    def total(self):
+        return self.a + self.b + self.c
+
+    @property
+    def doubled(self):
+        return self.a * 2
+
+    @classmethod
+    def zeros_like(cls, t):
+        return cls(t * 0, 0, 0)
+
+
+def namedtuple_subclass_methods(x):
+    n = NTWithMethods(x)
+    z = NTWithMethods.zeros_like(x)
+    m = NTWithMethods._make([x, 3, 4])
+    return n.total(), n.doubled, z.total(), m.total(), n._asdict(), type(m).__name__, m._replace(b=0).total()
+
+
+def itertools_groupby_and_combinatorics(x):
+    runs = [(k, len(list(g))) for k, g in itertools.groupby([1, 1, 2, 3, 3, 3])]
+    by_first = {k: [w for w in g] for k, g in itertools.groupby(["aa", "ab", "b", "ba"], key=lambda s: s[0])}
+    groups = list(itertools.groupby("aabbb"))
+    stale = [list(g) for _, g in groups]   # a group is over once groupby moves on: all empty but the last
+    r = []
+    for a, b in itertools.permutations([x, x + 1]):
+        r.append(a - b)
+    for a, b in itertools.combinations([x, x * 2, x * 3], 2):
+        r.append(a * b)
+    for a, n in itertools.product([x, -x], [1, 2]):
+        r.append(a + n)
+    return runs, by_first, stale, r, len(list(itertools.combinations_with_replacement("ab", 2)))
+
+
+def groupby_of_tensors_by_shape(x):
+    rows = [x[0], x[1], x[:2], x[1:3], x[2]]
+    return [(k, torch.stack(list(g)).sum()) for k, g in itertools.groupby(rows, key=lambda t: t.shape)]
+
+
+def reduce_folds(x):
+    return functools.reduce(operator.add, [x]), functools.reduce(lambda a, b: a * b, [x], 1), \
+        functools.reduce(operator.mul, [2, 3]) * x, functools.reduce(max, [3, 1, 2])
+
+
+def test_namedtuples_and_itertools():
+    for fn in (namedtuple_made_in_frame, namedtuple_subclass_methods, itertools_groupby_and_combinatorics,
+               groupby_of_tensors_by_shape, reduce_folds):
+        check(fn, X)
+
+
+def test_reduce_graph_count_matches_torch_compile():
+    from helpers import torch_compile_graphs
+    cnt, _ = check(reduce_folds, X)
+    assert cnt.frame_count == torch_compile_graphs(reduce_folds, (X,)) == 1
+
+
+# ------------------------------------------------------------------ max/min/sum over tensors, index/in
+
+
+def max_min_of_one_element_tensors(x):
+    a, b, c = x[0, 0], x[1, 1], x[2, 2]
+    rows = [x[0].sum(), x[1].sum(), x[2].sum()]
+    return max(a, b), min(a, b, c), max(rows), min(rows), max(rows, key=lambda r: -r), \
+        max([x[0, :1], x[1, :1]]), sum(rows), sum([x, x], torch.zeros(4))
+
+
+def test_max_min_sum_over_tensors():
+    check(max_min_of_one_element_tensors, X)
+
+
+def test_max_of_tensors_needing_grad_keeps_pythons_choice():
+    # Python returns one of the objects: the other gets no gradient at all (.grad stays None),
+    # so with tensors that need grad the comparison runs in Python, at a break.
+    from helpers import compile_counted
+
+    def f(a, b):
+        return max(a.sum(), b.sum()) * 3
+    a1, b1 = X.clone().requires_grad_(), (X * 2).requires_grad_()
+    f(a1, b1).backward()
+    compiled, cnt = compile_counted(f)
+    a2, b2 = X.clone().requires_grad_(), (X * 2).requires_grad_()
+    compiled(a2, b2).backward()
+    for eager, compiled_grad in ((a1.grad, a2.grad), (b1.grad, b2.grad)):
+        assert (eager is None) == (compiled_grad is None)
+        assert eager is None or torch.equal(eager, compiled_grad)
+    assert cnt.frame_count == 2
+
+
+def max_needs_bool_of_a_tensor(x, y):
+    return max(x, y)      # 4-element rows: eager's bool() raises
+
+
+def min_of_tensor_and_number(x):
+    return min(x.sum(), 0.0)   # the result is the float or the tensor: data decides
+
+
+def test_max_min_break_where_python_needs_a_tensors_bool():
+    from helpers import check_program
+    check_program(max_needs_bool_of_a_tensor, lambda: ((X[0].clone(), X[1].clone()), {}, None),
+                  graphs=0, fullgraph=False)
+    check_program(min_of_tensor_and_number, lambda: ((X.clone(),), {}, None), graphs=1, fullgraph=False)
+
+
+def index_and_in_with_tensors(x):
+    y = x + 1
+    items = [x, y, 3]
+    return items.index(x), x in items, [x, x].count(x), (y, 1).index(y), items.index(y, 1), [x, y].index(y, 1)
+
+
+def remove_tensor_by_identity(x):
+    y = x * 2
+    items = [x, y]
+    items.remove(x)
+    try:
+        [1, 2].index(5)
+    except ValueError as e:
+        msg = str(e)
+    return items, msg
+
+
+def test_index_count_in_remove_with_tensors():
+    check(index_and_in_with_tensors, X)
+    check(remove_tensor_by_identity, X)
+
+
+def index_compares_tensors_by_value(x, y):
+    return [x, y].index(y)   # x == y first: bool() of a 12-element tensor raises in eager
+
+
+def test_index_comparing_tensors_by_value_breaks():
+    from helpers import check_program
+    check_program(index_compares_tensors_by_value, lambda: ((X.clone(), X.clone() + 1), {}, None),
+                  graphs=0, fullgraph=False)

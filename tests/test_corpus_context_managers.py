@@ -604,3 +604,171 @@ def test_contextmanager_decorating_a_nested_function():
             x = x + n
         return x, log
     check(f, t(3))
+
+
+# --- @contextmanager as a decorator; managers that switch grad mode themselves --------------------
+
+LOG = []
+
+
+@contextlib.contextmanager
+def traced_section(name):
+    LOG.append(f"enter {name}")
+    try:
+        yield
+    finally:
+        LOG.append(f"exit {name}")
+
+
+@traced_section("helper")
+def decorated_helper(x):
+    LOG.append("body")
+    return x * 2
+
+
+def test_contextmanager_as_decorator_on_a_module_function():
+    def f(x):
+        return decorated_helper(x) + 1
+
+    def make():
+        LOG.clear()
+        return (X.clone(),), {}, lambda: list(LOG)
+    check_program(f, make)
+
+
+def test_contextmanager_as_decorator_in_the_frame():
+    def f(x):
+        log = []
+
+        @contextlib.contextmanager
+        def section(name):
+            log.append(f"in {name}")
+            yield
+            log.append(f"out {name}")
+
+        @section("a")
+        def work(v):
+            log.append("work")
+            return v.relu()
+        return work(x), work(x - 1), log, work.__name__
+    check(f, t(3))
+
+
+class NoGradBySetter:
+    """Switches grad mode with the private switch torch's own managers use."""
+
+    def __enter__(self):
+        self.prev = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        return self
+
+    def __exit__(self, *exc):
+        torch._C._set_grad_enabled(self.prev)
+        return False
+
+
+class GradModeByPublicApi:
+    def __init__(self, mode):
+        self.mode = mode
+
+    def __enter__(self):
+        self.prev = torch.is_grad_enabled()
+        torch.set_grad_enabled(self.mode)
+
+    def __exit__(self, *exc):
+        torch.set_grad_enabled(self.prev)
+
+
+def test_class_managers_switching_grad_mode():
+    def f(x):
+        with NoGradBySetter():
+            a = x * 2
+            inside = torch.is_grad_enabled()
+        with GradModeByPublicApi(False):
+            b = x * 3
+            with GradModeByPublicApi(True):
+                c = x * 4
+        return a, b, c, inside, torch.is_grad_enabled()
+    check(f, t(3).requires_grad_())
+
+
+def test_class_manager_switching_grad_mode_exits_on_exception():
+    def f(x):
+        try:
+            with NoGradBySetter():
+                y = x * 2
+                raise ValueError("stop")
+        except ValueError:
+            pass
+        return y, x * 3, torch.is_grad_enabled()
+    check(f, t(3).requires_grad_())
+
+
+def test_grad_mode_switched_at_function_level():
+    def f(x):
+        torch._C._set_grad_enabled(False)
+        y = x * 2
+        torch._C._set_grad_enabled(True)
+        return y, x * 3
+    check(f, t(3).requires_grad_())
+
+
+def test_inference_mode_block_breaks_at_its_edges():
+    def f(x):
+        a = x + 1
+        with torch.inference_mode():
+            y = a * 2
+            z = y.sin()
+            inside = torch.is_inference_mode_enabled()
+        return z + 1, z.is_inference(), inside, torch.is_inference_mode_enabled()
+    cnt = check_program(f, lambda: ((X.clone(),), {}, None), graphs=3, fullgraph=False)
+    from bytegraph.debug import records
+    reasons = [r.break_reason for r in records.frames if r.break_reason]
+    assert any("torch.inference_mode()" in r for r in reasons), reasons
+
+
+def test_inference_mode_false_and_nested_inside_inference():
+    def f(x):
+        with torch.inference_mode(False):
+            y = x * 2
+        return y
+    check(f, t(3))
+    with torch.inference_mode():
+        check(f, t(3))
+
+
+def test_record_function_is_a_noop_range():
+    def f(x):
+        with torch.profiler.record_function("stage one"):
+            y = x * 2
+        with torch.autograd.profiler.record_function("stage two"):
+            y = y.relu() + 1
+        return y
+    check(f, t(3), ops=3)
+
+
+# --- graph counts next to torch.compile's (measured here, with torch._dynamo as the reference) ----
+
+def _nested_grad_break(graph_break):
+    def f(x):
+        with torch.enable_grad():
+            a = x * 2
+            with torch.no_grad():
+                b = a * 3
+                graph_break()
+                c = b + 1
+            d = a + c
+        return d
+    return f
+
+
+def test_break_inside_no_grad_nested_in_enable_grad_matches_torch_compile():
+    import bytegraph
+    import torch._dynamo
+    from helpers import torch_compile_graphs
+    x = t(3).requires_grad_()
+    reference = torch_compile_graphs(_nested_grad_break(torch._dynamo.graph_break), (x,))
+    for outer in (True, False):
+        with torch.set_grad_enabled(outer):
+            cnt = check(_nested_grad_break(bytegraph.graph_break), x, graphs=reference)[0]
+    assert cnt.frame_count <= reference == 2

@@ -1008,3 +1008,116 @@ def test_delete_attribute_of_existing_object():
         rec = Recorder()
         return (rec, t(2)), {}, lambda: sorted(vars(rec))
     check_program(f, make)
+
+
+# ------------------------------------------------------------------ tensors as Python objects
+# Attributes set on tensors are recorded, read back later in the trace, done on the real tensor
+# after the graph; attributes read from input tensors are guarded.
+
+
+def tensor_attribute_on_made_tensor(x):
+    y = x * 2
+    y.tag = "scaled"
+    y.factor = 3
+    return y * y.factor, y.tag, hasattr(y, "missing"), getattr(y, "factor", 0)
+
+
+def test_attribute_set_on_a_tensor_made_in_the_graph():
+    compiled, cnt = _compiled(tensor_attribute_on_made_tensor, fullgraph=True)
+    out, tag, has, factor = compiled(t(3))
+    ref = tensor_attribute_on_made_tensor(t(3))
+    assert same(out, ref[0]) and (tag, has, factor) == ref[1:]
+    assert cnt.frame_count == 1
+
+
+def _compiled(fn, fullgraph=False):
+    cnt = CompileCounter()
+    return bytegraph.compile(fn, backend=cnt, fullgraph=fullgraph), cnt
+
+
+def tag_input(x):
+    x.seen = getattr(x, "seen", 0) + 1
+    return x + x.seen
+
+
+def test_attribute_on_an_input_replayed_and_guarded():
+    compiled, cnt = _compiled(tag_input, fullgraph=True)
+    x = t(3)
+    ref_x = t(3)
+    for _ in range(3):
+        assert same(compiled(x), tag_input(ref_x))
+        assert x.seen == ref_x.seen
+    # 0 -> 1 -> 2 -> 3: each call reads a new value of x.seen (its guard fails, recompiles).
+    assert cnt.frame_count == 3
+
+
+def set_grad_of_input(x, g):
+    x.grad = g * 2
+    got = x.grad
+    return got + 1
+
+
+def test_grad_assigned_and_read_back():
+    check_program(set_grad_of_input, lambda: ((t(3).requires_grad_(), t(3)), {},
+                                              None))
+
+
+def test_grad_assignment_visible_after_the_call():
+    compiled, cnt = _compiled(set_grad_of_input, fullgraph=True)
+    x, g = t(3).requires_grad_(), t(3)
+    compiled(x, g)
+    assert same(x.grad, g * 2) and cnt.frame_count == 1
+
+
+class Tagged(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(t(3))
+
+    def forward(self, x):
+        self.w.role = "weight"
+        self.w.uses = getattr(self.w, "uses", 0) + 1
+        return x * self.w
+
+
+def test_attributes_on_parameters():
+    m_eager, m = Tagged(), Tagged()
+    compiled, cnt = _compiled(m, fullgraph=True)
+    for _ in range(2):
+        assert same(compiled(t(3)), m_eager(t(3)))
+    assert (m.w.role, m.w.uses) == (m_eager.w.role, m_eager.w.uses) == ("weight", 2)
+
+
+def detach_requires_grad(x):
+    a = x.detach().requires_grad_()
+    b = x.clone().requires_grad_(True)
+    c = x * 2
+    c.requires_grad = True
+    return a, b, c, a.requires_grad, b.is_leaf
+
+
+def requires_grad_then_used(x):
+    y = x * 2
+    a = y.detach().requires_grad_()
+    flag = a.requires_grad
+    return a * 3, flag
+
+
+def test_requires_grad_set_in_the_frame():
+    check(detach_requires_grad, t(3))
+    # Using the tensor again in a graph needs autograd to see the flag: the graph breaks there
+    # (`a * 3` runs natively; torch.compile makes 2 graphs).
+    from helpers import torch_compile_graphs
+    cnt, out = check(requires_grad_then_used, t(3), graphs=1, fullgraph=False)
+    assert out[0].grad_fn is not None
+    assert cnt.frame_count <= torch_compile_graphs(requires_grad_then_used, (t(3),))
+
+
+def test_requires_grad_errors_run_eagerly():
+    def f(x):
+        y = (x * 2)
+        y.requires_grad_(False)   # not a leaf: eager raises RuntimeError
+        return y
+    check_program(f, lambda: ((t(3).requires_grad_(),), {}, None), graphs=1, fullgraph=False)
+    with pytest.raises(bytegraph.errors.Unsupported, match="not a leaf"):
+        bytegraph.compile(f, fullgraph=True)(t(3).requires_grad_())

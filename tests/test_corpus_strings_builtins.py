@@ -464,3 +464,99 @@ def test_identity_of_arguments_is_guarded(fn):
         assert torch.equal(compiled(X, *args), fn(X, *args)), args
     assert cnt.frame_count == 2       # one graph for "different", one for "the same"
     bytegraph.reset()
+
+
+# ------------------------------------------------------------------ text of tensors
+# f"{t}" / str(t) need the tensor's data: the text is made after the graph (as torch.compile
+# does), so formatting a tensor costs no graph break.
+
+
+def fstring_of_tensor(x):
+    y = x * 2
+    s = f"y={y} sum={y.sum():.3f} {y!r:>5}" + "!"
+    return y + 1, s, str(y), "<" + repr(y[0]) + ">"
+
+
+def fstring_then_in_place(x):
+    y = x * 2
+    s = f"before {y}"
+    y.add_(1)           # the text shows y before this: the graph breaks first
+    return y, s
+
+
+def fstring_then_len(x):
+    y = x * 2
+    return y, len(f"{y}")
+
+
+def tensor_in_fstring(x):
+    y = x * 2
+    return y + 1, f"val {y}"
+
+
+def test_fstring_of_tensor_is_one_graph():
+    from helpers import torch_compile_graphs
+    check(fstring_of_tensor, X)      # torch.compile runs this one eagerly (0 graphs)
+    cnt, _ = check(tensor_in_fstring, X)
+    assert cnt.frame_count == torch_compile_graphs(tensor_in_fstring, (X,)) == 1
+
+
+def test_text_of_tensor_then_in_place_or_inspected():
+    from helpers import check_program
+    check_program(fstring_then_in_place, lambda: ((X.clone(),), {}, None), graphs=1, fullgraph=False)
+    check_program(fstring_then_len, lambda: ((X.clone(),), {}, None), graphs=1, fullgraph=False)
+
+
+def test_printing_a_formatted_tensor():
+    from helpers import check_program
+
+    def f(x):
+        y = x.relu()
+        print(f"relu: {y}")
+        return y * 2
+    check_program(f, lambda: ((X.clone(),), {}, None), graphs=2, fullgraph=False)
+
+
+# ------------------------------------------------------------------ dtype, finfo, iinfo objects
+
+
+def dtype_info_objects(x):
+    fi = torch.finfo(x.dtype)
+    ii = torch.iinfo(torch.int16)
+    dt = x.dtype
+    return (x.clamp(fi.min, fi.max) * fi.eps, fi.tiny, fi.resolution, fi.dtype, fi.bits, ii.min, ii.bits,
+            torch.finfo().eps, torch.finfo(torch.bfloat16).eps, dt.is_floating_point, dt.is_complex,
+            dt.itemsize, dt.to_complex(), torch.promote_types(dt, torch.float64), torch.result_type(x, 1),
+            torch.can_cast(dt, torch.int32), str(dt), repr(dt), dt in (torch.float16, torch.float32))
+
+
+def calling_a_dtype_raises(x):
+    try:
+        torch.float32(3)
+    except TypeError as e:
+        return x + 1, str(e)
+    return x, ""
+
+
+def test_dtype_and_info_objects():
+    check(dtype_info_objects, X)
+    check(calling_a_dtype_raises, X)
+
+
+# ------------------------------------------------------------------ float arguments that change
+
+
+def scale_by(x, s):
+    return x * s + 1
+
+
+@pytest.mark.xfail(strict=True, reason="a float argument is specialised on every value (3 graphs for 3 "
+                                       "values); torch.compile makes it a SymFloat after the first change "
+                                       "(2 graphs), which Inductor only takes tensorified")
+def test_float_argument_changing_between_calls():
+    from helpers import compile_counted, torch_compile_graphs
+    calls = [(X, 0.5), (X, 1.5), (X, 2.5)]
+    compiled, cnt = compile_counted(scale_by)
+    for args in calls:
+        assert torch.allclose(compiled(*args), scale_by(*args))
+    assert cnt.frame_count <= torch_compile_graphs(scale_by, *calls)

@@ -116,6 +116,15 @@ def call_sequence(callable_const, arg_names):
     return [("PUSH_NULL", None), ("LOAD_CONST", callable_const)] + loads + [("PRECALL", n), ("CALL", n)]
 
 
+# MATCH_CLASS's TypeError when the called name is not a class.
+MATCH_CLASS_NOT_A_CLASS = ("called match pattern must be a type" if PY < (3, 12)
+                           else "called match pattern must be a class")
+
+
+# generator.close() returns what the generator returns on GeneratorExit from 3.13 on (None before).
+CLOSE_RETURNS_VALUE = PY >= (3, 13)
+
+
 # When SEND finds the sub-iterator finished: 3.11 replaces the receiver with the
 # return value and jumps past the loop; 3.12+ pushes the value and jumps to
 # END_SEND, which then removes the receiver.

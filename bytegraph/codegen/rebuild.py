@@ -5,24 +5,29 @@ code at a graph break (rebuilding the live stack and locals). Tensors and
 symbolic ints come from the graph's outputs or are re-read from their sources;
 each symbolic container is built once, so identity between uses is kept.
 """
+import collections
 import copy
+import dis
 import functools
 import types
 
 import torch
 
+from ..bytecode import analysis
+from ..bytecode.resume import NULL_SLOT, resume_code
 from ..errors import Unsupported
 from ..bytecode.resume import CLOSURE_PARAM
+from ..null import NULL
 from ..guards.sources import AttrSource, ClosureSource, ObjectSource
 from ..trace.exceptions import rebuild_expr, values_inside
 from ..trace.frame import PendingLocal
 from ..values import arrays
 from ..values.arrays import NdarrayMethodValue, NdarrayValue
-from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DefaultDictValue, DictValue,
-                           DictViewValue, ExceptionValue, FunctionValue, IteratorValue, ListValue,
-                           PartialValue, PrivateObjectValue, RealCell,
-                           MethodOfValue, ObjectValue, SymValue, TensorMethodValue, TensorValue,
-                           MUTABLE_CONSTANT_TYPES, TracedId, TupleValue, UserObjectValue)
+from ..values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, CellValue, ConstantValue, ContextManagerValue,
+                           DefaultDictValue, DictValue, DictViewValue, ExceptionValue, FormattedTextValue,
+                           FunctionValue, GeneratorValue, HeldValue, IteratorValue, ListValue, MethodOfValue,
+                           ObjectValue, PartialValue, PrivateObjectValue, RealCell, SymValue, TensorMethodValue,
+                           TensorValue, TracedId, TupleValue, UserObjectValue, holds_values)
 
 
 class Namespace:
@@ -74,14 +79,24 @@ class Rebuilder:
             return f"{CLOSURE_PARAM}[{c.source.index}]"
         raise Unsupported("cannot rebuild a closure over this cell yet")
 
-    def _function(self, v):
-        cells = [self.cell(c) for c in v.closure]
+    def _cells(self, closure):
+        """Expressions for the cell objects of a closure."""
         self.ns.ns["__make_function"] = make_function
+        return [self.cell(c) for c in closure]
+
+    def _function(self, v):
+        cells = self._cells(v.closure)
         defaults = f"({', '.join(self.expr(d) for d in v.defaults)}{',' if len(v.defaults) == 1 else ''})"
         kwdefaults = "{" + ", ".join(f"{k!r}: {self.expr(d)}" for k, d in v.kwdefaults.items()) + "}"
         closure = f"({', '.join(cells)}{',' if len(cells) == 1 else ''})"
-        return self.temp(f"__make_function({self.ns.ref(v.code, 'code')}, {self.ns.ref(v.globals, 'g')}, "
-                         f"{v.name!r}, {defaults}, {kwdefaults}, {closure})")
+        fn = self.temp(f"__make_function({self.ns.ref(v.code, 'code')}, {self.ns.ref(v.globals, 'g')}, "
+                       f"{v.name!r}, {defaults}, {kwdefaults}, {closure})")
+        self._done[id(v)] = fn   # an attribute may refer to the function itself
+        if v.qualname != v.code.co_qualname:
+            self.lines.append(f"{fn}.__qualname__ = {v.qualname!r}")
+        for name, value in v.attrs.items():
+            self.lines.append(f"{fn}.{name} = {self.expr(value)}")
+        return fn
 
     def _negative_stride_view(self, v):
         """Eager NumPy's negative-stride view, made again from its base (the trace held a copy)."""
@@ -113,7 +128,10 @@ class Rebuilder:
         if isinstance(v, PendingLocal):
             return self.ns.source(v.source)
         if id(v) in self._done:
-            return self._done[id(v)]
+            done = self._done[id(v)]
+            if done is None:
+                raise Unsupported(f"cannot rebuild a {type(v).__name__} whose state refers to itself yet")
+            return done
         out = self._expr(v)
         self._done[id(v)] = out
         return out
@@ -141,6 +159,8 @@ class Rebuilder:
             if isinstance(c, TracedId):
                 raise Unsupported("an id() taken while tracing escapes the compiled code; its value is "
                                   "known only at run time", hint="compare ids inside the function only")
+            if isinstance(c, (set, frozenset, collections.deque)) and holds_values(c):
+                return self.temp(self._holding(c))
             if isinstance(c, MUTABLE_CONSTANT_TYPES):
                 # A set/deque/Counter made in the frame: a new copy per call, never the trace's own.
                 if id(c) not in self._mutable_copies:
@@ -184,6 +204,7 @@ class Rebuilder:
             owner = v.owner if isinstance(v, MethodOfValue) else v.tensor
             return f"{self.expr(owner)}.{v.name}"
         if isinstance(v, BoundMethodValue):
+            self.ns.ns["__MethodType"] = types.MethodType
             return f"__MethodType({self.expr(v.func)}, {self.expr(v.self_value)})"
         if isinstance(v, FunctionValue):
             return self._function(v)
@@ -212,7 +233,114 @@ class Rebuilder:
             return f"{self.expr(v.dict_value)}.{v.kind}()"
         if isinstance(v, ExceptionValue):
             return rebuild_expr(self, v)
+        if isinstance(v, GeneratorValue):
+            return self._generator(v)
+        if isinstance(v, ContextManagerValue) and v.kind == "inference_mode":
+            return f"torch.inference_mode({v.args[0]!r})"
+        if isinstance(v, FormattedTextValue):
+            pieces = []
+            for part in v.parts:
+                if isinstance(part, str):
+                    pieces.append(repr(part))
+                    continue
+                value, conv, spec = part
+                inner = self.expr(value)
+                if conv is not None:
+                    inner = f"{conv.__name__}({inner})"
+                pieces.append(f"format({inner}, {spec!r})")
+            return self.temp(" + ".join(pieces) if pieces else "''")
         raise Unsupported(f"cannot rebuild a {type(v).__name__} outside the graph yet")
+
+    def _held(self, x):
+        """An element of a real container made in the frame (a HeldValue is its value rebuilt)."""
+        if isinstance(x, HeldValue):
+            return self.expr(x.value)
+        if type(x) is tuple:
+            parts = [self._held(i) for i in x]
+            return f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
+        if x is None or isinstance(x, (bool, str)) or type(x) is int:
+            return repr(x)
+        return self.ns.ref(x)
+
+    def _holding(self, c):
+        """A new set/frozenset/deque with the elements of ``c``, which holds traced values."""
+        parts = ", ".join(self._held(x) for x in c)
+        if isinstance(c, collections.deque):
+            return f"{self.ns.ref(collections.deque, 'cls')}([{parts}], {c.maxlen!r})"
+        return f"{{{parts}}}" if type(c) is set else f"frozenset({{{parts}}})"
+
+    def _generator(self, v):
+        """A real generator in the state the trace left ``v`` in (see ``generator_state``)."""
+        code = v.frame.code
+        self.ns.ns.update({"__exhausted_generator": exhausted_generator, "__primed": primed})
+        self._done[id(v)] = None   # being built (a reference to itself cannot be rebuilt)
+        if v.state == "done":
+            return self.temp(f"__exhausted_generator({code.co_name!r}, {code.co_qualname!r})")
+        offset, stack, live = generator_state(v)
+        layout = tuple(NULL_SLOT if x is NULL else f"__stack{i}" for i, x in enumerate(stack))
+        resumed, _ = resume_code(code, offset, layout, tuple(live), code.co_name)
+        resumed = resumed.replace(co_qualname=code.co_qualname)
+        frame = v.frame
+        args = [self.expr(x) for x in stack if x is not NULL]
+        args += [self.expr(frame.locals[n]) for n in live]
+        # The copied code runs over real cells (bytecode.resume.closure_names): the generator's
+        # own cells (made now when it has not started: MAKE_CELL of an argument wraps it), then
+        # its closure.
+        own = [frame.cells[n] if n in frame.cells else CellValue(frame.locals.get(n)) for n in code.co_cellvars]
+        cells = self._cells(own + [frame.cells[n] for n in code.co_freevars])
+        closure = f"({', '.join(cells)}{',' if len(cells) == 1 else ''})"
+        fn = self.temp(f"__make_function({self.ns.ref(resumed, 'code')}, {self.ns.ref(frame.globals, 'g')}, "
+                       f"{code.co_name!r}, (), {{}}, {closure})")
+        made = f"{fn}({', '.join(args)})"
+        # Suspended: the copy starts at the same yield, and one next() stops it there.
+        return self.temp(f"__primed({made})" if v.state == "suspended" else made)
+
+
+def _held_values(c):
+    out = []
+    for x in c:
+        if isinstance(x, HeldValue):
+            out.append(x.value)
+        elif type(x) is tuple:
+            out += _held_values(x)
+    return out
+
+
+def generator_state(v):
+    """(offset to resume at, stack values, live local names) of a generator value made in the
+    trace and not finished: a created one starts at its first instruction with its arguments; a
+    suspended one re-runs the yield it stopped at (with a dummy on the stack)."""
+    frame = v.frame
+    code = frame.code
+    if v.state == "created":
+        raw = [i for i in dis.get_instructions(code) if i.opname not in ("CACHE", "EXTENDED_ARG")]
+        first = next(k for k, i in enumerate(raw) if i.opname == "RESUME")
+        offset, stack = raw[first + 1].offset, []
+    elif v.state == "suspended":
+        offset, stack = frame.instructions[frame.yield_index].offset, list(frame.stack) + [ConstantValue(None)]
+    else:
+        raise Unsupported(f"cannot rebuild a generator that is {v.state}")
+    wanted = analysis.live_locals(code, offset)
+    live = [n for n in code.co_varnames if n in frame.locals and n in wanted and n not in code.co_cellvars]
+    return offset, stack, live
+
+
+def primed(gen):
+    """``gen`` after the one step that takes it to the yield it was rebuilt at."""
+    next(gen)
+    return gen
+
+
+def exhausted_generator(name, qualname):
+    """A finished generator named like the one the trace ran to its end."""
+    def gen():
+        return
+        yield
+    gen.__name__, gen.__qualname__ = name, qualname
+    made = gen()
+    for _ in made:
+        pass
+    return made
 
 
 def _is_literal(text):
@@ -228,6 +356,8 @@ def tensors_in(values, out):
             out.append(v)
         elif isinstance(v, NdarrayMethodValue):
             out.append(v.array)
+        elif isinstance(v, ConstantValue) and isinstance(v._value, (set, frozenset, collections.deque)):
+            tensors_in(_held_values(v._value), out)
         elif isinstance(v, (TupleValue, ListValue)):
             tensors_in(v.items, out)
         elif isinstance(v, DictValue):
@@ -250,8 +380,20 @@ def tensors_in(values, out):
                 tensors_in(v.dict_items.items.values(), out)
         elif isinstance(v, ExceptionValue):
             tensors_in(values_inside(v), out)
+        elif isinstance(v, FormattedTextValue):
+            tensors_in([p[0] for p in v.parts if not isinstance(p, str)], out)
+        elif isinstance(v, GeneratorValue):
+            if v.state in ("created", "suspended"):
+                try:
+                    _, stack, live = generator_state(v)
+                except Unsupported:
+                    continue
+                code = v.frame.code
+                cells = [v.frame.cells[n] for n in code.co_cellvars + code.co_freevars if n in v.frame.cells]
+                tensors_in([x for x in stack if x is not NULL] + [v.frame.locals[n] for n in live]
+                           + [c.contents for c in cells if isinstance(c, CellValue) and c.contents is not None], out)
         elif isinstance(v, FunctionValue):
-            tensors_in(list(v.defaults) + list(v.kwdefaults.values())
+            tensors_in(list(v.defaults) + list(v.kwdefaults.values()) + list(v.attrs.values())
                        + [c.contents for c in v.closure if isinstance(c, CellValue) and c.contents is not None], out)
     return out
 

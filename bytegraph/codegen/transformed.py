@@ -13,7 +13,7 @@ from ..errors import Unsupported
 from ..guards.sources import AttrSource, ClosureSource, GlobalSource
 from ..debug.counting import count_ops
 from ..trace.context import DELETED
-from ..values.base import ConstantValue, DictValue, IteratorValue, ListValue
+from ..values.base import ConstantValue, DictValue, IteratorValue, ListValue, TensorValue, holds_values
 from ..values import arrays
 from .rebuild import Namespace, Rebuilder, _key_expr, array_input_name, graph_value_exprs, tensors_in
 
@@ -156,6 +156,8 @@ def replay_side_effects(tx, rb, live=()):
         elif isinstance(v, DictValue):
             body = ", ".join(f"{_key_expr(k, ns)}: {rb.expr(i)}" for k, i in v.items.items())
             contents[key] = rb.temp(f"{{{body}}}")
+        elif holds_values(v.value):
+            contents[key] = rb.temp(rb._holding(v.value))
         else:
             contents[key] = ns.ref(frozenset(v.value), "set")
     stored = [value for _, _, value in tx.attr_stores.values() if value is not DELETED]
@@ -219,7 +221,9 @@ def _cell_expr(ns, source):
 def side_effect_values(tx):
     """Values the effects store: their tensors must come out of the graph."""
     out = [value for _, _, value in tx.attr_stores.values() if value is not DELETED]
-    out += [v for v in tx.mutated.values() if not isinstance(v, ConstantValue)]
+    # Tensors made in the graph that get an attribute (``t.grad = g``, ``t.requires_grad_()``).
+    out += [obj for obj, _, _ in tx.attr_stores.values() if isinstance(obj, TensorValue)]
+    out += [v for v in tx.mutated.values() if not isinstance(v, ConstantValue) or holds_values(v.value)]
     out += [value for _, value in tx.global_stores.values() if value is not DELETED]
     out += [value for _, value in tx.cell_stores.values()]
     return out

@@ -62,6 +62,12 @@ class GraphBuilder:
         self._state_names = {}        # id(tensor) -> attribute name on state_root
         self._last_placeholder = None
         self._names = set()
+        # node -> why it may not be used by another node: a tensor whose requires_grad the trace
+        # changed (the change is done after the graph, so later uses belong to a new graph).
+        self.frozen = {}
+        # Storages (of fake tensors) no op may mutate from here on: a tensor formatted into text
+        # that is made after the graph. storage id -> why.
+        self.no_mutation = {}
 
     # --- inputs -----------------------------------------------------------
 
@@ -184,6 +190,17 @@ class GraphBuilder:
         """
         node_args, fake_args = _unwrap(args)
         node_kwargs, fake_kwargs = _unwrap(kwargs)
+        if self.frozen:
+            used = []
+            fx.node.map_arg((node_args, node_kwargs), used.append)
+            for n in used:
+                if n in self.frozen:
+                    raise Unsupported(self.frozen[n])
+        if self.no_mutation and (_mutates(target) or "out" in kwargs):
+            for fake in _tensors_of((fake_args, fake_kwargs)):
+                reason = self.no_mutation.get(fake.untyped_storage()._cdata)
+                if reason is not None:
+                    raise Unsupported(reason)
         t0 = time.perf_counter()
         try:
             grad_check = _BackwardCheck.needed(kind, target, fake_args, fake_kwargs)
@@ -208,6 +225,10 @@ class GraphBuilder:
             self.fake_seconds += time.perf_counter() - t0
         node = self.graph.create_node(kind, target, tuple(node_args), dict(node_kwargs))
         return self.wrap_result(node, result, fake_args, fake_kwargs, args, kwargs)
+
+    def keep_unchanged(self, value, reason):
+        """No op of this graph may change ``value``'s storage any more (an in-place op breaks)."""
+        self.no_mutation[value.fake.untyped_storage()._cdata] = reason
 
     def wrap_result(self, node, result, fake_args, fake_kwargs, args, kwargs):
         if isinstance(result, torch.Tensor):
@@ -366,6 +387,17 @@ def _signature(kind, target, fake_args, fake_kwargs):
         return key
     except TypeError:
         return None
+
+
+def _tensors_of(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            yield from _tensors_of(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from _tensors_of(x)
 
 
 def _mutates(target):

@@ -10,7 +10,7 @@ from ..guards.builder import MISSING_ATTR
 from ..guards.sources import AttrSource, ItemSource, ModuleEntrySource
 from ..values.base import (BoundMethodValue, ConstantValue, ContextManagerValue, DictValue,
                            ExceptionValue, FunctionValue, GeneratorValue, ListValue, MethodOfValue,
-                           ObjectValue, PrivateObjectValue, SuperValue, TensorMethodValue, TensorValue,
+                           ObjectValue, PartialValue, PrivateObjectValue, SuperValue, TensorMethodValue, TensorValue,
                            TupleValue, UserObjectValue)
 from ..values.builder import CONSTANT_TYPES, is_trusted_module, note_reassigned_buffer, wrap
 from ..values.arrays import NdarrayValue
@@ -64,14 +64,25 @@ def _get_attr(frame, v, name):
             return v.items[fields.index(name)]
         if name in ("count", "index"):
             return MethodOfValue(v, name)
+        if v.cls not in (tuple, torch.Size) and name not in ("_replace", "_asdict"):
+            # Methods, properties and class attributes of a namedtuple (subclass): as for any object.
+            attr, found = _lookup_static(v.cls, name)
+            if found and _defined_in_python_class(v.cls, name):
+                return _class_attribute(frame, v.cls, name, v)[0]
     if isinstance(v, (ListValue, DictValue, TupleValue)):
         if hasattr(v.python_type(), name):
             return MethodOfValue(v, name)
     if isinstance(v, FunctionValue):
-        table = {"__name__": v.name, "__qualname__": v.qualname, "__code__": v.code,
-                 "__module__": v.globals.get("__name__")}
-        if name in table:
-            return ConstantValue(table[name])
+        return _function_attr(frame, v, name)
+    if isinstance(v, PartialValue):
+        if name == "func":
+            return v.func
+        if name == "args":
+            return TupleValue(v.args)
+        if name == "keywords":
+            table = DictValue({})
+            table.items = v.kwargs   # the partial's own table, as in CPython
+            return table
     if isinstance(v, ContextManagerValue) and name in ("__enter__", "__exit__"):
         return MethodOfValue(v, name)
     if isinstance(v, BoundMethodValue):
@@ -82,7 +93,117 @@ def _get_attr(frame, v, name):
     raise Unsupported(f"attribute {name!r} of {describe(v)} is not supported yet")
 
 
+def _function_attr(frame, v, name):
+    """An attribute of a function made in the frame: what was set on it, else what CPython gives."""
+    if name in v.attrs:
+        return v.attrs[name]
+    if name == "__dict__":
+        table = DictValue({})
+        table.items = v.attrs   # the function's own attribute table
+        return table
+    if name in ("__name__", "__qualname__"):
+        return ConstantValue(v.name if name == "__name__" else v.qualname)
+    if name == "__code__":
+        return ConstantValue(v.code)
+    if name == "__module__":
+        return ConstantValue(v.globals.get("__name__"))
+    if name == "__doc__":
+        # CPython's rule for the docstring, from a throwaway function over the same code.
+        cells = tuple(types.CellType() for _ in v.code.co_freevars) or None
+        return ConstantValue(types.FunctionType(v.code, {}, None, None, cells).__doc__)
+    if name == "__defaults__":
+        return TupleValue(v.defaults) if v.defaults else ConstantValue(None)
+    if name == "__kwdefaults__":
+        return DictValue(v.kwdefaults) if v.kwdefaults else ConstantValue(None)
+    if name == "__globals__":
+        return wrap(frame.tx, v.globals, None)
+    if name == "__type_params__" and hasattr(types.FunctionType, name):
+        return ConstantValue(())
+    if hasattr(types.FunctionType, name):
+        raise Unsupported(f"attribute {name!r} of a function made in the compiled function is not supported yet")
+    raise MissingAttribute(f"'function' object has no attribute {name!r}")
+
+
+_FUNCTION_STR_ATTRS = ("__name__", "__qualname__")
+
+
+def _set_function_attr(frame, v, name, value):
+    if name in _FUNCTION_STR_ATTRS:
+        text = value.value if isinstance(value, ConstantValue) else None
+        if not isinstance(text, str):
+            exceptions.raise_new(TypeError, f"{name} must be set to a string object")
+        if name == "__name__":
+            v.name = text
+        else:
+            v.qualname = text
+        return
+    if name in ("__code__", "__defaults__", "__kwdefaults__", "__closure__", "__globals__", "__dict__",
+                "__annotations__", "__builtins__"):
+        raise Unsupported(f"setting {name} of a function made in the compiled function is not supported yet")
+    if name == "__type_params__" and not (isinstance(value, TupleValue) and value.cls is tuple or
+                                          isinstance(value, ConstantValue) and type(value.value) is tuple):
+        raise Unsupported("setting __type_params__ to a value that is not a tuple")
+    v.attrs[name] = value
+
+
+def _real_tensor(frame, v):
+    """The real tensor behind a graph input or a module's parameter/buffer, else None."""
+    if v.node.op == "get_attr":
+        return getattr(frame.tx.graph.state_root, v.node.target)
+    for inp in frame.tx.graph.inputs:
+        if inp.node is v.node:
+            return inp.example
+    return None
+
+
+def requires_grad_of(frame, v):
+    """``v.requires_grad`` as the trace has left it."""
+    stored = frame.tx.attr_stores.get((id(v), "requires_grad"))
+    return as_constant(stored[2]) if stored is not None else v.fake.requires_grad
+
+
+def set_requires_grad(frame, v, flag):
+    """``v.requires_grad_(flag)``: done on the real tensor after the graph; a later graph op on
+    ``v`` starts a new graph (autograd must see the new flag from there on)."""
+    if not isinstance(flag, bool):
+        raise Unsupported(f"requires_grad set to a {type(flag).__name__}")
+    if flag == requires_grad_of(frame, v):
+        return v
+    if not flag and not v.fake.is_leaf:
+        raise Unsupported("requires_grad_(False) on a tensor that is not a leaf raises RuntimeError in eager")
+    if flag and not (v.fake.dtype.is_floating_point or v.fake.dtype.is_complex):
+        raise Unsupported(f"requires_grad_() on a {v.fake.dtype} tensor raises RuntimeError in eager")
+    frame.tx.attr_stores[(id(v), "requires_grad")] = (v, "requires_grad", ConstantValue(flag))
+    frame.tx.graph.frozen[v.node] = ("a tensor whose requires_grad was changed in the compiled function is used "
+                                     "again: the change is made between graphs, so the graph breaks here")
+    return v
+
+
+def _set_tensor_attr(frame, v, name, value):
+    """``tensor.name = value``: recorded, seen by later reads in the trace, done after the graph."""
+    if name == "requires_grad":
+        set_requires_grad(frame, v, as_constant(value))
+        return
+    if name == "grad":
+        if isinstance(value, TensorValue):
+            g_fake, t_fake = value.fake, v.fake
+            if g_fake.shape != t_fake.shape or g_fake.dtype != t_fake.dtype or g_fake.device != t_fake.device:
+                raise Unsupported("assigning a .grad of another shape, dtype or device raises in eager")
+        elif not (isinstance(value, ConstantValue) and value.value is None):
+            raise Unsupported(f"assigning {describe(value)} to a tensor's .grad raises in eager")
+    elif hasattr(torch.Tensor, name) or name.startswith("__"):
+        raise Unsupported(f"setting Tensor.{name} is not supported yet")
+    frame.tx.attr_stores[(id(v), name)] = (v, name, value)
+
+
 def _tensor_attr(frame, v, name):
+    stored = frame.tx.attr_stores.get((id(v), name))
+    if stored is not None:
+        if stored[2] is DELETED:
+            raise MissingAttribute(f"'Tensor' object has no attribute {name!r}")
+        return stored[2]
+    if name in ("requires_grad", "is_leaf") and (id(v), "requires_grad") in frame.tx.attr_stores:
+        return ConstantValue(requires_grad_of(frame, v) if name == "requires_grad" else v.fake.is_leaf)
     if name == "shape":
         return _shape_value(frame, v)
     if name == "__class__":
@@ -92,14 +213,19 @@ def _tensor_attr(frame, v, name):
     if name in _TENSOR_VIEWS:
         return frame.tx.graph.call("call_function", getattr, [v, ConstantValue(name)], {},
                                    describe=f"Tensor.{name}")
-    if name == "grad" and v.source is not None:
+    real = _real_tensor(frame, v) if v.source is not None else None
+    if name == "grad" and real is not None:
         # Only inputs can be re-read; the grad tensor is then an input of its own.
-        real = _real_from_source(frame, v)
         return wrap(frame.tx, real.grad, AttrSource(v.source, "grad"))
     if name in ("data", "grad", "grad_fn", "_version", "untyped_storage"):
         raise Unsupported(f"Tensor.{name} is not supported in a graph yet")
     attr = getattr(torch.Tensor, name, None)
     if attr is None:
+        # A Python attribute set on the tensor object (``t.tag = ...``), read through its source.
+        if real is not None and name in getattr(real, "__dict__", {}):
+            return wrap(frame.tx, real.__dict__[name], AttrSource(v.source, name))
+        if real is not None:
+            frame.tx.guards.add(MISSING_ATTR, v.source, name)
         raise MissingAttribute(f"'Tensor' object has no attribute {name!r}")
     if callable(attr):
         return TensorMethodValue(v, name)
@@ -111,13 +237,6 @@ def _shape_value(frame, v):
     if not any(isinstance(s, torch.SymInt) for s in shape):
         return ConstantValue(shape)
     return TupleValue([frame.tx.graph.size_value(v, d) for d in range(len(shape))], cls=torch.Size)
-
-
-def _real_from_source(frame, v):
-    for inp in frame.tx.graph.inputs:
-        if inp.node is v.node:
-            return inp.example
-    raise Unsupported("tensor attribute of a non-input tensor")
 
 
 def _constant_attr(v, name):
@@ -189,6 +308,8 @@ def _object_attr(frame, v, name):
         trusted = obj.__module__.split(".")[0] in ("torch", "builtins", "collections", "typing", "enum")
         return wrap(tx, value, None if trusted else asrc)
     cls = type(obj)
+    if cls is types.MappingProxyType and name in _DICT_READS:
+        return MethodOfValue(proxy_dict(frame, v), name)
     if isinstance(obj, types.CodeType):
         # Code objects are immutable: once the code is guarded, its attributes are fixed.
         try:
@@ -248,6 +369,14 @@ def _object_attr(frame, v, name):
     raise MissingAttribute(f"{cls.__name__!r} object has no attribute {name!r}")
 
 
+def _defined_in_python_class(cls, name):
+    """True if ``cls.name`` comes from a class other than the builtin ones (tuple, object...)."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass.__module__ != "builtins"
+    return False
+
+
 def _class_attribute(frame, cls, name, self_value):
     """A class attribute looked up for an instance: methods bind, properties run."""
     attr, found = _lookup_static(cls, name)
@@ -300,6 +429,8 @@ def _super_attr(frame, sv, name):
         if found is not None:
             return found
     obj_type = sv.obj.python_type() if not isinstance(sv.obj, ObjectValue) else type(sv.obj.obj)
+    if isinstance(sv.obj, ObjectValue) and isinstance(sv.obj.obj, type) and issubclass(sv.obj.obj, sv.cls):
+        return _super_class_attr(frame, sv, name)   # super() in a classmethod: super(C, cls)
     mro = obj_type.__mro__
     if sv.cls not in mro:
         raise Unsupported("super(): the object is not an instance of the class")
@@ -331,6 +462,23 @@ def _super_attr(frame, sv, name):
     raise Unsupported(f"super().{name} is not supported yet")
 
 
+def _super_class_attr(frame, sv, name):
+    """``super(C, cls).name`` for a class ``cls``: classmethods bind to ``cls``, functions stay plain."""
+    owner = sv.obj.obj
+    mro = owner.__mro__
+    for klass in mro[mro.index(sv.cls) + 1:]:
+        if name in klass.__dict__:
+            attr = klass.__dict__[name]
+            if isinstance(attr, classmethod):
+                return BoundMethodValue(wrap(frame.tx, attr.__func__, None), sv.obj)
+            if isinstance(attr, staticmethod):
+                return wrap(frame.tx, attr.__func__, None)
+            if isinstance(attr, types.FunctionType):
+                return wrap(frame.tx, attr, None)
+            break
+    raise Unsupported(f"super().{name} in a classmethod is not supported yet")
+
+
 def _defined_by_dict(cls, name):
     """True if ``cls.name`` comes from ``dict``/``OrderedDict`` rather than Python code."""
     for klass in cls.__mro__:
@@ -359,6 +507,32 @@ def _dict_view(frame, ov):
     return view
 
 
+# --- a class's __dict__ (a mappingproxy) ----------------------------------------------------
+
+def is_mapping_proxy(v):
+    return isinstance(v, ObjectValue) and type(v.obj) is types.MappingProxyType
+
+
+def proxy_keys(frame, v):
+    """The keys of a mappingproxy value; the trace relies on all of them (guarded)."""
+    if v.source is not None:
+        frame.tx.guards.add(g.DICT_KEYS, v.source, list(v.obj))
+    return list(v.obj)
+
+
+def proxy_item(frame, v, key):
+    """``proxy[key]``: the entry read through its own source; KeyError (guarded) if missing."""
+    if key not in v.obj:
+        proxy_keys(frame, v)
+        exceptions.raise_new(KeyError, key)
+    return wrap(frame.tx, v.obj[key], ItemSource(v.source, key) if v.source is not None else None)
+
+
+def proxy_dict(frame, v):
+    """A read-only dict value with every entry of a mappingproxy (for its methods)."""
+    return DictValue({k: proxy_item(frame, v, k) for k in proxy_keys(frame, v)}, cls=types.MappingProxyType)
+
+
 def _noop_init(*args, **kwargs):
     return None
 
@@ -370,14 +544,17 @@ def set_attr(frame, obj, name, value, plain=False):
     """
     if isinstance(obj, ExceptionValue):
         return set_exception_attr(frame, obj, name, value)
+    if isinstance(obj, FunctionValue):
+        return _set_function_attr(frame, obj, name, value)
+    if isinstance(obj, TensorValue) and obj.cls in (torch.Tensor, torch.nn.Parameter):
+        return _set_tensor_attr(frame, obj, name, value)
     if isinstance(obj, UserObjectValue):
         hook = obj.cls.__setattr__
         if not plain and hook is not object.__setattr__:
             ops.call(frame, wrap(frame.tx, hook, None), [obj, ConstantValue(name), value], {})
             return
-        attr, found = _lookup_static(obj.cls, name)
-        if found and _is_data_descriptor(attr) and not isinstance(attr, types.MemberDescriptorType):
-            raise Unsupported(f"setting {obj.cls.__qualname__}.{name} (a descriptor) is not supported yet")
+        if descriptor_store(frame, obj, obj.cls, name, value):
+            return
         obj.attrs[name] = value   # a __slots__ member is stored like an attribute
         return
     if isinstance(obj, PrivateObjectValue):
@@ -388,11 +565,66 @@ def set_attr(frame, obj, name, value, plain=False):
         # Nothing outside the trace sees this object: the store happens now.
         object.__setattr__(obj.obj, name, as_constant(value))
         return
+    if isinstance(obj, ObjectValue) and obj.source is not None and not isinstance(obj.obj, (type, types.ModuleType)) \
+            and (type(obj.obj).__setattr__ is object.__setattr__ or _module_plain_store(obj.obj, name, value)) \
+            and descriptor_store(frame, obj, type(obj.obj), name, value):
+        return
     if isinstance(obj, ObjectValue) and obj.source is not None and _replayable_store(obj.obj, name, value):
         frame.tx.attr_stores[(id(obj.obj), name)] = (obj, name, value)
         return
     raise Unsupported(f"setting attribute {name!r} on {describe(obj)} (a side effect) is not supported yet",
                       hint="side effects on objects that exist outside the compiled function run eagerly")
+
+
+def descriptor_store(frame, obj, cls, name, value, delete=False):
+    """``obj.name = value`` (or ``del obj.name``) through a data descriptor of ``cls`` written in
+    Python or a ``property``: its setter (deleter) is traced. False if no such descriptor applies;
+    a slot member (``__slots__``) is left to the caller."""
+    attr, found = _lookup_static(cls, name)
+    if not found or not _is_data_descriptor(attr) or isinstance(attr, types.MemberDescriptorType):
+        return False
+    what = "deleter" if delete else "setter"
+    if isinstance(attr, property):
+        fn = attr.fdel if delete else attr.fset
+        if fn is None:
+            raise Unsupported(f"property {name!r} of {cls.__qualname__} has no {what} (eager raises AttributeError)")
+        ops.call(frame, wrap(frame.tx, fn, None), [obj] + ([] if delete else [value]), {})
+        return True
+    method = getattr(type(attr), "__delete__" if delete else "__set__", None)
+    if isinstance(method, types.FunctionType):
+        ops.call(frame, wrap(frame.tx, method, None), [wrap(frame.tx, attr, None), obj] + ([] if delete else [value]), {})
+        return True
+    raise Unsupported(f"{'deleting' if delete else 'setting'} {cls.__qualname__}.{name} "
+                      f"(a {type(attr).__name__} descriptor) is not supported yet")
+
+
+def _module_plain_store(module, name, value):
+    """True if ``nn.Module.__setattr__`` would hand ``module.name = value`` to ``object.__setattr__``
+    (so a property's setter runs): no parameter, submodule or buffer is involved."""
+    if not isinstance(module, torch.nn.Module) or type(module).__setattr__ is not torch.nn.Module.__setattr__:
+        return False
+    if isinstance(value, TensorValue) and value.cls is not torch.Tensor:
+        return False   # a Parameter is registered
+    if isinstance(value, ObjectValue) and isinstance(value.obj, torch.nn.Module):
+        return False   # a submodule is registered
+    return not any(name in module.__dict__.get(t, ()) for t in ("_parameters", "_buffers", "_modules"))
+
+
+def delete_attr(frame, obj, name):
+    """``del obj.name`` on an object made in the frame: a Python ``__delattr__``, a property's
+    deleter, or the attribute itself. True if done; False if ``obj`` is not such an object."""
+    if not isinstance(obj, UserObjectValue):
+        return False
+    hook = obj.cls.__delattr__
+    if hook is not object.__delattr__ and isinstance(hook, types.FunctionType):
+        ops.call(frame, wrap(frame.tx, hook, None), [obj, ConstantValue(name)], {})
+        return True
+    if descriptor_store(frame, obj, obj.cls, name, None, delete=True):
+        return True
+    if name not in obj.attrs:
+        raise MissingAttribute(f"{obj.cls.__name__!r} object has no attribute {name!r}")
+    del obj.attrs[name]
+    return True
 
 
 def _replayable_store(obj, name, value):

@@ -13,11 +13,31 @@ import torch
 
 from ..errors import Unsupported
 from ..values.base import (MUTABLE_CONSTANT_TYPES, ConstantValue, DefaultDictValue, DictValue, DictViewValue,
-                           ListValue, ObjectValue, SliceValue, SymValue, TensorValue, TupleValue)
+                           ExceptionValue, FunctionValue, GeneratorValue, HeldValue, ListValue, ObjectValue,
+                           SliceValue, SymValue, TensorValue, TupleValue, UserObjectValue, holds_values)
+
+
+class PythonError(Unsupported):
+    """A fold on constants raised a real Python exception (``exc``): the traced code raises it."""
+
+    def __init__(self, reason, exc, hint=None):
+        super().__init__(reason, hint)
+        self.exc = exc
+
+
+class MissingAttribute(Unsupported):
+    """Reading an attribute the object does not have (AttributeError in eager)."""
 
 
 _NAMED_CALLABLES = (type, types.FunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
                     types.MethodWrapperType, types.ClassMethodDescriptorType)
+
+
+def type_name(cls):
+    """The class's C-level ``tp_name``, as CPython's messages spell it (``int``, ``torch.dtype``)."""
+    if cls.__flags__ & (1 << 9) or cls.__module__ == "builtins":   # a heap type: its __name__
+        return cls.__name__
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def describe(v):
@@ -68,7 +88,10 @@ def as_constant(v):
     if isinstance(v, ObjectValue) and type(v.obj) is type(sys.version_info):
         return v.obj    # the only instance of its type; it never changes
     if isinstance(v, DictViewValue):
-        # A real view over a dict of the constants, for set operations and comparisons.
+        # A real view over a dict of the constants, for set operations and comparisons (keys
+        # are always known; an items view compares values with ==, so they must be constants).
+        if v.kind == "keys":
+            return dict.fromkeys(v.dict_value.items).keys()
         return getattr(as_constant(v.dict_value), v.kind)()
     raise Unsupported(f"{describe(v)} is not a constant")
 
@@ -83,8 +106,51 @@ def is_constant(v):
         return False
 
 
+def held_item(v):
+    """What a set, frozenset or deque made in the frame holds for the value ``v``: a constant as
+    itself; a tensor, a function or an object hashed by identity as a HeldValue."""
+    if isinstance(v, TupleValue) and v.cls is tuple:
+        return tuple(held_item(i) for i in v.items)
+    if isinstance(v, (TensorValue, FunctionValue, GeneratorValue, ExceptionValue)):
+        return HeldValue(v, ("value", id(v)))
+    if isinstance(v, UserObjectValue):
+        if v.cls.__hash__ is object.__hash__:
+            return HeldValue(v, ("value", id(v)))
+        raise Unsupported(f"a {v.cls.__qualname__} object (with its own __hash__) in a set is not supported yet")
+    if isinstance(v, ObjectValue) and not isinstance(v.obj, (type, enum.Enum)) and (
+            type(v.obj).__hash__ is object.__hash__ or isinstance(v.obj, types.FunctionType)):
+        return HeldValue(v, ("object", id(v.obj)))
+    if isinstance(v, (ListValue, DictValue)):
+        exc = TypeError(f"unhashable type: '{v.python_type().__name__}'")
+        raise PythonError(str(exc), exc)
+    return as_constant(v)
+
+
+def deque_item(v):
+    """What a deque made in the frame holds for ``v``: like a set's element, but anything can be
+    held (a list or dict as the very value, so that changes to it show)."""
+    if isinstance(v, (ListValue, DictValue)) or (isinstance(v, ConstantValue) and isinstance(
+            v._value, MUTABLE_CONSTANT_TYPES)):
+        return HeldValue(v, ("value", id(v)))
+    try:
+        return held_item(v)
+    except Unsupported:
+        return HeldValue(v, ("value", id(v)))
+
+
+def item_value(x):
+    """The value for an element ``x`` taken out of a real container made in the frame."""
+    if isinstance(x, HeldValue):
+        return x.value
+    if type(x) is tuple and holds_values(x):
+        return TupleValue([item_value(i) for i in x])
+    return ConstantValue(x)
+
+
 def constant_value(result):
     """Wrap a Python result computed at trace time."""
+    if isinstance(result, HeldValue) or (type(result) is tuple and holds_values(result)):
+        return item_value(result)
     if isinstance(result, MUTABLE_CONSTANT_TYPES):
         return ConstantValue(result)
     if isinstance(result, (list,)):

@@ -19,14 +19,14 @@ from ..errors import Unsupported
 from ..guards import builder as g
 from ..guards.sources import AttrSource, ModuleEntrySource
 from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, DictViewValue,
-                           ExceptionValue, FunctionValue, IteratorValue, ListValue, MethodOfValue,
+                           FunctionValue, IteratorValue, ListValue, MethodOfValue,
                            ObjectValue, PrivateObjectValue, SuperValue, SymValue, TensorMethodValue,
-                           TensorValue, TracedId, TupleValue, UserObjectValue)
+                           TensorValue, TracedId, TupleValue, UserObjectValue, holds_values)
 from ..values.arrays import NdarrayValue
 from ..values.builder import wrap
 from . import attrs, generators, numpy_calls, operators, ops, with_blocks
 from .calls import TENSOR_DATA_HINT, call, fold, has_tensor
-from .exceptions import TracedRaise, to_str
+from .exceptions import TracedRaise
 from .generators import check_unchanged, iterated_containers
 from .iteration import iterate
 
@@ -249,25 +249,54 @@ def _min_max(fn):
         if kwargs:
             raise Unsupported(f"{fn.__name__}() got unexpected keyword arguments {sorted(kwargs)}")
         items = iterate(frame, args[0]) if len(args) == 1 else list(args)
-        if key is None or operators.is_none(key):
-            if any(isinstance(i, TensorValue) for i in items):
-                if len(items) == 2:
-                    target = torch.minimum if fn is min else torch.maximum
-                    a, b = items
-                    if isinstance(a, TensorValue) and isinstance(b, TensorValue):
-                        return frame.tx.graph.call("call_function", target, [a, b], {})
-                raise Unsupported(f"{fn.__name__}() over tensors is not supported yet",
-                                  hint=f"use torch.{'minimum' if fn is min else 'maximum'}")
         if not items:
             if has_default:
                 return default
             raise Unsupported(f"{fn.__name__}() of an empty sequence raises ValueError")
-        keys = _sort_keys(frame, items, key, fn.__name__)
+        if key is None or operators.is_none(key):
+            key_values = items
+        else:
+            key_values = [call(frame, key, [i], {}) for i in items]
+        if any(isinstance(k, TensorValue) for k in key_values):
+            return _select_by_tensors(frame, fn, items, key_values)
+        keys = [_sort_key(v) for v in key_values]
         try:
             return items[fn(range(len(items)), key=keys.__getitem__)]
         except TypeError as e:
             raise Unsupported(f"{fn.__name__}() raised TypeError: {e}") from e
     return h
+
+
+def _select_by_tensors(frame, fn, items, keys):
+    """``max``/``min`` whose comparisons are between tensors: Python keeps the first item and
+    replaces it by each later one whose key compares greater (``>``; ``<`` for min), which needs
+    ``bool()`` of a one-element tensor. When every item is a tensor of one shape, dtype and
+    device that does not need grad, and every key has one element, that choice is
+    ``torch.where(key > best, item, best)`` (the same values as picking the object); otherwise
+    the comparison's truth value is data-dependent and the graph breaks."""
+    first = items[0]
+    # Items that need grad would all be connected to the result (eager leaves the others' .grad
+    # None), so those keep Python's bool() at a break.
+    same_kind = all(isinstance(i, TensorValue) and not i.fake.requires_grad for i in items) and all(
+        i.fake.shape == first.fake.shape and i.fake.dtype == first.fake.dtype and i.fake.device == first.fake.device
+        for i in items)
+    one_element = all(isinstance(k, TensorValue) and not isinstance(k.fake.numel(), torch.SymInt)
+                      and k.fake.numel() == 1 and k.fake.shape == keys[0].fake.shape
+                      and k.fake.dtype == keys[0].fake.dtype for k in keys)
+    if not (same_kind and one_element):
+        raise Unsupported(f"{fn.__name__}() compares tensors: Python needs bool() of each comparison, which "
+                          "depends on the tensors' data", hint=TENSOR_DATA_HINT)
+    graph = frame.tx.graph
+    compare = operator.gt if fn is max else operator.lt
+    best, best_key = first, keys[0]
+    for item, key in zip(items[1:], keys[1:]):
+        cond = graph.call("call_function", compare, [key, best_key], {})
+        if cond.fake.dim() != 0:
+            cond = graph.call("call_method", "reshape", [cond, ConstantValue(())], {})
+        best = graph.call("call_function", torch.where, [cond, item, best], {})
+        best_key = graph.call("call_function", torch.where, [cond, key, best_key], {}) if key is not item \
+            else best
+    return best
 
 
 def _sort_keys(frame, items, key, what):
@@ -381,7 +410,7 @@ def _deepcopy(frame, args, kwargs):
                               hint="copy it outside the compiled function")
         frame.tx.guards.add(g.STATE_MATCH, v.source, snapshot)
         return PrivateObjectValue(copy.deepcopy(v.obj))
-    if operators.is_constant(v):
+    if operators.is_constant(v) and not holds_values(operators.as_constant(v)):
         return operators.constant_value(copy.deepcopy(operators.as_constant(v)))
     raise Unsupported(f"copy.deepcopy() of {attrs.describe(v)} is not supported yet")
 
@@ -513,8 +542,10 @@ def _make_fold(fn):
         if fn in (int, float, complex, str, repr, hash) and len(args) == 1 and numpy_calls.involves_arrays(args[0]):
             raise Unsupported(f"{fn.__name__}() of a NumPy array needs its data, which is unknown while tracing",
                               hint=numpy_calls.DATA_HINT)
-        if fn in (str, repr) and len(args) == 1 and isinstance(args[0], ExceptionValue):
-            return to_str(frame, args[0], fn)
+        if fn in (str, repr, ascii) and len(args) == 1 and not kwargs:
+            return operators.text_of(frame, args[0], fn)
+        if fn is format and 1 <= len(args) <= 2 and not kwargs:
+            return operators.format_of(frame, args[0], args[1] if len(args) > 1 else ConstantValue(""))
         return fold(frame, fn, args, kwargs)
     return h
 

@@ -25,8 +25,9 @@ from ..residual import has_hooks
 from ..values.builder import CONSTANT_TYPES, wrap
 from ..values.arrays import NdarrayMethodValue
 from . import attrs, generators, numpy_calls, operators, ops, protocols
-from .exceptions import PythonError, make_exception
+from .exceptions import PythonError, make_exception, raise_new
 from .frame import inline_call
+from .basics import type_name
 from .hooks import call_with_hooks
 from .state import is_compiling
 from .torch_calls import apply_state, call_torch_class, current_state, is_graph_function, torch_call
@@ -58,6 +59,9 @@ def call(frame, fn, args, kwargs):
     if isinstance(fn, UserObjectValue):
         if protocols.has_special_method(fn, "__call__"):
             return protocols.call_special_method(frame, fn, "__call__", list(args), kwargs)
+    if isinstance(fn, ConstantValue) or (isinstance(fn, UserObjectValue) and not hasattr(fn.cls, "__call__")):
+        # ``torch.float32(1)``, ``3()``: eager raises TypeError.
+        raise_new(TypeError, f"'{type_name(fn.python_type())}' object is not callable")
     raise Unsupported(f"calling {attrs.describe(fn)} is not supported yet")
 
 
@@ -84,6 +88,9 @@ def _call_object(frame, fv, args, kwargs):
             return numpy_calls.call_torch_wrap_numpy(frame, fv, args, kwargs)
         return call_python_function(frame, fv, args, kwargs)
     if isinstance(obj, types.MethodType):
+        if isinstance(obj.__self__, torch.inference_mode) and obj.__name__ == "__exit__":
+            raise Unsupported("leaving a torch.inference_mode() block: it is left natively at a graph break",
+                              hint=INFERENCE_MODE_HINT)
         self_value = wrap(tx, obj.__self__, AttrSource(fv.source, "__self__") if fv.source else None)
         func = wrap(tx, obj.__func__, None)
         return call(frame, func, [self_value] + args, kwargs)
@@ -182,9 +189,13 @@ def _call_forward(frame, mv, args, kwargs):
     if forward is not None:
         return call(frame, wrap(frame.tx, forward, AttrSource(mv.source, "forward") if mv.source else None),
                     args, kwargs)
-    fwd = type(m).forward
+    fwd, _ = protocols._lookup_static(type(m), "forward")
     if fwd is torch.nn.Module.forward:
         raise Unsupported(f"{type(m).__name__} has no forward()")
+    if isinstance(fwd, staticmethod):
+        return call(frame, wrap(frame.tx, fwd.__func__, None), args, kwargs)
+    if isinstance(fwd, classmethod):
+        return call(frame, wrap(frame.tx, fwd.__func__, None), [wrap(frame.tx, type(m), None)] + args, kwargs)
     return call(frame, wrap(frame.tx, fwd, None), [mv] + args, kwargs)
 
 
@@ -266,14 +277,17 @@ def _is_foldable(obj):
     return False
 
 
-def fold(frame, fn, args, kwargs, what=None):
-    """Call a pure function on constant arguments at trace time."""
+def fold(frame, fn, args, kwargs, what=None, hold=None):
+    """Call a pure function on constant arguments at trace time.
+
+    ``hold``: for a method of a container made in the frame that may hold values the trace
+    cannot know (a deque of tensors), how to turn such an argument into what it holds."""
     name = what or getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))
     args = generators.materialize_args(frame, fn, args)
     iterators = []   # (value, real iterator handed to fn, items it had)
     try:
-        cargs = [_fold_arg(a, iterators) for a in args]
-        ckwargs = {k: _fold_arg(v, iterators) for k, v in kwargs.items()}
+        cargs = [_fold_arg(a, iterators, hold) for a in args]
+        ckwargs = {k: _fold_arg(v, iterators, hold) for k, v in kwargs.items()}
     except Unsupported:
         # Some operator.* functions are graph operations on tensors.
         if getattr(fn, "__module__", None) in ("_operator", "operator") and has_tensor(args):
@@ -289,13 +303,15 @@ def fold(frame, fn, args, kwargs, what=None):
     return operators.constant_value(result)
 
 
-def _fold_arg(v, iterators):
+def _fold_arg(v, iterators, hold=None):
     """The real argument for a folded call; an iterator becomes a real iterator over its constants."""
     if isinstance(v, IteratorValue):
-        rest = [operators.as_constant(i) for i in v.items[v.pos:]]
+        rest = [(hold or operators.as_constant)(i) for i in v.items[v.pos:]]
         real = iter(rest)
         iterators.append((v, real, len(rest)))
         return real
+    if hold is not None and not operators.is_frame_mutable_constant(v):
+        return hold(v)
     return operators.as_constant(v)
 
 
@@ -308,7 +324,7 @@ def has_tensor(args):
 # Methods that turn tensor data into Python values: the trace cannot know them.
 _DATA_DEPENDENT = {"item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__",
                    "data_ptr", "nonzero_static", "__array__", "cpu_numpy"}
-_UNSUPPORTED_METHODS = {"backward", "register_hook", "retain_grad", "requires_grad_", "share_memory_",
+_UNSUPPORTED_METHODS = {"backward", "register_hook", "retain_grad", "share_memory_",
                         "pin_memory", "record_stream", "storage", "untyped_storage", "set_", "resize_"}
 
 
@@ -338,6 +354,9 @@ def tensor_method(frame, tensor, name, args, kwargs):
                 return frame.tx.graph.size_value(tensor, d)
             if not isinstance(shape[d], torch.SymInt):
                 return ConstantValue(shape[d])
+    if name == "requires_grad_":
+        flag = kwargs.get("requires_grad", args[0] if args else ConstantValue(True))
+        return attrs.set_requires_grad(frame, tensor, operators.as_constant(flag))
     if name in ("dim", "ndimension"):
         return ConstantValue(tensor.fake.dim())
     if name in ("numel", "nelement") and not isinstance(tensor.fake.numel(), torch.SymInt):
@@ -349,7 +368,14 @@ def tensor_method(frame, tensor, name, args, kwargs):
 
 # --- with-blocks over torch global state --------------------------------------------
 
+INFERENCE_MODE_HINT = ("tensors made in inference mode cannot be traced with the rest of the graph; the block's "
+                       "body is compiled as a graph of its own (no change needed)")
+
+
 def enter_context(frame, mgr):
+    if mgr.kind == "inference_mode":
+        raise Unsupported("entering torch.inference_mode(): the block is entered natively at a graph break",
+                          hint=INFERENCE_MODE_HINT)
     if mgr.kind == "set_grad":
         # set_grad_enabled took effect when it was made; entering does nothing more.
         return

@@ -9,9 +9,11 @@ import collections
 
 from ..errors import Unsupported
 from ..values.base import (ConstantValue, ContextManagerValue, DefaultDictValue, DictValue,
-                           DictViewValue, IteratorValue, ListValue, ObjectValue, TupleValue)
+                           DictViewValue, IteratorValue, ListValue, ObjectValue, TupleValue, holds_values)
 from ..values.builder import constant
 from . import generators, operators
+from .basics import constant_value, held_item
+from .exceptions import PythonError
 from .builtin_calls import sort_values
 from .calls import enter_context, exit_context
 from .exceptions import PythonError
@@ -63,9 +65,11 @@ def _list_method(frame, lst, name, args, kwargs):
     elif name == "insert":
         items.insert(operators.as_constant(args[0]), args[1])
     elif name == "pop":
-        if not items:
-            raise Unsupported("list.pop() on an empty list raises IndexError")
-        return items.pop(operators.as_constant(args[0]) if args else -1)
+        index = operators.as_constant(args[0]) if args else -1
+        try:
+            return items.pop(index)
+        except (IndexError, TypeError) as e:
+            raise PythonError(f"{type(e).__name__}: {e}", e) from None
     elif name == "clear":
         items.clear()
     elif name == "reverse":
@@ -75,12 +79,12 @@ def _list_method(frame, lst, name, args, kwargs):
     elif name in ("index", "count"):
         return _sequence_query(frame, lst, name, args)
     elif name == "remove":
-        for i, x in enumerate(items):
-            if operators.item_equal(frame, x, args[0]):
+        for i, x in enumerate(list(items)):
+            if operators.element_equal(frame, x, args[0]):
                 del items[i]
                 break
         else:
-            raise Unsupported("list.remove(x): x not in list")
+            _not_found(lst, "remove", args[0])
     elif name == "sort":
         unexpected = set(kwargs) - {"key", "reverse"}
         if args or unexpected:
@@ -92,19 +96,35 @@ def _list_method(frame, lst, name, args, kwargs):
 
 
 def _sequence_query(frame, seq, name, args):
+    """``seq.index(x[, start[, stop]])`` / ``seq.count(x)``, comparing as CPython does
+    (identity first, then ``==``)."""
+    items = list(seq.items)
     if name == "count":
-        return ConstantValue(sum(operators.item_equal(frame, x, args[0]) for x in seq.items))
+        if len(args) != 1:
+            raise Unsupported("count() takes exactly one argument")
+        return ConstantValue(sum(operators.element_equal(frame, x, args[0]) for x in items))
     if name == "index":
-        bounds = [operators.as_constant(a) for a in args[1:3]] + [None, None]
-        for i in range(len(seq.items))[slice(bounds[0], bounds[1])]:
-            if operators.item_equal(frame, seq.items[i], args[0]):
+        start = operators.as_constant(args[1]) if len(args) > 1 else 0
+        stop = operators.as_constant(args[2]) if len(args) > 2 else len(items)
+        start, stop, _ = slice(start, stop).indices(len(items))
+        for i in range(start, stop):
+            if operators.element_equal(frame, items[i], args[0]):
                 return ConstantValue(i)
-        if not operators.is_constant(args[0]):
-            raise Unsupported("index(x): x not in the sequence (ValueError)")
-        what = f"{operators.as_constant(args[0])!r} is not in list" if isinstance(seq, ListValue) \
-            else "tuple.index(x): x not in tuple"
-        raise PythonError(f"index() raised ValueError: {what}", ValueError(what))
+        _not_found(seq, "index", args[0])
     raise Unsupported(f"tuple.{name}() is not supported yet")
+
+
+def _not_found(seq, name, item):
+    """Raise the ValueError Python raises when ``item`` is not in ``seq``."""
+    if not operators.is_constant(item):
+        raise Unsupported(f"{name}(): the item is not in the {seq.python_type().__name__} "
+                          "(eager raises ValueError naming it)")
+    empty = [] if isinstance(seq, ListValue) else ()
+    try:
+        getattr(empty, name)(operators.as_constant(item))
+    except ValueError as e:
+        raise PythonError(str(e), e) from None
+    raise AssertionError(name)
 
 
 def _dict_method(frame, d, name, args, kwargs):
@@ -140,7 +160,7 @@ def _dict_method(frame, d, name, args, kwargs):
             return items.pop(k)
         if len(args) > 1:
             return args[1]
-        raise Unsupported(f"dict.pop(): KeyError {k!r}")
+        raise PythonError(f"KeyError: {k!r}", KeyError(k))
     if name == "setdefault":
         k = operators.key_of(args[0])
         if k not in items:
@@ -152,12 +172,12 @@ def _dict_method(frame, d, name, args, kwargs):
     if name == "__delitem__":
         k = operators.key_of(args[0])
         if k not in items:
-            raise Unsupported(f"del on a dict: KeyError {k!r}")
+            raise PythonError(f"KeyError: {k!r}", KeyError(k))
         del items[k]
         return ConstantValue(None)
     if name == "popitem":
         if not items:
-            raise Unsupported("dict.popitem() on an empty dict raises KeyError")
+            raise PythonError("KeyError: 'popitem(): dictionary is empty'", KeyError("popitem(): dictionary is empty"))
         k, v = items.popitem()
         return TupleValue([ConstantValue(k) if isinstance(k, (str, int)) else ObjectValue(k), v])
     if name == "clear":
@@ -171,7 +191,7 @@ def _dict_method(frame, d, name, args, kwargs):
         k = operators.key_of(args[0])
         last = kwargs.get("last", args[1] if len(args) > 1 else ConstantValue(True))
         if k not in items:
-            raise Unsupported(f"OrderedDict.move_to_end(): KeyError {k!r}")
+            raise PythonError(f"KeyError: {k!r}", KeyError(k))
         v = items.pop(k)
         if operators.as_constant(last):
             items[k] = v
@@ -198,14 +218,15 @@ def _set_method(frame, s, name, args, kwargs):
     if kwargs:
         raise Unsupported(f"set.{name}() with keyword arguments")
     target = s.value
-    if name in ("add", "discard", "remove"):
-        x = operators.as_constant(args[0])
+    if name in ("add", "discard", "remove", "__contains__"):
+        x = held_item(args[0])
         if name == "remove" and x not in target:
-            raise Unsupported(f"set.remove(x): KeyError {x!r}")
-        getattr(target, name)(x)
-        return ConstantValue(None)
+            if holds_values(x):
+                raise Unsupported("set.remove(x) of a missing item raises KeyError")
+            raise PythonError(f"KeyError: {x!r}", KeyError(x))
+        return constant_value(getattr(target, name)(x))
     if name in ("update", "difference_update", "intersection_update", "symmetric_difference_update"):
-        others = [{operators.as_constant(x) for x in iterate(frame, a)} for a in args]
+        others = [{held_item(x) for x in iterate(frame, a)} for a in args]
         getattr(target, name)(*others)
         return ConstantValue(None)
     if name == "clear":
@@ -214,7 +235,7 @@ def _set_method(frame, s, name, args, kwargs):
     if name == "pop":
         raise Unsupported("set.pop() removes an arbitrary element; not supported")
     if name in _SET_QUERIES:
-        others = [{operators.as_constant(x) for x in iterate(frame, a)} for a in args]
+        others = [{held_item(x) for x in iterate(frame, a)} for a in args]
         return operators.constant_value(getattr(target, name)(*others))
     raise Unsupported(f"set.{name}() is not supported yet")
 

@@ -21,7 +21,7 @@ from ..values.base import (ConstantValue, ExceptionValue, ObjectValue, TracerCal
                            UserObjectValue)
 from ..values.builder import wrap
 from . import ops
-from .basics import as_constant, constant_value
+from .basics import MissingAttribute, PythonError, as_constant, constant_value  # noqa: F401 (re-exported)
 from .protocols import _lookup_static
 
 
@@ -33,16 +33,6 @@ class TracedRaise(Exception):
         self.value = value
 
 
-class PythonError(Unsupported):
-    """A fold on constants raised a real Python exception (``exc``): the traced code raises it."""
-
-    def __init__(self, reason, exc, hint=None):
-        super().__init__(reason, hint)
-        self.exc = exc
-
-
-class MissingAttribute(Unsupported):
-    """Reading an attribute the object does not have (AttributeError in eager)."""
 
 
 # --- the exception table -------------------------------------------------------------

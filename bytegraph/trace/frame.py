@@ -5,9 +5,10 @@ that share the TraceContext. Opcode handlers live in ``opcodes.py``.
 """
 import inspect
 
+from ..bytecode.analysis import live_locals
 from ..bytecode.instructions import decode
 from ..errors import Unsupported
-from ..values.base import ConstantValue, DictValue, TupleValue
+from ..values.base import CellValue, ConstantValue, DictValue, TupleValue
 from ..values.builder import wrap
 from . import ops
 from .context import MAX_INLINE_DEPTH
@@ -62,7 +63,9 @@ class Frame:
                 if self.ip == stop_before:
                     self.stopped = True
                     # Generators dropped at the break would be closed natively later.
-                    check_finished_generators(tx)
+                    live = live_locals(self.code, instructions[self.ip].offset)
+                    check_finished_generators(tx, self.stack + [v for n, v in self.locals.items() if n in live] + [
+                        c.contents for c in self.cells.values() if isinstance(c, CellValue)])
                     return None
                 ins = instructions[self.ip]
                 self.ip += 1
@@ -84,7 +87,7 @@ class Frame:
                         raise
                     self._raise_here(value, ins)
             if self.parent is None:
-                check_finished_generators(tx)
+                check_finished_generators(tx, [self.return_value])
             return self.return_value
         except TracedRaise as e:
             if self.parent is None:

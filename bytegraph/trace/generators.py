@@ -11,13 +11,16 @@ in CPython's order. ``next_item`` is the one way to advance any iterator value.
 import itertools
 
 from ..bytecode.analysis import inside_user_handler
+from ..bytecode.versions import CLOSE_RETURNS_VALUE
 from ..errors import Unsupported
-from ..values.base import (ConstantValue, DictValue, DictViewValue, GeneratorValue, IteratorValue,
-                           LazyIteratorValue, ListValue, ObjectValue, TracerCallableValue, TupleValue)
+from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, DictViewValue, ExceptionValue,
+                           FunctionValue, GeneratorValue, IteratorValue, LazyIteratorValue, ListValue,
+                           MethodOfValue, ObjectValue, PartialValue, TracerCallableValue, TupleValue,
+                           UserObjectValue, Value, holds_values)
 from . import attrs, numpy_calls, ops, protocols
-from .basics import as_constant
+from .basics import as_constant, item_value
 from .exceptions import TracedRaise, new, raise_new, to_exception, unwind
-from .operators import truth
+from .operators import element_equal, truth
 
 EXHAUSTED = object()   # next_item's answer when the iterator is done
 
@@ -98,11 +101,17 @@ def resume(gen, sent=None, thrown=None):
     return "return", result
 
 
-def check_finished_generators(tx):
-    """At the end of the trace: a generator left suspended inside try/with would run its
-    handlers when Python closes it; that cannot be traced, so such frames run eagerly."""
-    for gen, root_index in tx.__dict__.get("generators", ()):
-        if gen.state != "suspended":
+def check_finished_generators(tx, live=()):
+    """At the end of the trace (or at a break): a generator left suspended inside try/with would
+    run its handlers when Python closes it; that cannot be traced, so such frames run eagerly.
+    Generators reachable from ``live`` (returned, stored, or live at the break) are rebuilt
+    suspended instead, and closed by Python whenever that happens."""
+    made = tx.__dict__.get("generators", ())
+    if not any(gen.state == "suspended" for gen, _ in made):
+        return
+    escaping = reachable_generators(list(live) + stored_values(tx))
+    for gen, root_index in made:
+        if gen.state != "suspended" or id(gen) in escaping:
             continue
         frame = gen.frame
         if inside_user_handler(frame.code, frame.instructions[frame.yield_index].offset) \
@@ -111,6 +120,56 @@ def check_finished_generators(tx):
                               "(closing it would run its handlers)")
             err.root_index = root_index
             raise err
+
+
+def stored_values(tx):
+    """Values the trace's side effects store into state that outlives it."""
+    out = [value for _, _, value in tx.attr_stores.values()]
+    out += [value for _, value in tx.global_stores.values()]
+    out += [value for _, value in tx.cell_stores.values()]
+    out += list(tx.mutated.values())
+    return [v for v in out if isinstance(v, Value)]
+
+
+def reachable_generators(values):
+    """ids of the generator values reachable from ``values`` (through containers, objects,
+    functions, iterators and the frames of other generators)."""
+    found, seen = set(), set()
+    todo = list(values)
+    while todo:
+        v = todo.pop()
+        if not isinstance(v, Value) or id(v) in seen:
+            continue
+        seen.add(id(v))
+        if isinstance(v, GeneratorValue):
+            found.add(id(v))
+            f = v.frame
+            todo += f.stack + list(f.locals.values())
+            todo += [c.contents for c in f.cells.values() if isinstance(c, CellValue)]
+        elif isinstance(v, (TupleValue, ListValue, IteratorValue)):
+            todo += v.items
+        elif isinstance(v, DictValue):
+            todo += list(v.items.values())
+        elif isinstance(v, UserObjectValue):
+            todo += list(v.attrs.values())
+            if v.dict_items is not None:
+                todo.append(v.dict_items)
+        elif isinstance(v, LazyIteratorValue):
+            todo += v.parts + [x for x in v.state.values() if isinstance(x, Value)]
+        elif isinstance(v, FunctionValue):
+            todo += list(v.defaults) + list(v.kwdefaults.values()) + list(v.attrs.values())
+            todo += [c.contents for c in v.closure if isinstance(c, CellValue)]
+        elif isinstance(v, PartialValue):
+            todo += [v.func] + v.args + list(v.kwargs.values())
+        elif isinstance(v, BoundMethodValue):
+            todo += [v.func, v.self_value]
+        elif isinstance(v, (MethodOfValue, DictViewValue)):
+            todo.append(v.owner if isinstance(v, MethodOfValue) else v.dict_value)
+        elif isinstance(v, ExceptionValue):
+            todo += list(v.args) + list(v.attrs.values())
+        elif isinstance(v, ConstantValue) and holds_values(v._value):
+            todo += [item_value(x) for x in v._value]
+    return found
 
 
 def _closes_quietly(tx, gen):
@@ -278,7 +337,64 @@ def _sequence_next(frame, it):
     return item
 
 
-_LAZY_NEXT = {"zip": _zip_next, "enumerate": _enumerate_next, "map": _map_next,
+_NOTHING = object()   # groupby: no current value / key yet
+
+
+def _groupby_step(frame, it):
+    """Take the next value of the grouped iterator and its key; False when it is exhausted."""
+    s = it.state
+    value = next_item(frame, it.parts[0])
+    if value is EXHAUSTED:
+        return False
+    s["currkey"] = value if s["key"] is None else ops.call(frame, s["key"], [value], {})
+    s["currvalue"] = value
+    return True
+
+
+def _groupby_next(frame, it):
+    # CPython's groupby_next, step for step: which items are pulled, and when, matters.
+    s = it.state
+    s["grouper"] = None
+    while True:
+        if s["currkey"] is _NOTHING:
+            pass
+        elif s["tgtkey"] is _NOTHING or not element_equal(frame, s["tgtkey"], s["currkey"]):
+            break
+        if not _groupby_step(frame, it):
+            return EXHAUSTED
+    s["tgtkey"] = s["currkey"]
+    grouper = LazyIteratorValue("grouper", [], {"parent": it, "tgtkey": s["tgtkey"]})
+    s["grouper"] = grouper
+    return TupleValue([s["currkey"], grouper])
+
+
+def _grouper_next(frame, it):
+    parent = it.state["parent"]
+    s = parent.state
+    if s["grouper"] is not it:
+        return EXHAUSTED   # the groupby moved on: this group is over
+    if s["currvalue"] is _NOTHING and not _groupby_step(frame, parent):
+        return EXHAUSTED
+    if not element_equal(frame, it.state["tgtkey"], s["currkey"]):
+        return EXHAUSTED
+    value = s["currvalue"]
+    s["currvalue"] = s["currkey"] = _NOTHING
+    return value
+
+
+def groupby(frame, args, kwargs):
+    if len(args) > 2 or set(kwargs) - {"iterable", "key"}:
+        raise_new(TypeError, "groupby() takes at most 2 arguments")
+    source = kwargs.get("iterable", args[0] if args else None)
+    key = kwargs.get("key", args[1] if len(args) > 1 else None)
+    if key is not None and isinstance(key, ConstantValue) and key.value is None:
+        key = None
+    return LazyIteratorValue("groupby", [get_iter(frame, source)],
+                             {"key": key, "tgtkey": _NOTHING, "currkey": _NOTHING, "currvalue": _NOTHING,
+                              "grouper": None})
+
+
+_LAZY_NEXT = {"groupby": _groupby_next, "grouper": _grouper_next, "zip": _zip_next, "enumerate": _enumerate_next, "map": _map_next,
               "filter": _filter_next, "islice": _islice_next, "count": _count_next,
               "sequence": _sequence_next}
 
@@ -413,6 +529,25 @@ def _stop(value):
     raise TracedRaise(exc)
 
 
+def is_iterated_for_contains(v):
+    """``x in v`` goes through iteration: an iterator, or a user iterable without ``__contains__``."""
+    if isinstance(v, IteratorValue) or is_lazy(v) or has_python_next(v):
+        return True
+    return not protocols.has_special_method(v, "__contains__") and (
+        protocols.has_special_method(v, "__iter__") or protocols.has_special_method(v, "__getitem__"))
+
+
+def contains_by_iteration(frame, v, item):
+    """``item in v`` by iterating: stops at the first equal item (the rest stays unconsumed)."""
+    it = get_iter(frame, v)
+    while True:
+        element = next_item(frame, it)
+        if element is EXHAUSTED:
+            return False
+        if element_equal(frame, element, item):
+            return True
+
+
 def any_all(frame, fn, it):
     while True:
         item = next_item(frame, it)
@@ -443,10 +578,19 @@ def get_attr(frame, gen, name):
         _stop(value) if not (isinstance(value, ConstantValue) and value.value is None) else raise_new(StopIteration)
 
     def close(f, args, kwargs):
-        if gen.state == "suspended":
-            raise Unsupported("close() of a suspended generator (GeneratorExit) is not supported yet")
-        gen.state = "done"
-        return ConstantValue(None)
+        if gen.state != "suspended":
+            gen.state = "done"
+            return ConstantValue(None)
+        # GeneratorExit at the yield: its finally blocks and handlers run (traced).
+        try:
+            kind, value = resume(gen, thrown=new(GeneratorExit))
+        except TracedRaise as e:
+            if issubclass(e.value.cls, (GeneratorExit, StopIteration)):
+                return ConstantValue(None)
+            raise
+        if kind == "yield":
+            raise_new(RuntimeError, "generator ignored GeneratorExit")
+        return value if CLOSE_RETURNS_VALUE else ConstantValue(None)
 
     methods = {"send": send, "__next__": next_, "throw": throw, "close": close}
     if name in methods:
@@ -476,4 +620,4 @@ def user_dunder(frame, obj, name, args):
     return protocols.call_special_method(frame, obj, name, args)
 
 
-LAZY_BUILTINS = {itertools.islice: islice, itertools.count: count}
+LAZY_BUILTINS = {itertools.islice: islice, itertools.count: count, itertools.groupby: groupby}

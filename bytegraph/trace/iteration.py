@@ -9,6 +9,7 @@ from ..values.base import (ConstantValue, DictValue, DictViewValue, IteratorValu
                            ObjectValue, TensorValue, TupleValue)
 from ..values.builder import wrap
 from . import attrs, generators, numpy_calls, protocols
+from .basics import item_value
 from .exceptions import PythonError
 from .operators import getitem
 
@@ -27,7 +28,7 @@ def iterate(frame, v):
         return v.materialize()
     if isinstance(v, ConstantValue):
         try:
-            return [ConstantValue(x) for x in v.value]
+            return [item_value(x) for x in v.value]
         except TypeError as e:
             raise PythonError(f"{type(v.value).__name__} object is not iterable", e) from None
     if numpy_calls.involves_arrays(v):
@@ -39,6 +40,8 @@ def iterate(frame, v):
         return [getitem(frame, v, ConstantValue(i)) for i in range(n)]
     if protocols.dict_part(v) is not v and not protocols.has_special_method(v, "__iter__"):
         return iterate(frame, protocols.dict_part(v))
+    if attrs.is_mapping_proxy(v):
+        return [ConstantValue(k) for k in attrs.proxy_keys(frame, v)]
     if isinstance(v, ObjectValue) and isinstance(v.obj, enum.EnumMeta):
         return [wrap(frame.tx, member, None) for member in v.obj]   # fixed with the class
     if isinstance(v, ObjectValue):

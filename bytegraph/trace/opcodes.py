@@ -14,12 +14,13 @@ from ..guards import builder as guard_kinds
 from ..null import NULL
 from ..guards.sources import AttrSource, GlobalSource, ItemSource, ObjectSource
 from ..values.base import (CellValue, ConstantValue, ContextManagerValue, DictValue,
-                           ExceptionValue, ExitValue, FunctionValue, GeneratorValue, IteratorValue,
+                           ExceptionValue, ExitValue, FormattedTextValue, FunctionValue, GeneratorValue, IteratorValue,
                            ListValue, ObjectValue, SavedExcInfoValue, SuperValue, TupleValue)
 from ..values.builder import TRUSTED_MODULE_PREFIXES, wrap
 from .context import DELETED
-from . import attrs, calls, exceptions, generators, operators, with_blocks
+from . import attrs, calls, exceptions, generators, operators, patterns, protocols, with_blocks
 from .generators import check_unchanged
+from .basics import held_item
 from .iteration import iterate, unpack
 from ..bytecode.versions import method_pair, send_returned, split_call_prefix
 
@@ -221,6 +222,12 @@ def delete_attr(f, ins):
     """``del obj.name`` on an existing plain object: recorded like a store, done after the graph."""
     obj = f.pop()
     name = ins.argval
+    if attrs.delete_attr(f, obj, name):
+        return
+    if isinstance(obj, ObjectValue) and obj.source is not None and type(obj.obj).__delattr__ is object.__delattr__ \
+            and not isinstance(obj.obj, (type, torch.nn.Module)) \
+            and attrs.descriptor_store(f, obj, type(obj.obj), name, None, delete=True):
+        return
     if isinstance(obj, ObjectValue) and obj.source is not None and not isinstance(obj.obj, torch.nn.Module) \
             and type(obj.obj).__delattr__ is object.__delattr__ and type(obj.obj).__setattr__ is object.__setattr__ \
             and not hasattr(type(obj.obj), name) \
@@ -300,7 +307,11 @@ def is_op(f, ins):
 def contains_op(f, ins):
     container = f.pop()
     item = f.pop()
-    f.push(ConstantValue(operators.contains(f, container, item) != bool(ins.arg)))
+    if generators.is_iterated_for_contains(container):
+        found = generators.contains_by_iteration(f, container, item)
+    else:
+        found = operators.contains(f, container, item)
+    f.push(ConstantValue(found != bool(ins.arg)))
 
 
 @handler("UNARY_NEGATIVE")
@@ -382,7 +393,7 @@ def build_list(f, ins):
 @handler("BUILD_SET")
 def build_set(f, ins):
     items = f.popn(ins.arg)
-    f.push(operators.constant_fold(f, lambda *xs: set(xs), items, "set display"))
+    f.push(ConstantValue({held_item(x) for x in items}))
 
 
 @handler("BUILD_MAP")
@@ -410,6 +421,12 @@ def build_slice(f, ins):
 @handler("BUILD_STRING")
 def build_string(f, ins):
     parts = f.popn(ins.arg)
+    if any(isinstance(p, FormattedTextValue) for p in parts):
+        pieces = []
+        for p in parts:
+            pieces += p.parts if isinstance(p, FormattedTextValue) else [operators.as_constant(p)]
+        f.push(operators.lazy_text(f, pieces))
+        return
     f.push(operators.constant_fold(f, lambda *xs: "".join(xs), parts, "string building"))
 
 
@@ -419,36 +436,27 @@ def format_value(f, ins):
     spec = f.pop() if flags & 0x04 else ConstantValue("")
     value = f.pop()
     conv = {0: None, 1: str, 2: repr, 3: ascii}[flags & 0x03]
-    if isinstance(value, ExceptionValue) and conv is not ascii:
-        value, conv = exceptions.to_str(f, value, conv or str), None
-    def fmt(v, s):
-        return format(conv(v) if conv else v, s)
-    f.push(operators.constant_fold(f, fmt, [value, spec], "f-string formatting"))
+    if conv is not None:
+        value = operators.text_of(f, value, conv)
+    f.push(operators.format_of(f, value, spec))
 
 
 @handler("FORMAT_SIMPLE")
 def format_simple(f, ins):
-    value = f.pop()
-    if isinstance(value, ExceptionValue):
-        value = exceptions.to_str(f, value)
-    f.push(operators.constant_fold(f, format, [value], "f-string formatting"))
+    f.push(operators.format_of(f, f.pop(), ConstantValue("")))
 
 
 @handler("FORMAT_WITH_SPEC")
 def format_with_spec(f, ins):
     spec = f.pop()
     value = f.pop()
-    f.push(operators.constant_fold(f, format, [value, spec], "f-string formatting"))
+    f.push(operators.format_of(f, value, spec))
 
 
 @handler("CONVERT_VALUE")
 def convert_value(f, ins):
     conv = {1: str, 2: repr, 3: ascii}[ins.arg]
-    value = f.pop()
-    if isinstance(value, ExceptionValue) and conv is not ascii:
-        f.push(exceptions.to_str(f, value, conv))
-        return
-    f.push(operators.constant_fold(f, conv, [value], "f-string conversion"))
+    f.push(operators.text_of(f, f.pop(), conv))
 
 
 @handler("LIST_APPEND")
@@ -461,7 +469,7 @@ def list_append(f, ins):
 @handler("SET_ADD")
 def set_add(f, ins):
     v = f.pop()
-    _new_set(f, f.stack[-ins.arg], "SET_ADD").add(operators.as_constant(v))
+    _new_set(f, f.stack[-ins.arg], "SET_ADD").add(held_item(v))
 
 
 @handler("MAP_ADD")
@@ -480,7 +488,7 @@ def list_extend(f, ins):
 @handler("SET_UPDATE")
 def set_update(f, ins):
     v = f.pop()
-    _new_set(f, f.stack[-ins.arg], "SET_UPDATE").update(operators.as_constant(x) for x in iterate(f, v))
+    _new_set(f, f.stack[-ins.arg], "SET_UPDATE").update(held_item(x) for x in iterate(f, v))
 
 
 @handler("LIST_TO_TUPLE")
@@ -495,16 +503,29 @@ def list_to_tuple(f, ins):
 def dict_update(f, ins):
     v = f.pop()
     target = _require(f, f.stack[-ins.arg], DictValue, ins.opname)
-    if isinstance(v, DictValue):
-        if ins.opname == "DICT_MERGE":
-            dup = set(target.items) & set(v.items)
-            if dup:
-                raise Unsupported(f"keyword argument repeated: {sorted(dup)[0]!r}")
-        target.items.update(v.items)
-    elif isinstance(v, ConstantValue) and isinstance(v.value, dict):
-        target.items.update({k: ConstantValue(x) for k, x in v.value.items()})
-    else:
-        raise Unsupported(f"** of {attrs.describe(v)} is not supported yet")
+    items = _mapping_items(f, v)
+    if ins.opname == "DICT_MERGE":
+        dup = set(target.items) & set(items)
+        if dup:
+            raise Unsupported(f"keyword argument repeated: {sorted(dup)[0]!r}")
+    target.items.update(items)
+
+
+def _mapping_items(f, v):
+    """{key: value} of a mapping as ``dict.update`` reads it: a dict's items, else ``keys()``
+    and ``v[key]`` (a user ``Mapping`` runs its own methods)."""
+    part = protocols.dict_part(v)
+    if isinstance(part, DictValue) and not protocols.has_special_method(v, "__iter__"):
+        # CPython reads a dict (subclass) directly unless it overrides __iter__.
+        return dict(part.items)
+    if isinstance(v, ConstantValue) and isinstance(v.value, dict):
+        return {k: ConstantValue(x) for k, x in v.value.items()}
+    try:
+        keys_method = attrs.get_attr(f, v, "keys")
+    except (Unsupported, exceptions.TracedRaise):
+        raise Unsupported(f"** of {attrs.describe(v)} (not a mapping) is not supported yet") from None
+    keys = iterate(f, calls.call(f, keys_method, [], {}))
+    return {operators.key_of(k): operators.getitem(f, v, k) for k in keys}
 
 
 def _new_set(f, v, what):
@@ -689,6 +710,36 @@ def stopiteration_error(f, ins):
     f.push(exc)
 
 
+# --- match statements ----------------------------------------------------------------------
+
+@handler("MATCH_SEQUENCE")
+def match_sequence(f, ins):
+    f.push(ConstantValue(patterns.is_sequence(f.stack[-1])))
+
+
+@handler("MATCH_MAPPING")
+def match_mapping(f, ins):
+    f.push(ConstantValue(patterns.is_mapping(f.stack[-1])))
+
+
+@handler("MATCH_KEYS")
+def match_keys(f, ins):
+    f.push(patterns.match_keys(f, f.stack[-2], f.stack[-1]))
+
+
+@handler("MATCH_CLASS")
+def match_class(f, ins):
+    names = f.pop()
+    cls = f.pop()
+    subject = f.pop()
+    f.push(patterns.match_class(f, subject, cls, ins.arg, operators.as_constant(names)))
+
+
+@handler("GET_LEN")
+def get_len(f, ins):
+    f.push(calls.call(f, wrap(f.tx, len, None), [f.stack[-1]], {}))
+
+
 # --- exceptions --------------------------------------------------------------------------
 
 @handler("RAISE_VARARGS")
@@ -786,9 +837,7 @@ def call_function_ex(f, ins):
     arg_list = iterate(f, args)
     if self_value is not None:
         arg_list = [self_value] + arg_list
-    if not isinstance(kwargs, DictValue):
-        raise Unsupported(f"** of {attrs.describe(kwargs)} is not supported yet")
-    f.push(calls.call(f, fn, arg_list, dict(kwargs.items)))
+    f.push(calls.call(f, fn, arg_list, dict(kwargs.items) if isinstance(kwargs, DictValue) else _mapping_items(f, kwargs)))
 
 
 @handler("MAKE_FUNCTION")

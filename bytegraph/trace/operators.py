@@ -10,15 +10,15 @@ from ..null import NULL
 from ..guards.builder import NOT_ALIAS
 from ..guards.sources import ModuleEntrySource
 from ..values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, ConstantValue, ContextManagerValue,
-                           DefaultDictValue, DictValue, DictViewValue, ExceptionValue, FunctionValue,
-                           GeneratorValue, IteratorValue, LazyIteratorValue, ListValue, MethodOfValue,
-                           ObjectValue, SliceValue, SymValue, TensorMethodValue, TensorValue,
-                           TupleValue, UserObjectValue)
+                           DefaultDictValue, DictValue, DictViewValue, ExceptionValue, FormattedTextValue,
+                           FunctionValue, GeneratorValue, IteratorValue, LazyIteratorValue, ListValue,
+                           MethodOfValue, ObjectValue, SliceValue, SymValue, TensorMethodValue, TensorValue,
+                           TupleValue, UserObjectValue, holds_values)
 from ..values.builder import wrap
 from ..values.arrays import NdarrayValue
 from . import attrs, numpy_calls, ops, protocols
-from .basics import as_constant, constant_value, is_constant
-from .exceptions import PythonError
+from .basics import as_constant, constant_value, held_item, is_constant
+from .exceptions import PythonError, raise_new, to_str
 from .protocols import is_not_implemented
 
 BINARY = {
@@ -45,7 +45,10 @@ def key_of(v):
     """A dict key: constants by value, objects by identity."""
     if isinstance(v, ObjectValue):
         return v.obj
-    return as_constant(v)
+    k = as_constant(v)
+    if isinstance(k, frozenset) and holds_values(k):
+        raise Unsupported("a frozenset holding tensors or objects as a dict key is not supported yet")
+    return k
 
 
 def constant_fold(frame, fn, args, what):
@@ -84,6 +87,16 @@ def binary(frame, op, a, b):
         result = protocols.binary_special_method(frame, name, a, b)
         if result is not None:
             return result
+    if op in ("+", "+=") and (isinstance(a, FormattedTextValue) or isinstance(b, FormattedTextValue)):
+        pieces = []
+        for side in (a, b):
+            if isinstance(side, FormattedTextValue):
+                pieces += side.parts
+            elif is_constant(side) and isinstance(as_constant(side), str):
+                pieces.append(as_constant(side))
+            else:
+                raise Unsupported(f"operator + of a string and {attrs.describe(side)}")
+        return lazy_text(frame, pieces)
     if isinstance(a, TensorValue) or isinstance(b, TensorValue):
         if op.endswith("=") and not isinstance(a, TensorValue):
             # `n += tensor` with a Python number on the left is just `n + tensor`.
@@ -198,16 +211,6 @@ def _compare_special(frame, op, a, b):
     return None
 
 
-def item_equal(frame, x, item):
-    """``x is item or x == item``: how ``in``, ``list.index``/``count``/``remove`` match items.
-    Symbolic ints compare through the ShapeEnv (a guard), user objects through ``__eq__``."""
-    if is_same(x, item):
-        return True
-    if isinstance(x, TensorValue) or isinstance(item, TensorValue):
-        raise Unsupported("comparing tensors by value (`in`, list.index/count/remove) needs their data")
-    return truth(frame, compare(frame, "==", x, item))
-
-
 def is_same(a, b):
     if a is b:
         return True
@@ -251,7 +254,7 @@ def contains(frame, container, item):
     if isinstance(container, DictValue):
         return key_of(item) in container.items
     if isinstance(container, (TupleValue, ListValue)):
-        return any(item_equal(frame, x, item) for x in container.items)
+        return any(element_equal(frame, x, item) for x in list(container.items))
     if isinstance(container, DictViewValue):
         return contains(frame, TupleValue(container.materialize()), item)
     if isinstance(container, ObjectValue) and isinstance(container.obj, torch.nn.Module):
@@ -259,7 +262,22 @@ def contains(frame, container, item):
             return as_constant(item) in container.obj
     if isinstance(container, TensorValue):
         raise Unsupported("`in` on a tensor needs its data")
+    if attrs.is_mapping_proxy(container):
+        return key_of(item) in attrs.proxy_keys(frame, container)
+    if isinstance(container, ConstantValue) and isinstance(container.value, (set, frozenset)):
+        return held_item(item) in container.value
     return as_constant(item) in as_constant(container)
+
+
+def element_equal(frame, element, item):
+    """How ``in``, ``index``, ``count`` and ``remove`` compare (PyObject_RichCompareBool):
+    the same object is equal, else ``element == item`` decides (a tensor's needs its data)."""
+    if is_same(element, item):
+        return True
+    if is_constant(element) and is_constant(item) and not isinstance(element, SymValue) \
+            and not isinstance(item, SymValue):
+        return as_constant(element) == as_constant(item)
+    return truth(frame, compare(frame, "==", element, item))
 
 
 def unary(frame, fn, v):
@@ -350,6 +368,8 @@ def length(frame, v):
         return len(v.obj)
     if isinstance(v, ObjectValue) and isinstance(v.obj, enum.EnumMeta):
         return len(v.obj)   # an enum's members are fixed when its class is made
+    if attrs.is_mapping_proxy(v):
+        return len(attrs.proxy_keys(frame, v))
     raise Unsupported(f"len() of {attrs.describe(v)} is not supported yet")
 
 
@@ -387,6 +407,8 @@ def getitem(frame, obj, index):
         return constant_fold(frame, operator.getitem, [obj, index], "indexing")
     if isinstance(obj, ObjectValue) and isinstance(obj.obj, torch.nn.Module):
         return _module_item(frame, obj, as_constant(index))
+    if attrs.is_mapping_proxy(obj):
+        return attrs.proxy_item(frame, obj, key_of(index))
     if protocols.has_special_method(obj, "__getitem__"):
         return protocols.call_special_method(frame, obj, "__getitem__", [index])
     if protocols.dict_part(obj) is not obj:
@@ -485,3 +507,94 @@ def _on_real(fn, obj, index, value, what):
         fn(*args)
     except Exception as e:
         raise Unsupported(f"{what} raised {type(e).__name__}: {e}") from e
+
+
+# --- str(), repr(), format() ----------------------------------------------------------------
+
+_TEXT_METHODS = {str: "__str__", repr: "__repr__"}
+
+
+def lazy_text(frame, parts):
+    """A FormattedTextValue; from here on an in-place op on a tensor it shows breaks the graph
+    (the text must show the tensor as it is now)."""
+    for part in parts:
+        if not isinstance(part, str) and isinstance(part[0], TensorValue):
+            frame.tx.graph.keep_unchanged(part[0], (
+                "a tensor was formatted into a string earlier in this graph and its text is made after "
+                "the graph; this in-place op would change it first, so the graph breaks here"))
+    return FormattedTextValue(parts)
+
+
+def text_of(frame, v, fn):
+    """``str(v)``, ``repr(v)`` or ``ascii(v)``: a ``__str__``/``__repr__`` written in Python runs
+    traced (as Python looks it up: on the type; ``str`` falls back to ``repr``); containers
+    of such objects are spelled as Python spells them; constants are folded."""
+    if isinstance(v, ExceptionValue) and fn is not ascii:
+        return to_str(frame, v, fn)
+    if isinstance(v, TensorValue):
+        return lazy_text(frame, [(v, fn, "")])
+    if isinstance(v, FormattedTextValue):
+        return v if fn is str else lazy_text(frame, [(v, fn, "")])
+    if fn is ascii and not is_constant(v):
+        text = as_constant(text_of(frame, v, repr))
+        return ConstantValue(text.encode("ascii", "backslashreplace").decode("ascii"))
+    if is_constant(v) and not isinstance(v, SymValue):
+        if holds_values(as_constant(v)):
+            raise Unsupported(f"{fn.__name__}() of a container holding tensors or objects is not supported yet")
+        return constant_fold(frame, fn, [v], f"{fn.__name__}()")
+    cls = python_type(v) if isinstance(v, (UserObjectValue, ObjectValue)) else None
+    if cls is not None:
+        for name in ((_TEXT_METHODS[fn], "__repr__") if fn is str else ("__repr__",)):
+            method = protocols.python_special_method(v, name)
+            if method is not None:
+                return _checked_text(frame, protocols.call_special_method(frame, v, name, []), name)
+            if protocols._lookup_static(cls, name)[0] is not getattr(object, name):
+                break   # a C method other than object's: not known here
+        raise Unsupported(f"{fn.__name__}() of {attrs.describe(v)} (no __str__/__repr__ written in Python; "
+                          "the default one shows its address) is not supported yet")
+    if isinstance(v, (ListValue, TupleValue, DictValue)) and v.source is None and \
+            python_type(v) in (list, tuple, dict):
+        return ConstantValue(_container_repr(frame, v))
+    raise Unsupported(f"{fn.__name__}() on non-constant arguments ({attrs.describe(v)}) is not supported yet")
+
+
+def _checked_text(frame, result, name):
+    if not isinstance(result, ConstantValue) or not isinstance(result.value, str):
+        if isinstance(result, ConstantValue):
+            raise_new(TypeError, f"{name} returned non-string (type {type(result.value).__name__})")
+        raise Unsupported(f"{name} returned {attrs.describe(result)}, not a string known while tracing")
+    return result
+
+
+def _container_repr(frame, v):
+    def item(x):
+        return as_constant(text_of(frame, x, repr))
+    if isinstance(v, ListValue):
+        return "[" + ", ".join(item(x) for x in v.items) + "]"
+    if isinstance(v, TupleValue):
+        parts = [item(x) for x in v.items]
+        return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+    return "{" + ", ".join(f"{k!r}: {item(x)}" for k, x in v.items.items()) + "}"
+
+
+def format_of(frame, v, spec):
+    """``format(v, spec)`` (f-strings): a ``__format__`` written in Python runs traced;
+    ``object.__format__`` is ``str(v)`` for an empty spec; a tensor's text is made later."""
+    if isinstance(v, (TensorValue, FormattedTextValue)) and is_constant(spec):
+        if isinstance(v, FormattedTextValue) and not as_constant(spec):
+            return v
+        return lazy_text(frame, [(v, None, as_constant(spec))])
+    if is_constant(v) and not isinstance(v, SymValue):
+        return constant_fold(frame, format, [v, spec], "f-string formatting")
+    method = protocols.python_special_method(v, "__format__")
+    if method is not None:
+        return _checked_text(frame, protocols.call_special_method(frame, v, "__format__", [spec]), "__format__")
+    cls = python_type(v) if isinstance(v, (UserObjectValue, ObjectValue, ExceptionValue)) else None
+    if cls is not None and protocols._lookup_static(cls, "__format__")[0] is object.__format__:
+        text = as_constant(spec)
+        if text:
+            raise_new(TypeError, f"unsupported format string passed to {cls.__name__}.__format__")
+        return text_of(frame, v, str)
+    if isinstance(v, (ListValue, TupleValue, DictValue)) and not as_constant(spec):
+        return text_of(frame, v, str)
+    return constant_fold(frame, format, [v, spec], "f-string formatting")

@@ -16,9 +16,10 @@ from ..guards.builder import ID_MATCH
 from ..guards.sources import AttrSource, ItemSource
 from ..values.base import (MUTABLE_CONSTANT_TYPES, ConstantValue, DefaultDictValue, DictValue,
                            IteratorValue, ListValue, ObjectValue, PartialValue, PrivateObjectValue,
-                           TupleValue)
+                           TupleValue, holds_values)
 from ..values.builder import CONSTANT_TYPES, wrap
 from . import attrs, operators
+from .basics import deque_item, held_item
 from .calls import call, fold
 from .iteration import iterate
 from .builtin_calls import BUILTIN_HANDLERS, builtin
@@ -90,8 +91,16 @@ def call_stdlib_object(frame, fv, args, kwargs):
         return None
     owner = obj.__self__
     if isinstance(owner, MUTABLE_CONSTANT_TYPES) and src is None and frame.tx.memo.get(id(owner)) is None:
-        # A method of a set/deque/Counter made in the frame: run it on the real object.
-        return fold(frame, obj, args, kwargs)
+        # A method of a set/deque/Counter made in the frame: run it on the real object; a
+        # deque may hold tensors and other values (as HeldValues).
+        if not isinstance(owner, collections.deque):
+            return fold(frame, obj, args, kwargs)
+        if obj.__name__ in ("extend", "extendleft") and len(args) == 1:
+            args = [ConstantValue([deque_item(x) for x in iterate(frame, args[0])])]
+        elif obj.__name__ in ("index", "count", "remove", "__contains__") and holds_values(owner):
+            raise Unsupported(f"deque.{obj.__name__}() comparing values the trace cannot know (tensors) "
+                              "is not supported yet")
+        return fold(frame, obj, args, kwargs, hold=deque_item)
     return None
 
 
@@ -139,12 +148,12 @@ def _consts(frame, iterable, what):
 
 @builtin(set)
 def _set(frame, args, kwargs):
-    return ConstantValue(set(_consts(frame, args[0], "set()")) if args else set())
+    return ConstantValue({held_item(x) for x in iterate(frame, args[0])} if args else set())
 
 
 @builtin(frozenset)
 def _frozenset(frame, args, kwargs):
-    return ConstantValue(frozenset(_consts(frame, args[0], "frozenset()")) if args else frozenset())
+    return ConstantValue(frozenset(held_item(x) for x in iterate(frame, args[0])) if args else frozenset())
 
 
 @builtin(collections.Counter)
@@ -165,7 +174,7 @@ def _counter(frame, args, kwargs):
 @builtin(collections.deque)
 def _deque(frame, args, kwargs):
     maxlen = kwargs.get("maxlen", args[1] if len(args) > 1 else ConstantValue(None))
-    items = _consts(frame, args[0], "deque()") if args else []
+    items = [deque_item(x) for x in iterate(frame, args[0])] if args else []
     return ConstantValue(collections.deque(items, _const(maxlen, "deque()")))
 
 
@@ -190,6 +199,28 @@ def _dict_fromkeys(frame, args, kwargs):
     return DictValue({operators.key_of(k): value for k in iterate(frame, args[0])})
 
 
+@builtin(collections.namedtuple)
+def _namedtuple(frame, args, kwargs):
+    """A namedtuple class made in the frame: made now (its definition is constant); named after
+    the calling module, as ``namedtuple`` names it after its caller."""
+    kwargs = dict(kwargs)
+    if "module" not in kwargs:
+        kwargs["module"] = ConstantValue(frame.globals.get("__name__", "__main__"))
+    return fold(frame, collections.namedtuple, args, kwargs, what="namedtuple()")
+
+
+@builtin(tuple.__new__)
+def _tuple_new(frame, args, kwargs):
+    """``tuple.__new__(cls, iterable)``: what a namedtuple's ``__new__`` and ``_make`` call."""
+    if kwargs or not args or not isinstance(args[0], ObjectValue) or not isinstance(args[0].obj, type):
+        raise Unsupported("tuple.__new__() with these arguments is not supported yet")
+    cls = args[0].obj
+    if not (issubclass(cls, tuple) and (cls is tuple or hasattr(cls, "_fields"))):
+        raise Unsupported(f"tuple.__new__({cls.__qualname__}) is not supported yet")
+    items = iterate(frame, args[1]) if len(args) > 1 else []
+    return TupleValue(items, cls=cls)
+
+
 @builtin(functools.reduce)
 def _reduce(frame, args, kwargs):
     fn, items = args[0], iterate(frame, args[1])
@@ -209,6 +240,15 @@ def _partial(frame, args, kwargs):
     fn = args[0]
     if isinstance(fn, PartialValue):
         return PartialValue(fn.func, fn.args + list(args[1:]), {**fn.kwargs, **kwargs})
+    if isinstance(fn, ObjectValue) and type(fn.obj) is functools.partial and not fn.obj.__dict__:
+        # CPython flattens a partial of a plain partial: one function, the arguments joined.
+        inner, src = fn.obj, fn.source
+        func = wrap(frame.tx, inner.func, AttrSource(src, "func") if src else None)
+        pargs = [wrap(frame.tx, a, ItemSource(AttrSource(src, "args"), i) if src else None)
+                 for i, a in enumerate(inner.args)]
+        pkw = {k: wrap(frame.tx, a, ItemSource(AttrSource(src, "keywords"), k) if src else None)
+               for k, a in inner.keywords.items()}
+        return PartialValue(func, pargs + list(args[1:]), {**pkw, **kwargs})
     return PartialValue(fn, args[1:], kwargs)
 
 

@@ -5,7 +5,7 @@ import torch
 
 from ..errors import Unsupported
 from ..residual import set_autocast_state
-from ..values.base import ContextManagerValue, PrivateObjectValue, TensorValue
+from ..values.base import ConstantValue, ContextManagerValue, PrivateObjectValue, TensorValue
 from . import attrs, numpy_calls, operators, ops
 
 # Python modules of torch whose functions go into the graph as one node each.
@@ -51,6 +51,16 @@ _TORCH_PY_OPS = {"is_floating_point", "is_complex", "numel", "typename", "is_sto
 
 def torch_call(frame, fn, args, kwargs):
     name = getattr(fn, "__name__", "")
+    if fn is torch._C._set_grad_enabled and len(args) == 1 and not kwargs:
+        # What grad-mode managers written in Python (__enter__/__exit__) call: a graph node that
+        # switches grad mode, also applied here so the rest of the trace sees it.
+        mode = operators.as_constant(args[0])
+        if not isinstance(mode, bool):
+            raise Unsupported(f"torch._C._set_grad_enabled() of {type(mode).__name__}")
+        mgr = ContextManagerValue("set_grad", (mode,))
+        mgr.saved = current_state(mgr)
+        apply_state(frame, mgr, entering=True)
+        return ConstantValue(None)
     if name in _STATEFUL_NAMES or name.startswith(("set_", "_set_")) or "nesting" in name \
             or name in ("clear_autocast_cache", "_enter_autocast", "_exit_autocast"):
         raise Unsupported(f"torch.{name}() changes global state and cannot be traced")
@@ -95,7 +105,12 @@ def call_torch_class(frame, cls, args, kwargs):
     if cls is torch.inference_mode:
         mode = operators.as_constant(args[0]) if args else True
         if mode and not torch.is_inference_mode_enabled():
-            raise Unsupported("entering torch.inference_mode inside a compiled function is not supported yet")
+            # Entered natively at a graph break; its body is compiled as a graph of its own.
+            return ContextManagerValue("inference_mode", (True,))
+        return ContextManagerValue("noop", ())
+    if cls is torch.autograd.profiler.record_function:
+        # A profiler range: nothing for the graph to compute. (A profiler running at run time
+        # does not see the range, as under torch.compile.)
         return ContextManagerValue("noop", ())
     if cls in (torch.autocast, torch.amp.autocast) or cls.__name__ == "autocast":
         return _autocast(frame, cls, args, kwargs)

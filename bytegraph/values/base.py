@@ -256,7 +256,7 @@ class SuperValue(Value):
 class FunctionValue(Value):
     """A Python function made while tracing (MAKE_FUNCTION): code plus symbolic defaults and cells."""
 
-    __slots__ = ("code", "globals", "name", "qualname", "defaults", "kwdefaults", "closure")
+    __slots__ = ("code", "globals", "name", "qualname", "defaults", "kwdefaults", "closure", "attrs")
 
     def __init__(self, code, fn_globals, name, qualname, defaults=(), kwdefaults=None, closure=()):
         super().__init__(None)
@@ -267,6 +267,9 @@ class FunctionValue(Value):
         self.defaults = tuple(defaults)
         self.kwdefaults = dict(kwdefaults or {})
         self.closure = tuple(closure)
+        # Attributes set on it in the frame (``__doc__``, ``__module__``, ``__wrapped__``, its
+        # ``__dict__``...): what decorators and functools.wraps store. name -> value.
+        self.attrs = {}
 
     def python_type(self):
         return type(lambda: None)
@@ -461,6 +464,7 @@ class _GetitemOnly:
 
 
 _SEQUENCE_ITERATOR = type(iter(_GetitemOnly()))   # what iter() gives for __getitem__-only objects
+_GROUPER = type(next(itertools.groupby([0]))[1])     # the group iterators itertools.groupby yields
 
 
 class LazyIteratorValue(Value):
@@ -482,10 +486,26 @@ class LazyIteratorValue(Value):
     def python_type(self):
         return {"zip": zip, "enumerate": enumerate, "map": map, "filter": filter,
                 "islice": itertools.islice, "count": itertools.count,
+                "groupby": itertools.groupby, "grouper": _GROUPER,
                 "sequence": _SEQUENCE_ITERATOR}[self.kind]
 
     def _repr_body(self):
         return self.kind
+
+
+class FormattedTextValue(Value):
+    """A string whose text shows a tensor (an f-string, ``str(t)``): made after the graph (or at a
+    break) from the tensor the graph computes, as Python would make it. ``parts`` are strings
+    and ``(value, conversion or None, format spec)`` triples."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts):
+        super().__init__(None)
+        self.parts = list(parts)
+
+    def python_type(self):
+        return str
 
 
 class TracerCallableValue(Value):
@@ -511,6 +531,37 @@ class TracerCallableValue(Value):
 # generation copies them for each call.
 import collections as _collections  # noqa: E402
 MUTABLE_CONSTANT_TYPES = (set, _collections.deque, _collections.Counter)
+
+
+class HeldValue:
+    """A value the trace cannot know by its contents (a tensor, an object hashed by identity),
+    held as an element of a real set, frozenset or deque made in the frame. Python hashes and
+    compares such objects by identity, and so does this stand-in: equal only to the stand-in
+    of the same object (``key``)."""
+
+    __slots__ = ("value", "key")
+
+    def __init__(self, value, key):
+        self.value = value
+        self.key = key
+
+    def __eq__(self, other):
+        return isinstance(other, HeldValue) and other.key == self.key
+
+    def __hash__(self):
+        return hash(self.key)
+
+    def __repr__(self):
+        return f"<held {type(self.value).__name__}>"
+
+
+def holds_values(c):
+    """True if the real container ``c`` (or a tuple inside it) holds a HeldValue."""
+    if isinstance(c, HeldValue):
+        return True
+    if isinstance(c, (tuple, set, frozenset, collections.deque)):
+        return any(holds_values(x) for x in c)
+    return False
 
 
 class DefaultDictValue(DictValue):
