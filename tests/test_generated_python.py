@@ -1464,3 +1464,26 @@ def test_inplace_operator_on_symbolic_int_inside_loops():
         return x * 4, m
 
     compare(fn, [lambda n=n: ((torch.ones(2, 3), n), {}, lambda: None) for n in (1, 3, 4)])
+
+
+def test_missing_attribute_messages_name_the_type_as_cpython_does():
+    # AttributeError messages quote the type's tp_name: 'types.SimpleNamespace' for a C type
+    # (the generator's G_OBJ), __name__ for classes (not __qualname__).
+    import types as _types
+
+    class Outer:
+        class Inner:
+            pass
+
+    ns = _types.SimpleNamespace(a=1)
+
+    def fn(x):
+        out = []
+        for obj in (ns, Outer.Inner, Outer.Inner(), fn.__code__):
+            try:
+                obj.missing_attr
+            except AttributeError as e:
+                out.append(str(e))
+        return x + 1, out
+
+    compare(fn, [lambda: ((torch.ones(2),), {}, lambda: None)])

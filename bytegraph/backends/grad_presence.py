@@ -11,13 +11,13 @@ Eager's rule is connectivity: an input gets a gradient when the loss reaches
 it through the autograd graph. Here that is worked out once per graph, at
 compile time, from the autograd graphs the tracer's fake tensors already
 carry (each node's ``example_value``): for every input that requires grad,
-the graph outputs it reaches. Only when some input reaches a strict part of
-the differentiable outputs (or none of them) does anything happen at run
-time: each call registers a post hook on AOTAutograd's backward node, which
-sees which of that node's outputs actually received a gradient (autograd
-passes ``None`` before filling zeros) and drops the gradients of inputs
-none of whose outputs did. Graphs whose inputs all reach all outputs (a
-training step returning its loss) are returned unchanged: no per-call cost.
+the graph outputs it reaches. Each call with gradients registers a post hook
+on AOTAutograd's backward node, which sees which of that node's outputs
+actually received a gradient (autograd passes ``None`` before filling zeros)
+and drops the gradients of inputs none of whose outputs did. That holds for
+inputs reaching every output too: autograd runs a node even when all its
+outputs' gradients are ``None`` (a later graph's node reached it and passed
+``None`` on), and AOTAutograd would send zeros on where eager never runs.
 
 The node's output slots and input edges are matched to the graph's outputs
 and inputs on the first call that builds an autograd graph; whatever cannot
@@ -108,11 +108,11 @@ def plan(gm):
             reached[i].add(j)
     if not differentiable:
         return None
-    every = frozenset(differentiable)
-    gated = [(pos, param, frozenset(r)) for (pos, param, _), r in zip(inputs, reached) if r != every]
-    if not gated:
-        return None
-    return Plan(gated, sorted(every), [param for _, param, _ in inputs if param is not None])
+    # Every input is gated, even one reaching every output: the node also runs when none of its
+    # outputs got a gradient (a later graph's node, gated itself, passed None to all of them),
+    # and then AOTAutograd's zeros must not reach inputs eager's backward never visits.
+    gated = [(pos, param, frozenset(r)) for (pos, param, _), r in zip(inputs, reached)]
+    return Plan(gated, sorted(differentiable), [param for _, param, _ in inputs if param is not None])
 
 
 def _attr(gm, target):

@@ -15,7 +15,7 @@ from ..values.base import (BoundMethodValue, ConstantValue, ContextManagerValue,
 from ..values.builder import CONSTANT_TYPES, is_trusted_module, note_reassigned_buffer, wrap
 from ..values.arrays import NdarrayValue
 from . import exceptions, numpy_calls, ops
-from .basics import as_constant, describe
+from .basics import as_constant, describe, no_attr_name
 from .context import DELETED
 from .exceptions import MissingAttribute, set_attr as set_exception_attr, super_attr
 from .protocols import _lookup_static
@@ -245,7 +245,7 @@ def _constant_attr(v, name):
     try:
         out = getattr(v.value, name)
     except AttributeError:
-        raise MissingAttribute(f"{type(v.value).__name__!r} object has no attribute {name!r}") from None
+        raise MissingAttribute(f"{no_attr_name(type(v.value))} object has no attribute {name!r}") from None
     if isinstance(out, CONSTANT_TYPES) or isinstance(out, (tuple, frozenset)):
         return ConstantValue(out)
     if callable(out):
@@ -263,7 +263,7 @@ def _private_attr(frame, v, name):
     try:
         value = getattr(v.obj, name)
     except AttributeError:
-        raise MissingAttribute(f"{type(v.obj).__name__!r} object has no attribute {name!r}") from None
+        raise MissingAttribute(f"{no_attr_name(type(v.obj))} object has no attribute {name!r}") from None
     return private_value(frame, value, v)
 
 
@@ -291,7 +291,7 @@ def _object_attr(frame, v, name):
     pending = tx.attr_stores.get((id(obj), name))
     if pending is not None:
         if pending[2] is DELETED:
-            raise MissingAttribute(f"{type(obj).__name__!r} object has no attribute {name!r} (deleted)")
+            raise MissingAttribute(f"{no_attr_name(type(obj))} object has no attribute {name!r} (deleted)")
         return pending[2]
     asrc = AttrSource(src, name) if src is not None else None
     if isinstance(obj, types.ModuleType):
@@ -304,7 +304,7 @@ def _object_attr(frame, v, name):
         try:
             value = getattr(obj, name)
         except AttributeError:
-            raise MissingAttribute(f"type object {obj.__qualname__!r} has no attribute {name!r}") from None
+            raise MissingAttribute(f"type object {no_attr_name(obj)} has no attribute {name!r}") from None
         trusted = obj.__module__.split(".")[0] in ("torch", "builtins", "collections", "typing", "enum")
         return wrap(tx, value, None if trusted else asrc)
     cls = type(obj)
@@ -315,7 +315,7 @@ def _object_attr(frame, v, name):
         try:
             return wrap(tx, getattr(obj, name), None)
         except AttributeError:
-            raise MissingAttribute(f"code object has no attribute {name!r}") from None
+            raise MissingAttribute(f"'code' object has no attribute {name!r}") from None
     if isinstance(obj, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
         if name in ("__name__", "__qualname__", "__module__", "__doc__"):
             return ConstantValue(getattr(obj, name))
@@ -331,7 +331,7 @@ def _object_attr(frame, v, name):
         try:
             return wrap(tx, getattr(obj, name), asrc)
         except AttributeError:
-            raise MissingAttribute(f"{cls.__name__!r} object has no attribute {name!r}") from None
+            raise MissingAttribute(f"{no_attr_name(cls)} object has no attribute {name!r}") from None
     class_attr, found = _lookup_static(cls, name)
     if found and _is_data_descriptor(class_attr):
         if isinstance(class_attr, property):
@@ -366,7 +366,7 @@ def _object_attr(frame, v, name):
     getattr_hook, has_hook = _lookup_static(cls, "__getattr__")
     if has_hook and getattr_hook is not torch.nn.Module.__getattr__:
         return ops.call(frame, BoundMethodValue(wrap(tx, getattr_hook, None), v), [ConstantValue(name)], {})
-    raise MissingAttribute(f"{cls.__name__!r} object has no attribute {name!r}")
+    raise MissingAttribute(f"{no_attr_name(cls)} object has no attribute {name!r}")
 
 
 def _defined_in_python_class(cls, name):
@@ -411,7 +411,7 @@ def _user_object_attr(frame, v, name):
     if name in v.attrs:
         return v.attrs[name]
     if found and isinstance(attr, types.MemberDescriptorType):
-        raise MissingAttribute(f"{v.cls.__name__!r} object has no attribute {name!r}")
+        raise MissingAttribute(f"{no_attr_name(v.cls)} object has no attribute {name!r}")
     if v.dict_items is not None and found and _defined_by_dict(v.cls, name):
         return dict_method(frame, v, name)
     value, found = _class_attribute(frame, v.cls, name, v)
@@ -420,7 +420,7 @@ def _user_object_attr(frame, v, name):
     getattr_hook, has_hook = _lookup_static(v.cls, "__getattr__")
     if has_hook:
         return ops.call(frame, BoundMethodValue(wrap(frame.tx, getattr_hook, None), v), [ConstantValue(name)], {})
-    raise MissingAttribute(f"{v.cls.__name__!r} object has no attribute {name!r}")
+    raise MissingAttribute(f"{no_attr_name(v.cls)} object has no attribute {name!r}")
 
 
 def _super_attr(frame, sv, name):
@@ -622,7 +622,7 @@ def delete_attr(frame, obj, name):
     if descriptor_store(frame, obj, obj.cls, name, None, delete=True):
         return True
     if name not in obj.attrs:
-        raise MissingAttribute(f"{obj.cls.__name__!r} object has no attribute {name!r}")
+        raise MissingAttribute(f"{no_attr_name(obj.cls)} object has no attribute {name!r}")
     del obj.attrs[name]
     return True
 

@@ -40,6 +40,11 @@ def type_name(cls):
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+def no_attr_name(cls):
+    """``cls`` as CPython's AttributeError messages quote it (``tp_name``, cut to 50 characters)."""
+    return repr(type_name(cls)[:50])
+
+
 def describe(v):
     if isinstance(v, ObjectValue):
         o = v.obj

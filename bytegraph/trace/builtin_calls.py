@@ -26,6 +26,7 @@ from ..values.arrays import NdarrayValue
 from ..values.builder import wrap
 from . import attrs, generators, numpy_calls, operators, ops, with_blocks
 from .calls import TENSOR_DATA_HINT, call, fold, has_tensor
+from .basics import no_attr_name
 from .exceptions import TracedRaise
 from .generators import check_unchanged, iterated_containers
 from .iteration import iterate
@@ -435,7 +436,7 @@ def _object_getattribute(frame, args, kwargs):
         try:
             value = object.__getattribute__(obj.obj, name)
         except AttributeError:
-            raise attrs.MissingAttribute(f"{type(obj.obj).__name__!r} object has no attribute {name!r}") from None
+            raise attrs.MissingAttribute(f"{no_attr_name(type(obj.obj))} object has no attribute {name!r}") from None
         return attrs.private_value(frame, value, obj)
     raise Unsupported(f"object.__getattribute__ on {attrs.describe(obj)} is not supported yet")
 

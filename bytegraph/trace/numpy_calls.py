@@ -33,7 +33,7 @@ from ..values.base import (ConstantValue, ContextManagerValue, DictValue, ListVa
                            TensorValue, TupleValue, UserObjectValue)
 from ..values.builder import wrap
 from . import ops
-from .basics import as_constant, constant_value, describe
+from .basics import as_constant, constant_value, describe, no_attr_name
 from .exceptions import MissingAttribute, PythonError
 
 DATA_HINT = ("keep it an array (np.where instead of an if, x.sum() instead of float(x.sum())), or move "
@@ -112,7 +112,7 @@ def object_attr(frame, v, name):
     try:
         value = getattr(v.obj, name)
     except AttributeError:
-        raise MissingAttribute(f"{type(v.obj).__name__!r} object has no attribute {name!r}") from None
+        raise MissingAttribute(f"{no_attr_name(type(v.obj))} object has no attribute {name!r}") from None
     except Exception:
         return None
     if callable(value) and not isinstance(value, type):
@@ -1401,7 +1401,7 @@ def array_attr(frame, a, name):
         return _new_array(frame, nops.attr(name), [a], {}, f"ndarray.{name}", scalar=a.scalar)
     owner = a.python_type()
     if not hasattr(owner, name):
-        raise MissingAttribute(f"{owner.__name__!r} object has no attribute {name!r}")
+        raise MissingAttribute(f"{no_attr_name(owner)} object has no attribute {name!r}")
     attr = getattr(owner, name)
     if callable(attr):
         return NdarrayMethodValue(a, name)
