@@ -15,7 +15,7 @@ import torch
 
 from .. import control
 from ..errors import Unsupported
-from ..guards.builder import NO_HOOKS
+from ..guards.builder import GLOBAL_HOOKS, NO_HOOKS
 from ..guards.sources import AttrSource, DefaultSource, ItemSource
 from ..values.base import (BoundMethodValue, ConstantValue, DictValue, ExitValue, FunctionValue,
                            IteratorValue, MethodOfValue, ObjectValue, PartialValue, RealCell,
@@ -166,6 +166,7 @@ def call_module(frame, mv, args, kwargs):
         return call_with_hooks(frame, mv, args, kwargs, lambda a, k: _call_forward(frame, mv, a, k))
     if mv.source is not None:
         frame.tx.guards.add(NO_HOOKS, mv.source, None)
+    frame.tx.guards.add(GLOBAL_HOOKS, None, None)
     return _call_forward(frame, mv, args, kwargs)
 
 
