@@ -383,15 +383,14 @@ def compile_guards(guards, params, fn_globals, name="guard", hit=True):
     ordered = _order(list(guards))
     observed = [g for g in ordered if g.kind == TENSOR_MATCH or (
         g.kind == CONSTANT_MATCH and type(g.expected) is int)]
-    src += [f"def observe_{name}({sig}):", "    out = []"]
+    # The detailed checks (run when the module epoch moved), the explain and observe functions
+    # (run on a miss) are long on deep models and rarely needed: compiled on first use.
+    detail = [f"def observe_{name}({sig}):", "    out = []"]
     for g in observed:
         e = g.source.expr_over(em.render_plain)
         value = f"tuple({e}.shape)" if g.kind == TENSOR_MATCH else e
-        src += ["    try:", f"        out.append({value})", "    except Exception:", "        out.append(None)"]
-    src += ["    return out", ""]
-    # The detailed checks (run when the module epoch moved) and the explain function (run on a
-    # miss) are long on deep models and rarely needed: compiled on first use.
-    detail = []
+        detail += ["    try:", f"        out.append({value})", "    except Exception:", "        out.append(None)"]
+    detail += ["    return out", ""]
     if covered:
         detail += [f"def deep_{name}({sig}):"]
         detail += [f"    {line}" for line in deep_check]
@@ -416,7 +415,7 @@ def compile_guards(guards, params, fn_globals, name="guard", hit=True):
     exec(compile(text, filename, "exec"), ns)
     check = ns[name]
     # What automatic dynamic shapes compares on a miss: current sizes and ints at these sources.
-    check.observe = ns[f"observe_{name}"]
+    check.observe = _explain_caller(ns["__detail"], f"observe_{name}")
     check.observed = observed
     check.covered = len(covered)
     explain = _explain_caller(ns["__detail"], f"explain_{name}")
@@ -439,9 +438,9 @@ class _LazyDetail:
 
 
 def _explain_caller(detail, name):
-    def explain(*args):
+    def call_detail(*args):
         return detail(name)(*args)
-    return explain
+    return call_detail
 
 
 def global_names(guards):
