@@ -32,6 +32,9 @@ _SETTINGS = {
     "suppress_errors": (True, (bool,), "an internal error while compiling runs the frame eagerly"),
     "dynamic_shapes": (os.environ.get("BYTEGRAPH_DYNAMIC_SHAPES", "1") != "0", (bool,),
                        "allow symbolic sizes at all (BYTEGRAPH_DYNAMIC_SHAPES=0 turns them off)"),
+    "reuse_traced_blocks": (os.environ.get("BYTEGRAPH_REUSE_BLOCKS", "1") != "0", (bool,),
+                            "trace a module's forward once and copy that trace for other modules of its class "
+                            "called alike (BYTEGRAPH_REUSE_BLOCKS=0 turns it off; the graphs are the same)"),
     "debug_function": (_env_names("BYTEGRAPH_DEBUG_FUNCTION"), (list, tuple),
                        "compile only frames of functions with these names (BYTEGRAPH_DEBUG_FUNCTION=a,b); "
                        "empty: every frame"),

@@ -11,6 +11,7 @@ arguments:
 """
 import builtins
 import linecache
+from collections import UserString
 from dataclasses import dataclass
 
 import torch
@@ -61,6 +62,7 @@ class Guard:
     expected: object        # what the trace saw
     detail: str = ""        # for GLOBAL_STATE: which piece of state
     dynamic_dims: tuple = ()  # for TENSOR_MATCH: dims whose size is symbolic (checked by shape guards)
+    meta: object = None       # for ID_MATCH of a tensor: its TensorMeta when the guard was made
 
     def describe(self):
         where = self.source.name() if self.source is not None else self.detail
@@ -103,11 +105,18 @@ class GuardSet:
         self._guards = {}
         self.objects = {}   # source -> object read there (values.builder.wrap), for guards.coverage
         self.epoch = stamps.EPOCH[0]   # the module epoch when the trace began
+        self.recorders = []   # trace.blocks recorders listening to guards and wraps
+        self.in_wrap = 0      # >0 while values.builder.wrap runs (its guards come with it)
 
     def add(self, kind, source, expected, detail="", dynamic_dims=()):
+        if self.recorders and not self.in_wrap:
+            # trace.blocks records what a module's forward added, to add it again for a copy.
+            for r in self.recorders:
+                r.on_guard(kind, source, expected, detail, dynamic_dims)
         key = (kind, source, detail)
         if key not in self._guards:
-            self._guards[key] = Guard(kind, source, expected, detail, tuple(dynamic_dims))
+            meta = TensorMeta(expected) if kind == ID_MATCH and isinstance(expected, torch.Tensor) else None
+            self._guards[key] = Guard(kind, source, expected, detail, tuple(dynamic_dims), meta)
 
     def __iter__(self):
         return iter(self._guards.values())
@@ -214,7 +223,7 @@ class _Emitter:
             if isinstance(g.source, ModuleEntrySource) and isinstance(g.expected, torch.Tensor):
                 # Module state keeps its identity through .to()/.half()/requires_grad_(): check
                 # what the graph was built for too (its data may change freely).
-                out += self._state_checks(c, who, TensorMeta(g.expected))
+                out += self._state_checks(c, who, g.meta)
             return out
         if g.kind == TYPE_MATCH:
             plain = stamps.PLAIN.get(g.expected, g.expected)
@@ -362,15 +371,6 @@ def compile_guards(guards, params, fn_globals, name="guard", hit=True):
     em.ns["G"] = fn_globals
     em.ns["__hit"] = hit
     check_lines, explain_lines = _lines(em, _order(every))
-    deep_check, deep_explain = [], []
-    if covered:
-        dem = em.fork(covered, prefix="_d")
-        deep_check, deep_explain = _lines(dem, _order(covered))
-        for m in modules:
-            c, t = em.const(m), em.const(type(m))
-            deep_check.append(f"if type({c}) is not {t}: return None")
-            deep_explain.append(f"if type({c}) is not {t}: return "
-                                f"f'class of a module changed: {type(m).__qualname__} -> {{type({c}).__qualname__}}'")
     sig = ", ".join(params)
     src = [f"def {name}({sig}):", "    try:"]
     src += [f"        {line}" for line in check_lines]
@@ -380,64 +380,101 @@ def compile_guards(guards, params, fn_globals, name="guard", hit=True):
                 f"            if __detail('deep_{name}')({sig}) is None: return None",
                 "            if __rewatch(__watched): __seen[0] = __e"]
     src += ["    except Exception:", "        return None", "    return __hit", ""]
+    classes = [type(m) for m in modules]   # as compiled (the text below is written later)
     ordered = _order(list(guards))
     observed = [g for g in ordered if g.kind == TENSOR_MATCH or (
         g.kind == CONSTANT_MATCH and type(g.expected) is int)]
-    # The detailed checks (run when the module epoch moved), the explain and observe functions
-    # (run on a miss) are long on deep models and rarely needed: compiled on first use.
-    detail = [f"def observe_{name}({sig}):", "    out = []"]
-    for g in observed:
-        e = g.source.expr_over(em.render_plain)
-        value = f"tuple({e}.shape)" if g.kind == TENSOR_MATCH else e
-        detail += ["    try:", f"        out.append({value})", "    except Exception:", "        out.append(None)"]
-    detail += ["    return out", ""]
-    if covered:
-        detail += [f"def deep_{name}({sig}):"]
-        detail += [f"    {line}" for line in deep_check]
-        detail += ["    return True", ""]
-    detail += [f"def explain_{name}({sig}):", "    try:"]
-    detail += [f"        {line}" for line in explain_lines + deep_explain]
-    detail += ["    except Exception as e:",
-               "        return f'guard raised {type(e).__name__}: {e}'",
-               "    return None", ""]
+
+    def detail_source():
+        # The detailed checks (run when the module epoch moved), the explain and observe
+        # functions (run on a miss) are long on deep models and rarely needed: written and
+        # compiled on first use.
+        deep_check, deep_explain = [], []
+        if covered:
+            dem = em.fork(covered, prefix="_d")
+            deep_check, deep_explain = _lines(dem, _order(covered))
+            for m, cls in zip(modules, classes):
+                c, t = em.const(m), em.const(cls)
+                deep_check.append(f"if type({c}) is not {t}: return None")
+                deep_explain.append(f"if type({c}) is not {t}: return "
+                                    f"f'class of a module changed: {cls.__qualname__} -> "
+                                    f"{{type({c}).__qualname__}}'")
+        detail = [f"def observe_{name}({sig}):", "    out = []"]
+        for g in observed:
+            e = g.source.expr_over(em.render_plain)
+            value = f"tuple({e}.shape)" if g.kind == TENSOR_MATCH else e
+            detail += ["    try:", f"        out.append({value})", "    except Exception:", "        out.append(None)"]
+        detail += ["    return out", ""]
+        if covered:
+            detail += [f"def deep_{name}({sig}):"]
+            detail += [f"    {line}" for line in deep_check]
+            detail += ["    return True", ""]
+        detail += [f"def explain_{name}({sig}):", "    try:"]
+        detail += [f"        {line}" for line in explain_lines + deep_explain]
+        detail += ["    except Exception as e:",
+                   "        return f'guard raised {type(e).__name__}: {e}'",
+                   "    return None", ""]
+        return "\n".join(detail)
+
     ns = em.ns
-    ns["__detail"] = _LazyDetail(ns, "\n".join(detail), f"<bytegraph {name} detail>")
+    ns["__detail"] = lazy = _LazyDetail(ns, detail_source, f"<bytegraph {name} detail>")
     if covered:
-        em.ns["__EPOCH"] = stamps.EPOCH
+        ns["__EPOCH"] = stamps.EPOCH
         # The epoch this entry last passed its detailed checks at: the trace read the modules
         # after it started, so they held then.
-        em.ns["__seen"] = [guards.epoch]
-        em.ns["__watched"] = tuple(modules)
-        em.ns["__rewatch"] = stamps.rewatch
+        ns["__seen"] = [guards.epoch]
+        ns["__watched"] = tuple(modules)
+        ns["__rewatch"] = stamps.rewatch
     text = "\n".join(src)
     filename = f"<bytegraph {name}>"
     linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
     exec(compile(text, filename, "exec"), ns)
     check = ns[name]
     # What automatic dynamic shapes compares on a miss: current sizes and ints at these sources.
-    check.observe = _explain_caller(ns["__detail"], f"observe_{name}")
+    check.observe = _detail_caller(lazy, f"observe_{name}")
     check.observed = observed
     check.covered = len(covered)
-    explain = _explain_caller(ns["__detail"], f"explain_{name}")
-    return check, explain, text + "\n" + "\n".join(detail)
+    explain = _detail_caller(lazy, f"explain_{name}")
+    return check, explain, GuardText(lambda: text + "\n" + lazy.text())
+
+
+class GuardText(UserString):
+    """Guard source text, written when first read (a deep model's detailed checks are long)."""
+
+    def __init__(self, make):
+        self._make = make
+        self._data = None
+
+    @property
+    def data(self):
+        if self._data is None:
+            self._data = self._make()
+        return self._data
 
 
 class _LazyDetail:
-    """Compiles the detail source into the guard's namespace the first time it is needed."""
+    """Writes and compiles the detail source into the guard's namespace when first needed."""
 
-    def __init__(self, ns, text, filename):
-        self.ns, self.text, self.filename = ns, text, filename
+    def __init__(self, ns, make_source, filename):
+        self.ns, self.make_source, self.filename = ns, make_source, filename
+        self._text = None
+
+    def text(self):
+        if self._text is None:
+            self._text = self.make_source()
+        return self._text
 
     def __call__(self, name):
         fn = self.ns.get(name)
         if fn is None:
-            linecache.cache[self.filename] = (len(self.text), None, self.text.splitlines(True), self.filename)
-            exec(compile(self.text, self.filename, "exec"), self.ns)
+            text = self.text()
+            linecache.cache[self.filename] = (len(text), None, text.splitlines(True), self.filename)
+            exec(compile(text, self.filename, "exec"), self.ns)
             fn = self.ns[name]
         return fn
 
 
-def _explain_caller(detail, name):
+def _detail_caller(detail, name):
     def call_detail(*args):
         return detail(name)(*args)
     return call_detail

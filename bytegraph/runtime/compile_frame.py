@@ -13,6 +13,7 @@ from ..codegen.breaks import RESUME_INFO, generate_break, plan_break
 from ..codegen.transformed import generate
 from ..residual import routing_globals, writes_globals
 from ..stacks import CUT_FROM, frame_summary, function_entry
+from ..trace.blocks import ReplayError
 from ..trace.tracer import frame_params, trace_frame
 from .cache import CacheEntry
 from .signature import _signature_parts
@@ -43,7 +44,13 @@ class _Compile:
     def trace(self, values, stop_before=None):
         t0 = time.perf_counter()
         try:
-            result = trace_frame(self.fn, values, self.compiler, stop_before=stop_before, cache=self.cache)
+            try:
+                result = trace_frame(self.fn, values, self.compiler, stop_before=stop_before, cache=self.cache)
+            except ReplayError as e:
+                # Copying a traced block failed half-way (trace/blocks.py): trace it all.
+                log_breaks.debug("tracing %s again without copying traced blocks: %s", self.name, e)
+                result = trace_frame(self.fn, values, self.compiler, stop_before=stop_before, cache=self.cache,
+                                     reuse_blocks=False)
         except Unsupported:
             timing.add(self.name, "bytecode tracing", time.perf_counter() - t0)
             raise

@@ -218,6 +218,7 @@ def _object_attr(frame, v, name):
             # Settings of torch's own layers are taken as fixed once built when the module cannot
             # be watched; otherwise they are guarded like any attribute, at no cost per call
             # (guards.stamps: checked only after the module changed).
+            tx.unguarded_reads += 1
             return wrap(tx, value, None)
         return wrap(tx, value, asrc)
     if isinstance(obj, torch.nn.Module):

@@ -23,7 +23,7 @@ from ..values.base import (BoundMethodValue, ConstantValue, DictValue, ExitValue
                            UserObjectValue)
 from ..residual import has_hooks
 from ..values.builder import CONSTANT_TYPES, wrap
-from . import attrs, generators, operators, ops, protocols
+from . import attrs, blocks, generators, operators, ops, protocols
 from .exceptions import PythonError, make_exception
 from .frame import inline_call
 from .hooks import call_with_hooks
@@ -171,6 +171,11 @@ def call_module(frame, mv, args, kwargs):
 
 
 def _call_forward(frame, mv, args, kwargs):
+    # A forward traced before for a module of the same class may be copied (trace/blocks.py).
+    return blocks.call_forward(frame, mv, args, kwargs, lambda: _trace_forward(frame, mv, args, kwargs))
+
+
+def _trace_forward(frame, mv, args, kwargs):
     m = mv.obj
     forward = m.__dict__.get("forward")
     if forward is not None:

@@ -41,6 +41,11 @@ class TraceContext:
         self.cell_stores = {}          # id(real cell) -> (RealCell, value)
         self.effects_recorded = 0      # changes to state outside the trace so far (all kinds above but attrs)
         self.entry_grad_mode = torch.is_grad_enabled()
+        # trace.blocks: forwards traced once and copied for other modules of their class.
+        self.reuse_blocks = True
+        self.block_templates = {}      # module class -> [Template]
+        self.blocks_replayed = 0
+        self.unguarded_reads = 0       # reads of per-instance state taken without a guard
 
     def effect_count(self):
         """How many side effects the trace has recorded so far (to tell whether code made any)."""

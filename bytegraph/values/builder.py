@@ -44,8 +44,27 @@ def is_trusted_module(mod):
 
 def wrap(tx, obj, source):
     """The value for ``obj`` as read through ``source`` (None: no guard possible)."""
+    guards = tx.guards
     if source is not None and not isinstance(obj, CONSTANT_TYPES):
-        tx.guards.objects[source] = obj   # what guards.builder needs to tell module-owned state
+        guards.objects[source] = obj   # what guards.builder needs to tell module-owned state
+    if guards.recorders and source is not None and not guards.in_wrap:
+        # trace.blocks records each read of the world made by a module's forward.
+        memo = tx.memo.get(id(obj))
+        hit = memo is not None and memo[0] is obj and not isinstance(obj, CONSTANT_TYPES)
+        for r in guards.recorders:
+            r.before_wrap()
+        guards.in_wrap += 1
+        try:
+            value = _wrap_memo(tx, obj, source)
+        finally:
+            guards.in_wrap -= 1
+        for r in guards.recorders:
+            r.after_wrap(obj, source, value, hit)
+        return value
+    return _wrap_memo(tx, obj, source)
+
+
+def _wrap_memo(tx, obj, source):
     memo = tx.memo.get(id(obj))
     if memo is not None and memo[0] is obj and not isinstance(obj, CONSTANT_TYPES):
         value = memo[1]
