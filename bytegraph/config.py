@@ -35,6 +35,9 @@ _SETTINGS = {
     "reuse_traced_blocks": (os.environ.get("BYTEGRAPH_REUSE_BLOCKS", "1") != "0", (bool,),
                             "trace a module's forward once and copy that trace for other modules of its class "
                             "called alike (BYTEGRAPH_REUSE_BLOCKS=0 turns it off; the graphs are the same)"),
+    "regional_compile": (os.environ.get("BYTEGRAPH_REGIONAL_COMPILE", "1") != "0", (bool,),
+                         "inductor compiles a graph with repeated blocks block by block, each distinct block once "
+                         "(BYTEGRAPH_REGIONAL_COMPILE=0: the whole graph at once)"),
     "debug_function": (_env_names("BYTEGRAPH_DEBUG_FUNCTION"), (list, tuple),
                        "compile only frames of functions with these names (BYTEGRAPH_DEBUG_FUNCTION=a,b); "
                        "empty: every frame"),

@@ -46,6 +46,8 @@ from ..values.base import (ConstantValue, DictValue, ListValue, ObjectValue, Sym
 from ..values.builder import CONSTANT_TYPES, wrap
 
 MAX_TEMPLATES_PER_CLASS = 4
+# node.meta key: (template id, instance) on the nodes of each outermost copied or recorded block
+REGION = "bytegraph_region"
 _EDGE_SOURCES = (AttrSource, ModuleEntrySource, ItemSource, DefaultSource)
 
 
@@ -167,6 +169,8 @@ _STATE_TARGETS = {torch._C._set_grad_enabled, torch.amp._enter_autocast, torch.a
 
 class Template:
     def __init__(self, key, leaves, events, result):
+        self.uid = None             # set when its nodes are first tagged as a region
+        self.instances = 0          # regions tagged with it so far
         self.key = key
         self.leaves = leaves        # the template call's argument values (leaves[0]: the module)
         self.events = events
@@ -492,31 +496,61 @@ def call_forward(frame, mv, args, kwargs, trace_forward):
     if key is None:
         return trace_forward()
     templates = tx.block_templates.setdefault(type(m), [])
-    for template in templates:
-        if template.key == key:
-            out = template.replay(frame, leaves)
-            if out is not None:
-                tx.blocks_replayed += 1
-                return out
-    if len(templates) >= MAX_TEMPLATES_PER_CLASS:
-        return trace_forward()
-    rec = Recorder(tx)
-    guards = tx.guards
-    before = (tx.effect_count(), len(tx.graph.inputs), len(tx.state_changes), tx.unguarded_reads,
-              tx.handled_exception)
-    guards.recorders.append(rec)
+    graph = tx.graph.graph
+    start = graph._root.prev
+    outermost = not tx.in_block
+    tx.in_block = True
     try:
-        result = trace_forward()
+        for template in templates:
+            if template.key == key:
+                out = template.replay(frame, leaves)
+                if out is not None:
+                    tx.blocks_replayed += 1
+                    if outermost:
+                        _mark_region(graph, start, template)
+                    return out
+        if len(templates) >= MAX_TEMPLATES_PER_CLASS:
+            return trace_forward()
+        rec = Recorder(tx)
+        guards = tx.guards
+        before = (tx.effect_count(), len(tx.graph.inputs), len(tx.state_changes), tx.unguarded_reads,
+                  tx.handled_exception)
+        guards.recorders.append(rec)
+        try:
+            result = trace_forward()
+        finally:
+            guards.recorders.remove(rec)
+        rec.finish()
+        after = (tx.effect_count(), len(tx.graph.inputs), len(tx.state_changes), tx.unguarded_reads,
+                 tx.handled_exception)
+        if before == after:
+            template = Template.build(key, leaves, rec, result)
+            if template is not None:
+                templates.append(template)
+                if outermost:
+                    _mark_region(graph, start, template)
+        return result
     finally:
-        guards.recorders.remove(rec)
-    rec.finish()
-    after = (tx.effect_count(), len(tx.graph.inputs), len(tx.state_changes), tx.unguarded_reads,
-             tx.handled_exception)
-    if before == after:
-        template = Template.build(key, leaves, rec, result)
-        if template is not None:
-            templates.append(template)
-    return result
+        tx.in_block = not outermost
+
+
+_template_ids = [0]
+
+
+def _mark_region(graph, start, template):
+    """Tag the nodes made since ``start`` as one instance of ``template``'s block: backends
+    compile repeated regions once (backends/regions.py)."""
+    if getattr(start, "_erased", False):
+        return
+    if template.uid is None:
+        _template_ids[0] += 1
+        template.uid = _template_ids[0]
+    tag = (template.uid, template.instances)
+    template.instances += 1
+    n = start.next
+    while n is not graph._root:
+        n.meta[REGION] = tag
+        n = n.next
 
 
 __all__ = ["call_forward", "ReplayError"]

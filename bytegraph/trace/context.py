@@ -45,6 +45,7 @@ class TraceContext:
         self.reuse_blocks = True
         self.block_templates = {}      # module class -> [Template]
         self.blocks_replayed = 0
+        self.in_block = False          # a recorded or copied forward is being traced
         self.unguarded_reads = 0       # reads of per-instance state taken without a guard
 
     def effect_count(self):
