@@ -8,7 +8,8 @@ import os
 
 from .errors import ConfigError
 
-LOG_TOPICS = ("graph", "guards", "bytecode", "output_code", "recompiles", "graph_breaks", "trace", "cudagraphs")
+LOG_TOPICS = ("graph", "guards", "bytecode", "output_code", "recompiles", "graph_breaks", "trace", "cudagraphs",
+              "cache")
 
 
 def _env_topics():
@@ -38,6 +39,13 @@ _SETTINGS = {
     "regional_compile": (os.environ.get("BYTEGRAPH_REGIONAL_COMPILE", "1") != "0", (bool,),
                          "inductor compiles a graph with repeated blocks block by block, each distinct block once "
                          "(BYTEGRAPH_REGIONAL_COMPILE=0: the whole graph at once)"),
+    "persistent_cache": (os.environ.get("BYTEGRAPH_PERSISTENT_CACHE", "1") != "0", (bool,),
+                         "save compiled frames on disk and load them in later processes "
+                         "(BYTEGRAPH_PERSISTENT_CACHE=0 turns it off)"),
+    "cache_dir": (os.environ.get("BYTEGRAPH_CACHE_DIR")
+                  or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+                                  "bytegraph"),
+                  (str,), "where the persistent cache lives (BYTEGRAPH_CACHE_DIR)"),
     "debug_function": (_env_names("BYTEGRAPH_DEBUG_FUNCTION"), (list, tuple),
                        "compile only frames of functions with these names (BYTEGRAPH_DEBUG_FUNCTION=a,b); "
                        "empty: every frame"),

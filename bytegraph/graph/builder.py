@@ -44,6 +44,7 @@ class GraphBuilder:
         self.state_root = torch.nn.Module()   # holds parameters and buffers for get_attr
         self._state_names = {}        # id(tensor) -> attribute name on state_root
         self._state_fakes = {}        # id(tensor) -> its fake (the tensor is kept alive by state_root)
+        self.state_sources = {}       # attribute name on state_root -> (source, is a parameter)
         self._last_placeholder = None
         self._names = set()
 
@@ -126,6 +127,7 @@ class GraphBuilder:
         if name is None:
             name = self._unique(_identifier(source.name()))
             self._state_names[id(tensor)] = name
+            self.state_sources[name] = (source, is_parameter)
             if is_parameter:
                 self.state_root.register_parameter(name, tensor)
             else:

@@ -15,6 +15,7 @@ from ..residual import routing_globals, writes_globals
 from ..stacks import CUT_FROM, frame_summary, function_entry
 from ..trace.blocks import ReplayError
 from ..trace.tracer import frame_params, trace_frame
+from . import persist
 from .cache import CacheEntry
 from .signature import _signature_parts
 
@@ -96,8 +97,11 @@ class _Compile:
         """Guards, logs and records for a traced frame; the cache entry."""
         if tx.graph.shapes.has_symbols:
             tx.guards.add(SHAPE_ENV, None, tx.graph.shapes)
-        guard, explain, guard_source = self.guards(tx.guards, run)
-        guards = list(tx.guards)
+        return self.entry_from(tx.guards, run, source, gm, break_reason, user_stack, hint)
+
+    def entry_from(self, guard_set, run, source, gm, break_reason=None, user_stack=(), hint=None):
+        guard, explain, guard_source = self.guards(guard_set, run)
+        guards = list(guard_set)
         if logs.enabled("guards"):
             log_guards.debug("GUARDS %s\n%s", self.name, "\n".join(f"  - {g.describe()}" for g in guards))
         if logs.enabled("output_code"):
@@ -121,6 +125,9 @@ def compile_frame(fn, frame_args, compiler, cache=None):
         code = fn.__code__
         log_bytecode.debug("ORIGINAL BYTECODE %s %s:%s\n%s", c.name, code.co_filename,
                            code.co_firstlineno, dis.Bytecode(code).dis())
+    loaded = persist.load(c, values)
+    if loaded is not None:
+        return c.entry_from(*loaded)
     try:
         return _whole_frame(c, c.trace(values))
     except Unsupported as e:
@@ -161,7 +168,9 @@ def _whole_frame(c, result):
         if not e.user_stack:   # the returned value cannot be rebuilt: point at the return
             e.user_stack = [frame_summary(c.fn.__code__, result.frame.current)]
         raise
-    return c.entry(tx, run, source, gm)
+    entry = c.entry(tx, run, source, gm)
+    persist.save(c.fn, c.compiler, tx, entry, tx.graph, gm)
+    return entry
 
 
 def _split_at_break(c, values, err):

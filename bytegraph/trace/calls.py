@@ -24,6 +24,7 @@ from ..values.base import (BoundMethodValue, ConstantValue, DictValue, ExitValue
 from ..residual import has_hooks
 from ..values.builder import CONSTANT_TYPES, wrap
 from . import attrs, blocks, generators, operators, ops, protocols
+from .basics import note_process_local
 from .exceptions import PythonError, make_exception
 from .frame import inline_call
 from .hooks import call_with_hooks
@@ -278,6 +279,10 @@ def fold(frame, fn, args, kwargs, what=None):
         if getattr(fn, "__module__", None) in ("_operator", "operator") and has_tensor(args):
             return operators.graph_op(frame, fn, args, kwargs)
         raise Unsupported(f"{name}() on non-constant arguments ({', '.join(attrs.describe(a) for a in args)})")
+    if fn is hash or fn is id:
+        frame.tx.process_local += 1
+    for a in cargs:
+        note_process_local(frame.tx, a)
     try:
         result = fn(*cargs, **ckwargs)
     except Exception as e:

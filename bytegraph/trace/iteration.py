@@ -10,6 +10,7 @@ from ..values.base import (ConstantValue, DictValue, DictViewValue, IteratorValu
 from ..values.builder import wrap
 from . import attrs, generators, protocols
 from .exceptions import PythonError
+from .basics import note_process_local
 from .operators import getitem
 
 
@@ -26,6 +27,7 @@ def iterate(frame, v):
     if isinstance(v, DictViewValue):
         return v.materialize()
     if isinstance(v, ConstantValue):
+        note_process_local(frame.tx, v.value)
         try:
             return [ConstantValue(x) for x in v.value]
         except TypeError as e:
