@@ -37,6 +37,8 @@ import torch  # noqa: E402
 import bytegraph  # noqa: E402
 from bytegraph.demo.models import GPTConfig, TinyGPT  # noqa: E402
 
+bytegraph.config.persistent_cache = False   # measure compiles, not loads from an earlier run's cache
+
 
 def make_model(layers, device):
     torch.manual_seed(0)
