@@ -21,6 +21,8 @@ import torch._dynamo
 import bytegraph
 from bytegraph.testing import same
 
+bytegraph.config.persistent_cache = False   # measure compiles, not loads from an earlier run's cache
+
 # The engine under test provides these two (see _use_engine): a graph break and
 # a disabled helper. bytegraph.graph_break is an empty Python function that
 # Dynamo would trace straight through, and vice versa.

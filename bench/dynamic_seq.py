@@ -16,6 +16,8 @@ import bytegraph  # noqa: E402
 from bytegraph.demo.models import GPTConfig, TinyGPT  # noqa: E402
 from bytegraph.testing import CompileCounter  # noqa: E402
 
+bytegraph.config.persistent_cache = False   # measure compiles, not loads from an earlier run's cache
+
 LENGTHS = (16, 32, 48, 64, 80)
 
 

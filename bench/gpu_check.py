@@ -14,6 +14,8 @@ sys.path.insert(0, ".")
 import bytegraph  # noqa: E402
 from bytegraph.demo.models import MLP, GPTConfig, TinyGPT  # noqa: E402
 
+bytegraph.config.persistent_cache = False   # measure compiles, not loads from an earlier run's cache
+
 
 def timed(fn, n=50):
     for _ in range(5):

@@ -19,6 +19,8 @@ import torch.nn.functional as F
 sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
 import bytegraph  # noqa: E402
 
+bytegraph.config.persistent_cache = False   # measure compiles, not loads from an earlier run's cache
+
 
 class Block(nn.Module):
     def __init__(self, d, heads):

@@ -27,6 +27,8 @@ import torch._dynamo  # noqa: E402  (the reference)
 
 import bytegraph  # noqa: E402
 
+bytegraph.config.persistent_cache = False   # measure compiles, not loads from an earlier run's cache
+
 
 def traced(func):
     @functools.wraps(func)

@@ -46,7 +46,8 @@ def compile(model=None, *, fullgraph=False, dynamic=None, backend="inductor",
         if disable:
             return target
         compiler = Compiler(compiler_fn, backend_name=_backend_name(backend),
-                            fullgraph=fullgraph, dynamic=dynamic)
+                            fullgraph=fullgraph, dynamic=dynamic,
+                            backend_spec=(backend, mode, options) if isinstance(backend, str) else None)
         if isinstance(target, torch.nn.Module):
             return OptimizedModule(target, compiler)
         return compile_callable(target, compiler)

@@ -9,7 +9,7 @@ import os
 from .errors import ConfigError
 
 LOG_TOPICS = ("graph", "guards", "bytecode", "output_code", "recompiles", "graph_breaks", "trace", "cudagraphs",
-              "minifier")
+              "minifier", "cache")
 
 
 def _env_topics():
@@ -84,6 +84,19 @@ _SETTINGS = {
                        "allow symbolic sizes at all (BYTEGRAPH_DYNAMIC_SHAPES=0 turns them off)"),
     "trace_numpy": (os.environ.get("BYTEGRAPH_TRACE_NUMPY", "1") != "0", (bool,),
                     "trace NumPy code as tensor code (BYTEGRAPH_TRACE_NUMPY=0 runs NumPy natively at graph breaks)"),
+    "reuse_traced_blocks": (os.environ.get("BYTEGRAPH_REUSE_BLOCKS", "1") != "0", (bool,),
+                            "trace a module's forward once and copy that trace for other modules of its class "
+                            "called alike (BYTEGRAPH_REUSE_BLOCKS=0 turns it off; the graphs are the same)"),
+    "regional_compile": (os.environ.get("BYTEGRAPH_REGIONAL_COMPILE", "1") != "0", (bool,),
+                         "inductor compiles a graph with repeated blocks block by block, each distinct block once "
+                         "(BYTEGRAPH_REGIONAL_COMPILE=0: the whole graph at once)"),
+    "persistent_cache": (os.environ.get("BYTEGRAPH_PERSISTENT_CACHE", "1") != "0", (bool,),
+                         "save compiled frames on disk and load them in later processes "
+                         "(BYTEGRAPH_PERSISTENT_CACHE=0 turns it off)"),
+    "cache_dir": (os.environ.get("BYTEGRAPH_CACHE_DIR")
+                  or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+                                  "bytegraph"),
+                  (str,), "where the persistent cache lives (BYTEGRAPH_CACHE_DIR)"),
     "debug_function": (_env_names("BYTEGRAPH_DEBUG_FUNCTION"), (list, tuple),
                        "compile only frames of functions with these names (BYTEGRAPH_DEBUG_FUNCTION=a,b); "
                        "empty: every frame"),

@@ -138,7 +138,7 @@ class FrameDump:
     # --- files ----------------------------------------------------------------------------
     def write(self, name, text, what):
         with open(os.path.join(self.path, name), "w", encoding="utf-8") as f:
-            f.write(text)
+            f.write(str(text))   # guard source is written lazily (guards.builder.GuardText)
         self.info["files"][name] = what
 
     def save(self):

@@ -16,7 +16,7 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 from torch._subclasses.fake_tensor import (
-    DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode,
+    DataDependentOutputException, DynamicOutputShapeException, FakeTensor, FakeTensorMode,
 )
 
 from ..errors import Unsupported
@@ -60,6 +60,8 @@ class GraphBuilder:
         self.inputs = []              # GraphInput, in placeholder order
         self.state_root = torch.nn.Module()   # holds parameters and buffers for get_attr
         self._state_names = {}        # id(tensor) -> attribute name on state_root
+        self._state_fakes = {}        # id(tensor) -> its fake (the tensor is kept alive by state_root)
+        self.state_sources = {}       # attribute name on state_root -> (source, is a parameter)
         self._last_placeholder = None
         self._names = set()
         # node -> why it may not be used by another node: a tensor whose requires_grad the trace
@@ -164,14 +166,32 @@ class GraphBuilder:
         if name is None:
             name = self._unique(_identifier(source.name()))
             self._state_names[id(tensor)] = name
+            self.state_sources[name] = (source, is_parameter)
             if is_parameter:
                 self.state_root.register_parameter(name, tensor)
             else:
                 self.state_root.register_buffer(name, tensor)
         node = self.graph.get_attr(name)
-        fake = self.fake(tensor)
+        fake = self._state_fakes.get(id(tensor))
+        if fake is None:
+            fake = self._state_fakes[id(tensor)] = self._state_fake(tensor)
         node.meta["example_value"] = fake
         return TensorValue(node, fake, source, cls=type(tensor))
+
+    def _state_fake(self, tensor):
+        """The fake of a parameter or buffer: made straight from a meta tensor when it is a plain
+        dense tensor owning its storage (from_tensor costs ~30x more; deep models have hundreds)."""
+        if type(tensor) in (torch.Tensor, torch.nn.Parameter) and tensor.layout == torch.strided \
+                and not tensor.is_quantized and tensor.device.type != "meta":
+            meta = _meta_like(tuple(tensor.shape), tensor.stride(), tensor.storage_offset(), tensor.dtype,
+                              tensor.element_size(), tensor.untyped_storage().nbytes())
+            if meta is not None:
+                if tensor.requires_grad:
+                    meta.requires_grad_(True)
+                # Each its own storage: state tensors sharing one are rare, and what fakes
+                # tell the trace (shapes, dtypes) does not depend on it.
+                return FakeTensor(self.fake_mode, meta, tensor.device)
+        return self.fake(tensor)
 
     def _unique(self, base):
         name, i = base, 1
@@ -229,6 +249,94 @@ class GraphBuilder:
     def keep_unchanged(self, value, reason):
         """No op of this graph may change ``value``'s storage any more (an in-place op breaks)."""
         self.no_mutation[value.fake.untyped_storage()._cdata] = reason
+    def replay_node(self, template, nmap):
+        """A copy of ``template`` (a call node made earlier in this graph) over the nodes
+        ``nmap`` maps its inputs to, its fake result computed again (trace.blocks)."""
+        args = fx.node.map_arg(template.args, nmap.__getitem__)
+        kwargs = fx.node.map_arg(template.kwargs, nmap.__getitem__)
+        fake_args = fx.node.map_arg(args, _example)
+        fake_kwargs = fx.node.map_arg(kwargs, _example)
+        target = template.target
+        t0 = time.perf_counter()
+        try:
+            fresh = self._fresh_result(template, kwargs, nmap)
+            if fresh is not None:
+                result = fresh
+            elif target is operator.getitem and isinstance(fake_args[0], (tuple, list)):
+                result = fake_args[0][fake_args[1]]
+            else:
+                with self.fake_mode:
+                    if template.op == "call_method":
+                        result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
+                    else:
+                        result = target(*fake_args, **fake_kwargs)
+        finally:
+            self.fake_seconds += time.perf_counter() - t0
+        node = self.graph.create_node(template.op, target, args, kwargs)
+        if "example_value" in template.meta:
+            node.meta["example_value"] = result
+        return node
+
+    def _fresh_result(self, template, kwargs, nmap):
+        """For a copied node whose template produced tensors that need no autograd history
+        (nothing required grad): new fake tensors of the same metadata, made straight from meta
+        tensors (running the op on fakes costs ~10-50x more); an output that was a view of an
+        input is made over the storage of that input's copy. None when the op must run
+        (in-place ops, gradients, symbolic sizes, outputs sharing a new buffer...)."""
+        example = template.meta.get("example_value")
+        if example is None or _mutates(template.target) or "out" in kwargs or kwargs.get("inplace") is True:
+            return None
+        if isinstance(example, torch.Tensor):
+            outputs = [example]
+        elif type(example) in (tuple, list) and example and all(isinstance(t, torch.Tensor) for t in example):
+            outputs = list(example)
+        else:
+            return None
+        inputs = {}   # storage of a template input -> the fake of that input's copy
+        for n in template.all_input_nodes:
+            _input_storages(n.meta.get("example_value"), nmap[n].meta.get("example_value"), inputs)
+        seen = set()
+        items = []
+        for t in outputs:
+            key = t.untyped_storage()._cdata
+            if key in inputs:
+                item = self._alias_tensor(t, inputs[key])
+            elif key in seen:
+                return None
+            else:
+                seen.add(key)
+                item = self._fresh_tensor(t)
+            if item is None:
+                return None
+            items.append(item)
+        return items[0] if isinstance(example, torch.Tensor) else type(example)(items)
+
+    def _plain_enough(self, t):
+        return type(t) is FakeTensor and not t.requires_grad and t.grad_fn is None \
+            and t.layout == torch.strided and getattr(t, "constant", None) is None
+
+    def _fresh_tensor(self, t):
+        if not self._plain_enough(t):
+            return None
+        meta = _meta_like(t.shape, t.stride(), t.storage_offset(), t.dtype, t.element_size(),
+                          t.untyped_storage().nbytes())
+        return None if meta is None else FakeTensor(self.fake_mode, meta, t.device)
+
+    def _alias_tensor(self, t, base):
+        """A fake with ``t``'s layout over the storage of ``base`` (the copy of the input ``t``
+        viewed in the template)."""
+        if not self._plain_enough(t) or not self._plain_enough(base) or base.dtype != t.dtype:
+            return None
+        shape, stride, offset = t.shape, t.stride(), t.storage_offset()
+        if not all(type(n) is int for n in shape) or not all(type(n) is int for n in stride) \
+                or type(offset) is not int:
+            return None
+        try:
+            with torch._C._DisableTorchDispatch():
+                meta = torch.Tensor.as_strided(base, shape, stride, offset)
+        except Exception:
+            return None
+        return FakeTensor(self.fake_mode, meta, t.device)
 
     def wrap_result(self, node, result, fake_args, fake_kwargs, args, kwargs):
         if isinstance(result, torch.Tensor):
@@ -273,6 +381,35 @@ class GraphBuilder:
         gm = fx.GraphModule(self.state_root, self.graph)
         gm.graph.lint()
         return gm
+
+
+def _input_storages(template, copy, out):
+    """storage of each tensor in ``template`` -> the tensor at the same place in ``copy``."""
+    if isinstance(template, torch.Tensor):
+        if isinstance(copy, torch.Tensor):
+            out.setdefault(template.untyped_storage()._cdata, copy)
+    elif isinstance(template, (tuple, list)) and isinstance(copy, (tuple, list)) and len(copy) == len(template):
+        for t, c in zip(template, copy):
+            _input_storages(t, c, out)
+
+
+def _meta_like(shape, stride, offset, dtype, itemsize, nbytes):
+    """A meta tensor with this layout over a storage of ``nbytes`` (static sizes only), or None."""
+    if not all(type(n) is int for n in shape) or not all(type(n) is int for n in stride) \
+            or type(offset) is not int or type(nbytes) is not int or nbytes % itemsize:
+        return None
+    numel = 1
+    for n in shape:
+        numel *= n
+    span = (sum((n - 1) * st for n, st in zip(shape, stride)) + 1) * itemsize if numel else 0
+    if offset == 0 and span == nbytes:
+        return torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype, device="meta")
+    # A view of a larger buffer (linear's output over its matmul, a slice of a mask): same layout.
+    return torch.empty((nbytes // itemsize,), dtype=dtype, device="meta").as_strided(shape, stride, offset)
+
+
+def _example(node):
+    return node.meta["example_value"]
 
 
 def _data_dependent(what, exc, backward):

@@ -11,12 +11,15 @@ arguments:
 """
 import builtins
 import linecache
+from collections import UserString
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch.nn.modules import module as _mm
 
-from .sources import GlobalSource, ObjectSource, Source
+from . import coverage, stamps
+from .sources import GlobalSource, ModuleEntrySource, ObjectSource, Source
 
 # Guard kinds, in the order their checks are emitted.
 GLOBAL_STATE = "GLOBAL_STATE"
@@ -35,6 +38,7 @@ STORAGE_SHARED = "STORAGE_SHARED"   # two tensor inputs of a graph that mutates:
 MISSING_ATTR = "MISSING_ATTR"   # the object had no attribute ``expected`` (hasattr, except AttributeError)
 NDARRAY_MATCH = "NDARRAY_MATCH"   # an np.ndarray traced as a tensor: exact type, dtype, shape, strides, writeable
 ARRAYS_APART = "ARRAYS_APART"   # an array and another array or tensor a mutating graph reads do not overlap in memory
+GLOBAL_HOOKS = "GLOBAL_HOOKS"   # no global module hooks (a submodule's call was traced without them)
 
 
 class TensorMeta:
@@ -111,9 +115,12 @@ class Guard:
     expected: object        # what the trace saw
     detail: str = ""        # for GLOBAL_STATE: which piece of state
     dynamic_dims: tuple = ()  # for TENSOR_MATCH: dims whose size is symbolic (checked by shape guards)
+    meta: object = None       # for ID_MATCH of a tensor: its TensorMeta when the guard was made
 
     def describe(self):
         where = self.source.name() if self.source is not None else self.detail
+        if self.kind == GLOBAL_HOOKS:
+            return "no global module hooks"
         if self.kind == TENSOR_MATCH:
             t = self.expected
             size = [("*" if d in self.dynamic_dims else n) for d, n in enumerate(t.shape)]
@@ -155,11 +162,20 @@ class GuardSet:
 
     def __init__(self):
         self._guards = {}
+        self.objects = {}   # source -> object read there (values.builder.wrap), for guards.coverage
+        self.epoch = stamps.EPOCH[0]   # the module epoch when the trace began
+        self.recorders = []   # trace.blocks recorders listening to guards and wraps
+        self.in_wrap = 0      # >0 while values.builder.wrap runs (its guards come with it)
 
     def add(self, kind, source, expected, detail="", dynamic_dims=()):
+        if self.recorders and not self.in_wrap:
+            # trace.blocks records what a module's forward added, to add it again for a copy.
+            for r in self.recorders:
+                r.on_guard(kind, source, expected, detail, dynamic_dims)
         key = (kind, source, detail)
         if key not in self._guards:
-            self._guards[key] = Guard(kind, source, expected, detail, tuple(dynamic_dims))
+            meta = TensorMeta(expected) if kind == ID_MATCH and isinstance(expected, torch.Tensor) else None
+            self._guards[key] = Guard(kind, source, expected, detail, tuple(dynamic_dims), meta)
 
     def __iter__(self):
         return iter(self._guards.values())
@@ -199,6 +215,7 @@ class _Emitter:
             "_autocast_enabled": torch.is_autocast_enabled,
             "_inference_mode": torch.is_inference_mode_enabled,
             "_default_device": default_device, "_ndarray": np.ndarray, "_memory_apart": memory_apart,
+            "_mm": _mm,
         }
         self._consts = {}
         self.uses = {}
@@ -209,9 +226,19 @@ class _Emitter:
                 s = s.base_source
         self.names = {}
         self.assignments = []
+        self.prefix = "_v"
+
+    def fork(self, guards, prefix):
+        """An emitter for another function over the same namespace and constants (its shared
+        sub-expressions get names of their own)."""
+        other = _Emitter(guards)
+        other.ns = self.ns
+        other._consts = self._consts
+        other.prefix = prefix
+        return other
 
     def const(self, value):
-        key = id(value)
+        key = ("device", str(value)) if isinstance(value, torch.device) else id(value)
         if key not in self._consts:
             name = f"_c{len(self._consts)}"
             self._consts[key] = name
@@ -225,7 +252,7 @@ class _Emitter:
             self.ns[source.expr()] = source.obj
         text = source.expr_over(self.render)
         if self.uses.get(source, 0) > 1 and source.base_source is not None:
-            name = f"_v{len(self.names)}"
+            name = f"{self.prefix}{len(self.names)}"
             self.names[source] = name
             self.assignments.append(f"{name} = {text}")
             return name
@@ -240,6 +267,10 @@ class _Emitter:
         """[(condition code, failure message f-string code)] for one guard."""
         if g.kind == SHAPE_ENV:
             return [(cond, f"f'symbolic shape guard failed: {desc}'") for cond, desc in g.expected.guards(self.render)]
+        if g.kind == GLOBAL_HOOKS:
+            return [("not (_mm._global_forward_hooks or _mm._global_forward_pre_hooks or "
+                     "_mm._global_backward_hooks or _mm._global_backward_pre_hooks)",
+                     "f'a global module hook is registered now; it was not traced'")]
         if g.kind == GLOBAL_STATE:
             expr, value = g.expected
             c = self.const(value)
@@ -248,8 +279,19 @@ class _Emitter:
         who = g.source.name()
         if g.kind == ID_MATCH:
             c = self.const(g.expected)
-            return [(f"{e} is {c}", f"f'{who} is a different object than when compiled ({_short(g.expected)})'")]
+            out = [(f"{e} is {c}", f"f'{who} is a different object than when compiled ({_short(g.expected)})'")]
+            if isinstance(g.source, ModuleEntrySource) and isinstance(g.expected, torch.Tensor):
+                # Module state keeps its identity through .to()/.half()/requires_grad_(): check
+                # what the graph was built for too (its data may change freely).
+                out += self._state_checks(c, who, g.meta)
+            return out
         if g.kind == TYPE_MATCH:
+            plain = stamps.PLAIN.get(g.expected, g.expected)
+            if plain in stamps.STAMPED_FOR:
+                # A module's table is a plain dict or the stamped one standing for it.
+                c = self.const((plain, stamps.STAMPED_FOR[plain]))
+                return [(f"type({e}) in {c}",
+                         f"f'type of {who} changed: expected {plain.__qualname__}, got {{type({e}).__qualname__}}'")]
             c = self.const(g.expected)
             return [(f"type({e}) is {c}",
                      f"f'type of {who} changed: expected {g.expected.__qualname__}, got {{type({e}).__qualname__}}'")]
@@ -306,8 +348,9 @@ class _Emitter:
                      f"f'{who} and {g.expected.name()} did not overlap in memory when compiled (the graph changes "
                      f"arrays in place), now they may'")]
         if g.kind == NO_HOOKS:
-            return [(f"not ({e}._forward_hooks or {e}._forward_pre_hooks)",
-                     f"f'{who} has forward hooks now; they were not traced'")]
+            return [(f"not ({e}._forward_hooks or {e}._forward_pre_hooks or {e}._backward_hooks "
+                     f"or {e}._backward_pre_hooks)",
+                     f"f'{who} has hooks now; they were not traced'")]
         if g.kind == MISSING_ATTR:
             return [(f"not hasattr({e}, {g.expected!r})", f"f'{who}.{g.expected} exists now'")]
         if g.kind == LENGTH_MATCH:
@@ -318,6 +361,13 @@ class _Emitter:
         if g.kind == TENSOR_MATCH:
             return self._tensor_checks(e, who, g.expected)
         raise AssertionError(g.kind)
+
+    def _state_checks(self, c, who, t):
+        return [(f"{c}.dtype is {self.const(t.dtype)} and {c}.device == {self.const(t.device)} and "
+                 f"{c}.requires_grad is {t.requires_grad} and {c}.shape == {t.shape!r}",
+                 f"f'{who} changed since compiled: expected {t.dtype} {t.device} size={list(t.shape)} "
+                 f"requires_grad={t.requires_grad}, got {{{c}.dtype}} {{{c}.device}} size={{list({c}.shape)}} "
+                 f"requires_grad={{{c}.requires_grad}}'")]
 
     def _tensor_checks(self, e, who, t):
         out = [(f"type({e}) is {self.const(t.cls)}",
@@ -340,19 +390,10 @@ def _triple(message):
     return message
 
 
-def compile_guards(guards, params, fn_globals, name="guard", hit=True):
-    """Generate (check, explain, source_text) for a GuardSet over ``params``.
-
-    ``check`` returns ``hit`` (what the cache entry runs) when every guard holds, else None,
-    so a dispatch loop gets the function to call from the one call that checks.
-    """
-    em = _Emitter(guards)
-    em.ns["G"] = fn_globals
-    em.ns["__hit"] = hit
+def _lines(em, ordered):
+    """(check lines, explain lines) for guards already in emission order."""
     check_lines = []
     explain_lines = []
-    # Global state first (cheap), shape relations last (they read sizes of guarded tensors).
-    ordered = sorted(guards, key=lambda g: (g.kind != GLOBAL_STATE) + 2 * (g.kind == SHAPE_ENV))
     for g in ordered:
         before = len(em.assignments)
         result = em.checks(g)
@@ -393,32 +434,136 @@ def compile_guards(guards, params, fn_globals, name="guard", hit=True):
             check_lines.append(f"if not ({' and '.join(conds)}): return None")
             for c, m in result:
                 explain_lines.append(f"if not ({c}): return {_triple(m)}")
+    return check_lines, explain_lines
+
+
+def _order(guards):
+    # Global state first (cheap), shape relations last (they read sizes of guarded tensors).
+    return sorted(guards, key=lambda g: (g.kind != GLOBAL_STATE) + 2 * (g.kind == SHAPE_ENV))
+
+
+def compile_guards(guards, params, fn_globals, name="guard", hit=True):
+    """Generate (check, explain, source_text) for a GuardSet over ``params``.
+
+    ``check`` returns ``hit`` (what the cache entry runs) when every guard holds, else None,
+    so a dispatch loop gets the function to call from the one call that checks.
+
+    Guards the module stamp covers (``guards.coverage``) go into a second function,
+    ``deep_<name>``, that ``check`` calls only when ``stamps.EPOCH`` moved since the entry last
+    passed it; each watched module's class is checked there too.
+    """
+    every, covered, modules = coverage.partition(guards)
+    em = _Emitter(every)
+    em.ns["G"] = fn_globals
+    em.ns["__hit"] = hit
+    check_lines, explain_lines = _lines(em, _order(every))
     sig = ", ".join(params)
     src = [f"def {name}({sig}):", "    try:"]
     src += [f"        {line}" for line in check_lines]
+    if covered:
+        src += ["        __e = __EPOCH[0]",
+                "        if __e != __seen[0]:",
+                f"            if __detail('deep_{name}')({sig}) is None: return None",
+                "            if __rewatch(__watched): __seen[0] = __e"]
     src += ["    except Exception:", "        return None", "    return __hit", ""]
-    src += [f"def explain_{name}({sig}):", "    try:"]
-    src += [f"        {line}" for line in explain_lines]
-    src += ["    except Exception as e:",
-            "        return f'guard raised {type(e).__name__}: {e}'",
-            "    return None", ""]
+    classes = [type(m) for m in modules]   # as compiled (the text below is written later)
+    ordered = _order(list(guards))
     observed = [g for g in ordered if g.kind in (TENSOR_MATCH, NDARRAY_MATCH) or (
         g.kind == CONSTANT_MATCH and type(g.expected) is int)]
-    src += [f"def observe_{name}({sig}):", "    out = []"]
-    for g in observed:
-        e = g.source.expr_over(em.render_plain)
-        value = f"tuple({e}.shape)" if g.kind in (TENSOR_MATCH, NDARRAY_MATCH) else e
-        src += ["    try:", f"        out.append({value})", "    except Exception:", "        out.append(None)"]
-    src += ["    return out", ""]
+
+    def detail_source():
+        # The detailed checks (run when the module epoch moved), the explain and observe
+        # functions (run on a miss) are long on deep models and rarely needed: written and
+        # compiled on first use.
+        deep_check, deep_explain = [], []
+        if covered:
+            dem = em.fork(covered, prefix="_d")
+            deep_check, deep_explain = _lines(dem, _order(covered))
+            for m, cls in zip(modules, classes):
+                c, t = em.const(m), em.const(cls)
+                deep_check.append(f"if type({c}) is not {t}: return None")
+                deep_explain.append(f"if type({c}) is not {t}: return "
+                                    f"f'class of a module changed: {cls.__qualname__} -> "
+                                    f"{{type({c}).__qualname__}}'")
+        detail = [f"def observe_{name}({sig}):", "    out = []"]
+        for g in observed:
+            e = g.source.expr_over(em.render_plain)
+            value = f"tuple({e}.shape)" if g.kind in (TENSOR_MATCH, NDARRAY_MATCH) else e
+            detail += ["    try:", f"        out.append({value})", "    except Exception:", "        out.append(None)"]
+        detail += ["    return out", ""]
+        if covered:
+            detail += [f"def deep_{name}({sig}):"]
+            detail += [f"    {line}" for line in deep_check]
+            detail += ["    return True", ""]
+        detail += [f"def explain_{name}({sig}):", "    try:"]
+        detail += [f"        {line}" for line in explain_lines + deep_explain]
+        detail += ["    except Exception as e:",
+                   "        return f'guard raised {type(e).__name__}: {e}'",
+                   "    return None", ""]
+        return "\n".join(detail)
+
+    ns = em.ns
+    ns["__detail"] = lazy = _LazyDetail(ns, detail_source, f"<bytegraph {name} detail>")
+    if covered:
+        ns["__EPOCH"] = stamps.EPOCH
+        # The epoch this entry last passed its detailed checks at: the trace read the modules
+        # after it started, so they held then.
+        ns["__seen"] = [guards.epoch]
+        ns["__watched"] = tuple(modules)
+        ns["__rewatch"] = stamps.rewatch
     text = "\n".join(src)
     filename = f"<bytegraph {name}>"
     linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
-    exec(compile(text, filename, "exec"), em.ns)
-    check = em.ns[name]
+    exec(compile(text, filename, "exec"), ns)
+    check = ns[name]
     # What automatic dynamic shapes compares on a miss: current sizes and ints at these sources.
-    check.observe = em.ns[f"observe_{name}"]
+    check.observe = _detail_caller(lazy, f"observe_{name}")
     check.observed = observed
-    return check, em.ns[f"explain_{name}"], text
+    check.covered = len(covered)
+    explain = _detail_caller(lazy, f"explain_{name}")
+    return check, explain, GuardText(lambda: text + "\n" + lazy.text())
+
+
+class GuardText(UserString):
+    """Guard source text, written when first read (a deep model's detailed checks are long)."""
+
+    def __init__(self, make):
+        self._make = make
+        self._data = None
+
+    @property
+    def data(self):
+        if self._data is None:
+            self._data = self._make()
+        return self._data
+
+
+class _LazyDetail:
+    """Writes and compiles the detail source into the guard's namespace when first needed."""
+
+    def __init__(self, ns, make_source, filename):
+        self.ns, self.make_source, self.filename = ns, make_source, filename
+        self._text = None
+
+    def text(self):
+        if self._text is None:
+            self._text = self.make_source()
+        return self._text
+
+    def __call__(self, name):
+        fn = self.ns.get(name)
+        if fn is None:
+            text = self.text()
+            linecache.cache[self.filename] = (len(text), None, text.splitlines(True), self.filename)
+            exec(compile(text, self.filename, "exec"), self.ns)
+            fn = self.ns[name]
+        return fn
+
+
+def _detail_caller(detail, name):
+    def call_detail(*args):
+        return detail(name)(*args)
+    return call_detail
 
 
 def global_names(guards):

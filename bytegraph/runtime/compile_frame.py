@@ -17,7 +17,9 @@ from ..codegen.breaks import RESUME_INFO, generate_break, plan_break
 from ..codegen.transformed import generate
 from ..residual import routing_globals, writes_globals
 from ..stacks import CUT_FROM, frame_summary, function_entry
+from ..trace.blocks import ReplayError
 from ..trace.tracer import frame_params, trace_frame
+from . import persist
 from .cache import CacheEntry
 from .signature import _signature_parts
 
@@ -55,7 +57,13 @@ class _Compile:
     def trace(self, values, stop_before=None):
         t0 = time.perf_counter()
         try:
-            result = trace_frame(self.fn, values, self.compiler, stop_before=stop_before, cache=self.cache)
+            try:
+                result = trace_frame(self.fn, values, self.compiler, stop_before=stop_before, cache=self.cache)
+            except ReplayError as e:
+                # Copying a traced block failed half-way (trace/blocks.py): trace it all.
+                log_breaks.debug("tracing %s again without copying traced blocks: %s", self.name, e)
+                result = trace_frame(self.fn, values, self.compiler, stop_before=stop_before, cache=self.cache,
+                                     reuse_blocks=False)
         except Unsupported:
             self.time("bytecode tracing", time.perf_counter() - t0)
             raise
@@ -110,8 +118,11 @@ class _Compile:
         """Guards, logs and records for a traced frame; the cache entry."""
         if tx.graph.shapes.has_symbols:
             tx.guards.add(SHAPE_ENV, None, tx.graph.shapes)
-        guard, explain, guard_source = self.guards(tx.guards, run)
-        guards = list(tx.guards)
+        return self.entry_from(tx.guards, run, source, gm, break_reason, user_stack, hint)
+
+    def entry_from(self, guard_set, run, source, gm, break_reason=None, user_stack=(), hint=None):
+        guard, explain, guard_source = self.guards(guard_set, run)
+        guards = list(guard_set)
         if logs.enabled("guards"):
             log_guards.debug("GUARDS %s\n%s", self.name, "\n".join(f"  - {g.describe()}" for g in guards))
         if logs.enabled("output_code"):
@@ -148,6 +159,9 @@ def _compile(c, fn, frame_args, compiler):
         code = fn.__code__
         log_bytecode.debug("ORIGINAL BYTECODE %s %s:%s\n%s", c.name, code.co_filename,
                            code.co_firstlineno, dis.Bytecode(code).dis())
+    loaded = persist.load(c, values)
+    if loaded is not None:
+        return c.entry_from(*loaded)
     try:
         return _whole_frame(c, c.trace(values))
     except Unsupported as e:
@@ -190,7 +204,9 @@ def _whole_frame(c, result):
         if not e.user_stack:   # the returned value cannot be rebuilt: point at the return
             e.user_stack = [frame_summary(c.fn.__code__, result.frame.current)]
         raise
-    return c.entry(tx, run, source, gm)
+    entry = c.entry(tx, run, source, gm)
+    persist.save(c.fn, c.compiler, tx, entry, tx.graph, gm)
+    return entry
 
 
 def _split_at_break(c, values, err):

@@ -27,9 +27,11 @@ log_recompiles = logs.get_logger("recompiles")
 class Compiler:
     """What one ``bytegraph.compile(...)`` call compiles with, and its caches."""
 
-    def __init__(self, compiler_fn, backend_name, fullgraph, dynamic):
+    def __init__(self, compiler_fn, backend_name, fullgraph, dynamic, backend_spec=None):
         self.compiler_fn = compiler_fn
         self.backend_name = backend_name
+        # (name, mode, options) when the backend was named: compiles the persistent cache may keep
+        self.backend_spec = backend_spec
         self.fullgraph = fullgraph
         self.dynamic = dynamic
         self.caches = {}           # code object (or (code, id(globals))) -> CodeCache

@@ -6,6 +6,7 @@ import torch
 
 from ..errors import Unsupported
 from ..guards import builder as g
+from ..guards import stamps
 from ..guards.builder import MISSING_ATTR
 from ..guards.sources import AttrSource, ItemSource, ModuleEntrySource
 from ..values.base import (BoundMethodValue, ConstantValue, ContextManagerValue, DictValue,
@@ -340,8 +341,12 @@ def _object_attr(frame, v, name):
     inst_dict = getattr(obj, "__dict__", None)
     if inst_dict is not None and name in inst_dict:
         value = inst_dict[name]
-        if _is_torch_nn_module(obj) and name != "training" and isinstance(value, CONSTANT_TYPES + (tuple,)):
-            # Settings of torch's own layers are fixed once built; the module's identity covers them.
+        if _is_torch_nn_module(obj) and name != "training" and isinstance(value, CONSTANT_TYPES + (tuple,)) \
+                and not stamps.watchable(obj):
+            # Settings of torch's own layers are taken as fixed once built when the module cannot
+            # be watched; otherwise they are guarded like any attribute, at no cost per call
+            # (guards.stamps: checked only after the module changed).
+            tx.unguarded_reads += 1
             return wrap(tx, value, None)
         return wrap(tx, value, asrc)
     if isinstance(obj, torch.nn.Module):

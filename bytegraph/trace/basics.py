@@ -168,3 +168,19 @@ def constant_value(result):
     if isinstance(result, (torch.finfo, torch.iinfo, type)):
         return ObjectValue(result)
     return ConstantValue(result)
+
+
+def _hash_seeded(x, depth=0):
+    """Does ``x``'s hash depend on the process (PYTHONHASHSEED: str and bytes)?"""
+    if isinstance(x, (str, bytes)):
+        return True
+    if isinstance(x, (tuple, frozenset)) and depth < 4:
+        return any(_hash_seeded(i, depth + 1) for i in x)
+    return not isinstance(x, (int, float, bool, complex, type(None)))
+
+
+def note_process_local(tx, value):
+    """The trace relies on ``value`` in a way another process may not see alike: the order of a
+    set of strings (hash seeds differ). Such a trace is not saved to the persistent cache."""
+    if isinstance(value, (set, frozenset)) and any(_hash_seeded(x) for x in value):
+        tx.process_local += 1

@@ -15,7 +15,7 @@ import torch
 
 from .. import control
 from ..errors import Unsupported
-from ..guards.builder import NO_HOOKS
+from ..guards.builder import GLOBAL_HOOKS, NO_HOOKS
 from ..guards.sources import AttrSource, DefaultSource, ItemSource
 from ..values.base import (BoundMethodValue, ConstantValue, DictValue, ExitValue, FunctionValue,
                            IteratorValue, MethodOfValue, ObjectValue, PartialValue, RealCell,
@@ -24,7 +24,8 @@ from ..values.base import (BoundMethodValue, ConstantValue, DictValue, ExitValue
 from ..residual import has_hooks
 from ..values.builder import CONSTANT_TYPES, wrap
 from ..values.arrays import NdarrayMethodValue
-from . import attrs, generators, numpy_calls, operators, ops, protocols
+from . import attrs, blocks, generators, numpy_calls, operators, ops, protocols
+from .basics import note_process_local
 from .exceptions import PythonError, make_exception, raise_new
 from .frame import inline_call
 from .basics import type_name
@@ -180,10 +181,16 @@ def call_module(frame, mv, args, kwargs):
         return call_with_hooks(frame, mv, args, kwargs, lambda a, k: _call_forward(frame, mv, a, k))
     if mv.source is not None:
         frame.tx.guards.add(NO_HOOKS, mv.source, None)
+    frame.tx.guards.add(GLOBAL_HOOKS, None, None)
     return _call_forward(frame, mv, args, kwargs)
 
 
 def _call_forward(frame, mv, args, kwargs):
+    # A forward traced before for a module of the same class may be copied (trace/blocks.py).
+    return blocks.call_forward(frame, mv, args, kwargs, lambda: _trace_forward(frame, mv, args, kwargs))
+
+
+def _trace_forward(frame, mv, args, kwargs):
     m = mv.obj
     forward = m.__dict__.get("forward")
     if forward is not None:
@@ -293,6 +300,10 @@ def fold(frame, fn, args, kwargs, what=None, hold=None):
         if getattr(fn, "__module__", None) in ("_operator", "operator") and has_tensor(args):
             return operators.graph_op(frame, fn, args, kwargs)
         raise Unsupported(f"{name}() on non-constant arguments ({', '.join(attrs.describe(a) for a in args)})")
+    if fn is hash or fn is id:
+        frame.tx.process_local += 1
+    for a in cargs:
+        note_process_local(frame.tx, a)
     try:
         result = fn(*cargs, **ckwargs)
     except Exception as e:

@@ -45,6 +45,16 @@ class TraceContext:
         # copies): writing to either is refused (trace/numpy_calls.py).
         self.reversed_bases = set()
         self.reversed_copies = set()
+        # trace.blocks: forwards traced once and copied for other modules of their class.
+        self.reuse_blocks = True
+        self.block_templates = {}      # module class -> [Template]
+        self.blocks_replayed = 0
+        self.in_block = False          # a recorded or copied forward is being traced
+        self.unguarded_reads = 0       # reads of per-instance state taken without a guard
+        # runtime.persist: code objects run by the trace (-> their module's name), and facts
+        # true in this process only (set order of strings, lru_cache results, hash()).
+        self.inlined_codes = {}
+        self.process_local = 0
 
     def effect_count(self):
         """How many side effects the trace has recorded so far (to tell whether code made any)."""

@@ -201,6 +201,7 @@ def inline_call(parent, code, fn_globals, name, defaults, kwdefaults, closure, a
     if len(tx.frames) > MAX_INLINE_DEPTH:
         raise Unsupported(f"call depth over {MAX_INLINE_DEPTH} while inlining {name}() (recursion?)")
     local_values = bind_arguments(code, name, defaults, kwdefaults, args, kwargs)
+    tx.inlined_codes[code] = fn_globals.get("__name__")   # what the persistent cache fingerprints
     cells = dict(zip(code.co_freevars, closure))   # cellvars are made by MAKE_CELL
     frame = Frame(tx, code, fn_globals, local_values, cells, parent)
     if code.co_flags & inspect.CO_GENERATOR:

@@ -11,6 +11,7 @@ from ..values.builder import wrap
 from . import attrs, generators, numpy_calls, protocols
 from .basics import item_value
 from .exceptions import PythonError
+from .basics import note_process_local
 from .operators import getitem
 
 
@@ -27,6 +28,7 @@ def iterate(frame, v):
     if isinstance(v, DictViewValue):
         return v.materialize()
     if isinstance(v, ConstantValue):
+        note_process_local(frame.tx, v.value)
         try:
             return [item_value(x) for x in v.value]
         except TypeError as e:

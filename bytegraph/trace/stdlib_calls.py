@@ -36,6 +36,7 @@ def _call_memoized(frame, fv, args, kwargs):
     """
     def real(v):
         return v.obj if isinstance(v, ObjectValue) else operators.as_constant(v)
+    frame.tx.process_local += 1    # the cache's promise holds in this process only
     result = fv.obj(*[real(a) for a in args], **{k: real(v) for k, v in kwargs.items()})
     if isinstance(result, CONSTANT_TYPES) or (type(result) is tuple and all(
             isinstance(x, CONSTANT_TYPES) for x in result)):

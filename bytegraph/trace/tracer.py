@@ -38,7 +38,7 @@ def frame_params(code):
     return list(code.co_varnames[:n])
 
 
-def trace_frame(fn, frame_args, options, stop_before=None, cache=None):
+def trace_frame(fn, frame_args, options, stop_before=None, cache=None, reuse_blocks=True):
     """Run ``fn``'s bytecode symbolically on ``frame_args`` (values of its parameters, in order).
 
     With ``stop_before`` (an instruction index), tracing stops the first time the
@@ -48,6 +48,7 @@ def trace_frame(fn, frame_args, options, stop_before=None, cache=None):
     tx = TraceContext(options, fn.__globals__,
                       cache.auto_dynamic if cache is not None else None,
                       cache.auto_dynamic_scalars if cache is not None else None)
+    tx.reuse_blocks = reuse_blocks
     params = frame_params(code)
     state.tracing = True
     try:

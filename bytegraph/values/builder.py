@@ -17,6 +17,7 @@ import torch
 from ..config import config
 from ..errors import Unsupported
 from ..guards import builder as g
+from ..guards import stamps
 from ..guards.sources import AttrSource, ItemSource, ModuleEntrySource
 from ..residual import AutocastExit, GradModeExit
 from .arrays import unsupported_reason as array_unsupported_reason
@@ -46,6 +47,27 @@ def is_trusted_module(mod):
 
 def wrap(tx, obj, source):
     """The value for ``obj`` as read through ``source`` (None: no guard possible)."""
+    guards = tx.guards
+    if source is not None and not isinstance(obj, CONSTANT_TYPES):
+        guards.objects[source] = obj   # what guards.builder needs to tell module-owned state
+    if guards.recorders and source is not None and not guards.in_wrap:
+        # trace.blocks records each read of the world made by a module's forward.
+        memo = tx.memo.get(id(obj))
+        hit = memo is not None and memo[0] is obj and not isinstance(obj, CONSTANT_TYPES)
+        for r in guards.recorders:
+            r.before_wrap()
+        guards.in_wrap += 1
+        try:
+            value = _wrap_memo(tx, obj, source)
+        finally:
+            guards.in_wrap -= 1
+        for r in guards.recorders:
+            r.after_wrap(obj, source, value, hit)
+        return value
+    return _wrap_memo(tx, obj, source)
+
+
+def _wrap_memo(tx, obj, source):
     memo = tx.memo.get(id(obj))
     if memo is not None and memo[0] is obj and not isinstance(obj, CONSTANT_TYPES):
         value = memo[1]
@@ -110,12 +132,13 @@ def _wrap(tx, obj, source):
         _guard(tx, g.TYPE_MATCH, source, t)
         _guard(tx, g.LENGTH_MATCH, source, len(obj))
         return _existing(tx, ListValue([wrap(tx, x, _item(source, i)) for i, x in enumerate(obj)], source))
-    if t is dict or (isinstance(obj, dict) and t.__module__ == "collections"):
+    if t is dict or (isinstance(obj, dict) and (t.__module__ == "collections" or t in stamps.STAMPED)):
         if all(isinstance(k, (str, int)) for k in obj):
             _guard(tx, g.TYPE_MATCH, source, t)
             _guard(tx, g.DICT_KEYS, source, list(obj))
+            # A module's table watched by guards.stamps is traced as the dict it stands for.
             return _existing(tx, DictValue({k: wrap(tx, v, _item(source, k)) for k, v in obj.items()},
-                                           source, cls=t))
+                                           source, cls=stamps.PLAIN.get(t, t)))
     if t is set and all(type(x) in CONSTANT_TYPES for x in obj):
         # A set of constants is a constant the trace may change (a copy; the guard keeps a
         # snapshot of the contents seen here).

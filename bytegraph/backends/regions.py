@@ -1,0 +1,175 @@
+"""Regional compilation: compile a repeated block once and call it for every layer.
+
+The tracer copies the trace of a repeated block (``trace/blocks.py``) and tags the nodes of each
+outermost copy with ``node.meta["bytegraph_region"] = (template, instance)``. A backend whose
+compile time grows with the graph (Inductor) can then split the graph at those regions:
+
+* each region becomes a graph of its own whose inputs are the values it reads from earlier
+  nodes and the parameters and buffers it reads (its ``get_attr`` nodes, lifted to inputs so
+  that every layer can share one compiled function), and whose outputs are the values later
+  nodes read;
+* regions whose graphs are the same (same code once named alike, inputs of the same shapes,
+  strides, dtypes, devices and requires_grad) are compiled once;
+* the nodes between regions (embeddings, the final norm and head) form graphs of their own,
+  compiled once each;
+* an outer graph calls the compiled parts in order, passing each region its own parameters.
+
+Each part is compiled by the same backend on fake example inputs, so training works as for a
+whole graph (AOTAutograd per part, autograd across them). The result is the whole graph's,
+computed by the same kernels up to fusion across part boundaries.
+"""
+import operator
+
+import torch
+import torch.fx as fx
+
+from ..config import config
+
+REGION = "bytegraph_region"   # the node.meta key trace/blocks.py sets
+
+
+# A region smaller than this (call nodes) is left inside its neighbours: splitting a graph at
+# every repeated Linear would cost more in lost fusion than it saves in compile time.
+MIN_REGION_NODES = 8
+
+
+def _parts(gm):
+    """[(region tag or None, [nodes])] in graph order (placeholders and output left out): a
+    run of nodes of one instance of a block repeated at least twice, or the nodes between."""
+    sizes = {}
+    for n in gm.graph.nodes:
+        tag = n.meta.get(REGION)
+        if tag is not None and n.op in ("call_function", "call_method"):
+            sizes.setdefault(tag[0], {}).setdefault(tag[1], 0)
+            sizes[tag[0]][tag[1]] += 1
+    repeated = {t for t, instances in sizes.items()
+                if len(instances) > 1 and min(instances.values()) >= MIN_REGION_NODES}
+    parts = []
+    current = None
+    for n in gm.graph.nodes:
+        if n.op in ("placeholder", "output"):
+            continue
+        tag = n.meta.get(REGION)
+        if tag is not None and tag[0] not in repeated:
+            tag = None
+        if current is None or current[0] != tag:
+            current = (tag, [])
+            parts.append(current)
+        current[1].append(n)
+    return parts
+
+
+def _static(value):
+    if isinstance(value, torch.Tensor):
+        return all(type(s) is int for s in value.shape) and all(type(s) is int for s in value.stride())
+    return not isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def _meta(value):
+    if isinstance(value, torch.Tensor):
+        return ("T", tuple(value.shape), tuple(value.stride()), value.dtype, value.device, value.requires_grad)
+    return (type(value).__name__, value)
+
+
+class _Part:
+    """One piece of the split graph: its nodes, the outer nodes it reads, the nodes read after it."""
+
+    def __init__(self, tag, nodes):
+        self.tag = tag
+        self.nodes = nodes
+        members = set(nodes)
+        self.inputs = []          # outer nodes read, then this part's get_attr nodes (lifted)
+        seen = set()
+        for n in nodes:
+            if n.op == "get_attr":
+                continue
+            for a in n.all_input_nodes:
+                if a not in members and a not in seen:
+                    seen.add(a)
+                    self.inputs.append(a)
+        self.lifted = [n for n in nodes if n.op == "get_attr"]
+        self.inputs += self.lifted
+        self.outputs = [n for n in nodes if n.op != "get_attr" and any(u not in members for u in n.users)]
+        self.gm = None
+        self.signature = None
+
+    def build(self, root):
+        """The part as a GraphModule over its inputs (named in0, in1...), and its signature."""
+        g = fx.Graph()
+        env = {}
+        for i, a in enumerate(self.inputs):
+            p = g.placeholder(f"in{i}")
+            p.meta["example_value"] = a.meta.get("example_value")
+            env[a] = p
+        for n in self.nodes:
+            if n.op == "get_attr":
+                continue
+            new = g.create_node(n.op, n.target, fx.node.map_arg(n.args, env.__getitem__),
+                                fx.node.map_arg(n.kwargs, env.__getitem__))
+            new.meta = dict(n.meta)
+            new.meta.pop(REGION, None)
+            env[n] = new
+        g.output(tuple(env[n] for n in self.outputs))
+        self.gm = fx.GraphModule(root, g)
+        self.examples = [a.meta.get("example_value") for a in self.inputs]
+        self.signature = (self.gm.code, tuple(_meta(e) for e in self.examples))
+        return self
+
+
+def _part_caller(compiled):
+    # A function of this module: the outer graph's code names it as a global of its own
+    # (a target from torch's modules would be spelled as an import path).
+    def run_part(*args):
+        return compiled(*args)
+    return run_part
+
+
+def compile_by_regions(gm, example_inputs, compile_part):
+    """``gm`` split at its repeated regions, each distinct part compiled once with
+    ``compile_part(part_gm, fake_example_inputs)`` (a callable returning the part's outputs in
+    order); the callable running them all, or None when ``gm`` has no region repeated (or
+    cannot be split: symbolic sizes, inputs without fake values)."""
+    if not config.regional_compile:
+        return None
+    parts = [_Part(tag, nodes) for tag, nodes in _parts(gm)]
+    if not any(p.tag is not None for p in parts):
+        return None
+    for n in gm.graph.nodes:
+        value = n.meta.get("example_value")
+        if n.op != "output" and not all(_static(v) for v in (value if isinstance(value, (tuple, list)) else [value])
+                                        if v is not None):
+            return None    # symbolic sizes: compiled whole
+    for p in parts:
+        if any(a.meta.get("example_value") is None for a in p.inputs):
+            return None
+    compiled = {}     # signature -> compiled callable
+    outer = fx.Graph()
+    env = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for n in placeholders:
+        env[n] = outer.placeholder(n.name)
+        env[n].meta = dict(n.meta)
+    for p in parts:
+        if all(n.op == "get_attr" for n in p.nodes) or not p.outputs:
+            # Only reads of state, or nothing read later (an in-place update): run as it is.
+            for n in p.nodes:
+                env[n] = outer.node_copy(n, lambda a: outer.get_attr(a.target) if a.op == "get_attr"
+                                         and a not in env else env[a])
+            continue
+        p.build(gm)
+        fn = compiled.get(p.signature)
+        if fn is None:
+            fn = compiled[p.signature] = _part_caller(compile_part(p.gm, list(p.examples)))
+        args = [outer.get_attr(a.target) if a.op == "get_attr" else env[a] for a in p.inputs]
+        call = outer.call_function(fn, tuple(args))
+        for i, out in enumerate(p.outputs):
+            env[out] = outer.call_function(operator.getitem, (call, i))
+            env[out].meta = dict(out.meta)
+    out_node = gm.graph.output_node()
+    outer.output(fx.node.map_arg(out_node.args[0], env.__getitem__))
+    outer_gm = fx.GraphModule(gm, outer)
+    outer_gm.meta["bytegraph_parts"] = len(compiled)
+    return outer_gm
+
+
+__all__ = ["compile_by_regions", "REGION"]

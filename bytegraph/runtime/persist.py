@@ -1,0 +1,741 @@
+"""The persistent cache: compiled frames saved on disk and used again by a later process.
+
+What is saved (one file per cache entry, under ``config.cache_dir``/<frame key>/):
+
+* the **guards**, in a portable form: sources as data; an identity guard on a module as "a
+  module of this class", on a parameter or buffer as "a tensor of this dtype/device/shape/
+  requires_grad", on anything else (functions, classes, modules) as a reference pickle must
+  give back the very same object in any process; other guards with their expected values;
+* the **graph**: its nodes (targets by reference), the source of each placeholder and of each
+  parameter or buffer it reads;
+* the **transformed function**'s Python source and the objects it names (by reference);
+* **fingerprints** of the code it ran: every code object the trace ran (the hash of its source
+  file; for functions reachable by their qualified name, the hash of the code found there now).
+
+The frame key covers the function's code, the Python, torch and bytegraph versions (bytegraph
+as a hash of its own source files), the backend (by name, with its mode and options) and the
+settings that change what is traced. On a miss, before tracing, ``load`` tries the saved
+entries of the frame: it reads every source on the new call's arguments, checks the portable
+guards (class of each module, metadata of each parameter, identity of referenced objects),
+then builds guards with this process's objects, rebuilds the graph over this process's
+parameters, compiles it with the backend (Inductor then hits its own FX graph cache) and
+makes the transformed function. Any check that fails, any file that cannot be read, is of
+another format, or was written by other versions is passed over (logged under the ``cache``
+topic); the frame is then traced as usual.
+
+Saved only: frames traced whole (no graph break, no eager fallback) by a named backend, with
+static shapes, whose every guard, graph target and named object is portable, and whose trace
+relied on nothing true in this process only (``tx.process_local``: set order of strings,
+``lru_cache`` results, ``hash()``; ``tx.unguarded_reads``). Writes go to a temporary file
+renamed into place, so concurrent writers and readers never see half a file.
+"""
+import hashlib
+import linecache
+import os
+import pickle
+import re
+import sys
+import tempfile
+import types
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+from ..config import config
+from ..debug import logs
+from ..guards import builder as g
+from ..guards import stamps
+from ..guards.stamps import EPOCH
+from ..guards.sources import (AttrSource, BuiltinSource, ClosureSource, DefaultSource, GlobalSource, ItemSource,
+                              LocalSource, ModuleEntrySource, ObjectSource)
+
+FORMAT = 2
+log = logs.get_logger("cache")
+_SUFFIX = ".bgentry"
+
+
+class NotPortable(Exception):
+    """Something in a compiled frame cannot be carried to another process."""
+
+
+# --- fingerprints ---------------------------------------------------------------------------
+
+_package_hash = [None]
+_file_hashes = {}     # path -> (mtime_ns, size, sha256)
+
+
+def _bytegraph_hash():
+    if _package_hash[0] is None:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        h = hashlib.sha256()
+        for dirpath, dirnames, filenames in sorted(os.walk(root)):
+            dirnames.sort()
+            for name in sorted(filenames):
+                if name.endswith(".py"):
+                    path = os.path.join(dirpath, name)
+                    h.update(os.path.relpath(path, root).encode())
+                    with open(path, "rb") as f:
+                        h.update(f.read())
+        _package_hash[0] = h.hexdigest()
+    return _package_hash[0]
+
+
+def _file_hash(path):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    known = _file_hashes.get(path)
+    if known is not None and known[0] == st.st_mtime_ns and known[1] == st.st_size:
+        return known[2]
+    with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    _file_hashes[path] = (st.st_mtime_ns, st.st_size, digest)
+    return digest
+
+
+def _code_hash(code):
+    """A hash of what a code object does (marshal's bytes depend on reference counts)."""
+    h = hashlib.sha256()
+    _hash_code(code, h)
+    return h.hexdigest()
+
+
+def _hash_code(code, h):
+    h.update(repr((code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags,
+                   code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars, code.co_qualname,
+                   code.co_firstlineno)).encode())
+    h.update(code.co_code)
+    h.update(code.co_exceptiontable)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _hash_code(const, h)
+        else:
+            h.update(type(const).__name__.encode())
+            h.update(repr(const).encode())
+
+
+_LIBRARY_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (torch, os))
+
+
+def _code_fingerprints(codes):
+    """[(filename, file hash, module, qualname, code hash)] for the code objects a trace ran
+    (library code is covered by the versions in the key)."""
+    out = []
+    for code, module in codes.items():
+        filename = code.co_filename
+        if os.path.abspath(filename).startswith(_LIBRARY_DIRS):
+            continue
+        digest = _file_hash(filename)
+        if digest is None:
+            raise NotPortable(f"{code.co_qualname} has no source file ({filename})")
+        out.append((filename, digest, module, code.co_qualname, _code_hash(code)))
+    return out
+
+
+def _find_code(module, qualname):
+    """The code of the function ``module.qualname`` names now, or None."""
+    if module is None or "<" in qualname:
+        return None
+    obj = sys.modules.get(module)
+    for part in qualname.split("."):
+        if obj is None:
+            return None
+        obj = (obj.__dict__.get(part) if isinstance(obj, type) else getattr(obj, part, None))
+    for attr in ("__func__", "fget"):
+        obj = getattr(obj, attr, obj) if isinstance(obj, (staticmethod, classmethod, property)) else obj
+    return getattr(obj, "__code__", None)
+
+
+def _fingerprints_hold(prints):
+    for filename, digest, module, qualname, code_hash in prints:
+        if _file_hash(filename) != digest:
+            return f"{filename} changed"
+        code = _find_code(module, qualname)
+        if code is not None and code.co_qualname == qualname and code.co_filename == filename \
+                and _code_hash(code) != code_hash:
+            return f"{module}.{qualname} is other code now"
+    return None
+
+
+def frame_key(fn, compiler):
+    """The key of ``fn``'s frames under ``compiler``, or None when they are not saved."""
+    if compiler.backend_spec is None:
+        return None
+    name, mode, options = compiler.backend_spec
+    try:
+        spec = repr((name, mode, sorted((options or {}).items())))
+    except TypeError:
+        return None
+    code = fn.__code__
+    parts = (FORMAT, sys.version, torch.__version__, _bytegraph_hash(), fn.__module__, code.co_qualname,
+             code.co_filename, _code_hash(code), spec, compiler.fullgraph, compiler.dynamic,
+             config.dynamic_shapes)
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
+
+
+# --- portable forms ---------------------------------------------------------------------------
+
+def _ref(obj):
+    """``obj`` named for another process: a module by its name, anything else pickled by
+    reference; checked to come back as the very same object."""
+    if isinstance(obj, types.ModuleType):
+        name = getattr(obj, "__name__", None)
+        if isinstance(name, str) and sys.modules.get(name) is obj:
+            return ("module", name)
+        raise NotPortable(f"module {obj!r} is not importable by its name")
+    try:
+        data = pickle.dumps(obj, protocol=4)
+        back = pickle.loads(data)
+    except Exception as e:
+        raise NotPortable(f"{type(obj).__name__} {obj!r} cannot be named in another process ({e})") from None
+    if back is not obj:
+        raise NotPortable(f"{type(obj).__name__} {obj!r} is not the same object when loaded")
+    return ("pickle", data)
+
+
+def _deref(ref):
+    kind, data = ref
+    if kind == "module":
+        module = sys.modules.get(data)
+        if module is None:
+            raise NotPortable(f"module {data} is not imported")
+        return module
+    return pickle.loads(data)
+
+
+def _value(v):
+    """A constant pickled by value, checked to come back equal and of the same type."""
+    try:
+        data = pickle.dumps(v, protocol=4)
+        back = pickle.loads(data)
+    except Exception as e:
+        raise NotPortable(f"{type(v).__name__} value cannot be saved ({e})") from None
+    if type(back) is not type(v) or not (back == v or (back != back and v != v)):
+        raise NotPortable(f"{type(v).__name__} value does not come back equal")
+    return data
+
+
+def _source_out(s):
+    if isinstance(s, LocalSource):
+        return ("local", s.local)
+    if isinstance(s, GlobalSource):
+        return ("global", s.global_name)
+    if isinstance(s, BuiltinSource):
+        return ("builtin", s.builtin_name)
+    if isinstance(s, ClosureSource):
+        return ("closure", s.index, s.var)
+    if isinstance(s, AttrSource):
+        return ("attr", _source_out(s.base), s.attr)
+    if isinstance(s, ModuleEntrySource):
+        return ("entry", _source_out(s.base), s.table, s.key)
+    if isinstance(s, ItemSource):
+        _value(s.index)
+        return ("item", _source_out(s.base), s.index)
+    if isinstance(s, DefaultSource):
+        return ("default", _source_out(s.base), s.index, s.kw)
+    if isinstance(s, ObjectSource):
+        module = _globals_module(s.obj)
+        if module is None:
+            raise NotPortable(f"source {s.name()} is not portable")
+        return ("globals_of", module, s.label)
+    raise NotPortable(f"source {type(s).__name__} is not portable")
+
+
+def _globals_module(obj):
+    if isinstance(obj, dict):
+        name = obj.get("__name__")
+        module = sys.modules.get(name) if isinstance(name, str) else None
+        if module is not None and module.__dict__ is obj:
+            return name
+    return None
+
+
+def _source_in(t):
+    kind = t[0]
+    if kind == "local":
+        return LocalSource(t[1])
+    if kind == "global":
+        return GlobalSource(t[1])
+    if kind == "builtin":
+        return BuiltinSource(t[1])
+    if kind == "closure":
+        return ClosureSource(t[1], t[2])
+    if kind == "attr":
+        return AttrSource(_source_in(t[1]), t[2])
+    if kind == "entry":
+        return ModuleEntrySource(_source_in(t[1]), t[2], t[3])
+    if kind == "item":
+        return ItemSource(_source_in(t[1]), t[2])
+    if kind == "default":
+        return DefaultSource(_source_in(t[1]), t[2], t[3])
+    if kind == "globals_of":
+        module = sys.modules.get(t[1])
+        if module is None:
+            raise NotPortable(f"module {t[1]} is not imported")
+        return ObjectSource(module.__dict__, t[2])
+    raise NotPortable(f"unknown source kind {kind!r}")
+
+
+def _meta_out(t):
+    return (_ref(type(t)), str(t.dtype), str(t.device), tuple(t.shape), tuple(t.stride()), t.requires_grad)
+
+
+def _meta_matches(obj, saved):
+    cls, dtype, device, shape, stride, requires_grad = saved
+    return (isinstance(obj, torch.Tensor) and type(obj) is _deref(cls) and str(obj.dtype) == dtype
+            and str(obj.device) == device and tuple(obj.shape) == shape and tuple(obj.stride()) == stride
+            and obj.requires_grad == requires_grad)
+
+
+def _guard_out(guard):
+    kind, source, expected = guard.kind, guard.source, guard.expected
+    src = _source_out(source) if source is not None else None
+    if kind == g.ID_MATCH:
+        if expected is None:
+            exp = ("none",)
+        elif isinstance(expected, torch.nn.Module):
+            exp = ("module", _ref(type(expected)))
+        elif isinstance(expected, torch.Tensor):
+            exp = ("tensor", _meta_out(expected))
+        elif isinstance(expected, types.CodeType):
+            exp = ("code", _code_hash(expected))
+        else:
+            exp = ("ref", _ref(expected))
+    elif kind == g.TYPE_MATCH:
+        exp = ("ref", _ref(expected))
+    elif kind in (g.CONSTANT_MATCH, g.GLOBAL_STATE, g.LENGTH_MATCH, g.MISSING_ATTR, g.STATE_MATCH):
+        exp = ("value", _value(expected))
+    elif kind == g.DICT_KEYS:
+        exp = ("value", _value(list(expected)))
+    elif kind == g.TENSOR_MATCH:
+        if guard.dynamic_dims:
+            raise NotPortable("symbolic sizes")
+        t = expected
+        exp = ("tensor_meta", (_ref(t.cls), str(t.dtype), str(t.device), t.shape, t.stride, t.requires_grad,
+                               t.contiguous))
+    elif kind in (g.ALIAS, g.NOT_ALIAS):
+        exp = ("source", _source_out(expected))
+    elif kind == g.STORAGE_SHARED:
+        exp = ("storage", _source_out(expected[0]), bool(expected[1]))
+    elif kind in (g.NO_HOOKS, g.GLOBAL_HOOKS):
+        exp = ("none",)
+    else:
+        raise NotPortable(f"{kind} guards are not portable")
+    return (kind, src, exp, guard.detail)
+
+
+class _NodeRef:
+    """A graph node named in a saved node's arguments."""
+    __slots__ = ("name",)
+
+    def __init__(self, name):
+        self.name = name
+
+    def __reduce__(self):
+        return (_NodeRef, (self.name,))
+
+
+def _graph_out(gm, builder):
+    nodes = []
+    for n in gm.graph.nodes:
+        args = fx.node.map_arg(n.args, lambda a: _NodeRef(a.name))
+        kwargs = fx.node.map_arg(n.kwargs, lambda a: _NodeRef(a.name))
+        if n.op == "call_function":
+            target = ("ref", _ref(n.target))
+        else:
+            target = ("name", n.target)
+        try:
+            data = pickle.dumps((args, kwargs), protocol=4)
+        except Exception as e:
+            raise NotPortable(f"arguments of {n.name} cannot be saved ({e})") from None
+        nodes.append((n.op, n.name, target, data, n.meta.get("bytegraph_region")))
+    inputs = [_source_out(i.source) for i in builder.inputs]
+    state = {name: (_source_out(src), is_param) for name, (src, is_param) in builder.state_sources.items()}
+    return {"nodes": nodes, "inputs": inputs, "state": state}
+
+
+_SKIP_NAMES = {"__builtins__", "G", "torch", "__compiled_fn"}
+
+
+def _namespace_out(run):
+    out = {}
+    for name, obj in run.__globals__.items():
+        if name in _SKIP_NAMES or obj is run:
+            continue
+        module = _globals_module(obj)
+        if module is not None:
+            out[name] = ("globals_of", module)
+        elif isinstance(obj, (int, float, str, bytes, bool, type(None), tuple, frozenset, torch.dtype, torch.device)):
+            out[name] = ("value", _value(obj))
+        else:
+            out[name] = ("ref", _ref(obj))
+    return out
+
+
+# --- saving -------------------------------------------------------------------------------
+
+def save(fn, compiler, tx, entry, builder, graph):
+    """Write ``entry`` (a whole frame just compiled) to the cache, if it can be carried."""
+    if not config.persistent_cache:
+        return
+    key = frame_key(fn, compiler)
+    if key is None:
+        return
+    try:
+        if tx.process_local or tx.unguarded_reads:
+            raise NotPortable("the trace relied on facts true in this process only")
+        if tx.graph.shapes.has_symbols:
+            raise NotPortable("symbolic sizes")
+        codes = dict(tx.inlined_codes)
+        codes[fn.__code__] = fn.__module__
+        record = {
+            "format": FORMAT, "key": key, "python": sys.version, "torch": torch.__version__,
+            "bytegraph": _bytegraph_hash(),
+            "name": fn.__qualname__,
+            "guards": [_guard_out(gd) for gd in entry.guards],
+            "graph": _graph_out(graph, builder) if graph is not None else None,
+            "transformed": (entry.run.__name__, entry.transformed_source, _namespace_out(entry.run)),
+            "fingerprints": _code_fingerprints(codes),
+        }
+        data = pickle.dumps(record, protocol=4)
+    except NotPortable as e:
+        log.debug("not saving %s to the persistent cache: %s", fn.__qualname__, e)
+        return
+    except Exception as e:   # never fail a compile because of the cache
+        log.debug("not saving %s to the persistent cache: %s: %s", fn.__qualname__, type(e).__name__, e)
+        return
+    directory = os.path.join(config.cache_dir, key)
+    path = os.path.join(directory, hashlib.sha256(data).hexdigest()[:32] + _SUFFIX)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        if os.path.exists(path):
+            return
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=_SUFFIX)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)   # atomic: readers see the whole file or none
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+    except OSError as e:
+        log.debug("cannot write the persistent cache at %s: %s", directory, e)
+        return
+    _loaded.setdefault((config.cache_dir, key), {})[path] = record
+    log.debug("saved %s to %s", fn.__qualname__, path)
+
+
+# --- loading ------------------------------------------------------------------------------
+
+_loaded = {}     # (cache dir, key) -> {path: record or None}: files read in this process
+
+
+def _records(key):
+    known = _loaded.setdefault((config.cache_dir, key), {})
+    directory = os.path.join(config.cache_dir, key)
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    for name in sorted(names):
+        if not name.endswith(_SUFFIX) or name.startswith(".tmp-"):
+            continue
+        path = os.path.join(directory, name)
+        if path in known:
+            continue
+        try:
+            with open(path, "rb") as f:
+                record = pickle.load(f)
+            if not isinstance(record, dict) or record.get("format") != FORMAT:
+                raise ValueError("not an entry of this format")
+        except Exception as e:
+            log.debug("ignoring unreadable persistent cache file %s: %s: %s", path, type(e).__name__, e)
+            known[path] = None
+            continue
+        if (record.get("key"), record.get("python"), record.get("torch"), record.get("bytegraph")) != \
+                (key, sys.version, torch.__version__, _bytegraph_hash()):
+            log.debug("ignoring stale persistent cache file %s", path)
+            known[path] = None
+            continue
+        known[path] = record
+    return [r for r in known.values() if r is not None]
+
+
+class _Resolver:
+    """Reads sources on one call's arguments."""
+
+    def __init__(self, fn, params, values):
+        self.fn = fn
+        self.locals = dict(zip(params, values))
+        self.memo = {}
+
+    def __call__(self, s):
+        if s in self.memo:
+            return self.memo[s]
+        if isinstance(s, LocalSource):
+            obj = self.locals[s.local]
+        elif isinstance(s, GlobalSource):
+            obj = self.fn.__globals__[s.global_name]
+        elif isinstance(s, BuiltinSource):
+            obj = __builtins__[s.builtin_name] if isinstance(__builtins__, dict) else getattr(__builtins__,
+                                                                                              s.builtin_name)
+        elif isinstance(s, ClosureSource):
+            obj = self.fn.__closure__[s.index].cell_contents
+        elif isinstance(s, AttrSource):
+            obj = getattr(self(s.base), s.attr)
+        elif isinstance(s, ModuleEntrySource):
+            obj = self(s.base).__dict__[s.table][s.key]
+        elif isinstance(s, ItemSource):
+            obj = self(s.base)[s.index]
+        elif isinstance(s, DefaultSource):
+            base = self(s.base)
+            obj = base.__kwdefaults__[s.index] if s.kw else base.__defaults__[s.index]
+        elif isinstance(s, ObjectSource):
+            obj = s.obj
+        else:
+            raise NotPortable(f"cannot read {s.name()}")
+        self.memo[s] = obj
+        return obj
+
+
+def load(c, values):
+    """(guards, run, transformed source, graph) for this call from the persistent cache, or None."""
+    if not config.persistent_cache:
+        return None
+    fn = c.fn
+    key = frame_key(fn, c.compiler)
+    if key is None:
+        return None
+    for record in _records(key):
+        try:
+            entry = _instantiate(c, values, record)
+        except NotPortable as e:
+            log.debug("a saved entry of %s does not apply: %s", fn.__qualname__, e)
+            continue
+        except Exception as e:
+            log.debug("a saved entry of %s cannot be used: %s: %s", fn.__qualname__, type(e).__name__, e)
+            continue
+        if entry is not None:
+            log.debug("%s loaded from the persistent cache", fn.__qualname__)
+            return entry
+    return None
+
+
+def _closure_args(fn):
+    return (fn.__closure__,) if fn.__code__.co_freevars else ()
+
+
+def _instantiate(c, values, record):
+    """(guards, run, transformed source, graph) for this call from a saved record."""
+    fn = c.fn
+    why = _fingerprints_hold(record["fingerprints"])
+    if why is not None:
+        raise NotPortable(why)
+    resolve = _Resolver(fn, c.params, values)
+    guards = g.GuardSet()
+    guards.epoch = -1     # the first check runs the detailed guards too
+    for kind, src, exp, detail in record["guards"]:
+        source = _source_in(src) if src is not None else None
+        expected = _expected_in(kind, source, exp, resolve)
+        if source is not None:
+            try:
+                obj = resolve(source)
+            except Exception:
+                pass
+            else:
+                if not isinstance(obj, (int, float, str, bool, type(None))):
+                    guards.objects[source] = obj
+        guards.add(kind, source, expected, detail)
+    for guard in guards:
+        if not _holds(guard, resolve):
+            raise NotPortable(f"guard fails: {guard.describe()}")
+    # The graph over this process's parameters, compiled by the backend.
+    ns = {"G": fn.__globals__, "torch": torch}
+    gm = None
+    if record["graph"] is not None:
+        gm, example_inputs = _graph_in(record["graph"], resolve)
+        if c.compiler.backend_name != "eager":
+            _propagate_fakes(gm, example_inputs)
+        ns["__compiled_fn"] = c.compile_graph(gm, example_inputs)
+    name, source, names = record["transformed"]
+    for nm, (kind, data) in names.items():
+        if kind == "globals_of":
+            module = sys.modules.get(data)
+            if module is None:
+                raise NotPortable(f"module {data} is not imported")
+            ns[nm] = module.__dict__
+        elif kind == "ref":
+            ns[nm] = _deref(data)
+        else:
+            ns[nm] = pickle.loads(data)
+    new_name = c.transformed_name()
+    source = re.sub(rf"^def {re.escape(name)}\(", f"def {new_name}(", source, count=1)
+    filename = f"<bytegraph {new_name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), ns)
+    guards.epoch = EPOCH[0]   # checked just now
+    return guards, ns[new_name], source, gm
+
+
+def _holds(guard, resolve):
+    """Does ``guard`` hold on this call (read through ``resolve``)? Identity guards were checked
+    as they were read back (``_expected_in``)."""
+    kind = guard.kind
+    if kind == g.GLOBAL_STATE:
+        now = {detail: value for detail, _, value in g.global_state_snapshot()}
+        return now.get(guard.detail, object()) == guard.expected[1]
+    if kind == g.GLOBAL_HOOKS:
+        return not stamps.global_hooks()
+    if kind == g.ID_MATCH:
+        return True
+    try:
+        obj = resolve(guard.source)
+    except AttributeError:
+        return kind == g.MISSING_ATTR
+    except Exception:
+        return False
+    expected = guard.expected
+    if kind == g.TYPE_MATCH:
+        plain = stamps.PLAIN.get(type(obj), type(obj))
+        return type(obj) is expected or plain is stamps.PLAIN.get(expected, expected)
+    if kind == g.CONSTANT_MATCH:
+        return type(obj) is type(expected) and (obj == expected) is True
+    if kind == g.LENGTH_MATCH:
+        return len(obj) == expected
+    if kind == g.DICT_KEYS:
+        return list(obj) == list(expected)
+    if kind == g.NO_HOOKS:
+        return not (obj._forward_hooks or obj._forward_pre_hooks or obj._backward_hooks or obj._backward_pre_hooks)
+    if kind == g.MISSING_ATTR:
+        return not hasattr(obj, expected)
+    if kind in (g.ALIAS, g.NOT_ALIAS):
+        return (obj is resolve(expected)) == (kind == g.ALIAS)
+    if kind == g.STATE_MATCH:
+        return obj.__dict__ == expected
+    if kind == g.STORAGE_SHARED:
+        other, shared = expected
+        return (obj.untyped_storage().data_ptr() == resolve(other).untyped_storage().data_ptr()) == shared
+    if kind == g.TENSOR_MATCH:
+        t = expected
+        return (type(obj) is t.cls and obj.dtype == t.dtype and obj.device == t.device
+                and tuple(obj.shape) == t.shape and tuple(obj.stride()) == t.stride
+                and obj.requires_grad == t.requires_grad)
+    return False
+
+
+def _expected_in(kind, source, exp, resolve):
+    tag = exp[0]
+    if kind == g.ID_MATCH:
+        obj = resolve(source)
+        if tag == "none":
+            if obj is not None:
+                raise NotPortable(f"{source.name()} is not None")
+            return None
+        if tag == "module":
+            if type(obj) is not _deref(exp[1]):
+                raise NotPortable(f"{source.name()} is a {type(obj).__name__} now")
+            return obj
+        if tag == "tensor":
+            if not _meta_matches(obj, exp[1]):
+                raise NotPortable(f"{source.name()} is another kind of tensor now")
+            return obj
+        if tag == "code":
+            if not isinstance(obj, types.CodeType) or _code_hash(obj) != exp[1]:
+                raise NotPortable(f"{source.name()} is other code now")
+            return obj
+        return _deref(exp[1])
+    if tag == "ref":
+        return _deref(exp[1])
+    if tag == "value":
+        return pickle.loads(exp[1])
+    if tag == "tensor_meta":
+        cls, dtype, device, shape, stride, requires_grad, contiguous = exp[1]
+        meta = g.TensorMeta.__new__(g.TensorMeta)
+        meta.cls = _deref(cls)
+        meta.dtype = getattr(torch, dtype.split(".")[-1])
+        meta.device = torch.device(device)
+        meta.shape, meta.stride, meta.requires_grad, meta.contiguous = shape, stride, requires_grad, contiguous
+        return meta
+    if tag == "source":
+        return _source_in(exp[1])
+    if tag == "storage":
+        return (_source_in(exp[1]), exp[2])
+    if tag == "none":
+        return None
+    raise NotPortable(f"unknown guard form {tag!r}")
+
+
+def _graph_in(saved, resolve):
+    root = torch.nn.Module()
+    for name, (src, is_param) in saved["state"].items():
+        tensor = resolve(_source_in(src))
+        if is_param:
+            root.register_parameter(name, tensor)
+        else:
+            root.register_buffer(name, tensor)
+    graph = fx.Graph()
+    env = {}
+    for op, name, (tkind, tdata), data, region in saved["nodes"]:
+        target = _deref(tdata) if tkind == "ref" else tdata
+        args, kwargs = pickle.loads(data)
+        args = _map_refs(args, env)
+        kwargs = _map_refs(kwargs, env)
+        if op == "output":
+            env[name] = graph.output(args[0])
+        else:
+            node = graph.create_node(op, target, args, kwargs, name=name)
+            if node.name != name:
+                raise NotPortable("graph names do not come back")
+            if region is not None:
+                node.meta["bytegraph_region"] = region   # backends/regions.py splits there
+            env[name] = node
+    gm = fx.GraphModule(root, graph)
+    example_inputs = [resolve(_source_in(s)) for s in saved["inputs"]]
+    return gm, example_inputs
+
+
+def _map_refs(obj, env):
+    if isinstance(obj, _NodeRef):
+        return env[obj.name]
+    if isinstance(obj, tuple):
+        return tuple(_map_refs(x, env) for x in obj)
+    if isinstance(obj, list):
+        return [_map_refs(x, env) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _map_refs(v, env) for k, v in obj.items()}
+    if isinstance(obj, slice):
+        return slice(_map_refs(obj.start, env), _map_refs(obj.stop, env), _map_refs(obj.step, env))
+    return obj
+
+
+def _propagate_fakes(gm, example_inputs):
+    """Fake values on every node (backends read them: gradients' reach, regions)."""
+    mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=ShapeEnv())
+    env = {}
+    inputs = iter(example_inputs)
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            value = mode.from_tensor(next(inputs), static_shapes=True)
+        elif n.op == "get_attr":
+            value = mode.from_tensor(getattr(gm, n.target), static_shapes=True)
+        elif n.op == "output":
+            continue
+        else:
+            args = fx.node.map_arg(n.args, lambda a: env[a])
+            kwargs = fx.node.map_arg(n.kwargs, lambda a: env[a])
+            with mode:
+                if n.op == "call_method":
+                    value = getattr(args[0], n.target)(*args[1:], **kwargs)
+                else:
+                    value = n.target(*args, **kwargs)
+        env[n] = value
+        n.meta["example_value"] = value
+
+
+__all__ = ["save", "load", "frame_key"]

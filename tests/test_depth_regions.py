@@ -1,0 +1,119 @@
+"""Regional compilation (backends/regions.py): a graph with repeated blocks is split at them and
+each distinct block is compiled once; results and gradients are eager's."""
+import pytest
+import torch
+import torch.nn as nn
+
+import bytegraph
+from bytegraph.backends import regions
+from bytegraph.backends.aot import aot_eager
+from bytegraph.demo.models import GPTConfig, TinyGPT
+from helpers import assert_same
+
+
+def regional_backend(parts, outer):
+    """A backend splitting by regions, each part compiled with aot_eager (and recorded)."""
+    def part_compiler(gm, examples):
+        parts.append(gm)
+        return aot_eager(gm, examples)
+
+    def backend(gm, example_inputs):
+        split = regions.compile_by_regions(gm, example_inputs, part_compiler)
+        outer.append(split)
+        return (split or gm).forward
+    return backend
+
+
+def gpt(n_layer, **kw):
+    torch.manual_seed(0)
+    return TinyGPT(GPTConfig(n_layer=n_layer, n_embd=32, n_head=4, block_size=8, vocab_size=64, dropout=0.0, **kw))
+
+
+def test_repeated_blocks_compiled_once_with_eager_results_and_gradients():
+    model = gpt(5)
+    parts, outer = [], []
+    compiled = bytegraph.compile(model, backend=regional_backend(parts, outer))
+    x = torch.randint(0, 64, (2, 8))
+    out = compiled(x)
+    # Embeddings before, one block for all five, final norm and head after.
+    assert len(parts) == 3
+    assert outer[0].meta["bytegraph_parts"] == 3
+    assert outer[0].code.count("run_part_1(") == 5
+    expected = model(x)
+    assert_same(expected, out, atol=1e-5)
+    out.sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    expected.sum().backward()
+    for n, p in model.named_parameters():
+        assert torch.allclose(grads[n], p.grad, atol=1e-5), n
+
+
+def test_no_split_without_repeats_or_when_switched_off():
+    parts, outer = [], []
+    model = gpt(1)
+    compiled = bytegraph.compile(model, backend=regional_backend(parts, outer))
+    x = torch.randint(0, 64, (2, 8))
+    assert_same(model(x), compiled(x), atol=1e-5)
+    assert outer == [None] and parts == []
+    bytegraph.reset()
+    with bytegraph.config.patch(regional_compile=False):
+        model = gpt(3)
+        compiled = bytegraph.compile(model, backend=regional_backend(parts, outer))
+        assert_same(model(x), compiled(x), atol=1e-5)
+    assert outer[-1] is None
+
+
+class Wide(nn.Module):
+    def __init__(self, d_in, d_out):
+        super().__init__()
+        self.a = nn.Linear(d_in, d_out)
+        self.b = nn.Linear(d_out, d_out)
+        self.norm = nn.LayerNorm(d_out)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        h = torch.tanh(self.b(h)) * 0.5 + h
+        h = self.norm(h)
+        return torch.sigmoid(h) * h + h.mean(-1, keepdim=True)
+
+
+def test_blocks_of_other_shapes_are_compiled_apart():
+    model = nn.Sequential(Wide(8, 16), Wide(16, 16), Wide(16, 16), Wide(16, 24), Wide(24, 24))
+    parts, outer = [], []
+    compiled = bytegraph.compile(model, backend=regional_backend(parts, outer))
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        assert_same(model(x), compiled(x), atol=1e-5)
+    split = outer[0]
+    assert split is not None
+    # Wide(16,16) twice share one compile; the others differ in shapes.
+    assert split.meta["bytegraph_parts"] == len(parts) < 5
+
+
+def test_dynamic_shapes_compile_whole():
+    model = gpt(3)
+    parts, outer = [], []
+    compiled = bytegraph.compile(model, backend=regional_backend(parts, outer), dynamic=True)
+    x = torch.randint(0, 64, (2, 8))
+    assert_same(model(x), compiled(x), atol=1e-5)
+    assert outer == [None]
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_inductor_compiles_each_block_once(monkeypatch):
+    from bytegraph.backends import inductor as inductor_module
+    compiles = []
+    whole = inductor_module.inductor_whole
+
+    def counting(gm, examples, **kw):
+        compiles.append(gm)
+        return whole(gm, examples, **kw)
+
+    monkeypatch.setattr(inductor_module, "inductor_whole", counting)
+    model = gpt(4).eval()
+    compiled = bytegraph.compile(model, backend="inductor")
+    x = torch.randint(0, 64, (2, 8))
+    with torch.no_grad():
+        assert_same(model(x), compiled(x), atol=1e-4)
+    assert len(compiles) == 3
