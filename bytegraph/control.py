@@ -1,5 +1,6 @@
 """Fine-grained control over what is traced: disable, allow_in_graph, disallow_in_graph, graph_break."""
 import functools
+import types
 
 import torch
 
@@ -69,6 +70,22 @@ def disable(fn=None, recursive=True):
 
 def is_disabled(fn):
     return getattr(fn, "_bytegraph_disabled", False)
+
+
+def _probe():
+    pass
+
+
+# The code of the wrapper torch._disable_dynamo makes (functools.wraps hides its module).
+_TORCH_DISABLE_WRAPPER_CODE = torch._disable_dynamo(_probe).__code__
+
+
+def torch_disabled_target(fn):
+    """``f`` when ``fn`` is ``torch._disable_dynamo(f)`` (torch's "run without the compiler"
+    wrapper for its own code, e.g. ``Optimizer.zero_grad``), else None."""
+    if isinstance(fn, types.FunctionType) and fn.__code__ is _TORCH_DISABLE_WRAPPER_CODE:
+        return getattr(fn, "__wrapped__", None)
+    return None
 
 
 __all__ = ["disable", "allow_in_graph", "disallow_in_graph", "graph_break"]

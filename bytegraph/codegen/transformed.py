@@ -13,7 +13,7 @@ from ..errors import Unsupported
 from ..guards.sources import AttrSource, ClosureSource, GlobalSource
 from ..debug.counting import count_ops
 from ..trace.context import DELETED
-from ..values.base import ConstantValue, DictValue, IteratorValue, ListValue
+from ..values.base import ConstantValue, DictValue, IteratorValue, ListValue, TensorValue
 from .rebuild import Namespace, Rebuilder, _key_expr, graph_value_exprs, tensors_in
 
 
@@ -178,6 +178,7 @@ def _cell_expr(ns, source):
 def side_effect_values(tx):
     """Values the effects store: their tensors must come out of the graph."""
     out = [value for _, _, value in tx.attr_stores.values() if value is not DELETED]
+    out += [obj for obj, _, _ in tx.attr_stores.values() if isinstance(obj, TensorValue)]   # p.grad = ...
     out += [v for v in tx.mutated.values() if not isinstance(v, ConstantValue)]
     out += [value for _, value in tx.global_stores.values() if value is not DELETED]
     out += [value for _, value in tx.cell_stores.values()]

@@ -132,7 +132,19 @@ class GraphBuilder:
         node = self.graph.get_attr(name)
         fake = self.fake(tensor)
         node.meta["example_value"] = fake
+        node.meta["real_tensor"] = tensor    # a dict key by identity (optimizer state per parameter)
         return TensorValue(node, fake, source, cls=type(tensor))
+
+    def real_tensor(self, value):
+        """The real tensor a graph input or module-state value stands for (None for computed ones)."""
+        node = value.node
+        if node.op == "get_attr":
+            return node.meta.get("real_tensor")
+        if node.op == "placeholder":
+            for inp in self.inputs:
+                if inp.node is node:
+                    return inp.example
+        return None
 
     def _unique(self, base):
         name, i = base, 1

@@ -11,6 +11,7 @@ arguments:
 """
 import builtins
 import linecache
+import operator as _operator
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +33,10 @@ NO_HOOKS = "NO_HOOKS"   # an nn.Module called while tracing had no forward hooks
 NOT_ALIAS = "NOT_ALIAS"   # two sources named different objects when traced (`is`, id(), or one is mutated)
 STORAGE_SHARED = "STORAGE_SHARED"   # two tensor inputs of a graph that mutates: share storage or not
 MISSING_ATTR = "MISSING_ATTR"   # the object had no attribute ``expected`` (hasattr, except AttributeError)
+
+
+# Dict keys a DICT_KEYS guard compares by value; any other key is compared by identity.
+_PLAIN_KEY_TYPES = (str, int, bool, float, bytes, type(None))
 
 
 class TensorMeta:
@@ -227,8 +232,14 @@ class _Emitter:
         if g.kind == LENGTH_MATCH:
             return [(f"len({e}) == {g.expected}", f"f'length of {who} changed: {g.expected} -> {{len({e})}}'")]
         if g.kind == DICT_KEYS:
-            c = self.const(list(g.expected))
-            return [(f"list({e}) == {c}", f"f'keys of {who} changed: {list(g.expected)!r} -> {{list({e})!r}}'")]
+            keys = list(g.expected)
+            c = self.const(keys)
+            if all(type(k) in _PLAIN_KEY_TYPES for k in keys):
+                return [(f"list({e}) == {c}", f"f'keys of {who} changed: {keys!r} -> {{list({e})!r}}'")]
+            # Keys compared by identity (tensors, modules): `==` on them is not a yes/no answer.
+            self.ns["_is"] = _operator.is_
+            return [(f"len({e}) == {len(keys)} and all(map(_is, {e}, {c}))",
+                     f"f'keys of {who} changed (length {len(keys)} -> {{len({e})}}, or other objects)'")]
         if g.kind == TENSOR_MATCH:
             return self._tensor_checks(e, who, g.expected)
         raise AssertionError(g.kind)

@@ -88,7 +88,12 @@ def _tensor_attr(frame, v, name):
     if name == "grad" and v.source is not None:
         # Only inputs can be re-read; the grad tensor is then an input of its own.
         real = _real_from_source(frame, v)
+        stored = frame.tx.attr_stores.get((id(real), "grad"))
+        if stored is not None:
+            return stored[2]     # set earlier in this trace (zero_grad)
         return wrap(frame.tx, real.grad, AttrSource(v.source, "grad"))
+    if name == "grad_fn" and not v.fake.requires_grad:
+        return ConstantValue(None)   # a tensor that needs no grad has no history (guarded)
     if name in ("data", "grad", "grad_fn", "_version", "untyped_storage"):
         raise Unsupported(f"Tensor.{name} is not supported in a graph yet")
     attr = getattr(torch.Tensor, name, None)
@@ -107,10 +112,10 @@ def _shape_value(frame, v):
 
 
 def _real_from_source(frame, v):
-    for inp in frame.tx.graph.inputs:
-        if inp.node is v.node:
-            return inp.example
-    raise Unsupported("tensor attribute of a non-input tensor")
+    real = frame.tx.graph.real_tensor(v)
+    if real is None:
+        raise Unsupported("tensor attribute of a non-input tensor")
+    return real
 
 
 def _constant_attr(v, name):
@@ -381,6 +386,13 @@ def set_attr(frame, obj, name, value, plain=False):
         # Nothing outside the trace sees this object: the store happens now.
         object.__setattr__(obj.obj, name, as_constant(value))
         return
+    if isinstance(obj, TensorValue) and name == "grad" and obj.source is not None:
+        real = frame.tx.graph.real_tensor(obj)
+        if real is not None and ((isinstance(value, ConstantValue) and value.value is None)
+                                 or isinstance(value, TensorValue)):
+            # ``p.grad = None`` / ``= t`` on a graph input or parameter (zero_grad): done after the graph.
+            frame.tx.attr_stores[(id(real), "grad")] = (obj, name, value)
+            return
     if isinstance(obj, ObjectValue) and obj.source is not None and _replayable_store(obj.obj, name, value):
         frame.tx.attr_stores[(id(obj.obj), name)] = (obj, name, value)
         return

@@ -23,7 +23,7 @@ from ..values.base import (BoundMethodValue, ConstantValue, DictValue, ExitValue
                            UserObjectValue)
 from ..residual import has_hooks
 from ..values.builder import CONSTANT_TYPES, wrap
-from . import attrs, generators, operators, ops, protocols
+from . import attrs, generators, library, operators, ops, protocols
 from .exceptions import PythonError, make_exception
 from .frame import inline_call
 from .hooks import call_with_hooks
@@ -64,6 +64,9 @@ def _call_object(frame, fv, args, kwargs):
     special = _control_call(frame, obj, args, kwargs)
     if special is not None:
         return special
+    special = library.call(frame, obj, args, kwargs)
+    if special is not None:
+        return special
     handler = ops.BUILTIN_HANDLERS.get(_key(obj))
     if handler is not None:
         return handler(frame, args, kwargs)
@@ -75,6 +78,11 @@ def _call_object(frame, fv, args, kwargs):
     if isinstance(obj, types.FunctionType):
         if is_graph_function(obj):
             return torch_call(frame, obj, args, kwargs)
+        wrapped = library.unwrap(obj)
+        if wrapped is not None:
+            # torch._disable_dynamo(f): trace f (library.py says why).
+            return call(frame, wrap(tx, wrapped, AttrSource(fv.source, "__wrapped__") if fv.source else None),
+                        args, kwargs)
         return call_python_function(frame, fv, args, kwargs)
     if isinstance(obj, types.MethodType):
         self_value = wrap(tx, obj.__self__, AttrSource(fv.source, "__self__") if fv.source else None)
@@ -310,6 +318,9 @@ TENSOR_DATA_HINT = ("keep the value a tensor (e.g. x.sum() instead of x.sum().it
 
 
 def tensor_method(frame, tensor, name, args, kwargs):
+    if name == "requires_grad_" and not tensor.fake.requires_grad and not kwargs \
+            and args and operators.is_constant(args[0]) and not operators.as_constant(args[0]):
+        return tensor    # requires_grad_(False) on a tensor that needs no grad (guarded): nothing to do
     if name in _DATA_DEPENDENT:
         raise Unsupported(f"Tensor.{name}() needs the tensor's data, which is unknown while tracing",
                           hint=TENSOR_DATA_HINT)

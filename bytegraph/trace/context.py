@@ -41,6 +41,16 @@ class TraceContext:
         self.cell_stores = {}          # id(real cell) -> (RealCell, value)
         self.effects_recorded = 0      # changes to state outside the trace so far (all kinds above but attrs)
         self.entry_grad_mode = torch.is_grad_enabled()
+        self.static_tensors = set()    # ids of optimizer state tensors: read like module buffers
+        self.param_groups = set()      # ids of optimizer param_groups dicts (their "capturable" reads True)
+
+    def note_optimizer(self, optimizer):
+        """An optimizer is read: its state tensors are long-lived, read through get_attr by identity;
+        its param groups are traced as capturable (values/builder.py says why)."""
+        for per_param in optimizer.state.values():
+            if isinstance(per_param, dict):
+                self.static_tensors.update(id(t) for t in per_param.values() if type(t) is torch.Tensor)
+        self.param_groups.update(id(group) for group in optimizer.param_groups)
 
     def effect_count(self):
         """How many side effects the trace has recorded so far (to tell whether code made any)."""

@@ -40,9 +40,12 @@ COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operato
 
 
 def key_of(v):
-    """A dict key: constants by value, objects by identity."""
+    """A dict key: constants by value, objects by identity (module state tensors too)."""
     if isinstance(v, ObjectValue):
         return v.obj
+    if isinstance(v, TensorValue) and v.node.op == "get_attr":
+        # Identity-guarded (parameters, optimizer state): the real tensor is the key.
+        return v.node.meta["real_tensor"]
     return as_constant(v)
 
 
@@ -355,19 +358,36 @@ def getitem(frame, obj, index):
         k = key_of(index)
         if k not in obj.items:
             if isinstance(obj, DefaultDictValue) and not is_none(obj.factory):
-                obj.items[k] = ops.call(frame, obj.factory, [], {})
-                return obj.items[k]
+                new = ops.call(frame, obj.factory, [], {})
+                frame.tx.mark_mutated(obj, "a missing key of")
+                obj.items[k] = new
+                return new
             raise PythonError(f"KeyError: {k!r}", KeyError(k))
         return obj.items[k]
     if isinstance(obj, ConstantValue):
         return constant_fold(frame, operator.getitem, [obj, index], "indexing")
     if isinstance(obj, ObjectValue) and isinstance(obj.obj, torch.nn.Module):
         return _module_item(frame, obj, as_constant(index))
+    if isinstance(obj, ObjectValue) and isinstance(obj.obj, type) and hasattr(obj.obj, "__class_getitem__") \
+            and isinstance(index, (ObjectValue, ConstantValue, TupleValue)):
+        # A type annotation such as list[Tensor] (typing.cast's first argument): made at once.
+        try:
+            return ObjectValue(obj.obj[_annotation_arg(index)])
+        except Unsupported:
+            pass
     if protocols.has_special_method(obj, "__getitem__"):
         return protocols.call_special_method(frame, obj, "__getitem__", [index])
     if protocols.dict_part(obj) is not obj:
         return getitem(frame, protocols.dict_part(obj), index)
     raise Unsupported(f"indexing {attrs.describe(obj)} is not supported yet")
+
+
+def _annotation_arg(index):
+    if isinstance(index, TupleValue):
+        return tuple(_annotation_arg(i) for i in index.items)
+    if isinstance(index, ObjectValue):
+        return index.obj
+    return as_constant(index)
 
 
 def _module_item(frame, mv, index):

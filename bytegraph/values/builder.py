@@ -6,6 +6,7 @@ attribute of a module. The guard it installs is the least that keeps the
 trace valid: a tensor's type/dtype/device/shape/stride, a number's value, a
 function's or module's identity, a container's length or keys.
 """
+import collections
 import enum
 import functools
 import types
@@ -15,10 +16,10 @@ import torch
 
 from ..errors import Unsupported
 from ..guards import builder as g
-from ..guards.sources import AttrSource, ItemSource, ModuleEntrySource
+from ..guards.sources import AttrSource, ItemSource, ModuleEntrySource, ObjectKeySource, ObjectSource
 from ..residual import AutocastExit, GradModeExit
-from .base import (ConstantValue, ContextManagerValue, DictValue, ExitValue, ListValue, ObjectValue, TupleValue,
-                   constant)
+from .base import (ConstantValue, ContextManagerValue, DefaultDictValue, DictValue, ExitValue, ListValue,
+                   ObjectValue, TupleValue, constant)
 
 CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis),
                   type(NotImplemented), torch.dtype, torch.device, torch.layout,
@@ -106,11 +107,20 @@ def _wrap(tx, obj, source):
         _guard(tx, g.LENGTH_MATCH, source, len(obj))
         return _existing(tx, ListValue([wrap(tx, x, _item(source, i)) for i, x in enumerate(obj)], source))
     if t is dict or (isinstance(obj, dict) and t.__module__ == "collections"):
-        if all(isinstance(k, (str, int)) for k in obj):
+        if all(isinstance(k, (str, int)) or _identity_key(k) for k in obj):
             _guard(tx, g.TYPE_MATCH, source, t)
             _guard(tx, g.DICT_KEYS, source, list(obj))
-            return _existing(tx, DictValue({k: wrap(tx, v, _item(source, k)) for k, v in obj.items()},
-                                           source, cls=t))
+            items = {k: wrap(tx, v, _key_item(source, k)) for k, v in obj.items()}
+            if id(obj) in tx.param_groups and items.get("capturable") is not None:
+                # An optimizer's step is traced on its "capturable" path (as torch.compile does):
+                # the same update with the step count kept a tensor, where the other path needs
+                # it as a Python number (a data-dependent read). Only the trace sees this value:
+                # code run natively after a graph break re-reads the real flag from its source.
+                items["capturable"] = ConstantValue(True, items["capturable"].source)
+            if t is collections.defaultdict:
+                factory = wrap(tx, obj.default_factory, AttrSource(source, "default_factory") if source else None)
+                return _existing(tx, DefaultDictValue(items, factory, source))
+            return _existing(tx, DictValue(items, source, cls=t))
     if t is set and all(type(x) in CONSTANT_TYPES for x in obj):
         # A set of constants is a constant the trace may change (a copy; the guard keeps a
         # snapshot of the contents seen here).
@@ -135,6 +145,8 @@ def _wrap(tx, obj, source):
     if isinstance(obj, (torch.nn.Module, enum.Enum) + _IDENTITY_TYPES) or (callable(obj) and _is_c_callable(obj)):
         _guard(tx, g.ID_MATCH, source, obj)
         return ObjectValue(obj, source)
+    if isinstance(obj, torch.optim.Optimizer):
+        tx.note_optimizer(obj)
     # Other user objects: the type is fixed; attributes get guards as they are read.
     _guard(tx, g.TYPE_MATCH, source, t)
     return ObjectValue(obj, source)
@@ -162,6 +174,25 @@ def _item(source, index):
     return ItemSource(source, index) if source is not None else None
 
 
+def _identity_key(k):
+    """A dict key compared by identity: a tensor (optimizer state is keyed by parameters), or an
+    object whose class keeps object's own hash and equality."""
+    if isinstance(k, torch.Tensor):
+        return True
+    t = type(k)
+    return t.__hash__ is object.__hash__ and t.__eq__ is object.__eq__
+
+
+def _key_item(source, key):
+    if source is None:
+        return None
+    if isinstance(key, (str, int)):
+        return ItemSource(source, key)
+    label = (f"<{type(key).__name__} {tuple(key.shape)}>" if isinstance(key, torch.Tensor)
+             else f"<{type(key).__name__}>")
+    return ObjectKeySource(source, ObjectSource(key, label))
+
+
 # nn.Module -> names of buffers that traced code assigned a new tensor to. Such a buffer is
 # a different object on every call, so it is read as a graph input (guarded by its
 # metadata) rather than through get_attr (guarded by identity).
@@ -185,6 +216,11 @@ def _wrap_tensor(tx, tensor, source):
         return tx.graph.add_module_state(tensor, source, is_parameter=source.table == "_parameters")
     if source is None:
         raise _unsupported("a tensor that cannot be re-read on later calls (no source)")
+    if type(tensor) is torch.nn.Parameter or id(tensor) in tx.static_tensors:
+        # A parameter reached another way (an optimizer's param_groups), or an optimizer's state:
+        # long-lived tensors, also read through get_attr and guarded by identity.
+        _guard(tx, g.ID_MATCH, source, tensor)
+        return tx.graph.add_module_state(tensor, source, is_parameter=type(tensor) is torch.nn.Parameter)
     if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.is_sparse or tensor.is_nested:
         raise _unsupported(f"tensor subclass or layout not supported yet: {type(tensor).__name__}")
     dynamic = tx.dynamic_dims_for(tensor, source)
