@@ -81,10 +81,17 @@ _TORCH_DISABLE_WRAPPER_CODE = torch._disable_dynamo(_probe).__code__
 
 
 def torch_disabled_target(fn):
-    """``f`` when ``fn`` is ``torch._disable_dynamo(f)`` (torch's "run without the compiler"
-    wrapper for its own code, e.g. ``Optimizer.zero_grad``), else None."""
-    if isinstance(fn, types.FunctionType) and fn.__code__ is _TORCH_DISABLE_WRAPPER_CODE:
+    """``f`` when ``fn`` is one of torch's "run without the compiler" wrappers around ``f``:
+    ``torch._disable_dynamo(f)`` (e.g. ``Optimizer.zero_grad``), or ``torch.compiler.disable(f)``
+    / ``torch._dynamo.disable(f)`` (torch.compile puts them on optimizer methods once it has
+    run in the process); else None."""
+    if not isinstance(fn, types.FunctionType):
+        return None
+    if fn.__code__ is _TORCH_DISABLE_WRAPPER_CODE:
         return getattr(fn, "__wrapped__", None)
+    if fn.__dict__.get("_torchdynamo_disable") is True and "_torchdynamo_orig_callable" in fn.__dict__ \
+            and fn.__code__.co_filename.replace("\\", "/").endswith("torch/_dynamo/eval_frame.py"):
+        return fn.__dict__["_torchdynamo_orig_callable"]
     return None
 
 

@@ -77,9 +77,12 @@ def call_through(compiler, fn, args, kwargs):
     if _is_disallowed(fn):
         return fn(*args, **kwargs)
     unwrapped = torch_disabled_target(fn.__func__ if isinstance(fn, types.MethodType) else fn)
-    if unwrapped is not None and _is_user_function(unwrapped):
-        # torch._disable_dynamo(f) around torch code we compile: compile f (trace/library.py).
-        fn = unwrapped if not isinstance(fn, types.MethodType) else types.MethodType(unwrapped, fn.__self__)
+    if unwrapped is not None:
+        if not (getattr(unwrapped, "__module__", None) or "").startswith("torch."):
+            return fn(*args, **kwargs)     # the user's own torch.compiler.disable: honoured
+        if _is_user_function(unwrapped):
+            # torch._disable_dynamo(f) around torch code we compile: compile f (trace/library.py).
+            fn = unwrapped if not isinstance(fn, types.MethodType) else types.MethodType(unwrapped, fn.__self__)
     target = fn
     if isinstance(fn, types.FunctionType) and _is_user_function(fn) and not hasattr(fn, "_bytegraph_original"):
         target = compiler.wrapper_for(fn)

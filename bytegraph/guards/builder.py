@@ -32,6 +32,7 @@ STATE_MATCH = "STATE_MATCH"   # an object's __dict__ equals a snapshot (the obje
 NO_HOOKS = "NO_HOOKS"   # an nn.Module called while tracing had no forward hooks
 NOT_ALIAS = "NOT_ALIAS"   # two sources named different objects when traced (`is`, id(), or one is mutated)
 STORAGE_SHARED = "STORAGE_SHARED"   # two tensor inputs of a graph that mutates: share storage or not
+STORAGE_GROUPS = "STORAGE_GROUPS"   # tensor inputs of a graph that mutates: which of them share storage
 MISSING_ATTR = "MISSING_ATTR"   # the object had no attribute ``expected`` (hasattr, except AttributeError)
 
 
@@ -86,6 +87,10 @@ class Guard:
             return f"{where}: is not {self.expected.name()}"
         if self.kind == STORAGE_SHARED:
             return f"{where}: {'shares' if self.expected[1] else 'shares no'} storage with {self.expected[0].name()}"
+        if self.kind == STORAGE_GROUPS:
+            sources, groups = self.expected
+            return (f"storage of {len(sources)} tensor inputs: "
+                    f"{'all distinct' if len(set(groups)) == len(groups) else 'grouped as ' + repr(groups)}")
         return f"{where}: {self.kind} {self.expected!r}"
 
 
@@ -112,6 +117,12 @@ class GuardSet:
 
     def __len__(self):
         return len(self._guards)
+
+
+def storage_groups(tensors):
+    """For each tensor, the index of the first one sharing its storage's address (which inputs alias)."""
+    first = {}
+    return tuple(first.setdefault(t.untyped_storage().data_ptr(), i) for i, t in enumerate(tensors))
 
 
 # --- global state -----------------------------------------------------------
@@ -185,6 +196,13 @@ class _Emitter:
         """[(condition code, failure message f-string code)] for one guard."""
         if g.kind == SHAPE_ENV:
             return [(cond, f"f'symbolic shape guard failed: {desc}'") for cond, desc in g.expected.guards(self.render)]
+        if g.kind == STORAGE_GROUPS:
+            sources, groups = g.expected
+            self.ns["_storage_groups"] = storage_groups
+            tensors = ", ".join(self.render(src) for src in sources)
+            return [(f"_storage_groups(({tensors},)) == {self.const(groups)}",
+                     "f'tensor inputs share storage differently than when compiled (the graph mutates "
+                     "inputs)'")]
         if g.kind == GLOBAL_STATE:
             expr, value = g.expected
             c = self.const(value)

@@ -9,7 +9,10 @@ compiled?" queries, explicit graph breaks. Each is decided here, with the reason
   ``with`` block (the profiler range is not recorded for the traced code; code run
   natively at a graph break is not inside it either).
 - ``torch._disable_dynamo(fn)`` marks code that torch's own front end cannot trace (or
-  chooses not to). It says nothing about semantics, so the function it wraps is traced;
+  chooses not to); ``torch.compiler.disable`` is put on optimizer methods by torch.compile
+  once it has run in the process. On torch's code neither says anything about semantics, so
+  the function it wraps is traced (the user's own ``torch.compiler.disable`` is honoured:
+  that function runs natively);
   anything in it that bytegraph cannot trace breaks the graph as usual, and a function
   listed in ``_RUN_NATIVELY`` runs eagerly at a graph break with its reason.
 - the fused optimizer implementations (``torch.optim.adam._fused_adam``...) run natively:
@@ -57,6 +60,10 @@ def unwrap(fn):
     """The function to trace in place of ``fn`` (a torch compiler wrapper), or None."""
     target = torch_disabled_target(fn)
     if target is not None:
+        if not (getattr(target, "__module__", None) or "").startswith("torch"):
+            # The user's own torch.compiler.disable: run it natively, as bytegraph.disable would.
+            raise Unsupported(f"{getattr(target, '__qualname__', target)} is marked torch.compiler.disable",
+                              hint="it runs eagerly at a graph break; remove the decorator to trace it")
         reason = _RUN_NATIVELY.get(getattr(target, "__qualname__", None))
         if reason is not None:
             raise Unsupported(f"{target.__qualname__} runs without the compiler: {reason}",
