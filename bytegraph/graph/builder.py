@@ -19,7 +19,7 @@ from torch._subclasses.fake_tensor import (
 )
 
 from ..errors import Unsupported
-from ..values.base import (ConstantValue, DictValue, ListValue, ObjectValue, SliceValue,
+from ..values.base import (ConstantValue, DictValue, ListValue, ObjectValue, SliceValue, SubgraphValue,
                            SymValue, TensorValue, TupleValue)
 from .shapes import Shapes
 
@@ -101,13 +101,13 @@ class GraphBuilder:
         size = tensor_value.fake.shape[dim]
         if not isinstance(size, torch.SymInt):
             return ConstantValue(size)
-        node = self.graph.create_node("call_method", "size", (tensor_value.node, dim), {})
+        node = self.graph.create_node("call_method", "size", (self.node_of(tensor_value), dim), {})
         node.meta["example_value"] = size
         return SymValue(node, size)
 
     def sym_call(self, target, args):
         """Arithmetic on symbolic ints: a graph node, or a constant if the result is known."""
-        node_args, example_args = _unwrap(args)
+        node_args, example_args = _unwrap(args, self.node_of)
         result = target(*example_args)
         if isinstance(result, torch.SymInt):
             node = self.graph.create_node("call_function", target, tuple(node_args), {})
@@ -146,6 +146,19 @@ class GraphBuilder:
                     return inp.example
         return None
 
+    def node_of(self, value):
+        """The node standing for a tensor/symbolic-int value (or a subgraph) in this graph."""
+        if isinstance(value, SubgraphValue):
+            return self.add_subgraph(value)
+        return value.node
+
+    def add_subgraph(self, value):
+        """A traced function body (SubgraphValue) as a submodule, read through get_attr."""
+        name = self._unique(value.name)
+        self.state_root.add_module(name, value.gm)
+        node = self.graph.get_attr(name)
+        return node
+
     def _unique(self, base):
         name, i = base, 1
         while name in self._names:
@@ -161,8 +174,8 @@ class GraphBuilder:
 
         ``kind`` is "call_function" or "call_method"; args/kwargs are values.
         """
-        node_args, fake_args = _unwrap(args)
-        node_kwargs, fake_kwargs = _unwrap(kwargs)
+        node_args, fake_args = _unwrap(args, self.node_of)
+        node_kwargs, fake_kwargs = _unwrap(kwargs, self.node_of)
         t0 = time.perf_counter()
         try:
             grad_check = _BackwardCheck.needed(kind, target, fake_args, fake_kwargs)
@@ -376,37 +389,48 @@ def _find_alias(result, args, kwargs):
     return None
 
 
-def _unwrap(obj):
-    """Values -> (what goes in the FX node, what the fake run receives)."""
+def _unwrap(obj, node_of=None):
+    """Values -> (what goes in the FX node, what the fake run receives).
+
+    ``node_of(value)`` gives a tensor's or symbolic int's node in the graph being built (a
+    subgraph lifts values of the graph around it as its inputs)."""
+    if node_of is None:
+        node_of = _own_node
     if isinstance(obj, dict):
-        pairs = {k: _unwrap(v) for k, v in obj.items()}
+        pairs = {k: _unwrap(v, node_of) for k, v in obj.items()}
         return {k: p[0] for k, p in pairs.items()}, {k: p[1] for k, p in pairs.items()}
     if isinstance(obj, (list, tuple)):
-        pairs = [_unwrap(v) for v in obj]
+        pairs = [_unwrap(v, node_of) for v in obj]
         return [p[0] for p in pairs], [p[1] for p in pairs]
     if isinstance(obj, TensorValue):
-        return obj.node, obj.fake
+        return node_of(obj), obj.fake
     if isinstance(obj, SymValue):
-        return obj.node, obj.sym
+        return node_of(obj), obj.sym
     if isinstance(obj, ConstantValue):
         return obj.value, obj.value
     if isinstance(obj, TupleValue):
-        nodes, fakes = _unwrap(obj.items)
+        nodes, fakes = _unwrap(obj.items, node_of)
         if obj.cls is torch.Size:
             # A size holding symbolic dims is a plain tuple in the graph (torch.Size takes only ints).
             graph_side = tuple(nodes) if any(isinstance(n, fx.Node) for n in nodes) else torch.Size(nodes)
             return graph_side, torch.Size(fakes)
         return tuple(nodes), tuple(fakes)
     if isinstance(obj, ListValue):
-        return _unwrap(obj.items)
+        return _unwrap(obj.items, node_of)
     if isinstance(obj, DictValue):
-        return _unwrap(obj.items)
+        return _unwrap(obj.items, node_of)
     if isinstance(obj, SliceValue):
-        (a, b, c), (fa, fb, fc) = _unwrap([obj.start, obj.stop, obj.step])
+        (a, b, c), (fa, fb, fc) = _unwrap([obj.start, obj.stop, obj.step], node_of)
         return slice(a, b, c), slice(fa, fb, fc)
     if isinstance(obj, ObjectValue) and _is_plain_constant(obj.obj):
         return obj.obj, obj.obj
+    if isinstance(obj, SubgraphValue):
+        return node_of(obj), obj.gm
     raise Unsupported(f"cannot pass {obj!r} to a graph operation")
+
+
+def _own_node(value):
+    return value.node
 
 
 def _is_plain_constant(o):
@@ -429,3 +453,112 @@ def _identifier(text):
     if name[0].isdigit():
         name = "_" + name
     return name.lower() if name.startswith("global_") else name
+
+
+class SubgraphBuilder(GraphBuilder):
+    """The graph of a function body traced inside another graph (handed to a higher-order
+    operation: torch.cond, checkpoint, a torch.func transform, a custom autograd Function).
+
+    It shares the enclosing graph's fake mode and shapes. Graph inputs and module state the
+    body reads are added to the enclosing graph (where sources are guarded); any tensor of an
+    enclosing graph the body uses becomes an input of this one (``lifted``, in first-use order,
+    after the explicit inputs the operation passes), so the body is a closed function."""
+
+    def __init__(self, parent):
+        self.parent = parent
+        self.graph = fx.Graph()
+        self.fake_seconds = 0.0
+        self.shapes = parent.shapes
+        self.fake_mode = parent.fake_mode
+        self.inputs = []              # never a source: those are the root graph's
+        self.state_root = torch.nn.Module()   # submodules (nested bodies) only
+        self._state_names = {}
+        self._last_placeholder = None
+        self._names = set()
+        self.explicit = []            # placeholders the operation passes first
+        self.lifted = {}              # node of an enclosing graph -> placeholder here
+        self.lifted_values = []       # the enclosing values, in placeholder order
+        self._versions = []           # (fake, its version when it became an input)
+
+    def placeholder(self, fake, name):
+        """An explicit input of the body (an operand, a transformed argument)."""
+        node = self._placeholder_named(name)
+        node.meta["example_value"] = fake
+        self.explicit.append(node)
+        self._versions.append((fake, fake._version))
+        return TensorValue(node, fake)
+
+    def _placeholder_named(self, name):
+        name = self._unique(_identifier(name))
+        if self._last_placeholder is None:
+            first = next(iter(self.graph.nodes), None)
+            ctx = self.graph.inserting_before(first)
+        else:
+            ctx = self.graph.inserting_after(self._last_placeholder)
+        with ctx:
+            node = self.graph.placeholder(name)
+        self._last_placeholder = node
+        return node
+
+    def node_of(self, value):
+        if isinstance(value, SubgraphValue):
+            return self.add_subgraph(value)
+        node = value.node
+        if node.graph is self.graph:
+            return node
+        placeholder = self.lifted.get(node)
+        if placeholder is None:
+            placeholder = self._placeholder_named(node.name)
+            example = value.fake if isinstance(value, TensorValue) else value.sym
+            placeholder.meta["example_value"] = example
+            self.lifted[node] = placeholder
+            self.lifted_values.append(value)
+            if isinstance(example, torch.Tensor):
+                self._versions.append((example, example._version))
+        return placeholder
+
+    def add_input(self, tensor, source, dynamic_dims=None):
+        return self.parent.add_input(tensor, source, dynamic_dims)
+
+    def add_sym_input(self, value, source):
+        return self.parent.add_sym_input(value, source)
+
+    def add_module_state(self, tensor, source, is_parameter):
+        return self.parent.add_module_state(tensor, source, is_parameter)
+
+    def real_tensor(self, value):
+        return self.parent.real_tensor(value) if value.node.graph is not self.graph else None
+
+    def example_inputs(self):
+        raise AssertionError("a subgraph has no example inputs of its own")
+
+    def mutated_inputs(self):
+        """True if the body changed one of its inputs in place."""
+        return any(fake._version != version for fake, version in self._versions)
+
+    def finish(self, values, clone_inputs=False):
+        """The body's GraphModule returning ``values`` (a flat list of tensor values).
+
+        ``clone_inputs``: an input returned as it is (or a view of one) is cloned, for operations
+        whose outputs must not alias their inputs (torch.cond)."""
+        outputs = []
+        inputs = set(self.explicit) | set(self.lifted.values())
+        for v in values:
+            node = self.node_of(v)
+            if clone_inputs and isinstance(v, TensorValue) and (node in inputs or _is_view_of_input(v, inputs)):
+                node = self.graph.call_function(torch.clone, (node,))
+                node.meta["example_value"] = v.fake
+            outputs.append(node)
+        self.graph.output(tuple(outputs))
+        gm = fx.GraphModule(self.state_root, self.graph)
+        gm.graph.lint()
+        return gm
+
+
+def _is_view_of_input(value, inputs):
+    storage = value.fake.untyped_storage()._cdata
+    for node in inputs:
+        fake = node.meta.get("example_value")
+        if isinstance(fake, torch.Tensor) and fake.untyped_storage()._cdata == storage:
+            return True
+    return False

@@ -23,7 +23,7 @@ from ..values.base import (BoundMethodValue, ConstantValue, DictValue, ExitValue
                            UserObjectValue)
 from ..residual import has_hooks
 from ..values.builder import CONSTANT_TYPES, wrap
-from . import attrs, generators, library, operators, ops, protocols
+from . import attrs, generators, higher_order, library, operators, ops, protocols
 from .exceptions import PythonError, make_exception
 from .frame import inline_call
 from .hooks import call_with_hooks
@@ -65,6 +65,8 @@ def _call_object(frame, fv, args, kwargs):
     if special is not None:
         return special
     special = library.call(frame, obj, args, kwargs)
+    if special is None:
+        special = higher_order.call(frame, fv, args, kwargs)
     if special is not None:
         return special
     handler = ops.BUILTIN_HANDLERS.get(_key(obj))

@@ -8,6 +8,7 @@ from ..errors import Unsupported
 from ..graph.builder import GraphBuilder
 from ..guards.builder import GuardSet, add_global_state_guards
 from ..guards.sources import LocalSource
+from ..residual import set_autocast_state
 
 # The value of a global the trace deleted (``del`` / ``global x; del x``).
 DELETED = object()
@@ -43,6 +44,7 @@ class TraceContext:
         self.entry_grad_mode = torch.is_grad_enabled()
         self.static_tensors = set()    # ids of optimizer state tensors: read like module buffers
         self.param_groups = set()      # ids of optimizer param_groups dicts (their "capturable" reads True)
+        self.state_overrides = {}      # id(parameter or buffer) -> (it, value read instead): functional_call
 
     def note_optimizer(self, optimizer):
         """An optimizer is read: its state tensors are long-lived, read through get_attr by identity;
@@ -51,6 +53,19 @@ class TraceContext:
             if isinstance(per_param, dict):
                 self.static_tensors.update(id(t) for t in per_param.values() if type(t) is torch.Tensor)
         self.param_groups.update(id(group) for group in optimizer.param_groups)
+
+    def undo_state_changes(self, start=0):
+        """Restore the process's grad mode and autocast state as they were before the changes
+        recorded from ``start`` on (all: after a trace, whatever happened inside it)."""
+        for kind, saved in reversed(self.state_changes[start:]):
+            if kind == "grad":
+                torch._C._set_grad_enabled(saved)
+            elif kind == "autocast":
+                saved.__exit__(None, None, None)
+            elif kind == "autocast_state":
+                device_type, state = saved
+                set_autocast_state(device_type, *state)
+        del self.state_changes[start:]
 
     def effect_count(self):
         """How many side effects the trace has recorded so far (to tell whether code made any)."""

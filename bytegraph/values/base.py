@@ -110,6 +110,21 @@ class SymValue(Value):
         return f"{self.node.name}: {self.sym}"
 
 
+class SubgraphValue(Value):
+    """A function body traced into a graph of its own (an ``fx.GraphModule``), handed to a
+    higher-order operation (``torch.cond``, checkpoint, torch.func transforms)."""
+
+    __slots__ = ("gm", "name")
+
+    def __init__(self, gm, name):
+        super().__init__(None)
+        self.gm = gm
+        self.name = name
+
+    def python_type(self):
+        return type(self.gm)
+
+
 class TupleValue(Value):
     """A tuple whose items are values. ``cls`` is tuple, torch.Size or a namedtuple class."""
 

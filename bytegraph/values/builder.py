@@ -44,6 +44,10 @@ def is_trusted_module(mod):
 
 def wrap(tx, obj, source):
     """The value for ``obj`` as read through ``source`` (None: no guard possible)."""
+    if tx.state_overrides and isinstance(obj, torch.Tensor):
+        override = tx.state_overrides.get(id(obj))
+        if override is not None and override[0] is obj:
+            return override[1]     # torch.func.functional_call: this tensor in place of the parameter
     memo = tx.memo.get(id(obj))
     if memo is not None and memo[0] is obj and not isinstance(obj, CONSTANT_TYPES):
         value = memo[1]
