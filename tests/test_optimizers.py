@@ -239,3 +239,46 @@ def test_after_torch_compile_patched_the_optimizers():
     x = torch.randn(3)
     assert torch.allclose(bytegraph.compile(f, backend=cnt)(x), (x + 1).cos() * 2)
     assert cnt.frame_count == 2
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("name", ["sgd_momentum", "sgd_foreach", "adam", "adamw_foreach", "rmsprop", "adagrad"])
+def test_lr_scheduler_costs_no_compile_per_value(name, backend):
+    """A scheduler changes the float lr every step: after it first changes, lr is an input of the
+    graph (a 0-d tensor), so 30 steps cost 2 compiles (the step that creates the state, then one
+    for all later values). Parameters stay equal to eager's."""
+    eager_model = _model()
+    model = copy.deepcopy(eager_model)
+    eager_opt, opt = OPTIMIZERS[name](eager_model.parameters()), OPTIMIZERS[name](model.parameters())
+    scheds = [torch.optim.lr_scheduler.ExponentialLR(o, 0.9) for o in (eager_opt, opt)]
+    cnt = CompileCounter(lookup_backend(backend))
+    step = bytegraph.compile(opt.step, backend=cnt)
+    x = torch.randn(5, 4)
+    for i in range(30):
+        for m, o, s, sched in ((eager_model, eager_opt, eager_opt.step, scheds[0]), (model, opt, step, scheds[1])):
+            m(x).pow(2).sum().backward()
+            s()
+            o.zero_grad()
+            sched.step()
+        if i % 10 == 0:
+            _assert_same_state(eager_model, eager_opt, model, opt)
+    _assert_same_state(eager_model, eager_opt, model, opt)
+    assert cnt.frame_count <= 2, cnt.frame_count
+
+
+def test_lr_scheduler_in_whole_training_step():
+    eager_model = _model()
+    model = copy.deepcopy(eager_model)
+    eager_opt = torch.optim.AdamW(eager_model.parameters(), lr=0.01, foreach=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, foreach=True)
+    scheds = [torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.05, total_steps=20) for o in (eager_opt, opt)]
+    cnt = CompileCounter()
+    eager_step, step = _train_step(eager_model, eager_opt), bytegraph.compile(_train_step(model, opt), backend=cnt)
+    torch.manual_seed(1)
+    for i in range(12):
+        x, y = torch.randn(3, 4), torch.randn(3, 2)
+        assert torch.allclose(eager_step(x, y), step(x, y), rtol=RTOL, atol=ATOL)
+        for sched in scheds:
+            sched.step()     # OneCycleLR moves lr and betas[0] every step
+        _assert_same_state(eager_model, eager_opt, model, opt)
+    assert cnt.frame_count <= 4, cnt.frame_count

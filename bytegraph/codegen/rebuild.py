@@ -15,7 +15,7 @@ from ..errors import Unsupported
 from ..guards.sources import AttrSource, ObjectSource
 from ..trace.exceptions import rebuild_expr, values_inside
 from ..trace.frame import PendingLocal
-from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DefaultDictValue, DictValue,
+from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DefaultDictValue, DictValue, FloatTensorValue,
                            DictViewValue, ExceptionValue, FunctionValue, IteratorValue, ListValue,
                            PartialValue, PrivateObjectValue, RealCell,
                            MethodOfValue, ObjectValue, SymValue, TensorMethodValue, TensorValue,
@@ -103,7 +103,7 @@ class Rebuilder:
         return out
 
     def _expr(self, v):
-        if isinstance(v, (TensorValue, SymValue)):
+        if isinstance(v, (TensorValue, SymValue, FloatTensorValue)):
             return self.tensor_exprs[id(v)]
         if isinstance(v, ConstantValue):
             if v.source is not None:
@@ -195,7 +195,7 @@ def _is_literal(text):
 
 def tensors_in(values, out):
     for v in values:
-        if isinstance(v, (TensorValue, SymValue)):
+        if isinstance(v, (TensorValue, SymValue, FloatTensorValue)):
             out.append(v)
         elif isinstance(v, (TupleValue, ListValue)):
             tensors_in(v.items, out)
@@ -278,4 +278,6 @@ def graph_value_exprs(ns, values, graph_inputs, state_root, out_var="__out"):
                 index[v.node] = len(outputs)
                 outputs.append(v)
             exprs[id(v)] = f"{out_var}[{index[v.node]}]"
+            if isinstance(v, FloatTensorValue):
+                exprs[id(v)] += ".item()"    # a Python float again outside the graph
     return exprs, outputs

@@ -36,8 +36,15 @@ def finish_graph(tx, ns, live_values, compile_graph):
         final = grad_modes[-1]
         return ([] if final == tx.entry_grad_mode else [f"torch._C._set_grad_enabled({final!r})"]), exprs, None
     ns.ns["__compiled_fn"] = compile_graph(gm, tx.graph.example_inputs())
-    args = ", ".join(ns.source(i.source) for i in tx.graph.inputs)
+    ns.ns["__scalar"] = scalar_tensor
+    args = ", ".join(f"__scalar({ns.source(i.source)})" if i.scalar else ns.source(i.source)
+                     for i in tx.graph.inputs)
     return [f"__out = __compiled_fn({args})"], exprs, gm
+
+
+def scalar_tensor(value):
+    """A float input of the graph as the 0-d float64 tensor it is there (graph/scalars.py)."""
+    return torch.tensor(value, dtype=torch.float64)
 
 
 def _grad_toggles_only(gm):
@@ -58,7 +65,7 @@ def guard_input_aliasing(tx, gm):
     as a backend that functionalizes the graph (AOTAutograd) relies on it. Graphs that mutate no
     input (an optimizer's, whose parameters and state are module state) need no such guard; the
     check is one pass over the inputs' storages (``storage_groups``), not one per pair."""
-    tensors = [i for i in tx.graph.inputs if isinstance(i.example, torch.Tensor)]
+    tensors = [i for i in tx.graph.inputs if isinstance(i.example, torch.Tensor) and not i.scalar]
     if len(tensors) < 2 or not _mutates_inputs(gm, [i.node for i in tensors]):
         return
     groups = g.storage_groups([i.example for i in tensors])

@@ -19,19 +19,23 @@ from torch._subclasses.fake_tensor import (
 )
 
 from ..errors import Unsupported
-from ..values.base import (ConstantValue, DictValue, ListValue, ObjectValue, SliceValue, SubgraphValue,
-                           SymValue, TensorValue, TupleValue)
+from ..values.base import (ConstantValue, DictValue, FloatTensorValue, ListValue, ObjectValue, SliceValue,
+                           SubgraphValue, SymValue, TensorValue, TupleValue)
+from . import scalars
 from .shapes import Shapes
 
 
 class GraphInput:
-    """One placeholder: the source it is read from and the value seen at trace time."""
-    __slots__ = ("source", "example", "node")
+    """One placeholder: the source it is read from and the value seen at trace time.
 
-    def __init__(self, source, example, node):
+    ``scalar``: the source holds a Python float, handed to the graph as a 0-d float64 tensor."""
+    __slots__ = ("source", "example", "node", "scalar")
+
+    def __init__(self, source, example, node, scalar=False):
         self.source = source
         self.example = example
         self.node = node
+        self.scalar = scalar
 
 
 class GraphBuilder:
@@ -89,6 +93,16 @@ class GraphBuilder:
         node.meta["example_value"] = sym
         self.inputs.append(GraphInput(source, value, node))
         return SymValue(node, sym, source)
+
+    def add_float_input(self, value, source, guard):
+        """A float argument that changes between calls: a 0-d float64 tensor input of the graph
+        (``guard`` installs the guard fixing it, if it must be specialised after all)."""
+        node = self._placeholder(source)
+        example = torch.tensor(value, dtype=torch.float64)
+        fake = self.fake(example)
+        node.meta["example_value"] = fake
+        self.inputs.append(GraphInput(source, example, node, scalar=True))
+        return FloatTensorValue(node, fake, value, (guard,))
 
     def example_inputs(self):
         """What the backend is handed: real values, or fake ones when sizes are symbolic."""
@@ -172,8 +186,23 @@ class GraphBuilder:
     def call(self, kind, target, args, kwargs, describe=None):
         """Add a call node and return its result as values.
 
-        ``kind`` is "call_function" or "call_method"; args/kwargs are values.
+        ``kind`` is "call_function" or "call_method"; args/kwargs are values. Floats that
+        change between calls (FloatTensorValue) are passed as tensors where the op takes them
+        (``scalars.tensorize``); where it does not, they are specialised.
         """
+        if _has_scalar_tensors(args, kwargs):
+            last = self.graph._root.prev    # nodes added from here on are the rewrite's
+            try:
+                rewritten = scalars.tensorize(self, kind, target, list(args), dict(kwargs))
+                if rewritten is not None:
+                    return self._call(*rewritten, describe=describe)
+            except Unsupported:
+                # The op does not take a tensor there: drop what the rewrite added, specialise.
+                while self.graph._root.prev is not last:
+                    self.graph.erase_node(self.graph._root.prev)
+        return self._call(kind, target, args, kwargs, describe)
+
+    def _call(self, kind, target, args, kwargs, describe=None):
         node_args, fake_args = _unwrap(args, self.node_of)
         node_kwargs, fake_kwargs = _unwrap(kwargs, self.node_of)
         t0 = time.perf_counter()
@@ -426,7 +455,21 @@ def _unwrap(obj, node_of=None):
         return obj.obj, obj.obj
     if isinstance(obj, SubgraphValue):
         return node_of(obj), obj.gm
+    if isinstance(obj, FloatTensorValue):
+        value = obj.specialize()      # an argument only a Python number fits
+        return value, value
     raise Unsupported(f"cannot pass {obj!r} to a graph operation")
+
+
+def _has_scalar_tensors(args, kwargs):
+    for v in list(args) + list(kwargs.values()):
+        if isinstance(v, FloatTensorValue):
+            return True
+        if isinstance(v, (ListValue, TupleValue)) and any(isinstance(i, FloatTensorValue) for i in v.items):
+            return True
+        if isinstance(v, TensorValue) and v.fake.dim() == 0 and v is kwargs.get("alpha", kwargs.get("value")):
+            return True
+    return False
 
 
 def _own_node(value):
@@ -509,7 +552,7 @@ class SubgraphBuilder(GraphBuilder):
         placeholder = self.lifted.get(node)
         if placeholder is None:
             placeholder = self._placeholder_named(node.name)
-            example = value.fake if isinstance(value, TensorValue) else value.sym
+            example = value.fake if isinstance(value, (TensorValue, FloatTensorValue)) else value.sym
             placeholder.meta["example_value"] = example
             self.lifted[node] = placeholder
             self.lifted_values.append(value)
@@ -525,6 +568,9 @@ class SubgraphBuilder(GraphBuilder):
 
     def add_module_state(self, tensor, source, is_parameter):
         return self.parent.add_module_state(tensor, source, is_parameter)
+
+    def add_float_input(self, value, source, guard):
+        return self.parent.add_float_input(value, source, guard)
 
     def real_tensor(self, value):
         return self.parent.real_tensor(value) if value.node.graph is not self.graph else None

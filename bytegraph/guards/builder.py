@@ -346,7 +346,7 @@ def compile_guards(guards, params, fn_globals, name="guard", hit=True):
             "        return f'guard raised {type(e).__name__}: {e}'",
             "    return None", ""]
     observed = [g for g in ordered if g.kind == TENSOR_MATCH or (
-        g.kind == CONSTANT_MATCH and type(g.expected) is int)]
+        g.kind == CONSTANT_MATCH and type(g.expected) in (int, float))]
     src += [f"def observe_{name}({sig}):", "    out = []"]
     for g in observed:
         e = g.source.expr_over(em.render_plain)

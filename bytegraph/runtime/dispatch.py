@@ -5,6 +5,7 @@ signature*, so CPython binds arguments for us. A call then costs: one loop
 over the cache entries, one guard call, one call of the transformed code.
 """
 import linecache
+import math
 import types
 import warnings
 import weakref
@@ -179,6 +180,10 @@ def _note_changed_sizes(cache, entry, frame_args):
                 if changed:
                     cache.auto_dynamic.setdefault(g.source, set()).update(changed)
         elif type(now) is int and now != g.expected:
+            cache.auto_dynamic_scalars.add(g.source)
+        elif type(now) is float and type(g.expected) is float and now != g.expected \
+                and math.isfinite(now) and math.isfinite(g.expected):
+            # A float that changes (a learning rate a scheduler moves): a graph input from now on.
             cache.auto_dynamic_scalars.add(g.source)
 
 

@@ -13,7 +13,8 @@ import torch
 
 from ..errors import Unsupported
 from ..values.base import (MUTABLE_CONSTANT_TYPES, ConstantValue, DefaultDictValue, DictValue, DictViewValue,
-                           ListValue, ObjectValue, SliceValue, SymValue, TensorValue, TupleValue)
+                           ListValue, ObjectValue, SliceValue, SymValue, TensorValue, TupleValue,
+                           FloatTensorValue)
 
 
 _NAMED_CALLABLES = (type, types.FunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
@@ -48,6 +49,8 @@ def as_constant(v):
         return v.value
     if isinstance(v, SymValue):
         return int(v.sym)
+    if isinstance(v, FloatTensorValue):
+        return v.specialize()
     if isinstance(v, TupleValue):
         items = tuple(as_constant(i) for i in v.items)
         if v.cls is torch.Size:
@@ -74,7 +77,7 @@ def as_constant(v):
 
 
 def is_constant(v):
-    if isinstance(v, SymValue):
+    if isinstance(v, (SymValue, FloatTensorValue)):
         return False
     try:
         as_constant(v)

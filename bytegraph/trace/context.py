@@ -116,6 +116,10 @@ class TraceContext:
             dims.pop(d, None)
         return {d: b for d, b in dims.items() if d < tensor.dim()}
 
+    def is_dynamic_float(self, source):
+        """A float seen changing between calls at ``source`` is a graph input (automatic dynamic)."""
+        return self._dynamic_mode() is not False and source in self.auto_dynamic_scalars
+
     def is_dynamic_scalar(self, source):
         mode = self._dynamic_mode()
         if mode is False:

@@ -9,6 +9,7 @@ from ..null import NULL
 from ..guards.builder import NOT_ALIAS
 from ..guards.sources import ModuleEntrySource
 from ..values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, ConstantValue, ContextManagerValue,
+                           FloatTensorValue,
                            DefaultDictValue, DictValue, DictViewValue, ExceptionValue, FunctionValue,
                            GeneratorValue, IteratorValue, LazyIteratorValue, ListValue, MethodOfValue,
                            ObjectValue, SliceValue, SymValue, TensorMethodValue, TensorValue,
@@ -88,6 +89,8 @@ def binary(frame, op, a, b):
             # `n += tensor` with a Python number on the left is just `n + tensor`.
             fn = BINARY[op[:-1]]
         return graph_op(frame, fn, [a, b])
+    if isinstance(a, FloatTensorValue) or isinstance(b, FloatTensorValue):
+        return float_op(frame, fn, [a, b])
     if isinstance(a, SymValue) or isinstance(b, SymValue):
         return _sym_op(frame, fn, [a, b])
     if isinstance(a, (ListValue, TupleValue)) or isinstance(b, (ListValue, TupleValue)):
@@ -249,9 +252,35 @@ def contains(frame, container, item):
     return as_constant(item) in as_constant(container)
 
 
+# Python float arithmetic done exactly the same on float64 tensors (IEEE double).
+_FLOAT_ARITHMETIC = {operator.add, operator.sub, operator.mul, operator.truediv, operator.pow,
+                     operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ipow,
+                     operator.neg, operator.pos, operator.abs, abs}
+
+
+def float_op(frame, fn, args):
+    """Arithmetic on floats that change between calls (FloatTensorValue) and plain numbers: more
+    such floats, computed in the graph; anything else specialises them (guards their values)."""
+    if fn in _FLOAT_ARITHMETIC and all(isinstance(a, FloatTensorValue) or (
+            isinstance(a, ConstantValue) and type(a.value) in (int, float, bool)) for a in args):
+        examples = [a.example if isinstance(a, FloatTensorValue) else a.value for a in args]
+        try:
+            example = fn(*examples)
+        except Exception:
+            example = None      # what eager raises comes from the specialised fold below
+        if type(example) is float and example == example and abs(example) != float("inf"):
+            operands = [TensorValue(a.node, a.fake) if isinstance(a, FloatTensorValue) else a for a in args]
+            result = graph_op(frame, fn, operands)
+            bases = tuple(b for a in args if isinstance(a, FloatTensorValue) for b in a.bases)
+            return FloatTensorValue(result.node, result.fake, example, bases)
+    return constant_fold(frame, fn, args, getattr(fn, "__name__", "operator"))
+
+
 def unary(frame, fn, v):
     if isinstance(v, TensorValue):
         return graph_op(frame, fn, [v])
+    if isinstance(v, FloatTensorValue):
+        return float_op(frame, fn, [v])
     if isinstance(v, SymValue):
         return _sym_op(frame, fn, [v])
     return constant_fold(frame, fn, [v], fn.__name__)
@@ -265,6 +294,8 @@ DATA_DEPENDENT_BRANCH = ("make the condition static (decide on shapes, Python va
 def truth(frame, v):
     if isinstance(v, ConstantValue):
         return bool(v.value)
+    if isinstance(v, FloatTensorValue):
+        return bool(v.specialize())
     if isinstance(v, SymValue):
         return bool(v.sym != 0)
     if isinstance(v, TensorValue):

@@ -9,6 +9,7 @@ function's or module's identity, a container's length or keys.
 import collections
 import enum
 import functools
+import math
 import types
 import weakref
 
@@ -99,6 +100,10 @@ def _wrap(tx, obj, source):
         if t is int and tx.is_dynamic_scalar(source):
             _guard(tx, g.TYPE_MATCH, source, int)
             return tx.graph.add_sym_input(obj, source)
+        if t is float and tx.is_dynamic_float(source) and math.isfinite(obj):
+            # A float seen changing (a scheduled learning rate): an input of the graph, not a constant.
+            _guard(tx, g.TYPE_MATCH, source, float)
+            return tx.graph.add_float_input(obj, source, lambda: _guard(tx, g.CONSTANT_MATCH, source, obj))
         kind = g.ID_MATCH if t in (torch.dtype, torch.layout, torch.memory_format) else g.CONSTANT_MATCH
         return ConstantValue(obj, source, pending_guard=lambda: _guard(tx, kind, source, obj))
     if t is tuple or (isinstance(obj, tuple) and hasattr(t, "_fields")):
