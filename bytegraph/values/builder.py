@@ -151,6 +151,13 @@ def _wrap(tx, obj, source):
         owner_kind = g.ID_MATCH if isinstance(owner, (torch.nn.Module, type, types.ModuleType)) else g.TYPE_MATCH
         _guard(tx, owner_kind, AttrSource(source, "__self__"), owner if owner_kind == g.ID_MATCH else type(owner))
         return ObjectValue(obj, source)
+    if t in (types.MethodWrapperType, types.BuiltinMethodType) and source is not None \
+            and not isinstance(obj.__self__, types.ModuleType) and isinstance(source, AttrSource):
+        # ``f.__get__``, ``d.get``: made anew on each attribute read, so their identity never
+        # holds; what they do is fixed by the object they are bound to and the name (the source's).
+        _guard(tx, g.TYPE_MATCH, source, t)
+        _guard(tx, g.ID_MATCH, AttrSource(source, "__self__"), obj.__self__)
+        return ObjectValue(obj, source)
     if isinstance(obj, (torch.nn.Module, enum.Enum) + _IDENTITY_TYPES) or (callable(obj) and _is_c_callable(obj)):
         _guard(tx, g.ID_MATCH, source, obj)
         return ObjectValue(obj, source)
