@@ -51,6 +51,7 @@ _STDLIB = frozenset(getattr(sys, "stdlib_module_names", ())) | {"torch", "numpy"
 # Python code of torch that is compiled when residual code calls it, like user code: the
 # optimizers' step (it graph-breaks into its own frames, whose tensor work is worth a graph).
 _COMPILED_LIBRARIES = ("torch.optim.",)
+_NOT_COMPILED_LIBRARIES = ("torch.optim.lr_scheduler", "torch.optim.swa_utils")
 
 
 def _is_user_function(fn):
@@ -58,8 +59,10 @@ def _is_user_function(fn):
         return False
     module = getattr(fn, "__module__", None) or ""
     if module.startswith(_COMPILED_LIBRARIES):
-        # The fused optimizer kernels are not compiled (trace/library.py says why).
-        return not getattr(fn, "__name__", "").startswith("_fused_")
+        # Not the fused optimizer kernels (trace/library.py says why), nor the schedulers (Python
+        # on floats: nothing for a graph).
+        return not (getattr(fn, "__name__", "").startswith("_fused_")
+                    or module.startswith(_NOT_COMPILED_LIBRARIES))
     return module.split(".")[0] not in _STDLIB
 
 

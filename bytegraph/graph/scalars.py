@@ -39,6 +39,8 @@ def tensorize(builder, kind, target, args, kwargs):
         scalar = kwargs.get(key)
         if name not in ops or not _scalar_like(scalar) or len(args) < 2:
             continue
+        if not (ref.is_floating_point() or ref.is_complex()):
+            continue     # integer ops check their alpha/value's type: eager's errors must stay
         factor = _as_tensor(builder, scalar, ref)
         operand = args[1]
         if foreach and isinstance(operand, (ListValue, TupleValue)) and operand.items \

@@ -42,7 +42,7 @@ class TraceContext:
         self.cell_stores = {}          # id(real cell) -> (RealCell, value)
         self.effects_recorded = 0      # changes to state outside the trace so far (all kinds above but attrs)
         self.entry_grad_mode = torch.is_grad_enabled()
-        self.static_tensors = set()    # ids of optimizer state tensors: read like module buffers
+        self.static_tensors = set()    # ids of optimizers' parameters and state: read like module state
         self.param_groups = set()      # ids of optimizer param_groups dicts (their "capturable" reads True)
         self.state_overrides = {}      # id(parameter or buffer) -> (it, value read instead): functional_call
 
@@ -52,7 +52,9 @@ class TraceContext:
         for per_param in optimizer.state.values():
             if isinstance(per_param, dict):
                 self.static_tensors.update(id(t) for t in per_param.values() if type(t) is torch.Tensor)
-        self.param_groups.update(id(group) for group in optimizer.param_groups)
+        for group in optimizer.param_groups:
+            self.param_groups.add(id(group))
+            self.static_tensors.update(id(p) for p in group.get("params", ()) if isinstance(p, torch.Tensor))
 
     def undo_state_changes(self, start=0):
         """Restore the process's grad mode and autocast state as they were before the changes

@@ -232,9 +232,9 @@ def _wrap_tensor(tx, tensor, source):
         return tx.graph.add_module_state(tensor, source, is_parameter=source.table == "_parameters")
     if source is None:
         raise _unsupported("a tensor that cannot be re-read on later calls (no source)")
-    if type(tensor) is torch.nn.Parameter or id(tensor) in tx.static_tensors:
-        # A parameter reached another way (an optimizer's param_groups), or an optimizer's state:
-        # long-lived tensors, also read through get_attr and guarded by identity.
+    if id(tensor) in tx.static_tensors:
+        # An optimizer's parameters (read through its param_groups) and state: long-lived
+        # tensors, read like module state (get_attr, guarded by identity).
         _guard(tx, g.ID_MATCH, source, tensor)
         return tx.graph.add_module_state(tensor, source, is_parameter=type(tensor) is torch.nn.Parameter)
     if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.is_sparse or tensor.is_nested:
