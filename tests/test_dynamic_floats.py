@@ -86,3 +86,25 @@ def test_float_inside_higher_order_body():
 
     cnt = _run(f, [(torch.randn(3, 2), 0.5), (torch.randn(3, 2), 0.25), (torch.randn(3, 2), 0.75)])
     assert cnt.frame_count == 2
+
+
+def test_cuda_graph_backends_keep_floats_constant():
+    """A float handed over as a CPU tensor would keep a graph from being recorded as a CUDA
+    graph: with the cudagraphs backend (and mode="reduce-overhead") floats stay constants."""
+    from bytegraph.backends.registry import lookup_backend, replays_cuda_graphs
+
+    assert replays_cuda_graphs(lookup_backend("cudagraphs"))
+    assert replays_cuda_graphs(lookup_backend("inductor", mode="reduce-overhead"))
+    assert not replays_cuda_graphs(lookup_backend("inductor"))
+    from bytegraph.debug import records
+
+    def f(x, s):
+        return x * s
+
+    bytegraph.reset()
+    compiled = bytegraph.compile(f, backend="cudagraphs")
+    for s in (0.5, 0.25, 0.125):
+        assert torch.equal(compiled(torch.ones(2), s), torch.ones(2) * s)
+    graphs = [r.graph for r in records.frames if r.name.endswith("f") and r.graph is not None]
+    assert len(graphs) == 3     # one per value: each a constant
+    assert all(len([n for n in g.graph.nodes if n.op == "placeholder"]) == 1 for g in graphs)

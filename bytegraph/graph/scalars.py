@@ -108,9 +108,12 @@ def scalar_dtype(ref):
 def _as_tensor(builder, v, ref):
     t = TensorValue(v.node, v.fake) if isinstance(v, FloatTensorValue) else v
     dtype = scalar_dtype(ref)
-    if t.fake.dtype is dtype:
+    if t.fake.dtype is dtype and (t.fake.device == ref.device or ref.device.type == "cpu"):
         return t
-    return builder._call("call_method", "to", [t, ConstantValue(dtype)], {})
+    # On the op's device: a CPU scalar next to CUDA tensors is fine for eager, but not for every
+    # op a compiler generates (foreach kernels).
+    return builder._call("call_method", "to", [t], {"device": ConstantValue(ref.device),
+                                                    "dtype": ConstantValue(dtype)})
 
 
 __all__ = ["tensorize", "scalar_dtype"]

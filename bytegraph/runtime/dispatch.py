@@ -10,6 +10,7 @@ import types
 import warnings
 import weakref
 
+from ..backends.registry import replays_cuda_graphs
 from ..config import config
 from ..debug import logs, records, timing
 from ..guards.builder import TENSOR_MATCH
@@ -33,6 +34,9 @@ class Compiler:
         self.backend_name = backend_name
         self.fullgraph = fullgraph
         self.dynamic = dynamic
+        # Graphs replayed as CUDA graphs keep changing floats constant (as torch.compile does):
+        # a float handed over as a CPU tensor would keep them from being recorded.
+        self.cuda_graphs = replays_cuda_graphs(compiler_fn)
         self.caches = {}           # code object (or (code, id(globals))) -> CodeCache
         self._wrappers = weakref.WeakKeyDictionary()   # function -> its wrapper (residual calls)
         self._code_wrappers = {}   # (code, id(globals)) -> wrapper taking the closure as an argument

@@ -120,7 +120,8 @@ class TraceContext:
 
     def is_dynamic_float(self, source):
         """A float seen changing between calls at ``source`` is a graph input (automatic dynamic)."""
-        return self._dynamic_mode() is not False and source in self.auto_dynamic_scalars
+        return self._dynamic_mode() is not False and source in self.auto_dynamic_scalars \
+            and not getattr(self.options, "cuda_graphs", False)
 
     def is_dynamic_scalar(self, source):
         mode = self._dynamic_mode()
