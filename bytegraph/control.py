@@ -1,6 +1,7 @@
 """Fine-grained control over what is traced: disable, allow_in_graph, disallow_in_graph, graph_break;
 ``wrap_numpy`` (NumPy code as a function of tensors)."""
 import functools
+import types
 
 import numpy as np
 import torch
@@ -71,6 +72,29 @@ def disable(fn=None, recursive=True):
 
 def is_disabled(fn):
     return getattr(fn, "_bytegraph_disabled", False)
+
+
+def _probe():
+    pass
+
+
+# The code of the wrapper torch._disable_dynamo makes (functools.wraps hides its module).
+_TORCH_DISABLE_WRAPPER_CODE = torch._disable_dynamo(_probe).__code__
+
+
+def torch_disabled_target(fn):
+    """``f`` when ``fn`` is one of torch's "run without the compiler" wrappers around ``f``:
+    ``torch._disable_dynamo(f)`` (e.g. ``Optimizer.zero_grad``), or ``torch.compiler.disable(f)``
+    / ``torch._dynamo.disable(f)`` (torch.compile puts them on optimizer methods once it has
+    run in the process); else None."""
+    if not isinstance(fn, types.FunctionType):
+        return None
+    if fn.__code__ is _TORCH_DISABLE_WRAPPER_CODE:
+        return getattr(fn, "__wrapped__", None)
+    if fn.__dict__.get("_torchdynamo_disable") is True and "_torchdynamo_orig_callable" in fn.__dict__ \
+            and fn.__code__.co_filename.replace("\\", "/").endswith("torch/_dynamo/eval_frame.py"):
+        return fn.__dict__["_torchdynamo_orig_callable"]
+    return None
 
 
 __all__ = ["disable", "allow_in_graph", "disallow_in_graph", "graph_break", "wrap_numpy"]

@@ -17,7 +17,7 @@ import types
 import torch
 from torch.nn.modules import module as mm
 
-from .control import disallowed_in_graph, is_disabled
+from .control import disallowed_in_graph, is_disabled, torch_disabled_target
 
 
 class Continuation:
@@ -48,13 +48,22 @@ class GradModeExit:
 
 
 _STDLIB = frozenset(getattr(sys, "stdlib_module_names", ())) | {"torch", "numpy", "builtins"}
+# Python code of torch that is compiled when residual code calls it, like user code: the
+# optimizers' step (it graph-breaks into its own frames, whose tensor work is worth a graph).
+_COMPILED_LIBRARIES = ("torch.optim.",)
+_NOT_COMPILED_LIBRARIES = ("torch.optim.lr_scheduler", "torch.optim.swa_utils")
 
 
 def _is_user_function(fn):
     if getattr(fn, "_bytegraph_disabled", False):
         return False
-    mod = (getattr(fn, "__module__", None) or "").split(".")[0]
-    return mod not in _STDLIB
+    module = getattr(fn, "__module__", None) or ""
+    if module.startswith(_COMPILED_LIBRARIES):
+        # Not the fused optimizer kernels (trace/library.py says why), nor the schedulers (Python
+        # on floats: nothing for a graph).
+        return not (getattr(fn, "__name__", "").startswith("_fused_")
+                    or module.startswith(_NOT_COMPILED_LIBRARIES))
+    return module.split(".")[0] not in _STDLIB
 
 
 def has_hooks(m):
@@ -70,6 +79,13 @@ def call_through(compiler, fn, args, kwargs):
         return call_disabled(compiler, fn, args, kwargs)
     if _is_disallowed(fn):
         return fn(*args, **kwargs)
+    unwrapped = torch_disabled_target(fn.__func__ if isinstance(fn, types.MethodType) else fn)
+    if unwrapped is not None:
+        if not (getattr(unwrapped, "__module__", None) or "").startswith("torch."):
+            return fn(*args, **kwargs)     # the user's own torch.compiler.disable: honoured
+        if _is_user_function(unwrapped):
+            # torch._disable_dynamo(f) around torch code we compile: compile f (trace/library.py).
+            fn = unwrapped if not isinstance(fn, types.MethodType) else types.MethodType(unwrapped, fn.__self__)
     target = fn
     if isinstance(fn, types.FunctionType) and _is_user_function(fn) and not hasattr(fn, "_bytegraph_original"):
         target = compiler.wrapper_for(fn)

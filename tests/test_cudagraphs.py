@@ -83,3 +83,110 @@ def test_parameter_replaced_between_calls():
             compiled(x)
         model[0].weight.data = torch.randn_like(model[0].weight)
         torch.testing.assert_close(compiled(x).clone(), model(x))
+
+
+# --- the decision logic, on any machine ----------------------------------------------------------
+
+from bytegraph.backends import cudagraphs as cg   # noqa: E402
+
+
+def test_pointer_watch_warns_then_stops_when_static_inputs_move_every_call():
+    watch = cg.PointerWatch("forward")
+    assert watch.observe([1, 2]) == "replay"
+    assert watch.observe([1, 2]) == "replay"          # in place: nothing to say
+    actions = [watch.observe([1, 100 + i]) for i in range(cg.MOVED_STOP_AFTER)]
+    assert actions[:cg.MOVED_WARN_AFTER - 1] == ["replay"] * (cg.MOVED_WARN_AFTER - 1)
+    assert actions[cg.MOVED_WARN_AFTER - 1] == "warn" and actions.count("warn") == 1
+    assert actions[-1] == "stop" and watch.moved == [1]
+
+
+def test_pointer_watch_forgives_an_occasional_move():
+    watch = cg.PointerWatch("forward")
+    for i in range(50):
+        # moves once every 3 calls (a parameter reloaded now and then): never a warning
+        assert watch.observe([i // 3]) == "replay"
+
+
+class _FakeReplay:
+    def __init__(self, error=None):
+        self.error = error
+        self.calls = 0
+
+    def __call__(self, args):
+        self.calls += 1
+        args.clear()          # the tree empties the list it is given
+        if self.error is not None:
+            raise self.error
+        return ["replayed"]
+
+
+def test_guarded_replay_falls_back_when_recording_fails():
+    ran = []
+
+    def run(args):
+        ran.append(list(args))
+        return ["ran"]
+
+    replay = _FakeReplay(RuntimeError("operation not permitted when stream is capturing"))
+    guarded = cg.GuardedReplay(replay, run, 0, "forward")
+    assert guarded([1, 2]) == ["ran"] and ran == [[1, 2]]    # the inputs it was given, not an empty list
+    assert guarded([3]) == ["ran"] and replay.calls == 1       # and never tries again
+
+
+def test_guarded_replay_lets_user_errors_through():
+    guarded = cg.GuardedReplay(_FakeReplay(RuntimeError("shape mismatch")), lambda args: ["ran"], 0, "forward")
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        guarded([1])
+
+
+def test_guarded_replay_warns_about_moving_parameters():
+    guarded = cg.GuardedReplay(_FakeReplay(), lambda args: ["ran"], 1, "forward")
+    with pytest.warns(UserWarning, match="changed address"):
+        for _ in range(cg.MOVED_WARN_AFTER + 1):
+            guarded([torch.randn(2), torch.randn(2)])
+    results = [guarded([torch.randn(2)]) for _ in range(cg.MOVED_STOP_AFTER)]
+    assert results[-1] == ["ran"] and not guarded.enabled
+
+
+def test_watch_static_inputs_in_reduce_overhead():
+    params = [torch.randn(3)]
+    run = cg.watch_static_inputs(lambda *a: "out", params, "reduce-overhead")
+    for _ in range(3):
+        assert run() == "out"
+    with pytest.warns(UserWarning, match="reduce-overhead"):
+        for _ in range(cg.MOVED_WARN_AFTER + 1):
+            params[0] = torch.randn(3)
+            run()
+
+
+def test_written_inputs_and_devices_of_an_aten_graph():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(p, x):
+        p.add_(1)
+        return x * 2
+
+    gm = make_fx(f, tracing_mode="fake")(torch.randn(3), torch.randn(3))
+    assert cg._written_inputs(gm) == {0}
+    assert cg._devices(gm)[1] == "tensors on cpu, not on a CUDA device"
+    assert cg.is_capture_failure(RuntimeError("CUDA error: operation not permitted when stream is capturing"))
+    assert not cg.is_capture_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+
+
+@cuda
+@pytest.mark.parametrize("how", ["cudagraphs", "reduce-overhead"])
+def test_optimizer_step_replays_equal_eager(how):
+    ref, model = _mlp("cuda"), _mlp("cuda")
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=0.01, foreach=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, foreach=True)
+    step = (bytegraph.compile(opt.step, backend="cudagraphs") if how == "cudagraphs"
+            else bytegraph.compile(opt.step, mode="reduce-overhead"))
+    for i in range(5):
+        torch.manual_seed(i)
+        x = torch.randn(4, 16, device="cuda")
+        for m, o, s in ((ref, opt_ref, opt_ref.step), (model, opt, step)):
+            o.zero_grad()
+            m(x).pow(2).sum().backward()
+            s()
+        for p, q in zip(ref.parameters(), model.parameters()):
+            torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-5)

@@ -17,12 +17,16 @@ reason logged under the ``cudagraphs`` topic):
 - no op that cannot be captured (CPU synchronisation, data-dependent shapes).
 
 Parameters and buffers are static inputs: replay reads them where they are, and
-the tree records again if one of them moves (``param.data = ...``). Other
-inputs are copied into the pool on every call; an input whose address changes
-each call therefore costs a copy, not a new recording.
+the tree records again if one of them moves (``param.data = ...``); one that
+moves on every call is warned about, then stops the recording (``PointerWatch``).
+Other inputs are copied into the pool on every call; an input whose address
+changes each call therefore costs a copy, not a new recording. A graph whose
+recording fails (an op that cannot be captured, found only then) runs
+uncompiled from then on (``GuardedReplay``).
 """
 import functools
 import logging
+import warnings
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -108,8 +112,133 @@ class _Recording:
             placeholders=get_placeholder_info(aot_gm.graph),
             mutated_input_idxs=mutated,
         )
-        replay._boxed_call = True
-        return replay
+        return GuardedReplay(replay, run, num_static, "backward" if is_backward else "forward")
+
+
+# Calls during which recording may still fail (warm-up, recording, first replays).
+RECORDING_CALLS = 3
+# Consecutive calls whose static inputs moved before a warning / before recording stops.
+MOVED_WARN_AFTER = 4
+MOVED_STOP_AFTER = 16
+
+
+class PointerWatch:
+    """Watches the addresses of inputs a CUDA graph reads in place (parameters, buffers).
+
+    Replay reads them where they were recorded; one that moves makes the tree record again
+    (correct, but a recording costs much more than the ops). One that moves on every call
+    (a parameter rebuilt each step, ``param.data = ...`` in a loop) would record every call:
+    after ``MOVED_WARN_AFTER`` consecutive calls a warning says which inputs move; after
+    ``MOVED_STOP_AFTER`` the graph stops using CUDA graphs."""
+
+    def __init__(self, label):
+        self.label = label
+        self.last = None
+        self.moved_calls = 0
+        self.warned = False
+
+    def observe(self, pointers):
+        """'replay', 'warn' (replay, and warn now) or 'stop' for a call with these addresses."""
+        pointers = tuple(pointers)
+        moved = [i for i, (a, b) in enumerate(zip(self.last or (), pointers)) if a != b]
+        self.last = pointers
+        if not moved:
+            self.moved_calls = 0
+            return "replay"
+        self.moved_calls += 1
+        self.moved = moved
+        if self.moved_calls >= MOVED_STOP_AFTER:
+            return "stop"
+        if self.moved_calls >= MOVED_WARN_AFTER and not self.warned:
+            self.warned = True
+            return "warn"
+        return "replay"
+
+
+class GuardedReplay:
+    """A CUDA graph tree entry with bytegraph's fallbacks around it: a graph that fails to
+    record (an op that cannot be captured, found only when recording) runs uncompiled from
+    then on; parameters and buffers that move on every call are warned about, then stop
+    the recording (``PointerWatch``). Boxed calling convention (one list of inputs)."""
+
+    _boxed_call = True
+
+    def __init__(self, replay, run, num_static, label):
+        self.replay = replay
+        self.run = run
+        self.num_static = num_static
+        self.label = label
+        self.calls = 0
+        self.enabled = True
+        self.watch = PointerWatch(label)
+
+    def __call__(self, args):
+        if not self.enabled:
+            return self.run(args)
+        self.calls += 1
+        if self.num_static:
+            action = self.watch.observe(_pointer(a) for a in args[:self.num_static])
+            if action != "replay":
+                moved = ", ".join(str(i) for i in self.watch.moved[:8])
+                message = (f"bytegraph cudagraphs: parameter/buffer input(s) {moved} of a {self.label} graph "
+                           f"changed address on {self.watch.moved_calls} calls in a row; each change records "
+                           "the CUDA graph again. Keep parameters in place (update them with in-place ops, "
+                           "not `.data =` or new tensors)")
+                if action == "stop":
+                    self.enabled = False
+                    _log.info("%s; running without CUDA graphs from now on", message)
+                    return self.run(args)
+                warnings.warn(message, stacklevel=2)
+        if self.calls > RECORDING_CALLS:
+            return self.replay(args)
+        kept = list(args)     # the tree empties the list; a failed recording runs these instead
+        try:
+            return self.replay(args)
+        except RuntimeError as exc:
+            if not is_capture_failure(exc):
+                raise
+            self.enabled = False
+            _log.info("%s graph cannot be recorded as a CUDA graph (%s); it runs without", self.label, exc)
+            return self.run(kept)
+
+
+def watch_static_inputs(compiled, tensors, label):
+    """``compiled`` (positional call) with a sampled ``PointerWatch`` over ``tensors`` (the
+    parameters and buffers a ``mode="reduce-overhead"`` graph reads in place; Inductor's CUDA
+    graph trees record again when one moves): a warning when they move call after call."""
+    if not tensors:
+        return compiled
+    watch = PointerWatch(label)
+    calls = [0]
+
+    def run(*args):
+        calls[0] += 1
+        n = calls[0]
+        # Every call at first, then one in 16: the check is O(parameters).
+        if n <= 2 * MOVED_STOP_AFTER or n % 16 == 0:
+            if watch.observe(t.data_ptr() for t in tensors) == "warn":
+                warnings.warn(f"bytegraph reduce-overhead: {len(watch.moved)} parameter/buffer input(s) of a "
+                              f"{label} graph changed address on {watch.moved_calls} calls in a row; each change "
+                              "records the CUDA graph again. Keep parameters in place (update them with "
+                              "in-place ops, not `.data =` or new tensors)", stacklevel=2)
+        return compiled(*args)
+
+    return functools.wraps(compiled, assigned=("__doc__",), updated=())(run)
+
+
+def _pointer(t):
+    return t.data_ptr() if isinstance(t, torch.Tensor) else None
+
+
+# What CUDA says when an op is not allowed while a stream is being captured.
+_CAPTURE_ERRORS = ("stream is capturing", "during capture", "cudaErrorStreamCapture", "graph capture",
+                   "capture")
+
+
+def is_capture_failure(exc):
+    """Did recording fail because something cannot be captured (as opposed to the user's error)?"""
+    text = str(exc)
+    return any(word in text for word in _CAPTURE_ERRORS)
 
 
 def _boxed(aot_gm):

@@ -1,6 +1,7 @@
 """The ``inductor`` backend: TorchInductor code generation (C++/OpenMP on CPU)."""
 from . import grad_presence
 from .regions import compile_by_regions
+from .cudagraphs import watch_static_inputs
 from ._common import (as_list, compile_failed, data_dependent_cause, flat_tuple_output, quiet_torch_imports,
                       run_uncompiled, watched_inner, with_restore)
 
@@ -58,4 +59,7 @@ def inductor_whole(gm, example_inputs, *, config_patches=None):
     # compile_fx hands back AOTAutograd's positional-call forward (wrapped by
     # a frame-evaluation "disable" shim); it carries a stale
     # ``_boxed_call = True`` copied by functools.wraps, which does not apply.
+    if (config_patches or {}).get("triton.cudagraphs"):
+        static = list(gm.parameters()) + list(gm.buffers())
+        compiled = watch_static_inputs(compiled, [t for t in static if t.is_cuda], "reduce-overhead")
     return with_restore(grad_presence.gate(compiled, grads), restore)

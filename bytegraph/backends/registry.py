@@ -23,7 +23,7 @@ from .cudagraphs import cudagraphs
 from .eager import eager
 from .inductor import inductor
 
-__all__ = ["register_backend", "lookup_backend", "list_backends"]
+__all__ = ["register_backend", "lookup_backend", "list_backends", "replays_cuda_graphs"]
 
 # name -> compiler function; name -> tags
 _BACKENDS = {}
@@ -119,6 +119,14 @@ def lookup_backend(backend, mode=None, options=None):
         given = " and ".join(w for w, on in (("mode", has_mode), ("options", has_options)) if on)
         raise BackendError(f"{given} only apply to the inductor backend, not to backend {label}")
     return compiler_fn
+
+
+def replays_cuda_graphs(compiler_fn):
+    """Does this compiler function replay CUDA graphs (``cudagraphs``, ``mode="reduce-overhead"``)?"""
+    if compiler_fn is cudagraphs:
+        return True
+    patches = getattr(compiler_fn, "keywords", None) or {}
+    return bool((patches.get("config_patches") or {}).get("triton.cudagraphs"))
 
 
 def _mode_options(mode):

@@ -24,10 +24,10 @@ from ..trace.frame import PendingLocal
 from ..values import arrays
 from ..values.arrays import NdarrayMethodValue, NdarrayValue
 from ..values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, CellValue, ConstantValue, ContextManagerValue,
-                           DefaultDictValue, DictValue, DictViewValue, ExceptionValue, FormattedTextValue,
-                           FunctionValue, GeneratorValue, HeldValue, IteratorValue, ListValue, MethodOfValue,
-                           ObjectValue, PartialValue, PrivateObjectValue, RealCell, SymValue, TensorMethodValue,
-                           TensorValue, TracedId, TupleValue, UserObjectValue, holds_values)
+                           DefaultDictValue, DictValue, DictViewValue, ExceptionValue, FloatTensorValue,
+                           FormattedTextValue, FunctionValue, GeneratorValue, HeldValue, IteratorValue, ListValue,
+                           MethodOfValue, ObjectValue, PartialValue, PrivateObjectValue, RealCell, SymValue,
+                           TensorMethodValue, TensorValue, TracedId, TupleValue, UserObjectValue, holds_values)
 
 
 class Namespace:
@@ -137,7 +137,7 @@ class Rebuilder:
         return out
 
     def _expr(self, v):
-        if isinstance(v, (TensorValue, SymValue)):
+        if isinstance(v, (TensorValue, SymValue, FloatTensorValue)):
             return self.tensor_exprs[id(v)]
         if isinstance(v, NdarrayValue) and v.view_of is not None:
             return self._negative_stride_view(v)
@@ -352,7 +352,7 @@ def tensors_in(values, out):
     for v in values:
         if isinstance(v, NdarrayValue) and v.view_of is not None and v.view_of is not arrays.UNREBUILDABLE:
             tensors_in(list(v.view_of[1]) + list(v.view_of[2].values()), out)
-        elif isinstance(v, (TensorValue, SymValue, NdarrayValue)):
+        elif isinstance(v, (TensorValue, SymValue, NdarrayValue, FloatTensorValue)):
             out.append(v)
         elif isinstance(v, NdarrayMethodValue):
             out.append(v.array)
@@ -471,4 +471,6 @@ def graph_value_exprs(ns, values, graph_inputs, state_root, out_var="__out"):
                 index[v.node] = len(outputs)
                 outputs.append(v)
             exprs[id(v)] = f"{out_var}[{index[v.node]}]"
+            if isinstance(v, FloatTensorValue):
+                exprs[id(v)] += ".item()"    # a Python float again outside the graph
     return exprs, outputs

@@ -34,8 +34,21 @@ def finish_graph(tx, ns, live_values, compile_graph):
     lines, write_back = array_input_lines(tx, ns, referenced)
     if count_ops(gm) == 0:
         return lines, exprs, None
+    grad_modes = _grad_toggles_only(gm)
+    if grad_modes is not None:
+        # Nothing but grad-mode switches (an optimizer's step entered no_grad): no graph to
+        # compile; only where they leave grad mode matters.
+        final = grad_modes[-1]
+        return lines + ([] if final == tx.entry_grad_mode else [f"torch._C._set_grad_enabled({final!r})"]), \
+            exprs, None
     ns.ns["__compiled_fn"] = compile_graph(gm, tx.graph.example_inputs())
-    args = ", ".join(ns.source(i.source) if i.array_mode is None else array_input_name(i) for i in tx.graph.inputs)
+    ns.ns["__scalar"] = scalar_tensor
+
+    def arg(i):
+        if i.array_mode is not None:
+            return array_input_name(i)
+        return f"__scalar({ns.source(i.source)})" if i.scalar else ns.source(i.source)
+    args = ", ".join(arg(i) for i in tx.graph.inputs)
     return lines + [f"__out = __compiled_fn({args})"] + write_back, exprs, gm
 
 
@@ -57,18 +70,72 @@ def array_input_lines(tx, ns, referenced=()):
     return make, back
 
 
+def scalar_tensor(value):
+    """A float input of the graph as the 0-d float64 tensor it is there (graph/scalars.py)."""
+    return torch.tensor(value, dtype=torch.float64)
+
+
+def _grad_toggles_only(gm):
+    """The modes a graph made only of ``torch._C._set_grad_enabled`` calls sets, in order; else None."""
+    modes = []
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        if node.op != "call_function" or node.target is not torch._C._set_grad_enabled:
+            return None
+        modes.append(node.args[0])
+    return modes or None
+
+
 def guard_input_aliasing(tx, gm):
-    """A graph that mutates tensors was traced for one aliasing of its tensor inputs (the same
+    """A graph that mutates tensor inputs was traced for one aliasing of its tensor inputs (the same
     tensor twice, views of one storage, or none): guard that later calls alias them the same way,
-    as a backend that functionalizes the graph (AOTAutograd) relies on it."""
-    if not any(_mutates(node) for node in gm.graph.nodes):
+    as a backend that functionalizes the graph (AOTAutograd) relies on it. Graphs that mutate no
+    input (an optimizer's, whose parameters and state are module state) need no such guard; the
+    check is one pass over the inputs' storages (``storage_groups``), not one per pair."""
+    tensors = [i for i in tx.graph.inputs if isinstance(i.example, torch.Tensor) and not i.scalar]
+    if len(tensors) < 2 or not _mutates_inputs(gm, [i.node for i in tensors]):
         return
     guard_array_overlap(tx)
-    tensors = [i for i in tx.graph.inputs if isinstance(i.example, torch.Tensor) and i.array_mode is None]
-    for i, a in enumerate(tensors):
-        for b in tensors[i + 1:]:
-            shared = a.example.untyped_storage().data_ptr() == b.example.untyped_storage().data_ptr()
-            tx.guards.add(g.STORAGE_SHARED, a.source, (b.source, shared), detail=b.source.name())
+    tensors = [i for i in tensors if i.array_mode is None]
+    if len(tensors) >= 2:
+        groups = g.storage_groups([i.example for i in tensors])
+        tx.guards.add(g.STORAGE_GROUPS, None, ([i.source for i in tensors], groups), detail="input storage")
+
+
+def _mutates_inputs(gm, placeholders):
+    """Does a node that mutates write to (a view of) one of ``placeholders``?"""
+    storages = set()
+    for p in placeholders:
+        fake = p.meta.get("example_value")
+        if isinstance(fake, torch.Tensor):
+            storages.add(fake.untyped_storage()._cdata)
+    for node in gm.graph.nodes:
+        if not _mutates(node):
+            continue
+        for arg in _flat_nodes(_mutated_args(node)):
+            fake = arg.meta.get("example_value")
+            if isinstance(fake, torch.Tensor) and fake.untyped_storage()._cdata in storages:
+                return True
+    return False
+
+
+def _mutated_args(node):
+    """The arguments a mutating node writes to: its first (``x.add_(y)``, ``_foreach_mul_(xs, s)``,
+    ``setitem``), ``out=``; any of them for the rest (running statistics, fused kernels)."""
+    if "out" in node.kwargs:
+        return node.kwargs["out"]
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    if node.args and (node.target is operator.setitem or node.kwargs.get("inplace") is True
+                      or (name.endswith("_") and not name.startswith("_fused"))):
+        return node.args[0]
+    return (node.args, node.kwargs)
+
+
+def _flat_nodes(args):
+    out = []
+    torch.fx.node.map_arg(args, out.append)
+    return out
 
 
 def guard_array_overlap(tx):

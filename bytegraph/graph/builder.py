@@ -22,8 +22,9 @@ from torch._subclasses.fake_tensor import (
 from ..errors import Unsupported
 from ..values import arrays
 from ..values.arrays import NdarrayValue
-from ..values.base import (ConstantValue, DictValue, ListValue, ObjectValue, SliceValue,
-                           SymValue, TensorValue, TupleValue)
+from ..values.base import (ConstantValue, DictValue, FloatTensorValue, ListValue, ObjectValue, SliceValue,
+                           SubgraphValue, SymValue, TensorValue, TupleValue)
+from . import scalars
 from .shapes import Shapes
 
 
@@ -32,11 +33,12 @@ class GraphInput:
 
     For an np.ndarray read through ``source``, ``example`` is the tensor it is traced as and
     ``array_mode`` says how the transformed function makes that tensor (values/arrays.py:
-    SHARE its memory, or COPY it; ``writeable``: the array's flag).
+    SHARE its memory, or COPY it; ``writeable``: the array's flag). ``scalar``: the source holds
+    a Python float, handed to the graph as a 0-d float64 tensor.
     """
-    __slots__ = ("source", "example", "node", "array_mode", "writeable", "version", "array")
+    __slots__ = ("source", "example", "node", "array_mode", "writeable", "version", "array", "scalar")
 
-    def __init__(self, source, example, node, array_mode=None, writeable=True, array=None):
+    def __init__(self, source, example, node, array_mode=None, writeable=True, array=None, scalar=False):
         self.source = source
         self.example = example
         self.node = node
@@ -44,6 +46,7 @@ class GraphInput:
         self.writeable = writeable
         self.version = None
         self.array = array          # the np.ndarray itself (its memory, for overlap checks)
+        self.scalar = scalar
 
     def mutated(self):
         """Whether the graph changed this input in place (its fake tensor's version moved)."""
@@ -131,6 +134,16 @@ class GraphBuilder:
         self.inputs.append(GraphInput(source, value, node))
         return SymValue(node, sym, source)
 
+    def add_float_input(self, value, source, guard):
+        """A float argument that changes between calls: a 0-d float64 tensor input of the graph
+        (``guard`` installs the guard fixing it, if it must be specialised after all)."""
+        node = self._placeholder(source)
+        example = torch.tensor(value, dtype=torch.float64)
+        fake = self.fake(example)
+        node.meta["example_value"] = fake
+        self.inputs.append(GraphInput(source, example, node, scalar=True))
+        return FloatTensorValue(node, fake, value, (guard,))
+
     def example_inputs(self):
         """What the backend is handed: real values, or fake ones when sizes are symbolic."""
         if self.shapes.has_symbols:
@@ -142,13 +155,13 @@ class GraphBuilder:
         size = tensor_value.fake.shape[dim]
         if not isinstance(size, torch.SymInt):
             return ConstantValue(size)
-        node = self.graph.create_node("call_method", "size", (tensor_value.node, dim), {})
+        node = self.graph.create_node("call_method", "size", (self.node_of(tensor_value), dim), {})
         node.meta["example_value"] = size
         return SymValue(node, size)
 
     def sym_call(self, target, args):
         """Arithmetic on symbolic ints: a graph node, or a constant if the result is known."""
-        node_args, example_args = _unwrap(args)
+        node_args, example_args = _unwrap(args, self.node_of)
         result = target(*example_args)
         if isinstance(result, torch.SymInt):
             node = self.graph.create_node("call_function", target, tuple(node_args), {})
@@ -176,6 +189,7 @@ class GraphBuilder:
         if fake is None:
             fake = self._state_fakes[id(tensor)] = self._state_fake(tensor)
         node.meta["example_value"] = fake
+        node.meta["real_tensor"] = tensor    # a dict key by identity (optimizer state per parameter)
         return TensorValue(node, fake, source, cls=type(tensor))
 
     def _state_fake(self, tensor):
@@ -192,6 +206,29 @@ class GraphBuilder:
                 # tell the trace (shapes, dtypes) does not depend on it.
                 return FakeTensor(self.fake_mode, meta, tensor.device)
         return self.fake(tensor)
+    def real_tensor(self, value):
+        """The real tensor a graph input or module-state value stands for (None for computed ones)."""
+        node = value.node
+        if node.op == "get_attr":
+            return node.meta.get("real_tensor")
+        if node.op == "placeholder":
+            for inp in self.inputs:
+                if inp.node is node:
+                    return inp.example
+        return None
+
+    def node_of(self, value):
+        """The node standing for a tensor/symbolic-int value (or a subgraph) in this graph."""
+        if isinstance(value, SubgraphValue):
+            return self.add_subgraph(value)
+        return value.node
+
+    def add_subgraph(self, value):
+        """A traced function body (SubgraphValue) as a submodule, read through get_attr."""
+        name = self._unique(value.name)
+        self.state_root.add_module(name, value.gm)
+        node = self.graph.get_attr(name)
+        return node
 
     def _unique(self, base):
         name, i = base, 1
@@ -206,10 +243,25 @@ class GraphBuilder:
     def call(self, kind, target, args, kwargs, describe=None):
         """Add a call node and return its result as values.
 
-        ``kind`` is "call_function" or "call_method"; args/kwargs are values.
+        ``kind`` is "call_function" or "call_method"; args/kwargs are values. Floats that
+        change between calls (FloatTensorValue) are passed as tensors where the op takes them
+        (``scalars.tensorize``); where it does not, they are specialised.
         """
-        node_args, fake_args = _unwrap(args)
-        node_kwargs, fake_kwargs = _unwrap(kwargs)
+        if _has_scalar_tensors(args, kwargs):
+            last = self.graph._root.prev    # nodes added from here on are the rewrite's
+            try:
+                rewritten = scalars.tensorize(self, kind, target, list(args), dict(kwargs))
+                if rewritten is not None:
+                    return self._call(*rewritten, describe=describe)
+            except Unsupported:
+                # The op does not take a tensor there: drop what the rewrite added, specialise.
+                while self.graph._root.prev is not last:
+                    self.graph.erase_node(self.graph._root.prev)
+        return self._call(kind, target, args, kwargs, describe)
+
+    def _call(self, kind, target, args, kwargs, describe=None):
+        node_args, fake_args = _unwrap(args, self.node_of)
+        node_kwargs, fake_kwargs = _unwrap(kwargs, self.node_of)
         if self.frozen:
             used = []
             fx.node.map_arg((node_args, node_kwargs), used.append)
@@ -566,39 +618,49 @@ def _find_alias(result, args, kwargs):
     return None
 
 
-def _unwrap(obj):
-    """Values -> (what goes in the FX node, what the fake run receives)."""
+def _unwrap(obj, node_of=None):
+    """Values -> (what goes in the FX node, what the fake run receives).
+
+    ``node_of(value)`` gives a tensor's or symbolic int's node in the graph being built (a
+    subgraph lifts values of the graph around it as its inputs)."""
+    if node_of is None:
+        node_of = _own_node
     if isinstance(obj, dict):
-        pairs = {k: _unwrap(v) for k, v in obj.items()}
+        pairs = {k: _unwrap(v, node_of) for k, v in obj.items()}
         return {k: p[0] for k, p in pairs.items()}, {k: p[1] for k, p in pairs.items()}
     if isinstance(obj, (list, tuple)):
-        pairs = [_unwrap(v) for v in obj]
+        pairs = [_unwrap(v, node_of) for v in obj]
         return [p[0] for p in pairs], [p[1] for p in pairs]
     if isinstance(obj, TensorValue):
-        return obj.node, obj.fake
+        return node_of(obj), obj.fake
     if isinstance(obj, SymValue):
-        return obj.node, obj.sym
+        return node_of(obj), obj.sym
     if isinstance(obj, ConstantValue):
         value = obj.value
         if isinstance(value, (np.generic, np.dtype)):
             value = _numpy_scalar(value)
         return value, value
     if isinstance(obj, TupleValue):
-        nodes, fakes = _unwrap(obj.items)
+        nodes, fakes = _unwrap(obj.items, node_of)
         if obj.cls is torch.Size:
             # A size holding symbolic dims is a plain tuple in the graph (torch.Size takes only ints).
             graph_side = tuple(nodes) if any(isinstance(n, fx.Node) for n in nodes) else torch.Size(nodes)
             return graph_side, torch.Size(fakes)
         return tuple(nodes), tuple(fakes)
     if isinstance(obj, ListValue):
-        return _unwrap(obj.items)
+        return _unwrap(obj.items, node_of)
     if isinstance(obj, DictValue):
-        return _unwrap(obj.items)
+        return _unwrap(obj.items, node_of)
     if isinstance(obj, SliceValue):
-        (a, b, c), (fa, fb, fc) = _unwrap([obj.start, obj.stop, obj.step])
+        (a, b, c), (fa, fb, fc) = _unwrap([obj.start, obj.stop, obj.step], node_of)
         return slice(a, b, c), slice(fa, fb, fc)
     if isinstance(obj, ObjectValue) and _is_plain_constant(obj.obj):
         return obj.obj, obj.obj
+    if isinstance(obj, SubgraphValue):
+        return node_of(obj), obj.gm
+    if isinstance(obj, FloatTensorValue):
+        value = obj.specialize()      # an argument only a Python number fits
+        return value, value
     raise Unsupported(f"cannot pass {obj!r} to a graph operation")
 
 
@@ -608,6 +670,19 @@ def _numpy_scalar(value):
     if isinstance(value, (np.integer, np.floating)) and not isinstance(value, np.bool_):
         return value.item()
     raise Unsupported(f"a NumPy {type(value).__name__} passed to a torch operation is not traced")
+def _has_scalar_tensors(args, kwargs):
+    for v in list(args) + list(kwargs.values()):
+        if isinstance(v, FloatTensorValue):
+            return True
+        if isinstance(v, (ListValue, TupleValue)) and any(isinstance(i, FloatTensorValue) for i in v.items):
+            return True
+        if isinstance(v, TensorValue) and v.fake.dim() == 0 and v is kwargs.get("alpha", kwargs.get("value")):
+            return True
+    return False
+
+
+def _own_node(value):
+    return value.node
 
 
 def _is_plain_constant(o):
@@ -630,3 +705,115 @@ def _identifier(text):
     if name[0].isdigit():
         name = "_" + name
     return name.lower() if name.startswith("global_") else name
+
+
+class SubgraphBuilder(GraphBuilder):
+    """The graph of a function body traced inside another graph (handed to a higher-order
+    operation: torch.cond, checkpoint, a torch.func transform, a custom autograd Function).
+
+    It shares the enclosing graph's fake mode and shapes. Graph inputs and module state the
+    body reads are added to the enclosing graph (where sources are guarded); any tensor of an
+    enclosing graph the body uses becomes an input of this one (``lifted``, in first-use order,
+    after the explicit inputs the operation passes), so the body is a closed function."""
+
+    def __init__(self, parent):
+        self.parent = parent
+        self.graph = fx.Graph()
+        self.fake_seconds = 0.0
+        self.shapes = parent.shapes
+        self.fake_mode = parent.fake_mode
+        self.inputs = []              # never a source: those are the root graph's
+        self.state_root = torch.nn.Module()   # submodules (nested bodies) only
+        self._state_names = {}
+        self._last_placeholder = None
+        self._names = set()
+        self.explicit = []            # placeholders the operation passes first
+        self.lifted = {}              # node of an enclosing graph -> placeholder here
+        self.lifted_values = []       # the enclosing values, in placeholder order
+        self._versions = []           # (fake, its version when it became an input)
+
+    def placeholder(self, fake, name):
+        """An explicit input of the body (an operand, a transformed argument)."""
+        node = self._placeholder_named(name)
+        node.meta["example_value"] = fake
+        self.explicit.append(node)
+        self._versions.append((fake, fake._version))
+        return TensorValue(node, fake)
+
+    def _placeholder_named(self, name):
+        name = self._unique(_identifier(name))
+        if self._last_placeholder is None:
+            first = next(iter(self.graph.nodes), None)
+            ctx = self.graph.inserting_before(first)
+        else:
+            ctx = self.graph.inserting_after(self._last_placeholder)
+        with ctx:
+            node = self.graph.placeholder(name)
+        self._last_placeholder = node
+        return node
+
+    def node_of(self, value):
+        if isinstance(value, SubgraphValue):
+            return self.add_subgraph(value)
+        node = value.node
+        if node.graph is self.graph:
+            return node
+        placeholder = self.lifted.get(node)
+        if placeholder is None:
+            placeholder = self._placeholder_named(node.name)
+            example = value.fake if isinstance(value, (TensorValue, FloatTensorValue)) else value.sym
+            placeholder.meta["example_value"] = example
+            self.lifted[node] = placeholder
+            self.lifted_values.append(value)
+            if isinstance(example, torch.Tensor):
+                self._versions.append((example, example._version))
+        return placeholder
+
+    def add_input(self, tensor, source, dynamic_dims=None):
+        return self.parent.add_input(tensor, source, dynamic_dims)
+
+    def add_sym_input(self, value, source):
+        return self.parent.add_sym_input(value, source)
+
+    def add_module_state(self, tensor, source, is_parameter):
+        return self.parent.add_module_state(tensor, source, is_parameter)
+
+    def add_float_input(self, value, source, guard):
+        return self.parent.add_float_input(value, source, guard)
+
+    def real_tensor(self, value):
+        return self.parent.real_tensor(value) if value.node.graph is not self.graph else None
+
+    def example_inputs(self):
+        raise AssertionError("a subgraph has no example inputs of its own")
+
+    def mutated_inputs(self):
+        """True if the body changed one of its inputs in place."""
+        return any(fake._version != version for fake, version in self._versions)
+
+    def finish(self, values, clone_inputs=False):
+        """The body's GraphModule returning ``values`` (a flat list of tensor values).
+
+        ``clone_inputs``: an input returned as it is (or a view of one) is cloned, for operations
+        whose outputs must not alias their inputs (torch.cond)."""
+        outputs = []
+        inputs = set(self.explicit) | set(self.lifted.values())
+        for v in values:
+            node = self.node_of(v)
+            if clone_inputs and isinstance(v, TensorValue) and (node in inputs or _is_view_of_input(v, inputs)):
+                node = self.graph.call_function(torch.clone, (node,))
+                node.meta["example_value"] = v.fake
+            outputs.append(node)
+        self.graph.output(tuple(outputs))
+        gm = fx.GraphModule(self.state_root, self.graph)
+        gm.graph.lint()
+        return gm
+
+
+def _is_view_of_input(value, inputs):
+    storage = value.fake.untyped_storage()._cdata
+    for node in inputs:
+        fake = node.meta.get("example_value")
+        if isinstance(fake, torch.Tensor) and fake.untyped_storage()._cdata == storage:
+            return True
+    return False

@@ -12,6 +12,7 @@ arguments:
 import builtins
 import linecache
 from collections import UserString
+import operator as _operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,10 +36,15 @@ STATE_MATCH = "STATE_MATCH"   # an object's __dict__ equals a snapshot (the obje
 NO_HOOKS = "NO_HOOKS"   # an nn.Module called while tracing had no forward hooks
 NOT_ALIAS = "NOT_ALIAS"   # two sources named different objects when traced (`is`, id(), or one is mutated)
 STORAGE_SHARED = "STORAGE_SHARED"   # two tensor inputs of a graph that mutates: share storage or not
+STORAGE_GROUPS = "STORAGE_GROUPS"   # tensor inputs of a graph that mutates: which of them share storage
 MISSING_ATTR = "MISSING_ATTR"   # the object had no attribute ``expected`` (hasattr, except AttributeError)
 NDARRAY_MATCH = "NDARRAY_MATCH"   # an np.ndarray traced as a tensor: exact type, dtype, shape, strides, writeable
 ARRAYS_APART = "ARRAYS_APART"   # an array and another array or tensor a mutating graph reads do not overlap in memory
 GLOBAL_HOOKS = "GLOBAL_HOOKS"   # no global module hooks (a submodule's call was traced without them)
+
+
+# Dict keys a DICT_KEYS guard compares by value; any other key is compared by identity.
+_PLAIN_KEY_TYPES = (str, int, bool, float, bytes, type(None))
 
 
 class TensorMeta:
@@ -147,6 +153,10 @@ class Guard:
             return f"{where}: does not overlap {self.expected.name()} in memory"
         if self.kind == STORAGE_SHARED:
             return f"{where}: {'shares' if self.expected[1] else 'shares no'} storage with {self.expected[0].name()}"
+        if self.kind == STORAGE_GROUPS:
+            sources, groups = self.expected
+            return (f"storage of {len(sources)} tensor inputs: "
+                    f"{'all distinct' if len(set(groups)) == len(groups) else 'grouped as ' + repr(groups)}")
         return f"{where}: {self.kind} {self.expected!r}"
 
 
@@ -182,6 +192,12 @@ class GuardSet:
 
     def __len__(self):
         return len(self._guards)
+
+
+def storage_groups(tensors):
+    """For each tensor, the index of the first one sharing its storage's address (which inputs alias)."""
+    first = {}
+    return tuple(first.setdefault(t.untyped_storage().data_ptr(), i) for i, t in enumerate(tensors))
 
 
 # --- global state -----------------------------------------------------------
@@ -271,6 +287,13 @@ class _Emitter:
             return [("not (_mm._global_forward_hooks or _mm._global_forward_pre_hooks or "
                      "_mm._global_backward_hooks or _mm._global_backward_pre_hooks)",
                      "f'a global module hook is registered now; it was not traced'")]
+        if g.kind == STORAGE_GROUPS:
+            sources, groups = g.expected
+            self.ns["_storage_groups"] = storage_groups
+            tensors = ", ".join(self.render(src) for src in sources)
+            return [(f"_storage_groups(({tensors},)) == {self.const(groups)}",
+                     "f'tensor inputs share storage differently than when compiled (the graph mutates "
+                     "inputs)'")]
         if g.kind == GLOBAL_STATE:
             expr, value = g.expected
             c = self.const(value)
@@ -356,8 +379,14 @@ class _Emitter:
         if g.kind == LENGTH_MATCH:
             return [(f"len({e}) == {g.expected}", f"f'length of {who} changed: {g.expected} -> {{len({e})}}'")]
         if g.kind == DICT_KEYS:
-            c = self.const(list(g.expected))
-            return [(f"list({e}) == {c}", f"f'keys of {who} changed: {list(g.expected)!r} -> {{list({e})!r}}'")]
+            keys = list(g.expected)
+            c = self.const(keys)
+            if all(type(k) in _PLAIN_KEY_TYPES for k in keys):
+                return [(f"list({e}) == {c}", f"f'keys of {who} changed: {keys!r} -> {{list({e})!r}}'")]
+            # Keys compared by identity (tensors, modules): `==` on them is not a yes/no answer.
+            self.ns["_is"] = _operator.is_
+            return [(f"len({e}) == {len(keys)} and all(map(_is, {e}, {c}))",
+                     f"f'keys of {who} changed (length {len(keys)} -> {{len({e})}}, or other objects)'")]
         if g.kind == TENSOR_MATCH:
             return self._tensor_checks(e, who, g.expected)
         raise AssertionError(g.kind)
@@ -469,7 +498,7 @@ def compile_guards(guards, params, fn_globals, name="guard", hit=True):
     classes = [type(m) for m in modules]   # as compiled (the text below is written later)
     ordered = _order(list(guards))
     observed = [g for g in ordered if g.kind in (TENSOR_MATCH, NDARRAY_MATCH) or (
-        g.kind == CONSTANT_MATCH and type(g.expected) is int)]
+        g.kind == CONSTANT_MATCH and type(g.expected) in (int, float))]
 
     def detail_source():
         # The detailed checks (run when the module epoch moved), the explain and observe

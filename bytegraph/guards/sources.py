@@ -149,6 +149,28 @@ class ItemSource(Source):
 
 
 @dataclass(frozen=True, eq=True, repr=False)
+class ObjectKeySource(Source):
+    """``base[key]`` for a dict keyed by an object compared by identity (a tensor, a module):
+    ``key`` is that object's own source."""
+    base: Source
+    key: Source
+
+    def expr_over(self, render):
+        return f"{render(self.base)}[{render(self.key)}]"
+
+    def name(self):
+        return f"{_plain(self.base)}[{_plain(self.key)}]"
+
+    @property
+    def root(self):
+        return self.base.root
+
+    @property
+    def base_source(self):
+        return self.base
+
+
+@dataclass(frozen=True, eq=True, repr=False)
 class DefaultSource(Source):
     """A default argument value of a function reached through a source."""
     base: Source

@@ -5,10 +5,12 @@ signature*, so CPython binds arguments for us. A call then costs: one loop
 over the cache entries, one guard call, one call of the transformed code.
 """
 import linecache
+import math
 import types
 import warnings
 import weakref
 
+from ..backends.registry import replays_cuda_graphs
 from ..config import config
 from ..debug import debug_dir, logs, progress, records, timing
 from ..guards.builder import NDARRAY_MATCH, TENSOR_MATCH
@@ -34,6 +36,9 @@ class Compiler:
         self.backend_spec = backend_spec
         self.fullgraph = fullgraph
         self.dynamic = dynamic
+        # Graphs replayed as CUDA graphs keep changing floats constant (as torch.compile does):
+        # a float handed over as a CPU tensor would keep them from being recorded.
+        self.cuda_graphs = replays_cuda_graphs(compiler_fn)
         self.caches = {}           # code object (or (code, id(globals))) -> CodeCache
         self._wrappers = weakref.WeakKeyDictionary()   # function -> its wrapper (residual calls)
         self._code_wrappers = {}   # (code, id(globals)) -> wrapper taking the closure as an argument
@@ -182,6 +187,10 @@ def _note_changed_sizes(cache, entry, frame_args):
                 if changed:
                     cache.auto_dynamic.setdefault(g.source, set()).update(changed)
         elif type(now) is int and now != g.expected:
+            cache.auto_dynamic_scalars.add(g.source)
+        elif type(now) is float and type(g.expected) is float and now != g.expected \
+                and math.isfinite(now) and math.isfinite(g.expected):
+            # A float that changes (a learning rate a scheduler moves): a graph input from now on.
             cache.auto_dynamic_scalars.add(g.source)
 
 

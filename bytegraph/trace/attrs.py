@@ -147,16 +147,6 @@ def _set_function_attr(frame, v, name, value):
     v.attrs[name] = value
 
 
-def _real_tensor(frame, v):
-    """The real tensor behind a graph input or a module's parameter/buffer, else None."""
-    if v.node.op == "get_attr":
-        return getattr(frame.tx.graph.state_root, v.node.target)
-    for inp in frame.tx.graph.inputs:
-        if inp.node is v.node:
-            return inp.example
-    return None
-
-
 def requires_grad_of(frame, v):
     """``v.requires_grad`` as the trace has left it."""
     stored = frame.tx.attr_stores.get((id(v), "requires_grad"))
@@ -194,11 +184,22 @@ def _set_tensor_attr(frame, v, name, value):
             raise Unsupported(f"assigning {describe(value)} to a tensor's .grad raises in eager")
     elif hasattr(torch.Tensor, name) or name.startswith("__"):
         raise Unsupported(f"setting Tensor.{name} is not supported yet")
-    frame.tx.attr_stores[(id(v), name)] = (v, name, value)
+    frame.tx.attr_stores[_tensor_store_key(frame, v, name)] = (v, name, value)
+
+
+def _tensor_store_key(frame, v, name):
+    """The key of a store on tensor ``v`` in ``tx.attr_stores``: ``.grad`` of a graph input or a
+    parameter by the real tensor (an optimizer reaches one parameter through several values:
+    ``p.grad = None`` in ``zero_grad`` must be seen by every later read), else by value."""
+    if name == "grad" and v.source is not None:
+        real = frame.tx.graph.real_tensor(v)
+        if real is not None:
+            return (id(real), name)
+    return (id(v), name)
 
 
 def _tensor_attr(frame, v, name):
-    stored = frame.tx.attr_stores.get((id(v), name))
+    stored = frame.tx.attr_stores.get(_tensor_store_key(frame, v, name))
     if stored is not None:
         if stored[2] is DELETED:
             raise MissingAttribute(f"'Tensor' object has no attribute {name!r}")
@@ -214,10 +215,12 @@ def _tensor_attr(frame, v, name):
     if name in _TENSOR_VIEWS:
         return frame.tx.graph.call("call_function", getattr, [v, ConstantValue(name)], {},
                                    describe=f"Tensor.{name}")
-    real = _real_tensor(frame, v) if v.source is not None else None
+    real = frame.tx.graph.real_tensor(v) if v.source is not None else None
     if name == "grad" and real is not None:
         # Only inputs can be re-read; the grad tensor is then an input of its own.
         return wrap(frame.tx, real.grad, AttrSource(v.source, "grad"))
+    if name == "grad_fn" and not v.fake.requires_grad:
+        return ConstantValue(None)   # a tensor that needs no grad has no history (guarded)
     if name in ("data", "grad", "grad_fn", "_version", "untyped_storage"):
         raise Unsupported(f"Tensor.{name} is not supported in a graph yet")
     attr = getattr(torch.Tensor, name, None)

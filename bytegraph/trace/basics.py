@@ -13,8 +13,8 @@ import torch
 
 from ..errors import Unsupported
 from ..values.base import (MUTABLE_CONSTANT_TYPES, ConstantValue, DefaultDictValue, DictValue, DictViewValue,
-                           ExceptionValue, FunctionValue, GeneratorValue, HeldValue, ListValue, ObjectValue,
-                           SliceValue, SymValue, TensorValue, TupleValue, UserObjectValue, holds_values)
+                           ExceptionValue, FloatTensorValue, FunctionValue, GeneratorValue, HeldValue, ListValue,
+                           ObjectValue, SliceValue, SymValue, TensorValue, TupleValue, UserObjectValue, holds_values)
 
 
 class PythonError(Unsupported):
@@ -73,6 +73,8 @@ def as_constant(v):
         return v.value
     if isinstance(v, SymValue):
         return int(v.sym)
+    if isinstance(v, FloatTensorValue):
+        return v.specialize()
     if isinstance(v, TupleValue):
         items = tuple(as_constant(i) for i in v.items)
         if v.cls is torch.Size:
@@ -102,7 +104,7 @@ def as_constant(v):
 
 
 def is_constant(v):
-    if isinstance(v, SymValue):
+    if isinstance(v, (SymValue, FloatTensorValue)):
         return False
     try:
         as_constant(v)

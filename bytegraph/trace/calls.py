@@ -24,7 +24,7 @@ from ..values.base import (BoundMethodValue, ConstantValue, DictValue, ExitValue
 from ..residual import has_hooks
 from ..values.builder import CONSTANT_TYPES, wrap
 from ..values.arrays import NdarrayMethodValue
-from . import attrs, blocks, generators, numpy_calls, operators, ops, protocols
+from . import attrs, blocks, generators, higher_order, library, numpy_calls, operators, ops, protocols
 from .basics import note_process_local
 from .exceptions import PythonError, make_exception, raise_new
 from .frame import inline_call
@@ -72,6 +72,11 @@ def _call_object(frame, fv, args, kwargs):
     special = _control_call(frame, obj, args, kwargs)
     if special is not None:
         return special
+    special = library.call(frame, obj, args, kwargs)
+    if special is None:
+        special = higher_order.call(frame, fv, args, kwargs)
+    if special is not None:
+        return special
     if numpy_calls.is_numpy_callable(obj):
         return numpy_calls.call_numpy(frame, fv, args, kwargs)
     handler = ops.BUILTIN_HANDLERS.get(_key(obj))
@@ -87,6 +92,11 @@ def _call_object(frame, fv, args, kwargs):
             return torch_call(frame, obj, args, kwargs)
         if control.torch_wrap_numpy_target(obj) is not None:
             return numpy_calls.call_torch_wrap_numpy(frame, fv, args, kwargs)
+        wrapped = library.unwrap(obj)
+        if wrapped is not None:
+            # torch._disable_dynamo(f): trace f (library.py says why).
+            return call(frame, wrap(tx, wrapped, AttrSource(fv.source, "__wrapped__") if fv.source else None),
+                        args, kwargs)
         return call_python_function(frame, fv, args, kwargs)
     if isinstance(obj, types.MethodType):
         if isinstance(obj.__self__, torch.inference_mode) and obj.__name__ == "__exit__":
@@ -346,6 +356,9 @@ TENSOR_DATA_HINT = ("keep the value a tensor (e.g. x.sum() instead of x.sum().it
 def tensor_method(frame, tensor, name, args, kwargs):
     if name == "numpy":
         return numpy_calls.tensor_method_to_array(frame, tensor, name, args, kwargs)
+    if name == "requires_grad_" and not tensor.fake.requires_grad and not kwargs \
+            and args and operators.is_constant(args[0]) and not operators.as_constant(args[0]):
+        return tensor    # requires_grad_(False) on a tensor that needs no grad (guarded): nothing to do
     if name in _DATA_DEPENDENT:
         raise Unsupported(f"Tensor.{name}() needs the tensor's data, which is unknown while tracing",
                           hint=TENSOR_DATA_HINT)

@@ -8,6 +8,7 @@ from ..errors import Unsupported
 from ..graph.builder import GraphBuilder
 from ..guards.builder import GuardSet, add_global_state_guards
 from ..guards.sources import LocalSource
+from ..residual import set_autocast_state
 
 # The value of a global the trace deleted (``del`` / ``global x; del x``).
 DELETED = object()
@@ -55,6 +56,32 @@ class TraceContext:
         # true in this process only (set order of strings, lru_cache results, hash()).
         self.inlined_codes = {}
         self.process_local = 0
+        self.static_tensors = set()    # ids of optimizers' parameters and state: read like module state
+        self.param_groups = set()      # ids of optimizer param_groups dicts (their "capturable" reads True)
+        self.state_overrides = {}      # id(parameter or buffer) -> (it, value read instead): functional_call
+
+    def note_optimizer(self, optimizer):
+        """An optimizer is read: its state tensors are long-lived, read through get_attr by identity;
+        its param groups are traced as capturable (values/builder.py says why)."""
+        for per_param in optimizer.state.values():
+            if isinstance(per_param, dict):
+                self.static_tensors.update(id(t) for t in per_param.values() if type(t) is torch.Tensor)
+        for group in optimizer.param_groups:
+            self.param_groups.add(id(group))
+            self.static_tensors.update(id(p) for p in group.get("params", ()) if isinstance(p, torch.Tensor))
+
+    def undo_state_changes(self, start=0):
+        """Restore the process's grad mode and autocast state as they were before the changes
+        recorded from ``start`` on (all: after a trace, whatever happened inside it)."""
+        for kind, saved in reversed(self.state_changes[start:]):
+            if kind == "grad":
+                torch._C._set_grad_enabled(saved)
+            elif kind == "autocast":
+                saved.__exit__(None, None, None)
+            elif kind == "autocast_state":
+                device_type, state = saved
+                set_autocast_state(device_type, *state)
+        del self.state_changes[start:]
 
     def effect_count(self):
         """How many side effects the trace has recorded so far (to tell whether code made any)."""
@@ -104,6 +131,11 @@ class TraceContext:
         for d in static or ():
             dims.pop(d, None)
         return {d: b for d, b in dims.items() if d < tensor.ndim}
+
+    def is_dynamic_float(self, source):
+        """A float seen changing between calls at ``source`` is a graph input (automatic dynamic)."""
+        return self._dynamic_mode() is not False and source in self.auto_dynamic_scalars \
+            and not getattr(self.options, "cuda_graphs", False)
 
     def is_dynamic_scalar(self, source):
         mode = self._dynamic_mode()

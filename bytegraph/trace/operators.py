@@ -10,10 +10,10 @@ from ..null import NULL
 from ..guards.builder import NOT_ALIAS
 from ..guards.sources import ModuleEntrySource
 from ..values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, ConstantValue, ContextManagerValue,
-                           DefaultDictValue, DictValue, DictViewValue, ExceptionValue, FormattedTextValue,
-                           FunctionValue, GeneratorValue, IteratorValue, LazyIteratorValue, ListValue,
-                           MethodOfValue, ObjectValue, SliceValue, SymValue, TensorMethodValue, TensorValue,
-                           TupleValue, UserObjectValue, holds_values)
+                           DefaultDictValue, DictValue, DictViewValue, ExceptionValue, FloatTensorValue,
+                           FormattedTextValue, FunctionValue, GeneratorValue, IteratorValue, LazyIteratorValue,
+                           ListValue, MethodOfValue, ObjectValue, SliceValue, SymValue, TensorMethodValue,
+                           TensorValue, TupleValue, UserObjectValue, holds_values)
 from ..values.builder import wrap
 from ..values.arrays import NdarrayValue
 from . import attrs, numpy_calls, ops, protocols
@@ -42,9 +42,12 @@ COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operato
 
 
 def key_of(v):
-    """A dict key: constants by value, objects by identity."""
+    """A dict key: constants by value, objects by identity (module state tensors too)."""
     if isinstance(v, ObjectValue):
         return v.obj
+    if isinstance(v, TensorValue) and v.node.op == "get_attr":
+        # Identity-guarded (parameters, optimizer state): the real tensor is the key.
+        return v.node.meta["real_tensor"]
     k = as_constant(v)
     if isinstance(k, frozenset) and holds_values(k):
         raise Unsupported("a frozenset holding tensors or objects as a dict key is not supported yet")
@@ -102,6 +105,8 @@ def binary(frame, op, a, b):
             # `n += tensor` with a Python number on the left is just `n + tensor`.
             fn = BINARY[op[:-1]]
         return graph_op(frame, fn, [a, b])
+    if isinstance(a, FloatTensorValue) or isinstance(b, FloatTensorValue):
+        return float_op(frame, fn, [a, b])
     if isinstance(a, SymValue) or isinstance(b, SymValue):
         # Ints are immutable: `n += 1` is `n + 1` (an in-place operator node would make FX's
         # generated code rebind the graph's input name, so later uses would see the sum).
@@ -278,6 +283,32 @@ def element_equal(frame, element, item):
             and not isinstance(item, SymValue):
         return as_constant(element) == as_constant(item)
     return truth(frame, compare(frame, "==", element, item))
+# Python float arithmetic done exactly the same on float64 tensors (IEEE double).
+_FLOAT_ARITHMETIC = {operator.add, operator.sub, operator.mul, operator.truediv, operator.pow,
+                     operator.neg, operator.pos, operator.abs, abs}
+# Floats are immutable: `f += x` is `f + x` (an in-place node would change the graph's input
+# tensor, which later uses of the same float read).
+_NOT_IN_PLACE = {operator.iadd: operator.add, operator.isub: operator.sub, operator.imul: operator.mul,
+                 operator.itruediv: operator.truediv, operator.ipow: operator.pow}
+
+
+def float_op(frame, fn, args):
+    """Arithmetic on floats that change between calls (FloatTensorValue) and plain numbers: more
+    such floats, computed in the graph; anything else specialises them (guards their values)."""
+    fn = _NOT_IN_PLACE.get(fn, fn)
+    if fn in _FLOAT_ARITHMETIC and all(isinstance(a, FloatTensorValue) or (
+            isinstance(a, ConstantValue) and type(a.value) in (int, float, bool)) for a in args):
+        examples = [a.example if isinstance(a, FloatTensorValue) else a.value for a in args]
+        try:
+            example = fn(*examples)
+        except Exception:
+            example = None      # what eager raises comes from the specialised fold below
+        if type(example) is float and example == example and abs(example) != float("inf"):
+            operands = [TensorValue(a.node, a.fake) if isinstance(a, FloatTensorValue) else a for a in args]
+            result = graph_op(frame, fn, operands)
+            bases = tuple(b for a in args if isinstance(a, FloatTensorValue) for b in a.bases)
+            return FloatTensorValue(result.node, result.fake, example, bases)
+    return constant_fold(frame, fn, args, getattr(fn, "__name__", "operator"))
 
 
 def unary(frame, fn, v):
@@ -285,6 +316,8 @@ def unary(frame, fn, v):
         return numpy_calls.unary(frame, fn, v)
     if isinstance(v, TensorValue):
         return graph_op(frame, fn, [v])
+    if isinstance(v, FloatTensorValue):
+        return float_op(frame, fn, [v])
     if isinstance(v, SymValue):
         return _sym_op(frame, fn, [v])
     return constant_fold(frame, fn, [v], fn.__name__)
@@ -298,6 +331,8 @@ DATA_DEPENDENT_BRANCH = ("make the condition static (decide on shapes, Python va
 def truth(frame, v):
     if isinstance(v, ConstantValue):
         return bool(v.value)
+    if isinstance(v, FloatTensorValue):
+        return bool(v.specialize())
     if isinstance(v, SymValue):
         return bool(v.sym != 0)
     if isinstance(v, TensorValue):
@@ -399,8 +434,10 @@ def getitem(frame, obj, index):
         k = key_of(index)
         if k not in obj.items:
             if isinstance(obj, DefaultDictValue) and not is_none(obj.factory):
-                obj.items[k] = ops.call(frame, obj.factory, [], {})
-                return obj.items[k]
+                new = ops.call(frame, obj.factory, [], {})
+                frame.tx.mark_mutated(obj, "a missing key of")
+                obj.items[k] = new
+                return new
             raise PythonError(f"KeyError: {k!r}", KeyError(k))
         return obj.items[k]
     if isinstance(obj, ConstantValue):
@@ -409,11 +446,26 @@ def getitem(frame, obj, index):
         return _module_item(frame, obj, as_constant(index))
     if attrs.is_mapping_proxy(obj):
         return attrs.proxy_item(frame, obj, key_of(index))
+    if isinstance(obj, ObjectValue) and isinstance(obj.obj, type) and hasattr(obj.obj, "__class_getitem__") \
+            and isinstance(index, (ObjectValue, ConstantValue, TupleValue)):
+        # A type annotation such as list[Tensor] (typing.cast's first argument): made at once.
+        try:
+            return ObjectValue(obj.obj[_annotation_arg(index)])
+        except Unsupported:
+            pass
     if protocols.has_special_method(obj, "__getitem__"):
         return protocols.call_special_method(frame, obj, "__getitem__", [index])
     if protocols.dict_part(obj) is not obj:
         return getitem(frame, protocols.dict_part(obj), index)
     raise Unsupported(f"indexing {attrs.describe(obj)} is not supported yet")
+
+
+def _annotation_arg(index):
+    if isinstance(index, TupleValue):
+        return tuple(_annotation_arg(i) for i in index.items)
+    if isinstance(index, ObjectValue):
+        return index.obj
+    return as_constant(index)
 
 
 def _module_item(frame, mv, index):

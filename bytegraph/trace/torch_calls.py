@@ -199,12 +199,4 @@ def apply_state(frame, mgr, entering):
 
 def undo_state_changes(tx):
     """Restore process state after a trace, whatever happened inside it."""
-    for kind, saved in reversed(tx.state_changes):
-        if kind == "grad":
-            torch._C._set_grad_enabled(saved)
-        elif kind == "autocast":
-            saved.__exit__(None, None, None)
-        elif kind == "autocast_state":
-            device_type, state = saved
-            set_autocast_state(device_type, *state)
-    tx.state_changes.clear()
+    tx.undo_state_changes()

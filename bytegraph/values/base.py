@@ -110,6 +110,51 @@ class SymValue(Value):
         return f"{self.node.name}: {self.sym}"
 
 
+class FloatTensorValue(Value):
+    """A Python float that changes from call to call (a learning rate a scheduler moves): in the
+    graph, a 0-d float64 tensor (an input, or computed from inputs with double arithmetic, as
+    Python computes floats), so a new value needs no new graph. ``example`` is its value now.
+
+    Where the trace needs it as a number (a comparison, an argument only a number fits) it is
+    specialised: ``specialize()`` guards the floats it was computed from to their current values
+    and gives ``example``."""
+
+    __slots__ = ("node", "fake", "example", "bases")
+
+    def __init__(self, node, fake, example, bases):
+        super().__init__(None)
+        self.node = node
+        self.fake = fake
+        self.example = example
+        self.bases = tuple(bases)   # callables installing the guards that fix its input floats
+
+    def specialize(self):
+        for install in self.bases:
+            install()
+        return self.example
+
+    def python_type(self):
+        return float
+
+    def _repr_body(self):
+        return f"{self.node.name}: {self.example!r}"
+
+
+class SubgraphValue(Value):
+    """A function body traced into a graph of its own (an ``fx.GraphModule``), handed to a
+    higher-order operation (``torch.cond``, checkpoint, torch.func transforms)."""
+
+    __slots__ = ("gm", "name")
+
+    def __init__(self, gm, name):
+        super().__init__(None)
+        self.gm = gm
+        self.name = name
+
+    def python_type(self):
+        return type(self.gm)
+
+
 class TupleValue(Value):
     """A tuple whose items are values. ``cls`` is tuple, torch.Size or a namedtuple class."""
 

@@ -6,8 +6,10 @@ attribute of a module. The guard it installs is the least that keeps the
 trace valid: a tensor's type/dtype/device/shape/stride, a number's value, a
 function's or module's identity, a container's length or keys.
 """
+import collections
 import enum
 import functools
+import math
 import types
 import weakref
 
@@ -18,11 +20,11 @@ from ..config import config
 from ..errors import Unsupported
 from ..guards import builder as g
 from ..guards import stamps
-from ..guards.sources import AttrSource, ItemSource, ModuleEntrySource
+from ..guards.sources import AttrSource, ItemSource, ModuleEntrySource, ObjectKeySource, ObjectSource
 from ..residual import AutocastExit, GradModeExit
 from .arrays import unsupported_reason as array_unsupported_reason
-from .base import (ConstantValue, ContextManagerValue, DictValue, ExitValue, ListValue, ObjectValue, TupleValue,
-                   constant)
+from .base import (ConstantValue, ContextManagerValue, DefaultDictValue, DictValue, ExitValue, ListValue,
+                   ObjectValue, TupleValue, constant)
 
 CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis),
                   type(NotImplemented), torch.dtype, torch.device, torch.layout,
@@ -47,6 +49,10 @@ def is_trusted_module(mod):
 
 def wrap(tx, obj, source):
     """The value for ``obj`` as read through ``source`` (None: no guard possible)."""
+    if tx.state_overrides and isinstance(obj, torch.Tensor):
+        override = tx.state_overrides.get(id(obj))
+        if override is not None and override[0] is obj:
+            return override[1]     # torch.func.functional_call: this tensor in place of the parameter
     guards = tx.guards
     if source is not None and not isinstance(obj, CONSTANT_TYPES):
         guards.objects[source] = obj   # what guards.builder needs to tell module-owned state
@@ -121,6 +127,10 @@ def _wrap(tx, obj, source):
         if t is int and tx.is_dynamic_scalar(source):
             _guard(tx, g.TYPE_MATCH, source, int)
             return tx.graph.add_sym_input(obj, source)
+        if t is float and tx.is_dynamic_float(source) and math.isfinite(obj):
+            # A float seen changing (a scheduled learning rate): an input of the graph, not a constant.
+            _guard(tx, g.TYPE_MATCH, source, float)
+            return tx.graph.add_float_input(obj, source, lambda: _guard(tx, g.CONSTANT_MATCH, source, obj))
         kind = g.ID_MATCH if t in (torch.dtype, torch.layout, torch.memory_format) else g.CONSTANT_MATCH
         return ConstantValue(obj, source, pending_guard=lambda: _guard(tx, kind, source, obj))
     if t is tuple or (isinstance(obj, tuple) and hasattr(t, "_fields")):
@@ -133,12 +143,21 @@ def _wrap(tx, obj, source):
         _guard(tx, g.LENGTH_MATCH, source, len(obj))
         return _existing(tx, ListValue([wrap(tx, x, _item(source, i)) for i, x in enumerate(obj)], source))
     if t is dict or (isinstance(obj, dict) and (t.__module__ == "collections" or t in stamps.STAMPED)):
-        if all(isinstance(k, (str, int)) for k in obj):
+        if all(isinstance(k, (str, int)) or _identity_key(k) for k in obj):
             _guard(tx, g.TYPE_MATCH, source, t)
             _guard(tx, g.DICT_KEYS, source, list(obj))
+            items = {k: wrap(tx, v, _key_item(source, k)) for k, v in obj.items()}
+            if id(obj) in tx.param_groups and items.get("capturable") is not None:
+                # An optimizer's step is traced on its "capturable" path (as torch.compile does):
+                # the same update with the step count kept a tensor, where the other path needs
+                # it as a Python number (a data-dependent read). Only the trace sees this value:
+                # code run natively after a graph break re-reads the real flag from its source.
+                items["capturable"] = ConstantValue(True, items["capturable"].source)
+            if t is collections.defaultdict:
+                factory = wrap(tx, obj.default_factory, AttrSource(source, "default_factory") if source else None)
+                return _existing(tx, DefaultDictValue(items, factory, source))
             # A module's table watched by guards.stamps is traced as the dict it stands for.
-            return _existing(tx, DictValue({k: wrap(tx, v, _item(source, k)) for k, v in obj.items()},
-                                           source, cls=stamps.PLAIN.get(t, t)))
+            return _existing(tx, DictValue(items, source, cls=stamps.PLAIN.get(t, t)))
     if t is set and all(type(x) in CONSTANT_TYPES for x in obj):
         # A set of constants is a constant the trace may change (a copy; the guard keeps a
         # snapshot of the contents seen here).
@@ -160,9 +179,18 @@ def _wrap(tx, obj, source):
         owner_kind = g.ID_MATCH if isinstance(owner, (torch.nn.Module, type, types.ModuleType)) else g.TYPE_MATCH
         _guard(tx, owner_kind, AttrSource(source, "__self__"), owner if owner_kind == g.ID_MATCH else type(owner))
         return ObjectValue(obj, source)
+    if t in (types.MethodWrapperType, types.BuiltinMethodType) and source is not None \
+            and not isinstance(obj.__self__, types.ModuleType) and isinstance(source, AttrSource):
+        # ``f.__get__``, ``d.get``: made anew on each attribute read, so their identity never
+        # holds; what they do is fixed by the object they are bound to and the name (the source's).
+        _guard(tx, g.TYPE_MATCH, source, t)
+        _guard(tx, g.ID_MATCH, AttrSource(source, "__self__"), obj.__self__)
+        return ObjectValue(obj, source)
     if isinstance(obj, (torch.nn.Module, enum.Enum) + _IDENTITY_TYPES) or (callable(obj) and _is_c_callable(obj)):
         _guard(tx, g.ID_MATCH, source, obj)
         return ObjectValue(obj, source)
+    if isinstance(obj, torch.optim.Optimizer):
+        tx.note_optimizer(obj)
     # Other user objects: the type is fixed; attributes get guards as they are read.
     _guard(tx, g.TYPE_MATCH, source, t)
     return ObjectValue(obj, source)
@@ -190,6 +218,25 @@ def _item(source, index):
     return ItemSource(source, index) if source is not None else None
 
 
+def _identity_key(k):
+    """A dict key compared by identity: a tensor (optimizer state is keyed by parameters), or an
+    object whose class keeps object's own hash and equality."""
+    if isinstance(k, torch.Tensor):
+        return True
+    t = type(k)
+    return t.__hash__ is object.__hash__ and t.__eq__ is object.__eq__
+
+
+def _key_item(source, key):
+    if source is None:
+        return None
+    if isinstance(key, (str, int)):
+        return ItemSource(source, key)
+    label = (f"<{type(key).__name__} {tuple(key.shape)}>" if isinstance(key, torch.Tensor)
+             else f"<{type(key).__name__}>")
+    return ObjectKeySource(source, ObjectSource(key, label))
+
+
 # nn.Module -> names of buffers that traced code assigned a new tensor to. Such a buffer is
 # a different object on every call, so it is read as a graph input (guarded by its
 # metadata) rather than through get_attr (guarded by identity).
@@ -213,6 +260,11 @@ def _wrap_tensor(tx, tensor, source):
         return tx.graph.add_module_state(tensor, source, is_parameter=source.table == "_parameters")
     if source is None:
         raise _unsupported("a tensor that cannot be re-read on later calls (no source)")
+    if id(tensor) in tx.static_tensors:
+        # An optimizer's parameters (read through its param_groups) and state: long-lived
+        # tensors, read like module state (get_attr, guarded by identity).
+        _guard(tx, g.ID_MATCH, source, tensor)
+        return tx.graph.add_module_state(tensor, source, is_parameter=type(tensor) is torch.nn.Parameter)
     if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.is_sparse or tensor.is_nested:
         raise _unsupported(f"tensor subclass or layout not supported yet: {type(tensor).__name__}")
     dynamic = tx.dynamic_dims_for(tensor, source)

@@ -1,0 +1,280 @@
+"""The training step, whole: eager vs torch.compile vs bytegraph, side by side.
+
+    python bench/train_step.py                                  # GPU: GPT-2 small, batch 8 x 1024, bf16 autocast
+    python bench/train_step.py --device cpu --tiny --backend aot_eager   # a quick check that it all runs
+
+Rows (each variant runs in a fresh process: compile caches, CUDA graph pools and torch.compile's
+patching of torch.optim are per process):
+
+- ``whole step, AdamW foreach`` / ``whole step, AdamW fused``: one compiled function doing
+  forward, cross-entropy loss, ``loss.backward()``, ``opt.step()``, ``opt.zero_grad()``.
+- ``model compiled, AdamW foreach``: only the model is compiled; the rest runs eagerly.
+- ``whole step + LR scheduler``: the whole step with OneCycleLR moving lr (and betas) every
+  step; the ``graphs`` column says how many graphs each compiler made over all the steps.
+- ``inference batch 1, reduce-overhead``: ``mode="reduce-overhead"`` (CUDA graphs) on a
+  batch of 1 x 128 tokens, under no_grad.
+- ``activation checkpointing`` (``--checkpoint``): the whole step with every block under
+  ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` next to the same without;
+  the ``memory`` column is the peak memory of a step above the model's (CUDA), or on the CPU
+  the bytes the autograd graph keeps for backward (saved tensors).
+
+Columns: ``first call`` is the wall time of the first step (compiling included), ``median`` the
+steady-state median per step (CUDA events on the GPU, wall clock on the CPU), ``loss`` the
+loss after the timed steps (the same seed everywhere: eager's and the compilers' should agree to
+a few digits), ``graphs`` the graphs compiled.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import bytegraph  # noqa: E402
+from reduce_overhead import GPT  # noqa: E402
+
+
+class CheckpointedGPT(GPT):
+    """The same model with each block's activations recomputed in backward."""
+
+    def forward(self, idx):
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for blk in self.blocks:
+            x = checkpoint(blk, x, use_reentrant=False)
+        return self.head(self.ln(x))
+
+
+ROWS = ["whole step, AdamW foreach", "whole step, AdamW fused", "model compiled, AdamW foreach",
+        "whole step + LR scheduler", "inference batch 1, reduce-overhead"]
+CHECKPOINT_ROWS = ["whole step, no checkpointing", "whole step, checkpointed blocks"]
+COMPILERS = ["eager", "torch.compile", "bytegraph"]
+
+
+def sizes(args):
+    if args.tiny:
+        return dict(layers=2, d=64, heads=4, vocab=512, batch=2, tokens=32, infer_tokens=16)
+    return dict(layers=args.layers, d=args.d, heads=args.heads, vocab=50257, batch=args.batch,
+                tokens=args.tokens, infer_tokens=128)
+
+
+def counting(backend, mode, counter):
+    """A backend for bytegraph that counts the graphs it gets, then hands them to ``backend``."""
+    inner = bytegraph.backends.registry.lookup_backend(backend, mode=mode)
+
+    def compile_graph(gm, example_inputs):
+        counter[0] += 1
+        return inner(gm, example_inputs)
+    return compile_graph
+
+
+def torch_graphs():
+    try:
+        from torch._dynamo.utils import counters
+        return counters["stats"]["unique_graphs"]
+    except Exception:
+        return None
+
+
+def build(row, compiler, args, s, device):
+    """(callable doing one step, its inputs, a function reading the graph count, model)."""
+    torch.manual_seed(0)
+    ckpt = row == CHECKPOINT_ROWS[1]
+    cls = CheckpointedGPT if ckpt else GPT
+    model = cls(s["layers"], s["d"], heads=s["heads"], vocab=s["vocab"], ctx=max(s["tokens"], 128)).to(device)
+    counter = [0]
+    mode = None
+    backend = args.backend
+    if row.startswith("inference"):
+        model.eval()
+        mode = "reduce-overhead" if device == "cuda" and backend == "inductor" else None
+        x = torch.randint(0, s["vocab"], (1, s["infer_tokens"]), device=device)
+
+        def infer(idx):
+            with torch.no_grad():
+                return model(idx)
+        fn = {"eager": infer,
+              "torch.compile": torch.compile(model, backend=backend, mode=mode) if compiler == "torch.compile" else None,
+              "bytegraph": bytegraph.compile(model, backend=counting(backend, mode, counter))
+              if compiler == "bytegraph" else None}[compiler]
+        if compiler != "eager":
+            compiled = fn
+            fn = lambda idx: infer_with(compiled, idx)   # noqa: E731
+        return fn, (x,), counter, model
+    fused = "fused" in row
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1,
+                            **({"fused": True} if fused else {"foreach": True}))
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-3, total_steps=10_000) if "scheduler" in row else None
+    amp = device == "cuda"
+    forward = model
+    if row.startswith("model compiled") and compiler != "eager":
+        forward = torch.compile(model, backend=backend) if compiler == "torch.compile" else \
+            bytegraph.compile(model, backend=counting(backend, None, counter))
+
+    def step(idx, targets):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=amp):
+            logits = forward(idx)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    fn = step
+    if not row.startswith("model compiled") and compiler != "eager":
+        fn = torch.compile(step, backend=backend) if compiler == "torch.compile" else \
+            bytegraph.compile(step, backend=counting(backend, None, counter))
+    if sched is not None:
+        inner = fn
+
+        def fn(idx, targets):
+            loss = inner(idx, targets)
+            sched.step()
+            return loss
+    x = torch.randint(0, s["vocab"], (s["batch"], s["tokens"]), device=device)
+    y = torch.randint(0, s["vocab"], (s["batch"], s["tokens"]), device=device)
+    return fn, (x, y), counter, model
+
+
+def infer_with(compiled, idx):
+    with torch.no_grad():
+        return compiled(idx)
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure(row, compiler, args):
+    device = args.device
+    s = sizes(args)
+    fn, inputs, counter, model = build(row, compiler, args, s, device)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    sync(device)
+    t0 = time.perf_counter()
+    out = fn(*inputs)
+    sync(device)
+    first = time.perf_counter() - t0
+    for _ in range(args.warmup):
+        out = fn(*inputs)
+    times = []
+    for _ in range(args.iters):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn(*inputs)
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t = time.perf_counter()
+            out = fn(*inputs)
+            times.append((time.perf_counter() - t) * 1e3)
+    result = {"row": row, "compiler": compiler, "first_ms": first * 1e3, "median_ms": statistics.median(times)}
+    value = out if out.dim() == 0 else out.float().abs().mean()
+    result["loss"] = float(value)
+    result["graphs"] = counter[0] if compiler == "bytegraph" else torch_graphs() if compiler == "torch.compile" else None
+    if row in CHECKPOINT_ROWS:
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+            fn(*inputs)
+            torch.cuda.synchronize()
+            result["memory_mb"] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+        else:
+            result["memory_mb"] = saved_bytes(fn, inputs) / 2 ** 20
+    return result
+
+
+def saved_bytes(fn, inputs):
+    """Bytes the autograd graph keeps for backward during one step (tensors packed by autograd)."""
+    kept = [0]
+
+    def pack(t):
+        kept[0] += t.numel() * t.element_size()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(*inputs)
+    return kept[0]
+
+
+def run_all(args):
+    rows = CHECKPOINT_ROWS if args.checkpoint else ROWS
+    if args.rows:
+        rows = [r for r in rows if any(k in r for k in args.rows.split(","))]
+    results = []
+    for row in rows:
+        for compiler in COMPILERS:
+            cmd = [sys.executable, os.path.abspath(__file__), "--only-row", row, "--only-compiler", compiler,
+                   "--device", args.device, "--backend", args.backend, "--iters", str(args.iters),
+                   "--warmup", str(args.warmup), "--layers", str(args.layers), "--d", str(args.d),
+                   "--heads", str(args.heads), "--batch", str(args.batch), "--tokens", str(args.tokens)]
+            if args.tiny:
+                cmd.append("--tiny")
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("{")), None)
+            if line is None:
+                err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+                results.append({"row": row, "compiler": compiler, "error": err[:160]})
+            else:
+                results.append(json.loads(line))
+            print(f"  done: {row} / {compiler}", file=sys.stderr, flush=True)
+    print_table(results, args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "torch": torch.__version__, "results": results}, f, indent=1)
+
+
+def print_table(results, args):
+    device = torch.cuda.get_device_name() if args.device == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    print(f"\n{device}, torch {torch.__version__}, backend {args.backend}, sizes {sizes(args)}")
+    mem = any("memory_mb" in r for r in results)
+    head = f"{'':38s} {'compiler':14s} {'first call':>12s} {'median':>10s} {'loss':>10s} {'graphs':>7s}"
+    print(head + (f" {'memory':>11s}" if mem else ""))
+    for r in results:
+        if "error" in r:
+            print(f"{r['row']:38s} {r['compiler']:14s} ERROR: {r['error']}")
+            continue
+        graphs = "" if r.get("graphs") is None else str(r["graphs"])
+        line = (f"{r['row']:38s} {r['compiler']:14s} {r['first_ms'] / 1e3:10.2f} s {r['median_ms']:7.2f} ms "
+                f"{r['loss']:10.4f} {graphs:>7s}")
+        if mem:
+            line += f" {r['memory_mb']:8.1f} MB"
+        print(line)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--backend", default="inductor", help="backend for both compilers (inductor, aot_eager...)")
+    p.add_argument("--tiny", action="store_true", help="a 2-layer toy model (for checking on the CPU)")
+    p.add_argument("--checkpoint", action="store_true", help="the activation checkpointing rows instead")
+    p.add_argument("--rows", default=None, help="comma-separated words choosing rows (e.g. 'fused,inference')")
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--d", type=int, default=768)
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--tokens", type=int, default=1024)
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--timeout", type=int, default=1800)
+    p.add_argument("--json", default=None)
+    p.add_argument("--only-row", default=None)
+    p.add_argument("--only-compiler", default=None)
+    args = p.parse_args()
+    if args.only_row is not None:
+        print(json.dumps(measure(args.only_row, args.only_compiler, args)), flush=True)
+        return
+    run_all(args)
+
+
+if __name__ == "__main__":
+    main()

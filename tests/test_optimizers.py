@@ -1,0 +1,284 @@
+"""Optimizers and whole training steps compiled: parameters, optimizer state and losses equal eager's.
+
+torch's optimizers wrap their step in compiler helpers (a profiler range, grad mode set in a
+``_use_grad_for_differentiable`` wrapper with ``torch._dynamo.graph_break()`` around the update,
+``torch._disable_dynamo`` on ``zero_grad``); trace/library.py decides each. The update itself is
+one graph per optimizer state layout (the first step, which creates the state, and the rest).
+"""
+import copy
+
+import pytest
+import torch
+
+import bytegraph
+from bytegraph.backends.registry import lookup_backend
+from bytegraph.testing import CompileCounter
+
+# The compiled step takes the "capturable" path of Adam-like optimizers (tensors where eager uses
+# Python numbers): the same update up to rounding.
+RTOL, ATOL = 1e-4, 1e-5
+
+OPTIMIZERS = {
+    "sgd": lambda p: torch.optim.SGD(p, lr=0.1),
+    "sgd_momentum": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+    "sgd_nesterov": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
+    "sgd_foreach": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, foreach=True),
+    "adam": lambda p: torch.optim.Adam(p, lr=0.01),
+    "adam_foreach": lambda p: torch.optim.Adam(p, lr=0.01, foreach=True, amsgrad=True),
+    "adamw": lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1),
+    "adamw_foreach": lambda p: torch.optim.AdamW(p, lr=0.01, foreach=True),
+    "adamw_fused": lambda p: torch.optim.AdamW(p, lr=0.01, fused=True),
+    "rmsprop": lambda p: torch.optim.RMSprop(p, lr=0.01),
+    "rmsprop_foreach": lambda p: torch.optim.RMSprop(p, lr=0.01, momentum=0.5, centered=True, foreach=True),
+    "adagrad": lambda p: torch.optim.Adagrad(p, lr=0.1),
+    "adagrad_foreach": lambda p: torch.optim.Adagrad(p, lr=0.1, foreach=True),
+}
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2))
+
+
+def _assert_same_state(eager_model, eager_opt, model, opt):
+    for (name, a), b in zip(eager_model.named_parameters(), model.parameters()):
+        assert torch.allclose(a, b, rtol=RTOL, atol=ATOL), name
+    assert len(eager_opt.state) == len(opt.state)
+    for pa, pb in zip(eager_model.parameters(), model.parameters()):
+        sa, sb = eager_opt.state[pa], opt.state[pb]
+        assert sa.keys() == sb.keys()
+        for key in sa:
+            a, b = torch.as_tensor(sa[key]), torch.as_tensor(sb[key])
+            assert a.dtype == b.dtype, key
+            assert torch.allclose(a, b.to(a.device), rtol=RTOL, atol=ATOL), key
+
+
+def _run_steps(make_opt, backend, steps=4, compile_step=True):
+    eager_model = _model()
+    model = copy.deepcopy(eager_model)
+    eager_opt, opt = make_opt(eager_model.parameters()), make_opt(model.parameters())
+    cnt = CompileCounter(lookup_backend(backend))
+    if compile_step:
+        step = bytegraph.compile(opt.step, backend=cnt)
+    else:
+        def update():
+            opt.step()
+        step = bytegraph.compile(update, backend=cnt)
+    x = torch.randn(5, 4)
+    graphs_after = []
+    for _ in range(steps):
+        for m, o, s in ((eager_model, eager_opt, eager_opt.step), (model, opt, step)):
+            o.zero_grad()
+            m(x).pow(2).sum().backward()
+            s()
+        _assert_same_state(eager_model, eager_opt, model, opt)
+        graphs_after.append(cnt.frame_count)
+    return cnt, graphs_after
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_optimizer_step_equals_eager(name):
+    cnt, graphs_after = _run_steps(OPTIMIZERS[name], "eager")
+    assert cnt.frame_count >= 1
+    # The first step (which makes the state) and the second may compile; later steps reuse them.
+    assert graphs_after[-1] == graphs_after[1], graphs_after
+
+
+@pytest.mark.parametrize("name", ["sgd_momentum", "adam", "adamw_foreach", "adamw_fused", "rmsprop"])
+def test_optimizer_step_through_aot_autograd(name):
+    _run_steps(OPTIMIZERS[name], "aot_eager", steps=3)
+
+
+@pytest.mark.parametrize("name", ["sgd_momentum", "adamw_foreach"])
+def test_optimizer_step_inside_a_compiled_function(name):
+    cnt, graphs_after = _run_steps(OPTIMIZERS[name], "eager", compile_step=False)
+    assert graphs_after[-1] == graphs_after[1]
+
+
+def test_step_update_is_one_graph_of_tensor_ops():
+    """After the first step the update of every parameter is in one graph (not run eagerly)."""
+    eager_model, model = _model(), _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    cnt = CompileCounter()
+    step = bytegraph.compile(opt.step, backend=cnt)
+    x = torch.randn(5, 4)
+    for _ in range(3):
+        opt.zero_grad()
+        model(x).sum().backward()
+        step()
+    # First step: momentum buffers cloned from the grads; then buf.mul_().add_() and p.add_().
+    assert cnt.frame_count == 2
+    ops = [n.target for n in cnt.graphs[-1].graph.nodes if n.op == "call_method"]
+    assert ops.count("add_") >= 2 * 4 and ops.count("mul_") == 4, ops
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+@pytest.mark.parametrize("foreach", [False, True])
+def test_zero_grad_traced(set_to_none, foreach):
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, foreach=foreach)
+    model(torch.randn(3, 4)).sum().backward()
+    grads = [p.grad for p in model.parameters()]
+    cnt = CompileCounter()
+
+    def clear():
+        opt.zero_grad(set_to_none=set_to_none)
+        return 1
+
+    compiled = bytegraph.compile(clear, backend=cnt, fullgraph=True)
+    assert compiled() == 1
+    if set_to_none:
+        assert all(p.grad is None for p in model.parameters())
+    else:
+        assert all(p.grad is g and not g.any() for p, g in zip(model.parameters(), grads))
+    # Again, on the other state (grads None, or zero): still right.
+    model(torch.randn(3, 4)).sum().backward()
+    compiled()
+    assert all((p.grad is None) if set_to_none else not p.grad.any() for p in model.parameters())
+
+
+def _train_step(model, opt, set_to_none=True):
+    def step(x, y):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=set_to_none)
+        return loss
+    return step
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("name", ["sgd_momentum", "adamw_foreach", "adamw_fused"])
+def test_whole_training_step(name, backend):
+    """Forward, loss, backward, step and zero_grad in one compiled function: the graph breaks at
+    backward() (as torch.compile's does); losses and parameters after 5 steps equal eager."""
+    eager_model = _model()
+    model = copy.deepcopy(eager_model)
+    eager_opt, opt = OPTIMIZERS[name](eager_model.parameters()), OPTIMIZERS[name](model.parameters())
+    cnt = CompileCounter(lookup_backend(backend))
+    eager_step = _train_step(eager_model, eager_opt)
+    step = bytegraph.compile(_train_step(model, opt), backend=cnt)
+    torch.manual_seed(1)
+    for i in range(5):
+        x, y = torch.randn(3, 4), torch.randn(3, 2)
+        expected, actual = eager_step(x, y), step(x, y)
+        assert torch.allclose(expected, actual, rtol=RTOL, atol=ATOL), i
+        _assert_same_state(eager_model, eager_opt, model, opt)
+        assert all(p.grad is None for p in model.parameters())
+        if i == 1:
+            graphs = cnt.frame_count
+    assert cnt.frame_count == graphs   # nothing recompiled after the second step
+    # The forward and loss are one graph; the update (after its first step) another.
+    fwd = [gm for gm in cnt.graphs if any(n.target is torch.nn.functional.mse_loss for n in gm.graph.nodes)]
+    assert len(fwd) == 1
+
+
+def test_whole_step_breaks_only_where_torch_compile_does():
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, foreach=True)
+    step = _train_step(model, opt)
+    x, y = torch.randn(3, 4), torch.randn(3, 2)
+    step(x, y)
+    explained = bytegraph.explain(step)(x, y)
+    reasons = [b.reason for b in explained.break_reasons]
+    assert any("backward" in r for r in reasons), reasons
+    assert all("backward" in r or "graph_break()" in r for r in reasons), reasons
+
+
+def test_library_wrappers_in_user_code():
+    """profiling ranges and torch's "am I compiled" queries (torch's own "run without the compiler"
+    wrappers are met in every optimizer test: Optimizer.zero_grad is one)."""
+    def helper(x):
+        return x.sin()
+
+    def f(x):
+        with torch.autograd.profiler.record_function("my range"):
+            y = helper(x) + 1
+        if torch.compiler.is_compiling() and not torch.jit.is_scripting():
+            y = y * 2
+        return y
+
+    cnt = CompileCounter()
+    x = torch.randn(4)
+    out = bytegraph.compile(f, backend=cnt, fullgraph=True)(x)
+    assert torch.allclose(out, (x.sin() + 1) * 2)
+    assert cnt.frame_count == 1
+
+
+def test_torch_dynamo_graph_break_is_kept():
+    import torch._dynamo   # the user's own code imports it
+
+    def f(x):
+        y = x + 1
+        torch._dynamo.graph_break()
+        return y * 2
+
+    cnt = CompileCounter()
+    x = torch.randn(3)
+    assert torch.allclose(bytegraph.compile(f, backend=cnt)(x), (x + 1) * 2)
+    assert cnt.frame_count == 2
+    with pytest.raises(bytegraph.errors.Unsupported, match="graph_break"):
+        bytegraph.compile(f, backend="eager", fullgraph=True)(x)
+
+
+def test_after_torch_compile_patched_the_optimizers():
+    """torch.compile, once run in the process, wraps optimizer methods (``_init_group``...) in
+    torch.compiler.disable; bytegraph still traces them (they are torch's code), while a user's own
+    torch.compiler.disable is honoured."""
+    torch.compile(lambda x: x + 1, backend="eager")(torch.ones(1))   # patches torch.optim
+    _run_steps(OPTIMIZERS["adam"], "eager", steps=2)
+
+    @torch.compiler.disable
+    def opaque(x):
+        return x.cos()
+
+    def f(x):
+        return opaque(x + 1) * 2
+
+    cnt = CompileCounter()
+    x = torch.randn(3)
+    assert torch.allclose(bytegraph.compile(f, backend=cnt)(x), (x + 1).cos() * 2)
+    assert cnt.frame_count == 2
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("name", ["sgd_momentum", "sgd_foreach", "adam", "adamw_foreach", "rmsprop", "adagrad"])
+def test_lr_scheduler_costs_no_compile_per_value(name, backend):
+    """A scheduler changes the float lr every step: after it first changes, lr is an input of the
+    graph (a 0-d tensor), so 30 steps cost 2 compiles (the step that creates the state, then one
+    for all later values). Parameters stay equal to eager's."""
+    eager_model = _model()
+    model = copy.deepcopy(eager_model)
+    eager_opt, opt = OPTIMIZERS[name](eager_model.parameters()), OPTIMIZERS[name](model.parameters())
+    scheds = [torch.optim.lr_scheduler.ExponentialLR(o, 0.9) for o in (eager_opt, opt)]
+    cnt = CompileCounter(lookup_backend(backend))
+    step = bytegraph.compile(opt.step, backend=cnt)
+    x = torch.randn(5, 4)
+    for i in range(30):
+        for m, o, s, sched in ((eager_model, eager_opt, eager_opt.step, scheds[0]), (model, opt, step, scheds[1])):
+            m(x).pow(2).sum().backward()
+            s()
+            o.zero_grad()
+            sched.step()
+        if i % 10 == 0:
+            _assert_same_state(eager_model, eager_opt, model, opt)
+    _assert_same_state(eager_model, eager_opt, model, opt)
+    assert cnt.frame_count <= 2, cnt.frame_count
+
+
+def test_lr_scheduler_in_whole_training_step():
+    eager_model = _model()
+    model = copy.deepcopy(eager_model)
+    eager_opt = torch.optim.AdamW(eager_model.parameters(), lr=0.01, foreach=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, foreach=True)
+    scheds = [torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.05, total_steps=20) for o in (eager_opt, opt)]
+    cnt = CompileCounter()
+    eager_step, step = _train_step(eager_model, eager_opt), bytegraph.compile(_train_step(model, opt), backend=cnt)
+    torch.manual_seed(1)
+    for i in range(12):
+        x, y = torch.randn(3, 4), torch.randn(3, 2)
+        assert torch.allclose(eager_step(x, y), step(x, y), rtol=RTOL, atol=ATOL)
+        for sched in scheds:
+            sched.step()     # OneCycleLR moves lr and betas[0] every step
+        _assert_same_state(eager_model, eager_opt, model, opt)
+    assert cnt.frame_count <= 4, cnt.frame_count
