@@ -731,6 +731,10 @@ class SubgraphBuilder(GraphBuilder):
         self.lifted = {}              # node of an enclosing graph -> placeholder here
         self.lifted_values = []       # the enclosing values, in placeholder order
         self._versions = []           # (fake, its version when it became an input)
+        # The enclosing graph's limits hold inside the body too (frozen nodes: checked when
+        # lifted; storages no op may mutate: fakes are shared).
+        self.frozen = {}
+        self.no_mutation = parent.no_mutation
 
     def placeholder(self, fake, name):
         """An explicit input of the body (an operand, a transformed argument)."""
@@ -760,6 +764,9 @@ class SubgraphBuilder(GraphBuilder):
             return node
         placeholder = self.lifted.get(node)
         if placeholder is None:
+            reason = self.parent.frozen.get(node)
+            if reason is not None:
+                raise Unsupported(reason)
             placeholder = self._placeholder_named(node.name)
             example = value.fake if isinstance(value, (TensorValue, FloatTensorValue)) else value.sym
             placeholder.meta["example_value"] = example
