@@ -5,7 +5,6 @@ call is inlined (user functions, methods, ``nn.Module.forward``), becomes a
 graph node (torch functions, tensor methods), is folded to a constant (pure
 builtins on constants), or is unsupported.
 """
-import abc
 import enum
 import operator
 import types
@@ -190,7 +189,10 @@ def _call_class(frame, cls, args, kwargs):
         return make_exception(frame, cls, args, kwargs)
     dict_base = _dict_base(cls)
     native_bases = [b for b in cls.__mro__[1:-1] if b.__module__ == "builtins" or b is OrderedDict]
-    if type(cls) not in (type, abc.ABCMeta) or cls.__new__ not in (object.__new__, dict.__new__) \
+    # A metaclass that does not define __call__ (ABCMeta, a metaclass that only customises class
+    # attributes) makes instances exactly as type does.
+    if type(cls).__call__ is not type.__call__ or getattr(cls, "__abstractmethods__", None) \
+            or cls.__new__ not in (object.__new__, dict.__new__) \
             or any(b not in (dict, OrderedDict) for b in native_bases) \
             or issubclass(cls, torch.nn.Module) \
             or not _python_or(cls.__setattr__, object.__setattr__) \
