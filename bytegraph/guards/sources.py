@@ -171,6 +171,28 @@ class DefaultSource(Source):
         return self.base
 
 
+@dataclass(frozen=True, eq=True, repr=False)
+class MappingGetSource(Source):
+    """``base.get(key)``: an entry of a mapping that may be missing (None then), e.g. an
+    environment variable of ``os.environ``."""
+    base: Source
+    key: object
+
+    def expr_over(self, render):
+        return f"{render(self.base)}.get({self.key!r})"
+
+    def name(self):
+        return f"{_plain(self.base)}.get({self.key!r})"
+
+    @property
+    def root(self):
+        return self.base.root
+
+    @property
+    def base_source(self):
+        return self.base
+
+
 def _plain(source):
     # "global foo" reads badly inside a longer path; the bare name is clearer there.
     if isinstance(source, GlobalSource):
