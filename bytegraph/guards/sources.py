@@ -172,6 +172,28 @@ class DefaultSource(Source):
 
 
 @dataclass(frozen=True, eq=True, repr=False)
+class RawAttrSource(Source):
+    """``object.__getattribute__(base, attr)``: an attribute read past the class's own
+    ``__getattribute__`` (what ``super().__getattribute__(attr)`` in that method reads)."""
+    base: Source
+    attr: str
+
+    def expr_over(self, render):
+        return f"B['object'].__getattribute__({render(self.base)}, {self.attr!r})"
+
+    def name(self):
+        return f"{_plain(self.base)}.{self.attr}"
+
+    @property
+    def root(self):
+        return self.base.root
+
+    @property
+    def base_source(self):
+        return self.base
+
+
+@dataclass(frozen=True, eq=True, repr=False)
 class MappingGetSource(Source):
     """``base.get(key)``: an entry of a mapping that may be missing (None then), e.g. an
     environment variable of ``os.environ``."""

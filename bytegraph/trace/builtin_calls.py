@@ -16,7 +16,7 @@ import torch
 
 from ..errors import Unsupported
 from ..guards import builder as g
-from ..guards.sources import AttrSource, ModuleEntrySource
+from ..guards.sources import AttrSource, ModuleEntrySource, RawAttrSource
 from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, DictViewValue,
                            ExceptionValue, FunctionValue, IteratorValue, ListValue, MethodOfValue,
                            ObjectValue, PrivateObjectValue, SuperValue, SymValue, TensorMethodValue,
@@ -404,6 +404,22 @@ def _object_getattribute(frame, args, kwargs):
         except AttributeError:
             raise attrs.MissingAttribute(f"{type(obj.obj).__name__!r} object has no attribute {name!r}") from None
         return attrs.private_value(frame, value, obj)
+    if isinstance(obj, ObjectValue) and obj.source is not None and not isinstance(obj.obj, torch.nn.Module):
+        # Past the class's own __getattribute__ (super().__getattribute__ inside it); guarded
+        # by reading it the same way.
+        pending = frame.tx.attr_stores.get((id(obj.obj), name))
+        if pending is not None:
+            if pending[2] is attrs.DELETED:
+                raise attrs.MissingAttribute(f"{type(obj.obj).__name__!r} object has no attribute {name!r}")
+            return pending[2]
+        try:
+            value = object.__getattribute__(obj.obj, name)
+        except AttributeError:
+            frame.tx.guards.add(g.MISSING_ATTR, obj.source, name)
+            raise attrs.MissingAttribute(f"{type(obj.obj).__name__!r} object has no attribute {name!r}") from None
+        if isinstance(value, types.MethodType) and value.__self__ is obj.obj:
+            return BoundMethodValue(wrap(frame.tx, value.__func__, None), obj)
+        return wrap(frame.tx, value, RawAttrSource(obj.source, name))
     raise Unsupported(f"object.__getattribute__ on {attrs.describe(obj)} is not supported yet")
 
 
@@ -546,6 +562,13 @@ def _super(frame, args, kwargs):
 def _object_setattr(frame, args, kwargs):
     obj, name, value = args
     attrs.set_attr(frame, obj, operators.as_constant(name), value, plain=True)
+    return ConstantValue(None)
+
+
+@builtin(delattr)
+def _delattr(frame, args, kwargs):
+    obj, name = args
+    attrs.del_attr(frame, obj, operators.as_constant(name))
     return ConstantValue(None)
 
 

@@ -17,7 +17,7 @@ from ..errors import Unsupported
 from ..guards.builder import NO_HOOKS
 from ..guards.sources import AttrSource, DefaultSource, ItemSource
 from ..values.base import (BoundMethodValue, ConstantValue, DictValue, ExitValue, FunctionValue,
-                           IteratorValue, MethodOfValue, ObjectValue, PartialValue, RealCell,
+                           IteratorValue, MethodOfValue, ObjectValue, PartialValue, PrivateObjectValue, RealCell,
                            TensorMethodValue, TensorValue, TracerCallableValue, TupleValue,
                            UserObjectValue)
 from ..residual import has_hooks
@@ -144,6 +144,13 @@ def _key(obj):
 
 def call_python_function(frame, fv, args, kwargs):
     fn = fv.obj
+    if (fn.__module__ or "").startswith("torch._higher_order_ops."):
+        # torch's higher-order ops (scan, cond, while_loop, associative_scan...) expect TorchDynamo
+        # to capture their function arguments as subgraphs; their eager code cannot be traced.
+        raise Unsupported(f"torch higher-order op {fn.__module__.rsplit('.', 1)[-1]}.{fn.__qualname__} "
+                          "is not supported yet",
+                          hint="it runs eagerly at a graph break (fullgraph=True refuses it); library code often "
+                               "takes such a path only under a compiler (torch.compiler.is_compiling())")
     tx = frame.tx
     src = fv.source
     defaults = [wrap(tx, d, DefaultSource(src, i) if src else None)
@@ -187,6 +194,8 @@ def _call_class(frame, cls, args, kwargs):
         return _make_namedtuple(frame, cls, args, kwargs)
     if issubclass(cls, BaseException):
         return make_exception(frame, cls, args, kwargs)
+    if issubclass(cls, torch.nn.Module):
+        return _make_module(frame, cls, args, kwargs)
     dict_base = _dict_base(cls)
     native_bases = [b for b in cls.__mro__[1:-1] if b.__module__ == "builtins" or b is OrderedDict]
     # A metaclass that does not define __call__ (ABCMeta, a metaclass that only customises class
@@ -215,6 +224,31 @@ def _call_class(frame, cls, args, kwargs):
     if not operators.is_none(result):
         raise Unsupported(f"{cls.__qualname__}.__init__ returned a value")
     return obj
+
+
+def _make_module(frame, cls, args, kwargs):
+    """``Layer(...)`` for an ``nn.Module`` subclass inside forward (an activation picked from a
+    table, a small helper layer): a real module private to the trace (``PrivateObjectValue``).
+
+    Its ``__init__`` is traced on a new, empty object, so what it does outside the module is
+    seen as usual; ``nn.Module.__init__`` and the module's own ``__setattr__`` run for real on
+    it. A module that ends up owning parameters or buffers is refused: eager makes new
+    tensors (new random weights) on every call, which a graph cannot hold as constants.
+    """
+    if type(cls).__call__ is not type.__call__ or cls.__new__ is not object.__new__:
+        raise Unsupported(f"creating {cls.__qualname__} modules (custom metaclass or __new__) inside the compiled "
+                          "function is not supported yet", hint="create modules in __init__, not in forward")
+    module = PrivateObjectValue(object.__new__(cls))
+    result = call(frame, wrap(frame.tx, cls.__init__, None), [module] + list(args), kwargs)
+    if not operators.is_none(result):
+        raise Unsupported(f"{cls.__qualname__}.__init__ returned a value")
+    m = module.obj
+    if "_parameters" not in m.__dict__:
+        raise Unsupported(f"{cls.__qualname__}.__init__ did not call nn.Module.__init__")
+    if any(True for _ in m.parameters()) or any(True for _ in m.buffers()):
+        raise Unsupported(f"creating a {cls.__qualname__} module with parameters or buffers inside the compiled "
+                          "function is not supported yet", hint="create modules in __init__, not in forward")
+    return module
 
 
 def _dict_base(cls):
@@ -247,6 +281,9 @@ def _make_namedtuple(frame, cls, args, kwargs):
 
 # --- folding ------------------------------------------------------------------
 
+# Methods of dict and list that only read.
+READ_ONLY_METHODS = frozenset({"get", "keys", "values", "items", "copy", "count", "index", "__getitem__",
+                               "__contains__", "__len__"})
 _FOLDABLE_MODULES = {"math", "operator", "builtins", "_operator", "cmath"}
 
 
@@ -255,6 +292,9 @@ def _is_foldable(obj):
         owner = getattr(obj, "__self__", None)
         if owner is None or isinstance(owner, types.ModuleType):
             return (getattr(obj, "__module__", None) or getattr(owner, "__name__", "")) in _FOLDABLE_MODULES
+        if type(owner) in (dict, list) and obj.__name__ in READ_ONLY_METHODS:
+            # A read-only container (one held inside a private object, see PrivateObjectValue).
+            return True
         return isinstance(owner, CONSTANT_TYPES + (tuple, frozenset))
     if isinstance(obj, types.MethodWrapperType):
         return isinstance(obj.__self__, CONSTANT_TYPES + (tuple, frozenset))

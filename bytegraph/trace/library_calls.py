@@ -12,10 +12,12 @@ for every call, including the special methods ``protocols`` inlines):
 """
 import os
 
+import torch
+
 from ..errors import Unsupported
 from ..guards import builder as g
 from ..guards.sources import MappingGetSource, ObjectSource
-from ..values.base import ConstantValue, ObjectValue
+from ..values.base import ConstantValue, ObjectValue, PrivateObjectValue
 from . import operators
 from .builtin_calls import builtin
 from .context import DELETED
@@ -98,3 +100,33 @@ def _environ_unsupported(name):
 
 for _name in ("__iter__", "__len__", "copy", "__repr__"):
     builtin(getattr(os._Environ, _name))(_environ_unsupported(_name.strip("_")))
+
+
+# --- torch.autograd.Function ------------------------------------------------------------------
+
+@builtin(torch.autograd.Function.apply.__func__)
+def _autograd_function_apply(frame, args, kwargs):
+    # Custom autograd Functions are traced elsewhere once supported (issue 11); until then
+    # the call runs eagerly at a graph break with a reason that names the Function.
+    cls = args[0].obj if args and isinstance(args[0], ObjectValue) else None
+    name = getattr(cls, "__qualname__", "a torch.autograd.Function")
+    raise Unsupported(f"custom torch.autograd.Function {name}.apply is not supported yet",
+                      hint="it runs eagerly at a graph break (fullgraph=True refuses it); to keep one graph, "
+                           "call its forward computation directly when no custom backward is needed")
+
+
+# --- nn.Module.__init__ on a module made in the trace ---------------------------------------------
+
+@builtin(torch.nn.Module.__init__)
+def _module_init(frame, args, kwargs):
+    # calls._make_module traces a module class's __init__ on a private object; torch's own
+    # __init__ (no effects outside the object) runs on it for real.
+    module = args[0]
+    if not isinstance(module, PrivateObjectValue):
+        raise Unsupported("nn.Module.__init__ on a module that exists outside the compiled function")
+    try:
+        torch.nn.Module.__init__(module.obj, *[operators.as_constant(a) for a in args[1:]],
+                                 **{k: operators.as_constant(v) for k, v in kwargs.items()})
+    except Unsupported:
+        raise Unsupported("nn.Module.__init__ with arguments not known while tracing") from None
+    return ConstantValue(None)

@@ -5,7 +5,7 @@ import torch
 
 from ..guards.sources import ClosureSource, LocalSource
 from ..values.base import RealCell
-from . import (attrs, builtin_calls, calls, containers, generators, iteration, library_calls, opcodes, ops,
+from . import (attrs, builtin_calls, calls, containers, generators, iteration, library_calls, opcodes, ops,  # noqa: F401 (library_calls: its handlers)
                state, stdlib_calls)
 from .context import TraceContext
 from .frame import Frame, PendingLocal
