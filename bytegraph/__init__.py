@@ -9,7 +9,7 @@ from .api import compile, reset, run, OptimizedModule, is_compiling
 from .debug.profiler import CompileProfiler
 from .debug.timing import compile_times
 from .control import allow_in_graph, disable, disallow_in_graph, graph_break, mark_dynamic, mark_static
-from .api import explain
+from .api import explain, patch_torch_compile, unpatch_torch_compile
 
 __version__ = "0.1.0"
 
@@ -17,5 +17,8 @@ __all__ = [
     "compile", "reset", "config", "list_backends", "register_backend", "OptimizedModule",
     "is_compiling", "BytegraphError", "Unsupported", "BackendError", "ConfigError",
     "disable", "allow_in_graph", "disallow_in_graph", "graph_break", "explain", "mark_dynamic",
-    "mark_static", "run", "CompileProfiler", "compile_times",
+    "mark_static", "run", "CompileProfiler", "compile_times", "patch_torch_compile", "unpatch_torch_compile",
 ]
+
+if config.patch_torch_compile:   # BYTEGRAPH_PATCH_TORCH_COMPILE=1
+    patch_torch_compile()

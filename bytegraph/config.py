@@ -32,6 +32,9 @@ _SETTINGS = {
     "suppress_errors": (True, (bool,), "an internal error while compiling runs the frame eagerly"),
     "dynamic_shapes": (os.environ.get("BYTEGRAPH_DYNAMIC_SHAPES", "1") != "0", (bool,),
                        "allow symbolic sizes at all (BYTEGRAPH_DYNAMIC_SHAPES=0 turns them off)"),
+    "patch_torch_compile": (os.environ.get("BYTEGRAPH_PATCH_TORCH_COMPILE", "0") not in ("", "0"), (bool,),
+                            "torch.compile and nn.Module.compile use bytegraph from `import bytegraph` on "
+                            "(BYTEGRAPH_PATCH_TORCH_COMPILE=1); bytegraph.patch_torch_compile() does it at any time"),
     "debug_function": (_env_names("BYTEGRAPH_DEBUG_FUNCTION"), (list, tuple),
                        "compile only frames of functions with these names (BYTEGRAPH_DEBUG_FUNCTION=a,b); "
                        "empty: every frame"),
