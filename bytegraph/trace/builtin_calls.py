@@ -258,6 +258,15 @@ def _min_max(fn):
             if has_default:
                 return default
             raise Unsupported(f"{fn.__name__}() of an empty sequence raises ValueError")
+        if (key is None or operators.is_none(key)) and any(isinstance(i, SymValue) for i in items) \
+                and all(isinstance(i, SymValue) or (operators.is_constant(i) and type(operators.as_constant(i)) is int)
+                       for i in items):
+            # Symbolic sizes stay symbolic: torch.sym_max/sym_min in the graph, no guard on the order.
+            sym_fn = torch.sym_min if fn is min else torch.sym_max
+            result = items[0]
+            for item in items[1:]:
+                result = frame.tx.graph.sym_call(sym_fn, [result, item])
+            return result
         keys = _sort_keys(frame, items, key, fn.__name__)
         try:
             return items[fn(range(len(items)), key=keys.__getitem__)]
