@@ -10,6 +10,7 @@ import operator
 import types
 from collections import OrderedDict
 
+import numpy as np
 import torch
 
 from .. import control
@@ -17,7 +18,7 @@ from ..errors import Unsupported
 from ..guards.builder import NO_HOOKS
 from ..guards.sources import AttrSource, DefaultSource, ItemSource
 from ..values.base import (BoundMethodValue, ConstantValue, DictValue, ExitValue, FunctionValue,
-                           IteratorValue, MethodOfValue, ObjectValue, PartialValue, PrivateObjectValue, RealCell,
+                           IteratorValue, ListValue, MethodOfValue, ObjectValue, PartialValue, PrivateObjectValue, RealCell,
                            TensorMethodValue, TensorValue, TracerCallableValue, TupleValue,
                            UserObjectValue)
 from ..residual import has_hooks
@@ -71,6 +72,14 @@ def _call_object(frame, fv, args, kwargs):
         return stdlib
     if isinstance(obj, torch.nn.Module):
         return call_module(frame, fv, args, kwargs)
+    if _is_numpy_callable(obj) and all(_is_python_numbers(a) for a in list(args) + list(kwargs.values())):
+        # NumPy on Python numbers (np.lcm(4, 6), np.prod((2, 3))): a pure function of constants,
+        # folded when the result is a NumPy or Python scalar (an array is mutable: not a constant).
+        result = fold(frame, obj, args, kwargs, what=f"numpy.{getattr(obj, '__name__', '?')}")
+        if isinstance(result, ConstantValue) and isinstance(result.value, (np.generic, int, float, bool, complex)):
+            return result
+        raise Unsupported(f"numpy.{getattr(obj, '__name__', '?')}() makes a NumPy array, which is not supported "
+                          "in a graph yet", hint="compute it with torch, or outside the compiled function")
     if isinstance(obj, types.FunctionType):
         if is_graph_function(obj):
             return torch_call(frame, obj, args, kwargs)
@@ -280,6 +289,27 @@ def _make_namedtuple(frame, cls, args, kwargs):
 
 
 # --- folding ------------------------------------------------------------------
+
+def _is_numpy_callable(obj):
+    if isinstance(obj, np.ufunc):
+        return True
+    if isinstance(obj, type):
+        return issubclass(obj, np.generic)   # np.float32(2.5), np.int64(3)
+    return callable(obj) and (getattr(obj, "__module__", None) or "").split(".")[0] == "numpy"
+
+
+def _is_python_numbers(v):
+    """A Python number, or a tuple/list of them, known while tracing (no array, no tensor)."""
+    if isinstance(v, (TupleValue, ListValue)):
+        return all(_is_python_numbers(i) for i in v.items)
+    if not operators.is_constant(v):
+        return False
+    c = operators.as_constant(v)
+    if isinstance(c, (tuple, list)):
+        return all(type(i) in (int, float, bool, complex) for i in c)
+    return type(c) in (int, float, bool, complex) or c is None or isinstance(c, str)
+
+
 
 # Methods of dict and list that only read.
 READ_ONLY_METHODS = frozenset({"get", "keys", "values", "items", "copy", "count", "index", "__getitem__",
