@@ -179,10 +179,32 @@ class RawAttrSource(Source):
     attr: str
 
     def expr_over(self, render):
-        return f"B['object'].__getattribute__({render(self.base)}, {self.attr!r})"
+        return f"{render(_OBJECT_GETATTRIBUTE)}({render(self.base)}, {self.attr!r})"
 
     def name(self):
         return f"{_plain(self.base)}.{self.attr}"
+
+    @property
+    def root(self):
+        return self.base.root
+
+    @property
+    def base_source(self):
+        return self.base
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class RawItemSource(Source):
+    """``dict.__getitem__(base, key)``: an item of a dict subclass read past its own
+    ``__getitem__`` (one that computes, like HF's ``ClassInstantier``)."""
+    base: Source
+    key: object
+
+    def expr_over(self, render):
+        return f"{render(_DICT_GETITEM)}({render(self.base)}, {self.key!r})"
+
+    def name(self):
+        return f"{_plain(self.base)}[{self.key!r}]"
 
     @property
     def root(self):
@@ -243,3 +265,7 @@ class ObjectSource(Source):
 
     def __hash__(self):
         return id(self.obj)
+
+
+_OBJECT_GETATTRIBUTE = ObjectSource(object.__getattribute__, "object.__getattribute__")
+_DICT_GETITEM = ObjectSource(dict.__getitem__, "dict.__getitem__")

@@ -7,7 +7,7 @@ import torch
 from ..errors import Unsupported
 from ..guards import builder as g
 from ..guards.builder import MISSING_ATTR
-from ..guards.sources import AttrSource, ItemSource, ModuleEntrySource
+from ..guards.sources import AttrSource, ModuleEntrySource, RawItemSource
 from ..values.base import (BoundMethodValue, ConstantValue, ContextManagerValue, DictValue,
                            ExceptionValue, FunctionValue, GeneratorValue, ListValue, MethodOfValue,
                            ObjectValue, PrivateObjectValue, SuperValue, TensorMethodValue, TensorValue,
@@ -359,10 +359,26 @@ def _dict_view(frame, ov):
     obj, src = ov.obj, ov.source
     if not all(isinstance(k, (str, int)) for k in obj):
         raise Unsupported("reading a dict subclass with keys other than str/int is not supported yet")
-    frame.tx.guards.add(g.DICT_KEYS, src, list(obj.keys()))
-    items = {k: wrap(frame.tx, dict.__getitem__(obj, k), ItemSource(src, k)) for k in obj}
+    frame.tx.guards.add(g.DICT_KEYS, src, list(dict.keys(obj)))
+    items = {k: wrap(frame.tx, dict.__getitem__(obj, k), RawItemSource(src, k)) for k in dict.keys(obj)}
     view = DictValue(items, src, cls=dict)
     return view
+
+
+def is_existing_dict(v, method):
+    """An object of a dict subclass from outside the trace, read through a source (a ModelOutput
+    returned before a graph break), whose special ``method`` is dict's own."""
+    return isinstance(v, ObjectValue) and isinstance(v.obj, dict) and v.source is not None \
+        and getattr(type(v.obj), method) is getattr(dict, method)
+
+
+def guarded_dict_keys(frame, ov):
+    """The keys of such an object, guarded."""
+    keys = list(dict.keys(ov.obj))
+    if not all(isinstance(k, (str, int)) for k in keys):
+        raise Unsupported("reading a dict subclass with keys other than str/int is not supported yet")
+    frame.tx.guards.add(g.DICT_KEYS, ov.source, keys)
+    return keys
 
 
 def _noop_init(*args, **kwargs):

@@ -468,6 +468,8 @@ _EAGER_BUILTINS = {input: "reads from standard input", breakpoint: "stops in the
 
 def _eager_builtin(fn):
     def h(frame, args, kwargs):
+        if fn is vars and len(args) == 1 and not kwargs and not operators.is_constant(args[0]):
+            return attrs.get_attr(frame, args[0], "__dict__")
         if fn in (vars, dir) and (args or kwargs):
             return fold(frame, fn, args, kwargs)
         name = f"{fn.__name__}()"
@@ -567,10 +569,18 @@ def _super(frame, args, kwargs):
     return SuperValue(cls.obj if isinstance(cls, ObjectValue) else operators.as_constant(cls), self_value)
 
 
-@builtin(object.__setattr__, setattr)
+@builtin(object.__setattr__)
 def _object_setattr(frame, args, kwargs):
     obj, name, value = args
     attrs.set_attr(frame, obj, operators.as_constant(name), value, plain=True)
+    return ConstantValue(None)
+
+
+@builtin(setattr)
+def _setattr(frame, args, kwargs):
+    # Like `obj.name = value`: through the class's own __setattr__.
+    obj, name, value = args
+    attrs.set_attr(frame, obj, operators.as_constant(name), value)
     return ConstantValue(None)
 
 
