@@ -3,6 +3,7 @@
     OMP_NUM_THREADS=1 python bench/hf_models.py                 # all models, table on stdout
     python bench/hf_models.py --only llama,bert --no-dynamo     # some models, bytegraph only
     python bench/hf_models.py --markdown docs/hf-models.md      # rewrite the table in that page
+    python bench/hf_models.py --generate                        # also model.generate() on a few decoders
 
 Each model of ``bytegraph.demo.hf_models.ZOO`` (tiny config, random weights) runs its
 forward under ``torch.no_grad()`` in ``eval()`` mode, with an attention mask (padding in
@@ -136,6 +137,58 @@ def measure(name, args):
     return row
 
 
+GENERATE_CASES = [("gpt2", None), ("llama", None), ("llama", "static"), ("mistral", None), ("qwen2", None),
+                  ("gemma2", None), ("bart", None)]
+
+
+def run_generate(name, cache, engine):
+    """Greedy generate() of 20 new tokens with a compiled forward: graphs made, same tokens."""
+    model = build(name).eval()
+    kw = inputs(name, batch=2, seq=8)
+    kw.pop("decoder_input_ids", None)
+    settings = dict(max_new_tokens=20, min_new_tokens=20, do_sample=False, pad_token_id=0)
+    if cache:
+        settings["cache_implementation"] = cache
+    expected = model.generate(**kw, **settings)
+    rec = Recorder()
+    if engine == "bg":
+        bytegraph.reset()
+        model.forward = bytegraph.compile(model.forward, backend=rec)
+    else:
+        import torch._dynamo   # the reference, only when asked for
+        torch._dynamo.reset()
+        model.forward = torch.compile(model.forward, backend=rec)
+    t = time.perf_counter()
+    out = model.generate(**kw, **settings)
+    return dict(graphs=len(rec.graphs), same=bool(torch.equal(out, expected)),
+                seconds=time.perf_counter() - t)
+
+
+def generate_table(args):
+    lines = ["| model | cache | graphs bytegraph / torch.compile | same tokens bytegraph / torch.compile |",
+             "|---|---|---|---|"]
+    for name, cache in GENERATE_CASES:
+        if args.only and name not in ",".join(args.only).split(","):
+            continue
+        cells = {}
+        for engine in ("bg",) + (() if args.no_dynamo else ("tc",)):
+            try:
+                with torch.no_grad(), _quiet():
+                    cells[engine] = run_generate(name, cache, engine)
+            except Exception as e:
+                cells[engine] = dict(graphs="ERR", same=_short(f"{type(e).__name__}: {e}"))
+        bg, tc = cells["bg"], cells.get("tc", dict(graphs="-", same="-"))
+        line = (f"| {name} | {cache or 'dynamic'} | {bg['graphs']} / {tc['graphs']} | "
+                f"{_yes(bg['same'])} / {_yes(tc['same'])} |")
+        print(line, flush=True)
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _yes(v):
+    return {True: "yes", False: "NO"}.get(v, v) if isinstance(v, bool) else v
+
+
 def _cell(res, key):
     if res is None:
         return "-"
@@ -180,6 +233,8 @@ def main(argv=None):
     p.add_argument("--repeat", type=int, default=3, help="fresh compilations timed per model")
     p.add_argument("--markdown", help="page whose <!-- hf-table --> block is replaced")
     p.add_argument("--traceback", action="store_true")
+    p.add_argument("--generate", action="store_true",
+                   help="also compare model.generate() (greedy, 20 new tokens) on a few decoders")
     args = p.parse_args(argv)
     names = [n for o in args.only for n in o.split(",") if n] or list(NAMES)
     unknown = set(names) - set(NAMES)
@@ -198,6 +253,11 @@ def main(argv=None):
     print()
     print(header)
     print(text)
+    if args.generate:
+        print()
+        gen = generate_table(args)
+        text += "\n\nGeneration (`model.forward` compiled, `model.generate(...)` greedy, 20 new tokens, " \
+                "batch of 2 padded prompts of 8 tokens):\n\n" + gen
     if args.markdown:
         page = open(args.markdown).read()
         block = f"<!-- hf-table -->\n{header}\n\n{text}\n<!-- /hf-table -->"

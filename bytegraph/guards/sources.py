@@ -223,7 +223,7 @@ class MappingGetSource(Source):
     key: object
 
     def expr_over(self, render):
-        return f"{render(self.base)}.get({self.key!r})"
+        return f"{render(self.base)}.get({_key_expr(self.key, render)})"
 
     def name(self):
         return f"{_plain(self.base)}.get({self.key!r})"
@@ -235,6 +235,13 @@ class MappingGetSource(Source):
     @property
     def base_source(self):
         return self.base
+
+
+def _key_expr(key, render):
+    """A dict key in generated code: a literal, or the key object itself held by the code."""
+    if type(key) in (str, int, float, bool, bytes, type(None)):
+        return repr(key)
+    return render(ObjectSource(key, repr(key)))
 
 
 def _plain(source):

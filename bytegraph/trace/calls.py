@@ -15,8 +15,8 @@ import torch
 
 from .. import control
 from ..errors import Unsupported
-from ..guards.builder import NO_HOOKS
-from ..guards.sources import AttrSource, DefaultSource, ItemSource
+from ..guards.builder import DICT_KEYS, NO_HOOKS
+from ..guards.sources import AttrSource, DefaultSource, ItemSource, MappingGetSource
 from ..values.base import (BoundMethodValue, ConstantValue, DictValue, ExitValue, FunctionValue,
                            IteratorValue, ListValue, MethodOfValue, ObjectValue, PartialValue, PrivateObjectValue, RealCell,
                            TensorMethodValue, TensorValue, TracerCallableValue, TupleValue,
@@ -96,6 +96,10 @@ def _call_object(frame, fv, args, kwargs):
     if isinstance(obj, type):
         return call_torch_class(frame, obj, args, kwargs) if obj.__module__.startswith("torch") \
             else _call_class(frame, obj, args, kwargs)
+    if isinstance(obj, types.BuiltinMethodType) and type(obj.__self__) is dict and obj.__name__ in _DICT_LOOKUPS:
+        if fv.source is not None:
+            return _existing_dict_lookup(frame, fv, args, kwargs)
+        # else: a read-only dict held by a private object, folded below
     if _is_foldable(obj):
         return fold(frame, obj, args, kwargs)
     call_attr = getattr(type(obj), "__call__", None)
@@ -108,6 +112,32 @@ def _call_object(frame, fv, args, kwargs):
         hint = ("if it only computes on tensors, wrap it with bytegraph.allow_in_graph; otherwise call it "
                 "outside the compiled function (without fullgraph=True it runs eagerly at a graph break)")
     raise Unsupported(f"calling {attrs.describe(fv)} is not supported yet", hint=hint)
+
+
+_DICT_LOOKUPS = ("get", "__getitem__", "__contains__")
+
+
+def _existing_dict_lookup(frame, fv, args, kwargs):
+    """``d.get(k)`` / ``d[k]`` / ``k in d`` on a dict from outside the trace whose keys need not be
+    str/int (a table keyed by types): guarded on its keys and on the item read."""
+    method = fv.obj
+    d = method.__self__
+    owner = AttrSource(fv.source, "__self__")
+    try:
+        key = operators.as_constant(args[0])
+        hash(key)
+    except (Unsupported, TypeError, IndexError):
+        raise Unsupported(f"dict.{method.__name__}() with a key not known while tracing") from None
+    frame.tx.guards.add(DICT_KEYS, owner, list(d))
+    if key not in d:
+        if method.__name__ == "__contains__":
+            return ConstantValue(False)
+        if method.__name__ == "get":
+            return args[1] if len(args) > 1 else kwargs.get("default", ConstantValue(None))
+        raise PythonError(f"KeyError: {key!r}", KeyError(key))
+    if method.__name__ == "__contains__":
+        return ConstantValue(True)
+    return wrap(frame.tx, d[key], MappingGetSource(owner, key))
 
 
 def _control_call(frame, obj, args, kwargs):
@@ -153,6 +183,18 @@ def _key(obj):
 
 def call_python_function(frame, fv, args, kwargs):
     fn = fv.obj
+    if args and isinstance(args[0], PrivateObjectValue) and isinstance(args[0].obj, torch.nn.Module) \
+            and (fn.__module__ or "").startswith("torch.") \
+            and all(operators.is_constant(a) for a in list(args[1:]) + list(kwargs.values())):
+        # torch's own bookkeeping on a module made in the trace (nn.Module.__init__, also as
+        # wrapped by torch._dynamo once torch.compile has run): runs for real on it.
+        result = fn(args[0].obj, *[operators.as_constant(a) for a in args[1:]],
+                    **{k: operators.as_constant(v) for k, v in kwargs.items()})
+        if result is args[0].obj:
+            return args[0]
+        if result is None or type(result) in CONSTANT_TYPES:
+            return ConstantValue(result)
+        raise Unsupported(f"{fn.__qualname__}() on a module made in the trace returned {type(result).__name__}")
     if (fn.__module__ or "").startswith("torch._higher_order_ops."):
         # torch's higher-order ops (scan, cond, while_loop, associative_scan...) expect TorchDynamo
         # to capture their function arguments as subgraphs; their eager code cannot be traced.
@@ -323,7 +365,8 @@ def _is_foldable(obj):
         if owner is None or isinstance(owner, types.ModuleType):
             return (getattr(obj, "__module__", None) or getattr(owner, "__name__", "")) in _FOLDABLE_MODULES
         if type(owner) in (dict, list) and obj.__name__ in READ_ONLY_METHODS:
-            # A read-only container (one held inside a private object, see PrivateObjectValue).
+            # A read-only container held by a private object (PrivateObjectValue), reached as a
+            # constant: a container from outside the trace has a source and is guarded instead.
             return True
         return isinstance(owner, CONSTANT_TYPES + (tuple, frozenset))
     if isinstance(obj, types.MethodWrapperType):

@@ -1,4 +1,4 @@
-"""Library utilities model code calls while tracing: the environment, pytree, modules made in forward.
+"""Library utilities model code calls while tracing: the environment, pytree, autograd Functions.
 
 Handlers register into ``builtin_calls.BUILTIN_HANDLERS`` (``trace.calls`` consults it
 for every call, including the special methods ``protocols`` inlines):
@@ -12,8 +12,6 @@ for every call, including the special methods ``protocols`` inlines):
 - **torch.utils._pytree** (``tree_flatten``, ``tree_unflatten``, ``tree_leaves``,
   ``tree_structure``, ``tree_map``) on values: pytree itself runs on a real mirror of the
   structure whose leaves are placeholders; a ``TreeSpec`` is a constant.
-- **``nn.Module.__init__``** on a module made in the trace (``calls._make_module``) runs for real
-  on that private object.
 - **``torch.autograd.Function.apply``**: a graph break naming the Function (until custom
   Functions are traced).
 """
@@ -26,7 +24,7 @@ import torch.utils._pytree as pytree
 from ..errors import Unsupported
 from ..guards import builder as g
 from ..guards.sources import MappingGetSource, ObjectSource
-from ..values.base import (ConstantValue, DictValue, ListValue, ObjectValue, PrivateObjectValue, TupleValue,
+from ..values.base import (ConstantValue, DictValue, ListValue, ObjectValue, TupleValue,
                            UserObjectValue)
 from ..values.builder import CONSTANT_TYPES
 from . import operators, ops
@@ -125,23 +123,6 @@ def _autograd_function_apply(frame, args, kwargs):
     raise Unsupported(f"custom torch.autograd.Function {name}.apply is not supported yet",
                       hint="it runs eagerly at a graph break (fullgraph=True refuses it); to keep one graph, "
                            "call its forward computation directly when no custom backward is needed")
-
-
-# --- nn.Module.__init__ on a module made in the trace ---------------------------------------------
-
-@builtin(torch.nn.Module.__init__)
-def _module_init(frame, args, kwargs):
-    # calls._make_module traces a module class's __init__ on a private object; torch's own
-    # __init__ (no effects outside the object) runs on it for real.
-    module = args[0]
-    if not isinstance(module, PrivateObjectValue):
-        raise Unsupported("nn.Module.__init__ on a module that exists outside the compiled function")
-    try:
-        torch.nn.Module.__init__(module.obj, *[operators.as_constant(a) for a in args[1:]],
-                                 **{k: operators.as_constant(v) for k, v in kwargs.items()})
-    except Unsupported:
-        raise Unsupported("nn.Module.__init__ with arguments not known while tracing") from None
-    return ConstantValue(None)
 
 
 # --- torch.utils._pytree ------------------------------------------------------------------------

@@ -102,7 +102,9 @@ def store_global(f, ins):
     name = ins.argval
     source = _global_source(f, name)
     if source is None:
-        raise Unsupported(f"assigning global {name!r} of module {f.globals.get('__name__')!r} is not supported")
+        # A library module's own flag (torch.backends' __allow_nonbracketed_mutation): its globals
+        # are read unguarded, but a store is replayed like any other.
+        source = ItemSource(ObjectSource(f.globals, f.globals.get("__name__", "module") + ".__dict__"), name)
     key = (id(f.globals), name)
     if ins.opname == "STORE_GLOBAL":
         value = f.pop()

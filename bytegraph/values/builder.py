@@ -132,6 +132,17 @@ def _wrap(tx, obj, source):
         owner_kind = g.ID_MATCH if isinstance(owner, (torch.nn.Module, type, types.ModuleType)) else g.TYPE_MATCH
         _guard(tx, owner_kind, AttrSource(source, "__self__"), owner if owner_kind == g.ID_MATCH else type(owner))
         return ObjectValue(obj, source)
+    if t is types.BuiltinMethodType and source is not None and obj.__self__ is not None \
+            and not isinstance(obj.__self__, types.ModuleType):
+        # A builtin method bound to an object (`d.get`) is made anew on each read: guard its
+        # type and its object, not its own identity (the name is fixed by the source).
+        owner = obj.__self__
+        _guard(tx, g.TYPE_MATCH, source, t)
+        if type(owner) in CONSTANT_TYPES:
+            _guard(tx, g.CONSTANT_MATCH, AttrSource(source, "__self__"), owner)
+        else:
+            _guard(tx, g.ID_MATCH, AttrSource(source, "__self__"), owner)
+        return ObjectValue(obj, source)
     if isinstance(obj, (torch.nn.Module, enum.Enum) + _IDENTITY_TYPES) or (callable(obj) and _is_c_callable(obj)):
         _guard(tx, g.ID_MATCH, source, obj)
         return ObjectValue(obj, source)
