@@ -11,7 +11,8 @@ config (nothing is downloaded) and called with an attention mask (padding in one
 - a training step through ``aot_eager`` (labels given, dropout 0): the loss and every
   parameter gradient of eager.
 
-Skipped when transformers is not installed; written against the newest release.
+Skipped when transformers is not installed; written against the newest release (5.24),
+with the skip reason naming the version where an older one differs.
 """
 import pytest
 import torch
@@ -22,6 +23,18 @@ from bytegraph.testing import CompileCounter, same
 transformers = pytest.importorskip("transformers")
 
 from bytegraph.demo.hf_models import NAMES, build, inputs, loss_of  # noqa: E402
+
+# Written against transformers 5.24. Older releases compute some of these models differently
+# (5.18: CodeGen's eager forward fails on this config, DeBERTa-v2 calls TorchScript functions,
+# several losses branch on tensor data), so there only the four models of the first HF tests run.
+_VERSION = tuple(int(p) for p in transformers.__version__.split(".")[:2] if p.isdigit())
+_CORE = ("gpt2", "bert", "llama", "t5")
+
+
+def _params(names):
+    return [pytest.param(n, marks=pytest.mark.skipif(
+        _VERSION < (5, 24) and n not in _CORE,
+        reason=f"needs transformers >= 5.24 (installed: {transformers.__version__})")) for n in names]
 
 # Models that do not compile to one graph yet, and the reason each break names.
 KNOWN_BREAKS = {
@@ -50,7 +63,7 @@ def _model(name):
     return _models[name]
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", _params(NAMES))
 def test_forward(name):
     model = _model(name).eval()
     kw = inputs(name, use_cache=True)
@@ -75,7 +88,7 @@ def test_forward(name):
         assert cnt.frame_count == 1, f"{cnt.frame_count} graphs"
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", _params(NAMES))
 def test_training_step_aot_eager(name):
     eager_model = _model(name).train()
     compiled_model = build(name).train()
