@@ -155,8 +155,8 @@ def run_generate(name, cache, engine):
         bytegraph.reset()
         model.forward = bytegraph.compile(model.forward, backend=rec)
     else:
-        import torch._dynamo   # the reference, only when asked for
-        torch._dynamo.reset()
+        from torch import _dynamo   # the reference, only when asked for
+        _dynamo.reset()
         model.forward = torch.compile(model.forward, backend=rec)
     t = time.perf_counter()
     out = model.generate(**kw, **settings)
