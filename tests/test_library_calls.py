@@ -344,3 +344,28 @@ def test_model_output_conversions():
     fn, cnt = compiled(given)
     out = outputs.BaseModelOutput(last_hidden_state=t(2))
     assert same(fn(out), given(out)) and cnt.frame_count == 1
+
+
+# --- tables keyed by types, read through bound builtin methods ---------------------------------
+
+VALIDATORS = {int: lambda v: v * 2, float: lambda v: v + 0.5}
+
+
+def validates(x, n):
+    check = VALIDATORS.get(type(n))
+    scale = check(n) if check is not None else 1
+    return x * scale, str in VALIDATORS, VALIDATORS.get(str, "none")
+
+
+def test_lookups_in_a_dict_keyed_by_types_are_guarded():
+    fn, cnt = compiled(validates)
+    x = t()
+    for n in (3, 3, 2.0, 2.0):
+        assert same(fn(x, n), validates(x, n)), n
+    assert cnt.frame_count == 2   # the int, then the float; the repeats hit the cache
+    VALIDATORS[float] = lambda v: v * 10   # a new entry object: recompiles, sees it
+    try:
+        assert same(fn(x, 2.0), validates(x, 2.0))
+        assert cnt.frame_count == 3
+    finally:
+        VALIDATORS[float] = lambda v: v + 0.5

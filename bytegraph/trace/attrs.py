@@ -366,8 +366,9 @@ def _dict_view(frame, ov):
 
 
 def is_existing_dict(v, method):
-    """An object of a dict subclass from outside the trace, read through a source (a ModelOutput
-    returned before a graph break), whose special ``method`` is dict's own."""
+    """A dict (or an object of a dict subclass) from outside the trace, read through a source (a
+    ModelOutput returned before a graph break, a table keyed by types), whose special ``method``
+    is dict's own."""
     return isinstance(v, ObjectValue) and isinstance(v.obj, dict) and v.source is not None \
         and getattr(type(v.obj), method) is getattr(dict, method)
 
@@ -375,9 +376,7 @@ def is_existing_dict(v, method):
 def guarded_dict_keys(frame, ov):
     """The keys of such an object, guarded."""
     keys = list(dict.keys(ov.obj))
-    if not all(isinstance(k, (str, int)) for k in keys):
-        raise Unsupported("reading a dict subclass with keys other than str/int is not supported yet")
-    frame.tx.guards.add(g.DICT_KEYS, ov.source, keys)
+    frame.tx.guards.add(g.DICT_KEYS, ov.source, keys)   # the keys themselves are held by the guard
     return keys
 
 

@@ -18,9 +18,9 @@ from ..errors import Unsupported
 from ..guards.builder import DICT_KEYS, NO_HOOKS
 from ..guards.sources import AttrSource, DefaultSource, ItemSource, MappingGetSource
 from ..values.base import (BoundMethodValue, ConstantValue, DictValue, ExitValue, FunctionValue,
-                           IteratorValue, ListValue, MethodOfValue, ObjectValue, PartialValue, PrivateObjectValue, RealCell,
-                           TensorMethodValue, TensorValue, TracerCallableValue, TupleValue,
-                           UserObjectValue)
+                           IteratorValue, ListValue, MethodOfValue, ObjectValue, PartialValue,
+                           PrivateObjectValue, RealCell, TensorMethodValue, TensorValue, TracerCallableValue,
+                           TupleValue, UserObjectValue)
 from ..residual import has_hooks
 from ..values.builder import CONSTANT_TYPES, wrap
 from . import attrs, generators, operators, ops, protocols
@@ -96,10 +96,13 @@ def _call_object(frame, fv, args, kwargs):
     if isinstance(obj, type):
         return call_torch_class(frame, obj, args, kwargs) if obj.__module__.startswith("torch") \
             else _call_class(frame, obj, args, kwargs)
-    if isinstance(obj, types.BuiltinMethodType) and type(obj.__self__) is dict and obj.__name__ in _DICT_LOOKUPS:
-        if fv.source is not None:
+    if isinstance(obj, types.BuiltinMethodType) and type(obj.__self__) in (dict, list) and fv.source is not None:
+        # A container from outside the trace that could not be read as a value (keys other
+        # than str/int): lookups are guarded one by one; anything else would need its contents.
+        if type(obj.__self__) is dict and obj.__name__ in _DICT_LOOKUPS:
             return _existing_dict_lookup(frame, fv, args, kwargs)
-        # else: a read-only dict held by a private object, folded below
+        raise Unsupported(f"{type(obj.__self__).__name__}.{obj.__name__}() on {attrs.describe(fv)} "
+                          "is not supported yet")
     if _is_foldable(obj):
         return fold(frame, obj, args, kwargs)
     call_attr = getattr(type(obj), "__call__", None)
@@ -350,7 +353,6 @@ def _is_python_numbers(v):
     if isinstance(c, (tuple, list)):
         return all(type(i) in (int, float, bool, complex) for i in c)
     return type(c) in (int, float, bool, complex) or c is None or isinstance(c, str)
-
 
 
 # Methods of dict and list that only read.
