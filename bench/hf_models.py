@@ -14,8 +14,8 @@ one row) and ``use_cache=True`` where the model takes them. For each compiler:
 - **breaks**: graph breaks and eager frames with their reasons (bytegraph's
   ``debug.records``; torch's ``torch._dynamo.explain``);
 - **capture ms**: wall time of the first call of a fresh compilation with
-  ``backend="eager"`` (the fastest of ``--repeat``: on a shared machine the minimum is
-  the least disturbed), i.e. the front end's own work;
+  ``backend="eager"``, the two compilers interleaved, the fastest of ``--repeat`` each (on a
+  shared machine the minimum is the least disturbed), i.e. the front end's own work;
 - **same**: both calls equal eager's output.
 
 With ``--markdown PATH`` the table between the markers ``<!-- hf-table -->`` and
@@ -70,7 +70,8 @@ def _short(reason):
     return reason[:150]
 
 
-def run_bytegraph(model, kw, repeat):
+def count_bytegraph(model, kw):
+    """Graphs, ops, break reasons and equality with eager, over two calls."""
     bytegraph.reset()
     rec = Recorder()
     start = len(records.frames)
@@ -83,57 +84,66 @@ def run_bytegraph(model, kw, repeat):
         reason = r.break_reason or r.fallback_reason
         if reason:
             breaks.append(_short(reason))
-    res = dict(graphs=len(rec.graphs), ops=sum(count_ops(g) for g in rec.graphs), breaks=breaks, same=ok)
-    times = []
-    for _ in range(repeat):
-        bytegraph.reset()
-        c = bytegraph.compile(model, backend="eager")
-        t = time.perf_counter()
-        c(**kw)
-        times.append((time.perf_counter() - t) * 1e3)
-    res["capture_ms"] = min(times)
     bytegraph.reset()
-    return res
+    return dict(graphs=len(rec.graphs), ops=sum(count_ops(g) for g in rec.graphs), breaks=breaks, same=ok)
 
 
-def run_dynamo(model, kw, repeat):
-    import torch._dynamo   # the reference, only when asked for
-    torch._dynamo.reset()
+def count_dynamo(model, kw):
+    from torch import _dynamo   # the reference, only when asked for
+    _dynamo.reset()
     rec = Recorder()
     compiled = torch.compile(model, backend=rec)
     expected = model(**kw)
     ok = same(expected, compiled(**kw), rtol=1e-4, atol=1e-5) and same(expected, compiled(**kw), rtol=1e-4,
                                                                         atol=1e-5)
-    torch._dynamo.reset()
-    explained = torch._dynamo.explain(model)(**kw)
+    _dynamo.reset()
+    explained = _dynamo.explain(model)(**kw)
     breaks = [_short(b.reason) for b in explained.break_reasons]
-    res = dict(graphs=len(rec.graphs), ops=sum(count_ops(g) for g in rec.graphs), breaks=breaks, same=ok)
-    times = []
-    for _ in range(repeat):
-        torch._dynamo.reset()
-        c = torch.compile(model, backend="eager")
-        t = time.perf_counter()
-        c(**kw)
-        times.append((time.perf_counter() - t) * 1e3)
-    res["capture_ms"] = min(times)
-    torch._dynamo.reset()
-    return res
+    _dynamo.reset()
+    return dict(graphs=len(rec.graphs), ops=sum(count_ops(g) for g in rec.graphs), breaks=breaks, same=ok)
+
+
+def capture_once(engine, model, kw):
+    """Milliseconds of the first call of a fresh compilation with backend="eager"."""
+    if engine == "bg":
+        bytegraph.reset()
+        compiled = bytegraph.compile(model, backend="eager")
+    else:
+        from torch import _dynamo
+        _dynamo.reset()
+        compiled = torch.compile(model, backend="eager")
+    t = time.perf_counter()
+    compiled(**kw)
+    return (time.perf_counter() - t) * 1e3
 
 
 def measure(name, args):
     model = build(name).eval()
     kw = inputs(name, use_cache=True)
     row = dict(name=name, arch=ZOO[name][1])
-    for key, fn, wanted in (("bg", run_bytegraph, True), ("tc", run_dynamo, not args.no_dynamo)):
-        if not wanted:
-            continue
+    engines = [("bg", count_bytegraph)] + ([] if args.no_dynamo else [("tc", count_dynamo)])
+    for key, fn in engines:
         try:
             with torch.no_grad(), _quiet():
-                row[key] = fn(model, kw, args.repeat)
+                row[key] = fn(model, kw)
         except Exception as e:
             row[key] = dict(error=_short(f"{type(e).__name__}: {e}"))
             if args.traceback:
                 traceback.print_exc()
+    # Capture times interleaved (bytegraph, torch.compile, bytegraph, ...), so both see the
+    # same load on a shared machine; the fastest of each is reported.
+    times = {key: [] for key, _ in engines if "error" not in row[key]}
+    for _ in range(args.repeat):
+        for key in times:
+            try:
+                with torch.no_grad(), _quiet():
+                    times[key].append(capture_once(key, model, kw))
+            except Exception as e:
+                row[key] = dict(error=_short(f"{type(e).__name__}: {e}"))
+    for key, ts in times.items():
+        if ts and "error" not in row[key]:
+            row[key]["capture_ms"] = min(ts)
+    bytegraph.reset()
     return row
 
 
