@@ -10,7 +10,7 @@ from .debug.profiler import CompileProfiler
 from .debug.timing import compile_times
 from .control import (allow_in_graph, disable, disallow_in_graph, graph_break, mark_dynamic, mark_static,
                       wrap_numpy)
-from .api import explain, replay
+from .api import explain, patch_torch_compile, replay, unpatch_torch_compile
 
 __version__ = "0.1.0"
 
@@ -19,4 +19,8 @@ __all__ = [
     "is_compiling", "BytegraphError", "Unsupported", "BackendError", "ConfigError",
     "disable", "allow_in_graph", "disallow_in_graph", "graph_break", "explain", "mark_dynamic",
     "mark_static", "run", "CompileProfiler", "compile_times", "replay", "AccuracyError", "wrap_numpy",
+    "patch_torch_compile", "unpatch_torch_compile",
 ]
+
+if config.patch_torch_compile:   # BYTEGRAPH_PATCH_TORCH_COMPILE=1
+    patch_torch_compile()

@@ -60,6 +60,60 @@ def compile(model=None, *, fullgraph=False, dynamic=None, backend="inductor",
     return wrap(model)
 
 
+# --- torch.compile on bytegraph --------------------------------------------------------------
+
+_patched = None   # (torch.compile, nn.Module.compile) as they were before patch_torch_compile()
+
+# torch.compile's own arguments that bytegraph has no counterpart for: accepted at their default.
+_TORCH_ONLY_DEFAULTS = {"name": None, "recompile_limit": None, "isolate_recompiles": False, "shapes_spec": None}
+
+
+def _torch_compile_on_bytegraph(model=None, *, fullgraph=False, dynamic=None, backend="inductor", mode=None,
+                                options=None, disable=False, **torch_only):
+    """``torch.compile`` with the same arguments, compiled by bytegraph (``patch_torch_compile``)."""
+    for key, value in torch_only.items():
+        if key not in _TORCH_ONLY_DEFAULTS:
+            raise TypeError(f"torch.compile() got an unexpected keyword argument {key!r}")
+        if key == "recompile_limit" and value is not None:
+            continue   # bytegraph.config.cache_size_limit is global; torch's per-call limit is a hint here
+        if key != "name" and value != _TORCH_ONLY_DEFAULTS[key]:
+            raise BytegraphError(f"torch.compile({key}={value!r}) has no bytegraph counterpart yet "
+                                 "(bytegraph.patch_torch_compile is active)")
+    return compile(model, fullgraph=fullgraph, dynamic=dynamic, backend="inductor" if backend is None else backend,
+                   mode=mode, options=options, disable=disable)
+
+
+def _module_compile_on_bytegraph(self, *args, **kwargs):
+    """``nn.Module.compile``: later calls of the module run its forward compiled by bytegraph."""
+    wrapped = _torch_compile_on_bytegraph(*args, **kwargs)(self)
+    # nn.Module.__call__ hands every call to _compiled_call_impl when it is set; the compiled
+    # view calls forward (or _call_impl, for hooks) itself, never __call__ again.
+    self._compiled_call_impl = wrapped.__call__ if isinstance(wrapped, OptimizedModule) else None
+
+
+def patch_torch_compile():
+    """Make ``torch.compile`` and ``nn.Module.compile`` compile with bytegraph, with the same
+    arguments, so code written for torch.compile (HF ``Trainer(torch_compile=True)``, Lightning,
+    scripts) runs on bytegraph unchanged. ``unpatch_torch_compile()`` undoes it. Also done at
+    ``import bytegraph`` when ``BYTEGRAPH_PATCH_TORCH_COMPILE=1``, and by ``python -m bytegraph
+    script.py``."""
+    global _patched
+    if _patched is not None:
+        return
+    _patched = (torch.compile, torch.nn.Module.compile)
+    torch.compile = _torch_compile_on_bytegraph
+    torch.nn.Module.compile = _module_compile_on_bytegraph
+
+
+def unpatch_torch_compile():
+    """Give ``torch.compile`` and ``nn.Module.compile`` back their own implementations."""
+    global _patched
+    if _patched is None:
+        return
+    torch.compile, torch.nn.Module.compile = _patched
+    _patched = None
+
+
 def _check_flag(name, value):
     if not isinstance(value, bool):
         raise BytegraphError(f"bytegraph.compile: {name} must be True or False, got {value!r}")

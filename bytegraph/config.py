@@ -97,6 +97,9 @@ _SETTINGS = {
                   or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
                                   "bytegraph"),
                   (str,), "where the persistent cache lives (BYTEGRAPH_CACHE_DIR)"),
+    "patch_torch_compile": (os.environ.get("BYTEGRAPH_PATCH_TORCH_COMPILE", "0") not in ("", "0"), (bool,),
+                            "torch.compile and nn.Module.compile use bytegraph from `import bytegraph` on "
+                            "(BYTEGRAPH_PATCH_TORCH_COMPILE=1); bytegraph.patch_torch_compile() does it at any time"),
     "debug_function": (_env_names("BYTEGRAPH_DEBUG_FUNCTION"), (list, tuple),
                        "compile only frames of functions with these names (BYTEGRAPH_DEBUG_FUNCTION=a,b); "
                        "empty: every frame"),

@@ -214,6 +214,8 @@ def replay_side_effects(tx, rb, live=()):
         rb.bind(v)
     for obj, _, _ in tx.attr_stores.values():
         rb.bind(obj)
+    for obj, _, _ in tx.item_stores.values():
+        rb.bind(obj)
     cells = {key: rb.temp(_cell_expr(ns, cell.source)) for key, (cell, _) in tx.cell_stores.items()}
     # 2. Everything computed from the traced values.
     contents = {}
@@ -230,6 +232,7 @@ def replay_side_effects(tx, rb, live=()):
     stored = [value for _, _, value in tx.attr_stores.values() if value is not DELETED]
     stored += [value for _, value in tx.global_stores.values() if value is not DELETED]
     stored += [value for _, value in tx.cell_stores.values()]
+    stored += [value for _, _, value in tx.item_stores.values() if value is not DELETED]
     # An iterator remade over containers iterates them as the effects leave them (and a
     # dict or set iterator made before they change would fail): its containers are read
     # now, the iterator itself is made after the effects.
@@ -266,6 +269,9 @@ def replay_side_effects(tx, rb, live=()):
             lines.append(f"{ns.source(source)} = {rb.expr(value)}")
     for key, (_, value) in tx.cell_stores.items():
         lines.append(f"{cells[key]}.cell_contents = {rb.expr(value)}")
+    for obj, key, value in tx.item_stores.values():
+        lines.append(f"{rb.expr(obj)}.pop({key!r}, None)" if value is DELETED
+                     else f"{rb.expr(obj)}[{key!r}] = {rb.expr(value)}")
     for v in remade:
         try:
             rb.bind(v)

@@ -193,6 +193,79 @@ class DefaultSource(Source):
         return self.base
 
 
+@dataclass(frozen=True, eq=True, repr=False)
+class RawAttrSource(Source):
+    """``object.__getattribute__(base, attr)``: an attribute read past the class's own
+    ``__getattribute__`` (what ``super().__getattribute__(attr)`` in that method reads)."""
+    base: Source
+    attr: str
+
+    def expr_over(self, render):
+        return f"{render(_OBJECT_GETATTRIBUTE)}({render(self.base)}, {self.attr!r})"
+
+    def name(self):
+        return f"{_plain(self.base)}.{self.attr}"
+
+    @property
+    def root(self):
+        return self.base.root
+
+    @property
+    def base_source(self):
+        return self.base
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class RawItemSource(Source):
+    """``dict.__getitem__(base, key)``: an item of a dict subclass read past its own
+    ``__getitem__`` (one that computes, like HF's ``ClassInstantier``)."""
+    base: Source
+    key: object
+
+    def expr_over(self, render):
+        return f"{render(_DICT_GETITEM)}({render(self.base)}, {self.key!r})"
+
+    def name(self):
+        return f"{_plain(self.base)}[{self.key!r}]"
+
+    @property
+    def root(self):
+        return self.base.root
+
+    @property
+    def base_source(self):
+        return self.base
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class MappingGetSource(Source):
+    """``base.get(key)``: an entry of a mapping that may be missing (None then), e.g. an
+    environment variable of ``os.environ``."""
+    base: Source
+    key: object
+
+    def expr_over(self, render):
+        return f"{render(self.base)}.get({_key_expr(self.key, render)})"
+
+    def name(self):
+        return f"{_plain(self.base)}.get({self.key!r})"
+
+    @property
+    def root(self):
+        return self.base.root
+
+    @property
+    def base_source(self):
+        return self.base
+
+
+def _key_expr(key, render):
+    """A dict key in generated code: a literal, or the key object itself held by the code."""
+    if type(key) in (str, int, float, bool, bytes, type(None)):
+        return repr(key)
+    return render(ObjectSource(key, repr(key)))
+
+
 def _plain(source):
     # "global foo" reads badly inside a longer path; the bare name is clearer there.
     if isinstance(source, GlobalSource):
@@ -221,3 +294,7 @@ class ObjectSource(Source):
 
     def __hash__(self):
         return id(self.obj)
+
+
+_OBJECT_GETATTRIBUTE = ObjectSource(object.__getattribute__, "object.__getattribute__")
+_DICT_GETITEM = ObjectSource(dict.__getitem__, "dict.__getitem__")

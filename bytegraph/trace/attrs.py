@@ -8,7 +8,7 @@ from ..errors import Unsupported
 from ..guards import builder as g
 from ..guards import stamps
 from ..guards.builder import MISSING_ATTR
-from ..guards.sources import AttrSource, ItemSource, ModuleEntrySource
+from ..guards.sources import AttrSource, ModuleEntrySource, RawItemSource
 from ..values.base import (BoundMethodValue, ConstantValue, ContextManagerValue, DictValue,
                            ExceptionValue, FunctionValue, GeneratorValue, ListValue, MethodOfValue,
                            ObjectValue, PartialValue, PrivateObjectValue, SuperValue, TensorMethodValue, TensorValue,
@@ -282,8 +282,14 @@ def private_value(frame, value, owner):
     if type(value) in (list, dict, set, tuple, frozenset):
         # Read-only: changing it would have to change the private object too.
         return ConstantValue(value)
+    if isinstance(value, torch.nn.Module):
+        known = frame.tx.memo.get(id(value))
+        if known is not None and known[0] is value:
+            return known[1]   # a module from outside the trace, stored on the private object
+        if not any(True for _ in value.parameters()) and not any(True for _ in value.buffers()):
+            return PrivateObjectValue(value)
     if isinstance(value, (torch.Tensor, torch.nn.Module)):
-        raise Unsupported(f"a {type(value).__name__} inside a deep-copied object is not supported yet")
+        raise Unsupported(f"a {type(value).__name__} inside an object made while tracing is not supported yet")
     return PrivateObjectValue(value)
 
 
@@ -337,6 +343,10 @@ def _object_attr(frame, v, name):
         except AttributeError:
             raise MissingAttribute(f"{no_attr_name(cls)} object has no attribute {name!r}") from None
     class_attr, found = _lookup_static(cls, name)
+    if found and name in _DICT_READS and isinstance(obj, dict) and src is not None and _defined_by_dict(cls, name):
+        # dict's own read methods on a dict subclass from outside the trace (a ModelOutput
+        # returned by a call before a graph break): read its items, guarded on keys.
+        return MethodOfValue(_dict_view(frame, v), name)
     if found and _is_data_descriptor(class_attr):
         if isinstance(class_attr, property):
             return ops.call(frame, wrap(tx, class_attr.fget, None), [v], {})
@@ -450,6 +460,9 @@ def _super_attr(frame, sv, name):
             if attr in (object.__setattr__, object.__getattribute__) \
                     and isinstance(sv.obj, (UserObjectValue, PrivateObjectValue)):
                 return BoundMethodValue(ObjectValue(attr), sv.obj)
+            if attr in (object.__setattr__, object.__getattribute__) and isinstance(sv.obj, ObjectValue) \
+                    and sv.obj.source is not None:
+                return BoundMethodValue(ObjectValue(attr), sv.obj)   # the plain store, recorded (set_attr)
             if klass in (dict, OrderedDict) and isinstance(sv.obj, UserObjectValue) \
                     and sv.obj.dict_items is not None:
                 return dict_method(frame, sv.obj, name)
@@ -509,8 +522,8 @@ def _dict_view(frame, ov):
     obj, src = ov.obj, ov.source
     if not all(isinstance(k, (str, int)) for k in obj):
         raise Unsupported("reading a dict subclass with keys other than str/int is not supported yet")
-    frame.tx.guards.add(g.DICT_KEYS, src, list(obj.keys()))
-    items = {k: wrap(frame.tx, dict.__getitem__(obj, k), ItemSource(src, k)) for k in obj}
+    frame.tx.guards.add(g.DICT_KEYS, src, list(dict.keys(obj)))
+    items = {k: wrap(frame.tx, dict.__getitem__(obj, k), RawItemSource(src, k)) for k in dict.keys(obj)}
     view = DictValue(items, src, cls=dict)
     return view
 
@@ -539,6 +552,19 @@ def proxy_item(frame, v, key):
 def proxy_dict(frame, v):
     """A read-only dict value with every entry of a mappingproxy (for its methods)."""
     return DictValue({k: proxy_item(frame, v, k) for k in proxy_keys(frame, v)}, cls=types.MappingProxyType)
+def is_existing_dict(v, method):
+    """A dict (or an object of a dict subclass) from outside the trace, read through a source (a
+    ModelOutput returned before a graph break, a table keyed by types), whose special ``method``
+    is dict's own."""
+    return isinstance(v, ObjectValue) and isinstance(v.obj, dict) and v.source is not None \
+        and getattr(type(v.obj), method) is getattr(dict, method)
+
+
+def guarded_dict_keys(frame, ov):
+    """The keys of such an object, guarded."""
+    keys = list(dict.keys(ov.obj))
+    frame.tx.guards.add(g.DICT_KEYS, ov.source, keys)   # the keys themselves are held by the guard
+    return keys
 
 
 def _noop_init(*args, **kwargs):
@@ -567,17 +593,28 @@ def set_attr(frame, obj, name, value, plain=False):
         return
     if isinstance(obj, PrivateObjectValue):
         hook = type(obj.obj).__setattr__
+        if hook is torch.nn.Module.__setattr__ and not plain:
+            # A module made in the trace: torch's own bookkeeping (submodules, parameters) runs on it.
+            hook(obj.obj, name, _real_for_private(value))
+            return
         if not plain and isinstance(hook, types.FunctionType):
             ops.call(frame, wrap(frame.tx, hook, None), [obj, ConstantValue(name), value], {})
             return
         # Nothing outside the trace sees this object: the store happens now.
         object.__setattr__(obj.obj, name, as_constant(value))
         return
+    if isinstance(obj, ObjectValue) and not isinstance(obj, PrivateObjectValue) and not plain \
+            and isinstance(type(obj.obj).__setattr__, types.FunctionType) \
+            and not isinstance(obj.obj, (torch.nn.Module, type, types.ModuleType)):
+        # The class's own __setattr__ (validation, renaming) is traced; the plain store it
+        # ends with (object.__setattr__ / super().__setattr__) is recorded below.
+        ops.call(frame, wrap(frame.tx, type(obj.obj).__setattr__, None), [obj, ConstantValue(name), value], {})
+        return
     if isinstance(obj, ObjectValue) and obj.source is not None and not isinstance(obj.obj, (type, types.ModuleType)) \
             and (type(obj.obj).__setattr__ is object.__setattr__ or _module_plain_store(obj.obj, name, value)) \
             and descriptor_store(frame, obj, type(obj.obj), name, value):
         return
-    if isinstance(obj, ObjectValue) and obj.source is not None and _replayable_store(obj.obj, name, value):
+    if isinstance(obj, ObjectValue) and obj.source is not None and _replayable_store(obj.obj, name, value, plain):
         frame.tx.attr_stores[(id(obj.obj), name)] = (obj, name, value)
         return
     raise Unsupported(f"setting attribute {name!r} on {describe(obj)} (a side effect) is not supported yet",
@@ -618,25 +655,68 @@ def _module_plain_store(module, name, value):
     return not any(name in module.__dict__.get(t, ()) for t in ("_parameters", "_buffers", "_modules"))
 
 
-def delete_attr(frame, obj, name):
-    """``del obj.name`` on an object made in the frame: a Python ``__delattr__``, a property's
-    deleter, or the attribute itself. True if done; False if ``obj`` is not such an object."""
-    if not isinstance(obj, UserObjectValue):
-        return False
-    hook = obj.cls.__delattr__
-    if hook is not object.__delattr__ and isinstance(hook, types.FunctionType):
-        ops.call(frame, wrap(frame.tx, hook, None), [obj, ConstantValue(name)], {})
-        return True
-    if descriptor_store(frame, obj, obj.cls, name, None, delete=True):
-        return True
-    if name not in obj.attrs:
-        raise MissingAttribute(f"{no_attr_name(obj.cls)} object has no attribute {name!r}")
-    del obj.attrs[name]
-    return True
+def del_attr(frame, obj, name):
+    """``del obj.name`` / ``delattr(obj, name)``: on objects made while tracing (or private to
+    it) at once (a Python ``__delattr__``, a property's deleter, or the attribute itself); on an
+    existing plain object through a Python descriptor's deleter, or recorded like a store and
+    done after the graph."""
+    if isinstance(obj, UserObjectValue):
+        hook = obj.cls.__delattr__
+        if hook is not object.__delattr__ and isinstance(hook, types.FunctionType):
+            ops.call(frame, wrap(frame.tx, hook, None), [obj, ConstantValue(name)], {})
+            return
+        if descriptor_store(frame, obj, obj.cls, name, None, delete=True):
+            return
+        if name not in obj.attrs:
+            raise MissingAttribute(f"{no_attr_name(obj.cls)} object has no attribute {name!r}")
+        del obj.attrs[name]
+        return
+    if isinstance(obj, PrivateObjectValue):
+        hook = type(obj.obj).__delattr__
+        if isinstance(hook, types.FunctionType):
+            ops.call(frame, wrap(frame.tx, hook, None), [obj, ConstantValue(name)], {})
+            return
+        try:
+            hook(obj.obj, name)
+        except AttributeError as e:
+            raise MissingAttribute(str(e)) from None
+        return
+    tx = frame.tx
+    if isinstance(obj, ObjectValue) and obj.source is not None and type(obj.obj).__delattr__ is object.__delattr__ \
+            and not isinstance(obj.obj, (type, torch.nn.Module)) \
+            and descriptor_store(frame, obj, type(obj.obj), name, None, delete=True):
+        return
+    if isinstance(obj, ObjectValue) and obj.source is not None and not isinstance(obj.obj, torch.nn.Module) \
+            and type(obj.obj).__delattr__ is object.__delattr__ and type(obj.obj).__setattr__ is object.__setattr__ \
+            and not hasattr(type(obj.obj), name) \
+            and (name in getattr(obj.obj, "__dict__", {}) or (id(obj.obj), name) in tx.attr_stores):
+        get_attr(frame, obj, name)   # it must exist (guarded), or raise as in eager
+        tx.attr_stores.pop((id(obj.obj), name), None)
+        if name in obj.obj.__dict__:
+            # The replayed `del` needs the attribute on entry: guard that it is there.
+            tx.guards.add(g.TYPE_MATCH, AttrSource(obj.source, name), type(obj.obj.__dict__[name]))
+            tx.attr_stores[(id(obj.obj), name)] = (obj, name, DELETED)
+        # else: set earlier in this trace only; dropping that store is the whole effect.
+        tx.effects_recorded += 1
+        return
+    raise Unsupported(f"deleting attribute {name!r} of {describe(obj)} is not supported yet")
 
 
-def _replayable_store(obj, name, value):
-    """Can ``obj.name = value`` be recorded now and done for real after the graph?"""
+def _real_for_private(value):
+    """The real object to store into an object private to the trace."""
+    if isinstance(value, ObjectValue):
+        return value.obj
+    if isinstance(value, TensorValue):
+        raise Unsupported("storing a tensor on a module made inside the compiled function is not supported yet",
+                          hint="create modules in __init__, not in forward")
+    return as_constant(value)
+
+
+def _replayable_store(obj, name, value, plain=False):
+    """Can ``obj.name = value`` be recorded now and done for real after the graph?
+
+    ``plain``: the store of ``object.__setattr__`` itself, which a Python ``__setattr__``
+    of the class calls (replayed as ``obj.name = value``, which runs that hook again)."""
     cls = type(obj)
     if isinstance(obj, (type, types.ModuleType, types.FunctionType)):
         return False
@@ -652,7 +732,7 @@ def _replayable_store(obj, name, value):
         if isinstance(value, (ObjectValue, TensorValue)) or any(
                 name in obj.__dict__.get(t, ()) for t in ("_parameters", "_buffers", "_modules")):
             return False
-    elif cls.__setattr__ is not object.__setattr__:
+    elif cls.__setattr__ is not object.__setattr__ and not (plain and isinstance(cls.__setattr__, types.FunctionType)):
         return False
     attr, found = _lookup_static(cls, name)
     return not (found and _is_data_descriptor(attr)) and hasattr(obj, "__dict__")

@@ -17,7 +17,7 @@ import torch
 from .. import control
 from ..errors import Unsupported
 from ..guards import builder as g
-from ..guards.sources import AttrSource, ModuleEntrySource
+from ..guards.sources import AttrSource, ModuleEntrySource, RawAttrSource
 from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, DictViewValue,
                            FunctionValue, IteratorValue, ListValue, MethodOfValue,
                            ObjectValue, PrivateObjectValue, SuperValue, SymValue, TensorMethodValue,
@@ -254,6 +254,15 @@ def _min_max(fn):
             if has_default:
                 return default
             raise Unsupported(f"{fn.__name__}() of an empty sequence raises ValueError")
+        if (key is None or operators.is_none(key)) and any(isinstance(i, SymValue) for i in items) \
+                and all(isinstance(i, SymValue) or (operators.is_constant(i) and type(operators.as_constant(i)) is int)
+                       for i in items):
+            # Symbolic sizes stay symbolic: torch.sym_max/sym_min in the graph, no guard on the order.
+            sym_fn = torch.sym_min if fn is min else torch.sym_max
+            result = items[0]
+            for item in items[1:]:
+                result = frame.tx.graph.sym_call(sym_fn, [result, item])
+            return result
         if key is None or operators.is_none(key):
             key_values = items
         else:
@@ -438,6 +447,22 @@ def _object_getattribute(frame, args, kwargs):
         except AttributeError:
             raise attrs.MissingAttribute(f"{no_attr_name(type(obj.obj))} object has no attribute {name!r}") from None
         return attrs.private_value(frame, value, obj)
+    if isinstance(obj, ObjectValue) and obj.source is not None and not isinstance(obj.obj, torch.nn.Module):
+        # Past the class's own __getattribute__ (super().__getattribute__ inside it); guarded
+        # by reading it the same way.
+        pending = frame.tx.attr_stores.get((id(obj.obj), name))
+        if pending is not None:
+            if pending[2] is attrs.DELETED:
+                raise attrs.MissingAttribute(f"{type(obj.obj).__name__!r} object has no attribute {name!r}")
+            return pending[2]
+        try:
+            value = object.__getattribute__(obj.obj, name)
+        except AttributeError:
+            frame.tx.guards.add(g.MISSING_ATTR, obj.source, name)
+            raise attrs.MissingAttribute(f"{type(obj.obj).__name__!r} object has no attribute {name!r}") from None
+        if isinstance(value, types.MethodType) and value.__self__ is obj.obj:
+            return BoundMethodValue(wrap(frame.tx, value.__func__, None), obj)
+        return wrap(frame.tx, value, RawAttrSource(obj.source, name))
     raise Unsupported(f"object.__getattribute__ on {attrs.describe(obj)} is not supported yet")
 
 
@@ -477,6 +502,8 @@ _EAGER_BUILTINS = {input: "reads from standard input", breakpoint: "stops in the
 
 def _eager_builtin(fn):
     def h(frame, args, kwargs):
+        if fn is vars and len(args) == 1 and not kwargs and not operators.is_constant(args[0]):
+            return attrs.get_attr(frame, args[0], "__dict__")
         if fn in (vars, dir) and (args or kwargs):
             return fold(frame, fn, args, kwargs)
         name = f"{fn.__name__}()"
@@ -583,10 +610,25 @@ def _super(frame, args, kwargs):
     return SuperValue(cls.obj if isinstance(cls, ObjectValue) else operators.as_constant(cls), self_value)
 
 
-@builtin(object.__setattr__, setattr)
+@builtin(object.__setattr__)
 def _object_setattr(frame, args, kwargs):
     obj, name, value = args
     attrs.set_attr(frame, obj, operators.as_constant(name), value, plain=True)
+    return ConstantValue(None)
+
+
+@builtin(setattr)
+def _setattr(frame, args, kwargs):
+    # Like `obj.name = value`: through the class's own __setattr__.
+    obj, name, value = args
+    attrs.set_attr(frame, obj, operators.as_constant(name), value)
+    return ConstantValue(None)
+
+
+@builtin(delattr)
+def _delattr(frame, args, kwargs):
+    obj, name = args
+    attrs.del_attr(frame, obj, operators.as_constant(name))
     return ConstantValue(None)
 
 

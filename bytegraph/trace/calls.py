@@ -5,26 +5,26 @@ call is inlined (user functions, methods, ``nn.Module.forward``), becomes a
 graph node (torch functions, tensor methods), is folded to a constant (pure
 builtins on constants), or is unsupported.
 """
-import abc
 import enum
 import operator
 import types
 from collections import OrderedDict
 
+import numpy as np
 import torch
 
 from .. import control
 from ..errors import Unsupported
-from ..guards.builder import GLOBAL_HOOKS, NO_HOOKS
-from ..guards.sources import AttrSource, DefaultSource, ItemSource
+from ..guards.builder import DICT_KEYS, GLOBAL_HOOKS, NO_HOOKS
+from ..guards.sources import AttrSource, DefaultSource, ItemSource, MappingGetSource
 from ..values.base import (BoundMethodValue, ConstantValue, DictValue, ExitValue, FunctionValue,
-                           IteratorValue, MethodOfValue, ObjectValue, PartialValue, RealCell,
-                           TensorMethodValue, TensorValue, TracerCallableValue, TupleValue,
-                           UserObjectValue)
+                           IteratorValue, ListValue, MethodOfValue, ObjectValue, PartialValue,
+                           PrivateObjectValue, RealCell, TensorMethodValue, TensorValue, TracerCallableValue,
+                           TupleValue, UserObjectValue)
 from ..residual import has_hooks
 from ..values.builder import CONSTANT_TYPES, wrap
 from ..values.arrays import NdarrayMethodValue
-from . import attrs, blocks, generators, higher_order, library, numpy_calls, operators, ops, protocols
+from . import attrs, blocks, generators, higher_order, numpy_calls, torch_wrappers, operators, ops, protocols
 from .basics import note_process_local
 from .exceptions import PythonError, make_exception, raise_new
 from .frame import inline_call
@@ -72,7 +72,7 @@ def _call_object(frame, fv, args, kwargs):
     special = _control_call(frame, obj, args, kwargs)
     if special is not None:
         return special
-    special = library.call(frame, obj, args, kwargs)
+    special = torch_wrappers.call(frame, obj, args, kwargs)
     if special is None:
         special = higher_order.call(frame, fv, args, kwargs)
     if special is not None:
@@ -87,14 +87,22 @@ def _call_object(frame, fv, args, kwargs):
         return stdlib
     if isinstance(obj, torch.nn.Module):
         return call_module(frame, fv, args, kwargs)
+    if _is_numpy_callable(obj) and all(_is_python_numbers(a) for a in list(args) + list(kwargs.values())):
+        # NumPy on Python numbers (np.lcm(4, 6), np.prod((2, 3))): a pure function of constants,
+        # folded when the result is a NumPy or Python scalar (an array is mutable: not a constant).
+        result = fold(frame, obj, args, kwargs, what=f"numpy.{getattr(obj, '__name__', '?')}")
+        if isinstance(result, ConstantValue) and isinstance(result.value, (np.generic, int, float, bool, complex)):
+            return result
+        raise Unsupported(f"numpy.{getattr(obj, '__name__', '?')}() makes a NumPy array, which is not supported "
+                          "in a graph yet", hint="compute it with torch, or outside the compiled function")
     if isinstance(obj, types.FunctionType):
         if is_graph_function(obj):
             return torch_call(frame, obj, args, kwargs)
         if control.torch_wrap_numpy_target(obj) is not None:
             return numpy_calls.call_torch_wrap_numpy(frame, fv, args, kwargs)
-        wrapped = library.unwrap(obj)
+        wrapped = torch_wrappers.unwrap(obj)
         if wrapped is not None:
-            # torch._disable_dynamo(f): trace f (library.py says why).
+            # torch._disable_dynamo(f): trace f (torch_wrappers.py says why).
             return call(frame, wrap(tx, wrapped, AttrSource(fv.source, "__wrapped__") if fv.source else None),
                         args, kwargs)
         return call_python_function(frame, fv, args, kwargs)
@@ -113,6 +121,13 @@ def _call_object(frame, fv, args, kwargs):
     if isinstance(obj, type):
         return call_torch_class(frame, obj, args, kwargs) if obj.__module__.startswith("torch") \
             else _call_class(frame, obj, args, kwargs)
+    if isinstance(obj, types.BuiltinMethodType) and type(obj.__self__) in (dict, list) and fv.source is not None:
+        # A container from outside the trace that could not be read as a value (keys other
+        # than str/int): lookups are guarded one by one; anything else would need its contents.
+        if type(obj.__self__) is dict and obj.__name__ in _DICT_LOOKUPS:
+            return _existing_dict_lookup(frame, fv, args, kwargs)
+        raise Unsupported(f"{type(obj.__self__).__name__}.{obj.__name__}() on {attrs.describe(fv)} "
+                          "is not supported yet")
     if _is_foldable(obj):
         return fold(frame, obj, args, kwargs)
     call_attr = getattr(type(obj), "__call__", None)
@@ -125,6 +140,32 @@ def _call_object(frame, fv, args, kwargs):
         hint = ("if it only computes on tensors, wrap it with bytegraph.allow_in_graph; otherwise call it "
                 "outside the compiled function (without fullgraph=True it runs eagerly at a graph break)")
     raise Unsupported(f"calling {attrs.describe(fv)} is not supported yet", hint=hint)
+
+
+_DICT_LOOKUPS = ("get", "__getitem__", "__contains__")
+
+
+def _existing_dict_lookup(frame, fv, args, kwargs):
+    """``d.get(k)`` / ``d[k]`` / ``k in d`` on a dict from outside the trace whose keys need not be
+    str/int (a table keyed by types): guarded on its keys and on the item read."""
+    method = fv.obj
+    d = method.__self__
+    owner = AttrSource(fv.source, "__self__")
+    try:
+        key = operators.as_constant(args[0])
+        hash(key)
+    except (Unsupported, TypeError, IndexError):
+        raise Unsupported(f"dict.{method.__name__}() with a key not known while tracing") from None
+    frame.tx.guards.add(DICT_KEYS, owner, list(d))
+    if key not in d:
+        if method.__name__ == "__contains__":
+            return ConstantValue(False)
+        if method.__name__ == "get":
+            return args[1] if len(args) > 1 else kwargs.get("default", ConstantValue(None))
+        raise PythonError(f"KeyError: {key!r}", KeyError(key))
+    if method.__name__ == "__contains__":
+        return ConstantValue(True)
+    return wrap(frame.tx, d[key], MappingGetSource(owner, key))
 
 
 def _control_call(frame, obj, args, kwargs):
@@ -170,6 +211,25 @@ def _key(obj):
 
 def call_python_function(frame, fv, args, kwargs):
     fn = fv.obj
+    if args and isinstance(args[0], PrivateObjectValue) and isinstance(args[0].obj, torch.nn.Module) \
+            and (fn.__module__ or "").startswith("torch.") \
+            and all(operators.is_constant(a) for a in list(args[1:]) + list(kwargs.values())):
+        # torch's own bookkeeping on a module made in the trace (nn.Module.__init__, also as
+        # wrapped by torch._dynamo once torch.compile has run): runs for real on it.
+        result = fn(args[0].obj, *[operators.as_constant(a) for a in args[1:]],
+                    **{k: operators.as_constant(v) for k, v in kwargs.items()})
+        if result is args[0].obj:
+            return args[0]
+        if result is None or type(result) in CONSTANT_TYPES:
+            return ConstantValue(result)
+        raise Unsupported(f"{fn.__qualname__}() on a module made in the trace returned {type(result).__name__}")
+    if (fn.__module__ or "").startswith("torch._higher_order_ops."):
+        # torch's higher-order ops (scan, cond, while_loop, associative_scan...) expect TorchDynamo
+        # to capture their function arguments as subgraphs; their eager code cannot be traced.
+        raise Unsupported(f"torch higher-order op {fn.__module__.rsplit('.', 1)[-1]}.{fn.__qualname__} "
+                          "is not supported yet",
+                          hint="it runs eagerly at a graph break (fullgraph=True refuses it); library code often "
+                               "takes such a path only under a compiler (torch.compiler.is_compiling())")
     tx = frame.tx
     src = fv.source
     defaults = [wrap(tx, d, DefaultSource(src, i) if src else None)
@@ -223,9 +283,14 @@ def _call_class(frame, cls, args, kwargs):
         return _make_namedtuple(frame, cls, args, kwargs)
     if issubclass(cls, BaseException):
         return make_exception(frame, cls, args, kwargs)
+    if issubclass(cls, torch.nn.Module):
+        return _make_module(frame, cls, args, kwargs)
     dict_base = _dict_base(cls)
     native_bases = [b for b in cls.__mro__[1:-1] if b.__module__ == "builtins" or b is OrderedDict]
-    if type(cls) not in (type, abc.ABCMeta) or cls.__new__ not in (object.__new__, dict.__new__) \
+    # A metaclass that does not define __call__ (ABCMeta, a metaclass that only customises class
+    # attributes) makes instances exactly as type does.
+    if type(cls).__call__ is not type.__call__ or getattr(cls, "__abstractmethods__", None) \
+            or cls.__new__ not in (object.__new__, dict.__new__) \
             or any(b not in (dict, OrderedDict) for b in native_bases) \
             or issubclass(cls, torch.nn.Module) \
             or not _python_or(cls.__setattr__, object.__setattr__) \
@@ -248,6 +313,31 @@ def _call_class(frame, cls, args, kwargs):
     if not operators.is_none(result):
         raise Unsupported(f"{cls.__qualname__}.__init__ returned a value")
     return obj
+
+
+def _make_module(frame, cls, args, kwargs):
+    """``Layer(...)`` for an ``nn.Module`` subclass inside forward (an activation picked from a
+    table, a small helper layer): a real module private to the trace (``PrivateObjectValue``).
+
+    Its ``__init__`` is traced on a new, empty object, so what it does outside the module is
+    seen as usual; ``nn.Module.__init__`` and the module's own ``__setattr__`` run for real on
+    it. A module that ends up owning parameters or buffers is refused: eager makes new
+    tensors (new random weights) on every call, which a graph cannot hold as constants.
+    """
+    if type(cls).__call__ is not type.__call__ or cls.__new__ is not object.__new__:
+        raise Unsupported(f"creating {cls.__qualname__} modules (custom metaclass or __new__) inside the compiled "
+                          "function is not supported yet", hint="create modules in __init__, not in forward")
+    module = PrivateObjectValue(object.__new__(cls))
+    result = call(frame, wrap(frame.tx, cls.__init__, None), [module] + list(args), kwargs)
+    if not operators.is_none(result):
+        raise Unsupported(f"{cls.__qualname__}.__init__ returned a value")
+    m = module.obj
+    if "_parameters" not in m.__dict__:
+        raise Unsupported(f"{cls.__qualname__}.__init__ did not call nn.Module.__init__")
+    if any(True for _ in m.parameters()) or any(True for _ in m.buffers()):
+        raise Unsupported(f"creating a {cls.__qualname__} module with parameters or buffers inside the compiled "
+                          "function is not supported yet", hint="create modules in __init__, not in forward")
+    return module
 
 
 def _dict_base(cls):
@@ -280,6 +370,29 @@ def _make_namedtuple(frame, cls, args, kwargs):
 
 # --- folding ------------------------------------------------------------------
 
+def _is_numpy_callable(obj):
+    if isinstance(obj, np.ufunc):
+        return True
+    if isinstance(obj, type):
+        return issubclass(obj, np.generic)   # np.float32(2.5), np.int64(3)
+    return callable(obj) and (getattr(obj, "__module__", None) or "").split(".")[0] == "numpy"
+
+
+def _is_python_numbers(v):
+    """A Python number, or a tuple/list of them, known while tracing (no array, no tensor)."""
+    if isinstance(v, (TupleValue, ListValue)):
+        return all(_is_python_numbers(i) for i in v.items)
+    if not operators.is_constant(v):
+        return False
+    c = operators.as_constant(v)
+    if isinstance(c, (tuple, list)):
+        return all(type(i) in (int, float, bool, complex) for i in c)
+    return type(c) in (int, float, bool, complex) or c is None or isinstance(c, str)
+
+
+# Methods of dict and list that only read.
+READ_ONLY_METHODS = frozenset({"get", "keys", "values", "items", "copy", "count", "index", "__getitem__",
+                               "__contains__", "__len__"})
 _FOLDABLE_MODULES = {"math", "operator", "builtins", "_operator", "cmath"}
 
 
@@ -288,6 +401,10 @@ def _is_foldable(obj):
         owner = getattr(obj, "__self__", None)
         if owner is None or isinstance(owner, types.ModuleType):
             return (getattr(obj, "__module__", None) or getattr(owner, "__name__", "")) in _FOLDABLE_MODULES
+        if type(owner) in (dict, list) and obj.__name__ in READ_ONLY_METHODS:
+            # A read-only container held by a private object (PrivateObjectValue), reached as a
+            # constant: a container from outside the trace has a source and is guarded instead.
+            return True
         return isinstance(owner, CONSTANT_TYPES + (tuple, frozenset))
     if isinstance(obj, types.MethodWrapperType):
         return isinstance(obj.__self__, CONSTANT_TYPES + (tuple, frozenset))

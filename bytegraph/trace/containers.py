@@ -9,9 +9,10 @@ import collections
 
 from ..errors import Unsupported
 from ..values.base import (ConstantValue, ContextManagerValue, DefaultDictValue, DictValue,
-                           DictViewValue, IteratorValue, ListValue, ObjectValue, TupleValue, holds_values)
+                           DictViewValue, IteratorValue, ListValue, ObjectValue, TupleValue, UserObjectValue,
+                           holds_values)
 from ..values.builder import constant
-from . import generators, operators
+from . import attrs, generators, operators, ops
 from .basics import constant_value, held_item
 from .exceptions import PythonError
 from .builtin_calls import sort_values
@@ -125,6 +126,12 @@ def _not_found(seq, name, item):
     except ValueError as e:
         raise PythonError(str(e), e) from None
     raise AssertionError(name)
+def _has_attr(frame, v, name):
+    try:
+        attrs.get_attr(frame, v, name)
+    except attrs.MissingAttribute:
+        return False
+    return True
 
 
 def _dict_method(frame, d, name, args, kwargs):
@@ -148,6 +155,13 @@ def _dict_method(frame, d, name, args, kwargs):
             elif isinstance(other, ConstantValue) and isinstance(other.value, dict):
                 # A Counter made in the frame (kept as a real object of Python values).
                 items.update({k: constant(v) for k, v in other.value.items()})
+            elif isinstance(other, UserObjectValue) and other.dict_items is not None \
+                    and other.cls.__iter__ is dict.__iter__:
+                items.update(other.dict_items.items)   # CPython copies a dict subclass's own items
+            elif isinstance(other, (UserObjectValue, ObjectValue)) and _has_attr(frame, other, "keys"):
+                # A mapping (an OrderedDict subclass such as ModelOutput): keys(), then self[k].
+                for k in iterate(frame, ops.call(frame, attrs.get_attr(frame, other, "keys"), [], {})):
+                    items[operators.key_of(k)] = operators.getitem(frame, other, k)
             else:
                 for pair in iterate(frame, other):
                     k, v = iterate(frame, pair)

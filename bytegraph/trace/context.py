@@ -40,6 +40,7 @@ class TraceContext:
         self.existing_containers = {}  # id(value) -> value: containers wrapped from real objects
         self.global_stores = {}        # (id(globals dict), name) -> (target source, value or DELETED)
         self.cell_stores = {}          # id(real cell) -> (RealCell, value)
+        self.item_stores = {}          # (id(mapping), key) -> (ObjectValue, key, value or DELETED): os.environ
         self.effects_recorded = 0      # changes to state outside the trace so far (all kinds above but attrs)
         self.entry_grad_mode = torch.is_grad_enabled()
         # Memory of arrays of which a negative-stride view was taken, and of those views (traced as
@@ -102,8 +103,16 @@ class TraceContext:
                               "function but cannot be re-read on later calls (no source)")
         return value
 
+    def record_item_store(self, mapping, key, value):
+        """``mapping[key] = value`` (``DELETED``: ``del``) on a real mapping read through a source
+        whose own ``__setitem__`` is replayed after the graph (``os.environ``)."""
+        self.item_stores.pop((id(mapping.obj), key), None)   # keep program order
+        self.item_stores[(id(mapping.obj), key)] = (mapping, key, value)
+        self.effects_recorded += 1
+
     def has_side_effects(self):
-        return bool(self.attr_stores or self.mutated or self.global_stores or self.cell_stores)
+        return bool(self.attr_stores or self.mutated or self.global_stores or self.cell_stores
+                    or self.item_stores)
 
     # --- dynamic shapes ---------------------------------------------------------
 

@@ -7,10 +7,8 @@ versions never reach; no handler looks at the version.
 import builtins
 import operator
 
-import torch
 
 from ..errors import Unsupported
-from ..guards import builder as guard_kinds
 from ..null import NULL
 from ..guards.sources import AttrSource, GlobalSource, ItemSource, ObjectSource
 from ..values.base import (CellValue, ConstantValue, ContextManagerValue, DictValue,
@@ -105,7 +103,9 @@ def store_global(f, ins):
     name = ins.argval
     source = _global_source(f, name)
     if source is None:
-        raise Unsupported(f"assigning global {name!r} of module {f.globals.get('__name__')!r} is not supported")
+        # A library module's own flag (torch.backends' __allow_nonbracketed_mutation): its globals
+        # are read unguarded, but a store is replayed like any other.
+        source = ItemSource(ObjectSource(f.globals, f.globals.get("__name__", "module") + ".__dict__"), name)
     key = (id(f.globals), name)
     if ins.opname == "STORE_GLOBAL":
         value = f.pop()
@@ -219,29 +219,8 @@ def store_attr(f, ins):
 
 @handler("DELETE_ATTR")
 def delete_attr(f, ins):
-    """``del obj.name`` on an existing plain object: recorded like a store, done after the graph."""
-    obj = f.pop()
-    name = ins.argval
-    if attrs.delete_attr(f, obj, name):
-        return
-    if isinstance(obj, ObjectValue) and obj.source is not None and type(obj.obj).__delattr__ is object.__delattr__ \
-            and not isinstance(obj.obj, (type, torch.nn.Module)) \
-            and attrs.descriptor_store(f, obj, type(obj.obj), name, None, delete=True):
-        return
-    if isinstance(obj, ObjectValue) and obj.source is not None and not isinstance(obj.obj, torch.nn.Module) \
-            and type(obj.obj).__delattr__ is object.__delattr__ and type(obj.obj).__setattr__ is object.__setattr__ \
-            and not hasattr(type(obj.obj), name) \
-            and (name in getattr(obj.obj, "__dict__", {}) or (id(obj.obj), name) in f.tx.attr_stores):
-        attrs.get_attr(f, obj, name)   # it must exist (guarded), or raise as in eager
-        f.tx.attr_stores.pop((id(obj.obj), name), None)
-        if name in obj.obj.__dict__:
-            # The replayed `del` needs the attribute on entry: guard that it is there.
-            f.tx.guards.add(guard_kinds.TYPE_MATCH, AttrSource(obj.source, name), type(obj.obj.__dict__[name]))
-            f.tx.attr_stores[(id(obj.obj), name)] = (obj, name, DELETED)
-        # else: set earlier in this trace only; dropping that store is the whole effect.
-        f.tx.effects_recorded += 1
-        return
-    raise Unsupported(f"deleting attribute {name!r} of {attrs.describe(obj)} is not supported yet")
+    """``del obj.name`` (trace/attrs.py ``del_attr``)."""
+    attrs.del_attr(f, f.pop(), ins.argval)
 
 
 @handler("IMPORT_NAME")

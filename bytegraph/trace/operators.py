@@ -262,6 +262,8 @@ def contains(frame, container, item):
         return any(element_equal(frame, x, item) for x in list(container.items))
     if isinstance(container, DictViewValue):
         return contains(frame, TupleValue(container.materialize()), item)
+    if attrs.is_existing_dict(container, "__contains__"):
+        return key_of(item) in attrs.guarded_dict_keys(frame, container)
     if isinstance(container, ObjectValue) and isinstance(container.obj, torch.nn.Module):
         if isinstance(container.obj, torch.nn.ModuleDict):
             return as_constant(item) in container.obj
@@ -391,6 +393,8 @@ def length(frame, v):
     v = protocols.dict_part(v)
     if isinstance(v, (TupleValue, ListValue, DictValue)):
         return len(v.items)
+    if attrs.is_existing_dict(v, "__len__"):
+        return len(attrs.guarded_dict_keys(frame, v))
     if isinstance(v, ConstantValue):
         return len(v.value)
     if isinstance(v, TensorValue):

@@ -5,15 +5,15 @@ import torch
 
 from ..guards.sources import ClosureSource, LocalSource
 from ..values.base import RealCell
-from . import (attrs, builtin_calls, calls, containers, generators, iteration, opcodes, ops, state,
-               stdlib_calls)
+from . import (attrs, builtin_calls, calls, containers, environ_pytree, generators, iteration, opcodes, ops,  # noqa: F401 (environ_pytree: its handlers)
+               state, stdlib_calls)
 from .context import TraceContext
 from .frame import Frame, PendingLocal
 from .torch_calls import undo_state_changes
 
 # The interpreter assembled. Lower modules of trace/ reach the operations of higher ones
 # through trace.ops (see there); point each of its entries at its implementation. Importing
-# opcodes, builtin_calls and stdlib_calls also fills their handler tables.
+# opcodes, builtin_calls, stdlib_calls and environ_pytree also fills their handler tables.
 ops.wire(HANDLERS=opcodes.HANDLERS, BUILTIN_HANDLERS=builtin_calls.BUILTIN_HANDLERS,
          call=calls.call, fold=calls.fold, tensor_method=calls.tensor_method,
          call_stdlib_object=stdlib_calls.call_stdlib_object, iterate=iteration.iterate,

@@ -180,11 +180,15 @@ def _wrap(tx, obj, source):
         _guard(tx, owner_kind, AttrSource(source, "__self__"), owner if owner_kind == g.ID_MATCH else type(owner))
         return ObjectValue(obj, source)
     if t in (types.MethodWrapperType, types.BuiltinMethodType) and source is not None \
-            and not isinstance(obj.__self__, types.ModuleType) and isinstance(source, AttrSource):
-        # ``f.__get__``, ``d.get``: made anew on each attribute read, so their identity never
-        # holds; what they do is fixed by the object they are bound to and the name (the source's).
+            and getattr(obj, "__self__", None) is not None and not isinstance(obj.__self__, types.ModuleType):
+        # A method bound to an object (``d.get``, ``f.__get__``) is made anew on each read, so its
+        # identity never holds: guard its type and its object (the name is fixed by the source).
+        owner = obj.__self__
         _guard(tx, g.TYPE_MATCH, source, t)
-        _guard(tx, g.ID_MATCH, AttrSource(source, "__self__"), obj.__self__)
+        if type(owner) in CONSTANT_TYPES:
+            _guard(tx, g.CONSTANT_MATCH, AttrSource(source, "__self__"), owner)
+        else:
+            _guard(tx, g.ID_MATCH, AttrSource(source, "__self__"), owner)
         return ObjectValue(obj, source)
     if isinstance(obj, (torch.nn.Module, enum.Enum) + _IDENTITY_TYPES) or (callable(obj) and _is_c_callable(obj)):
         _guard(tx, g.ID_MATCH, source, obj)
