@@ -22,7 +22,7 @@ from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue
                            ObjectValue, PrivateObjectValue, SuperValue, SymValue, TensorMethodValue,
                            TensorValue, TracedId, TupleValue, UserObjectValue)
 from ..values.builder import wrap
-from . import attrs, generators, operators, ops, with_blocks
+from . import attrs, distributed, generators, operators, ops, with_blocks
 from .calls import TENSOR_DATA_HINT, call, fold, has_tensor
 from .exceptions import TracedRaise, to_str
 from .generators import check_unchanged, iterated_containers
@@ -521,6 +521,7 @@ BUILTIN_HANDLERS[map] = generators.lazy_map
 BUILTIN_HANDLERS[filter] = generators.lazy_filter
 BUILTIN_HANDLERS.update(generators.LAZY_BUILTINS)
 BUILTIN_HANDLERS[contextlib.contextmanager] = with_blocks.contextmanager_in_frame
+BUILTIN_HANDLERS.update(distributed.DIST_HANDLERS)   # ranks, collectives (trace/distributed.py)
 
 
 @builtin(super)

@@ -12,6 +12,7 @@ import types
 from collections import OrderedDict
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from .. import control
 from ..errors import Unsupported
@@ -21,7 +22,7 @@ from ..values.base import (BoundMethodValue, ConstantValue, DictValue, ExitValue
                            IteratorValue, MethodOfValue, ObjectValue, PartialValue, RealCell,
                            TensorMethodValue, TensorValue, TracerCallableValue, TupleValue,
                            UserObjectValue)
-from ..residual import has_hooks
+from ..residual import has_hooks, is_fsdp_module
 from ..values.builder import CONSTANT_TYPES, wrap
 from . import attrs, generators, operators, ops, protocols
 from .exceptions import PythonError, make_exception
@@ -162,6 +163,17 @@ def call_python_function(frame, fv, args, kwargs):
 def call_module(frame, mv, args, kwargs):
     """``module(*args)``: inline its forward, and its forward hooks if it has any (trace/hooks.py)."""
     m = mv.obj
+    if isinstance(m, DistributedDataParallel):
+        raise Unsupported(
+            "DistributedDataParallel's forward runs natively: it prepares its reducer for backward around "
+            "the module it wraps, which is compiled on its own (split at DDP's bucket boundaries)",
+            hint="expected with DDP; compile the DDP module itself (bytegraph.compile(ddp_model)) so the "
+                 "forward has no graph around this call")
+    if is_fsdp_module(m):
+        raise Unsupported(
+            f"{type(m).__name__} is sharded by FSDP2 (fully_shard): its hooks all-gather its DTensor parameters "
+            "before forward and free them after; they run natively and its forward is compiled on its own",
+            hint="expected with FSDP2: each sharded module's forward is a graph of its own")
     if has_hooks(m):
         return call_with_hooks(frame, mv, args, kwargs, lambda a, k: _call_forward(frame, mv, a, k))
     if mv.source is not None:
