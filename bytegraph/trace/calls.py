@@ -24,7 +24,7 @@ from ..values.base import (BoundMethodValue, ConstantValue, DictValue, ExitValue
                            UserObjectValue)
 from ..residual import has_hooks, is_fsdp_module
 from ..values.builder import CONSTANT_TYPES, wrap
-from . import attrs, generators, operators, ops, protocols
+from . import attrs, distributed, generators, operators, ops, protocols
 from .exceptions import PythonError, make_exception
 from .frame import inline_call
 from .hooks import call_with_hooks
@@ -68,6 +68,9 @@ def _call_object(frame, fv, args, kwargs):
     handler = ops.BUILTIN_HANDLERS.get(_key(obj))
     if handler is not None:
         return handler(frame, args, kwargs)
+    native = distributed.native_only(obj)
+    if native is not None:
+        raise Unsupported(native, hint="without fullgraph=True it runs natively at a graph break")
     stdlib = ops.call_stdlib_object(frame, fv, args, kwargs)
     if stdlib is not None:
         return stdlib

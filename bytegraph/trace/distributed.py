@@ -15,6 +15,8 @@
   that requires grad, or with a reduce op the functional ops lack, they break the graph and run
   natively.
 """
+import types
+
 import torch
 import torch.distributed as dist
 
@@ -123,6 +125,24 @@ def _reduce_op_name(name, value):
         raise Unsupported(f"{name}() with reduce op {op!r}: the functional collectives have no such op",
                           hint=_HINT)
     return _REDUCE_OPS[key]
+
+
+def native_only(obj):
+    """Why calling ``obj`` cannot be traced when it is a method of torch.distributed's C++ objects
+    (a ``Work`` handle's ``wait()``, a process group's or store's methods), else None."""
+    owner = getattr(obj, "__self__", None)
+    module = type(owner).__module__ if owner is not None else ""
+    func = getattr(obj, "__func__", obj)
+    if (getattr(func, "__module__", None) or "").startswith(("torch._C._distributed",
+                                                            "torch.distributed.distributed_c10d")) \
+            or module.startswith(("torch._C._distributed", "torch.distributed.distributed_c10d")):
+        name = getattr(func, "__name__", "?")
+        if owner is None or isinstance(owner, types.ModuleType):
+            return (f"torch.distributed.{name}() is not traced (in a graph: all_reduce, all_gather_into_tensor, "
+                    "reduce_scatter_tensor and broadcast, rewritten into functional collectives; get_rank, "
+                    "get_world_size, get_backend, is_initialized as constants)")
+        return f"{type(owner).__name__}.{name}() acts on torch.distributed's C++ objects outside any graph"
+    return None
 
 
 # --- ranks and sizes --------------------------------------------------------------------------
