@@ -139,3 +139,55 @@ def test_optimize_ddp_setting_checked():
         assert "optimize_ddp" in str(e)
     else:
         raise AssertionError("a str was accepted for optimize_ddp")
+
+
+class Regions(torch.nn.Module):
+    """A no_grad block, an autocast block and a chunk whose pieces are read later: no cut inside."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(d, d) for _ in range(6)])
+        self.wide = torch.nn.Linear(d, 2 * d)
+
+    def forward(self, x):
+        x = self.layers[0](x)
+        with torch.no_grad():
+            y = self.layers[1](x) * 2
+            y = self.layers[2](y)
+        x = x + y
+        a, b = self.wide(x).chunk(2, dim=-1)
+        x = self.layers[3](torch.relu(a))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            z = self.layers[4](x)
+        x = x + z.float() + b
+        return self.layers[5](x)
+
+
+def test_no_cut_inside_state_regions_or_between_tuple_and_items():
+    torch.manual_seed(0)
+    model = Regions()
+    twin = copy.deepcopy(model)
+    x = torch.randn(3, 16)
+    gm, examples = _graph(model, x)
+    pieces = ddp_split.plan(gm, [1], _managed(model))     # every parameter wants its own piece
+    assert len(pieces) >= 3
+    for piece in pieces:
+        grad_modes = [n.args[0] for n in piece.nodes if n.target is torch._C._set_grad_enabled]
+        assert grad_modes in ([], [False, True]), grad_modes
+        enters = sum(n.target is torch.amp._enter_autocast for n in piece.nodes)
+        exits = sum(n.target is torch.amp._exit_autocast for n in piece.nodes)
+        assert enters == exits
+        members = set(piece.nodes)
+        for n in piece.nodes:
+            if not isinstance(n.meta.get("example_value"), (torch.Tensor, torch.SymInt)):
+                assert all(u in members or u.op == "output" for u in n.users), n
+    run = ddp_split.compile_pieces(gm, examples, pieces, aot_eager)
+    (out,) = run(x)
+    expected = twin(x)
+    assert torch.allclose(out, expected, atol=1e-2)
+    out.sum().backward()
+    expected.sum().backward()
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        assert (p.grad is None) == (q.grad is None), name
+        if p.grad is not None:
+            assert torch.allclose(p.grad, q.grad, atol=1e-2), name

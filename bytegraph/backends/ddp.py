@@ -154,10 +154,11 @@ def plan(gm, limits, managed):
     for index, name, nbytes in earliest.values():
         first_use.setdefault(index, []).append((name, nbytes))
 
+    cut_ok = _cut_points(compute)
     pieces = [Piece(limits[0])]
     for index in range(len(compute) - 1, -1, -1):
         piece = pieces[-1]
-        if piece.nbytes >= piece.cap:
+        if piece.nbytes >= piece.cap and cut_ok[index + 1]:
             piece = Piece(limits[min(len(pieces), len(limits) - 1)])
             pieces.append(piece)
         piece.nodes.append(compute[index])
@@ -173,6 +174,46 @@ def plan(gm, limits, managed):
     for piece in pieces:
         piece.nodes.reverse()
     return pieces
+
+
+def _cut_points(compute):
+    """``ok[j]``: the graph may be cut between ``compute[j - 1]`` and ``compute[j]``.
+
+    Not inside a region with other global state than the graph's entry (a ``no_grad`` or autocast
+    block: each piece is traced by the backend in the state it starts in), and not where a value
+    other than a tensor or a symbolic int would cross (the tuple of a ``split`` before its
+    ``getitem``s, an autocast handle): pieces pass tensors and sizes only.
+    """
+    n = len(compute)
+    ok = [True] * (n + 1)
+    entry_grad = torch.is_grad_enabled()   # a graph is compiled in the state it is guarded on
+    grad, autocast, unknown = entry_grad, 0, False
+    for i, node in enumerate(compute):
+        ok[i] = grad == entry_grad and autocast == 0 and not unknown
+        target = node.target
+        if target is torch._C._set_grad_enabled:
+            grad = bool(node.args[0])
+        elif target is torch.amp._enter_autocast:
+            autocast += 1
+        elif target is torch.amp._exit_autocast:
+            autocast -= 1
+        elif getattr(target, "__name__", "") == "set_autocast_state":
+            unknown = True   # residual.set_autocast_state: the end of a block entered before the graph
+    position = {node: i for i, node in enumerate(compute)}
+    crossing = [0] * (n + 2)
+    for i, node in enumerate(compute):
+        value = node.meta.get("example_value")
+        if isinstance(value, (torch.Tensor, torch.SymInt)) or not node.users:
+            continue
+        last = max((position.get(u, n) for u in node.users), default=i)
+        crossing[i + 1] += 1       # cuts i+1 .. last would pass this value on
+        crossing[last + 1] -= 1
+    running = 0
+    for j in range(n + 1):
+        running += crossing[j]
+        if running:
+            ok[j] = False
+    return ok
 
 
 def _attr(gm, target):
