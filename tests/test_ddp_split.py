@@ -60,8 +60,8 @@ def test_pieces_fill_buckets_from_the_end():
     names = [p.params for p in pieces]
     # Walking back from the output: layers 3 and 2 fill the first bucket, layers 1 and 0 the
     # next; the tied embedding/head weight counts where it is first used (the embedding).
-    assert names[-1] == ["layers.3.fc.weight", "layers.3.fc.bias", "layers.2.fc.weight", "layers.2.fc.bias"]
-    assert names[-2] == ["layers.1.fc.weight", "layers.1.fc.bias", "layers.0.fc.weight", "layers.0.fc.bias"]
+    assert names[-1] == ["layers.2.fc.weight", "layers.2.fc.bias", "layers.3.fc.weight", "layers.3.fc.bias"]
+    assert names[-2] == ["layers.0.fc.weight", "layers.0.fc.bias", "layers.1.fc.weight", "layers.1.fc.bias"]
     assert names[0] == ["emb.weight"]
     assert all(p.nbytes >= cap for p in pieces[1:])
     # Every compute node is in exactly one piece, in graph order.

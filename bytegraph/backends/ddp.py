@@ -48,6 +48,7 @@ class Piece:
     def __init__(self, cap):
         self.nodes = []
         self.params = []     # names of the DDP-managed parameters whose gradients this piece makes ready
+        #                      (forward order of their earliest uses)
         self.nbytes = 0
         self.cap = cap
 
@@ -97,8 +98,10 @@ def bucket_limits(ddp):
         if bucket_config.per_bucket_bytes_caps:
             return list(bucket_config.per_bucket_bytes_caps)
         return [bucket_config.first_bucket_bytes_cap, bucket_config.bucket_bytes_cap]
+    # Older DDP (torch < 2.13): a small first bucket only when bucket_cap_mb was left at its default.
     cap = int(ddp.bucket_bytes_cap)
-    first = getattr(torch.distributed, "_DEFAULT_FIRST_BUCKET_BYTES", cap)
+    first = getattr(torch.distributed, "_DEFAULT_FIRST_BUCKET_BYTES", cap) \
+        if getattr(ddp, "bucket_bytes_cap_default", False) else cap
     return [min(first, cap), cap]
 
 
@@ -162,9 +165,9 @@ def plan(gm, limits, managed):
             piece = Piece(limits[min(len(pieces), len(limits) - 1)])
             pieces.append(piece)
         piece.nodes.append(compute[index])
-        for name, nbytes in first_use.get(index, ()):
-            piece.params.append(name)
-            piece.nbytes += nbytes
+        uses = first_use.get(index, ())
+        piece.params[0:0] = [name for name, _ in uses]    # kept in forward order
+        piece.nbytes += sum(nbytes for _, nbytes in uses)
     if len(pieces) > 1 and not pieces[-1].params:
         # Ops before the first parameter: they join the piece after them.
         pieces[-2].nodes.extend(pieces.pop().nodes)
