@@ -65,7 +65,7 @@ def parse(argv=None):
     p.add_argument("--variants", default=",".join(VARIANTS),
                    help=f"comma-separated, from {', '.join(VARIANTS + EXTRA_VARIANTS)}")
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--steps", type=int, default=None, help="timed steps (default 20; 8 with --tiny)")
     p.add_argument("--no-autocast", action="store_true", help="fp32 on CUDA (default: bf16 autocast)")
     p.add_argument("--json", default=None, help="write the results here (rank 0)")
     args = p.parse_args(argv)
@@ -77,7 +77,8 @@ def parse(argv=None):
         if args.bucket_cap_mb is None:
             # torch.compile's DDPOptimizer insists on caps of at least its 1 MiB first bucket.
             args.bucket_cap_mb = 1
-        args.warmup, args.steps = min(args.warmup, 3), min(args.steps, 8)
+    if args.steps is None:
+        args.steps = 8 if args.tiny else 20
     return args
 
 
