@@ -413,7 +413,12 @@ def rank_is_a_guarded_constant(rank, world):
             return x + dist.get_world_size()
         return x - 1
 
+    def g(x, group):
+        return x * group.size() + group.rank() + dist.get_rank(group)
+
     x = torch.ones(3)
+    group = dist.new_group([0, 1])
+    close(g(x, group), bytegraph.compile(g, backend="eager", fullgraph=True)(x, group), "group.rank()/size()")
     counter = CompileCounter()
     compiled = bytegraph.compile(f, backend=counter, fullgraph=True)
     close(f(x), compiled(x), "rank branch")

@@ -68,9 +68,9 @@ def _call_object(frame, fv, args, kwargs):
     handler = ops.BUILTIN_HANDLERS.get(_key(obj))
     if handler is not None:
         return handler(frame, args, kwargs)
-    native = distributed.native_only(obj)
+    native = distributed.call_native(frame, fv, args, kwargs)
     if native is not None:
-        raise Unsupported(native, hint="without fullgraph=True it runs natively at a graph break")
+        return native
     stdlib = ops.call_stdlib_object(frame, fv, args, kwargs)
     if stdlib is not None:
         return stdlib

@@ -9,6 +9,8 @@
   ``broadcast``, ``wait_tensor``) become ``torch.ops._c10d_functional`` nodes, each followed by its
   ``wait_tensor``, as they are when torch.compile traces them; the group is resolved to its name
   while tracing.
+* ``group.rank()`` and ``group.size()`` of a ``ProcessGroup`` are constants too; other methods
+  of torch.distributed's C++ objects (``work.wait()``...) break the graph with that reason.
 * The in-place c10d calls (``dist.all_reduce(t)``, ``all_gather_into_tensor``,
   ``reduce_scatter_tensor``, ``broadcast``) are rewritten into the functional op and a ``copy_``
   into their tensor. With ``async_op=True`` (a ``Work`` handle the graph cannot hold), on a tensor
@@ -22,6 +24,7 @@ import torch.distributed as dist
 
 from ..errors import Unsupported
 from ..guards.builder import ID_MATCH, add_process_group_guard
+from ..guards.sources import AttrSource
 from ..values.base import ConstantValue, ListValue, ObjectValue, TensorValue
 from . import ops
 from .basics import as_constant, describe
@@ -125,6 +128,25 @@ def _reduce_op_name(name, value):
         raise Unsupported(f"{name}() with reduce op {op!r}: the functional collectives have no such op",
                           hint=_HINT)
     return _REDUCE_OPS[key]
+
+
+def call_native(frame, fv, args, kwargs):
+    """A call of a method of torch.distributed's C++ objects: ``group.rank()`` and ``group.size()``
+    are constants of the group (guarded by its identity); anything else is Unsupported with the
+    reason. None when ``fv`` is not such a method."""
+    obj = fv.obj
+    reason = native_only(obj)
+    if reason is None:
+        return None
+    owner = getattr(obj, "__self__", None)
+    if dist.is_available() and isinstance(owner, dist.ProcessGroup) and not args and not kwargs \
+            and getattr(obj, "__name__", None) in ("rank", "size"):
+        if fv.source is not None:
+            frame.tx.guards.add(ID_MATCH, AttrSource(fv.source, "__self__"), owner)
+        else:
+            add_process_group_guard(frame.tx.guards)
+        return ConstantValue(obj())
+    raise Unsupported(reason, hint="without fullgraph=True it runs natively at a graph break")
 
 
 def native_only(obj):
