@@ -113,18 +113,30 @@ def call_with_compiled_forward(compiler, module, call):
     """Run ``call()`` while ``module.forward`` is compiled by ``compiler``.
 
     The compiled forward is set on the instance for this call only (``nn.Module._call_impl``
-    reads ``self.forward``), so the module's hooks run natively around it. A forward already
-    set on the instance, or one that is not Python, is left as it is.
+    reads ``self.forward``), so the module's hooks run natively around it; a forward the user set
+    on the instance is compiled in its place and put back after. A forward that is not Python
+    code runs as it is.
     """
-    forward = type(module).forward
-    if "forward" in module.__dict__ or not isinstance(forward, types.FunctionType) \
-            or forward is torch.nn.Module.forward:
+    own = module.__dict__.get("forward")
+    if own is None:
+        forward = type(module).forward
+        if not isinstance(forward, types.FunctionType) or forward is torch.nn.Module.forward:
+            return call()
+        compiled = types.MethodType(compiler.wrapper_for(forward), module)
+    elif isinstance(own, types.MethodType) and isinstance(own.__func__, types.FunctionType):
+        compiled = types.MethodType(compiler.wrapper_for(own.__func__), own.__self__)
+    elif isinstance(own, types.FunctionType):
+        compiled = compiler.wrapper_for(own)
+    else:
         return call()
-    module.__dict__["forward"] = types.MethodType(compiler.wrapper_for(forward), module)
+    module.__dict__["forward"] = compiled
     try:
         return call()
     finally:
-        module.__dict__.pop("forward", None)
+        if own is None:
+            module.__dict__.pop("forward", None)
+        else:
+            module.__dict__["forward"] = own
 
 
 def is_fsdp_module(module):

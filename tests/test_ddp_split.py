@@ -191,3 +191,29 @@ def test_no_cut_inside_state_regions_or_between_tuple_and_items():
         assert (p.grad is None) == (q.grad is None), name
         if p.grad is not None:
             assert torch.allclose(p.grad, q.grad, atol=1e-2), name
+
+
+def test_module_runs_natively_around_its_compiled_forward():
+    """How DDP's wrapped module and FSDP2 modules run: hooks natively, forward compiled, and the
+    instance left as it was (a forward set on the instance is compiled in its place)."""
+    from bytegraph.residual import call_with_compiled_forward
+    from bytegraph.runtime.dispatch import Compiler
+
+    model = Layer(16)
+    seen = []
+    model.register_forward_pre_hook(lambda m, args: seen.append(bytegraph.is_compiling()))
+    x = torch.randn(2, 16)
+    counter = CompileCounter()
+    compiler = Compiler(counter, backend_name="counter", fullgraph=False, dynamic=None)
+    out = call_with_compiled_forward(compiler, model, lambda: model(x))
+    assert torch.allclose(out, torch.relu(model.fc(x)))
+    assert seen == [False] and counter.frame_count == 1 and "forward" not in model.__dict__
+
+    def doubled(self, x):
+        return 2 * torch.relu(self.fc(x))
+
+    own = doubled.__get__(model)
+    model.forward = own
+    out = call_with_compiled_forward(compiler, model, lambda: model(x))
+    assert torch.allclose(out, 2 * torch.relu(model.fc(x)))
+    assert counter.frame_count == 2 and model.__dict__["forward"] is own
