@@ -1,9 +1,11 @@
 """The user-facing entry points: compile(), the module wrapper, reset()."""
 import functools
 import inspect
+import sys
 import types
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from .control import torch_wrap_numpy_target, wrap_numpy
 from .errors import BytegraphError
@@ -14,7 +16,7 @@ from .debug import replay as replay_records
 from .debug.explain import BreakReason, ExplainOutput, _ops
 from .runtime import dispatch
 from .runtime.dispatch import Compiler, _compilers, reset_all
-from .residual import call_disabled, has_hooks
+from .residual import call_ddp, call_disabled, has_hooks, is_fsdp_module
 from .trace.hooks import has_unsupported_hooks
 from .trace.state import is_compiling
 
@@ -175,9 +177,15 @@ class OptimizedModule(torch.nn.Module):
     def __getattribute__(self, name):
         if name in OptimizedModule._own or (name.startswith("__") and name.endswith("__")):
             return object.__getattribute__(self, name)
+        cls = type(self)
+        if cls is not OptimizedModule and _defined_by_subclass(cls, name):
+            return object.__getattribute__(self, name)
         return getattr(object.__getattribute__(self, "_orig_mod"), name)
 
     def __setattr__(self, name, value):
+        if name == "__class__":
+            _take_derived_class(self, value)
+            return
         setattr(self._orig_mod, name, value)
 
     def __delattr__(self, name):
@@ -187,13 +195,19 @@ class OptimizedModule(torch.nn.Module):
         return dir(self._orig_mod)
 
     def forward(self, *args, **kwargs):
+        if isinstance(self._orig_mod, DistributedDataParallel):
+            return call_ddp(self._compiler, self._orig_mod, args, kwargs)
         return self._compiled_forward(*args, **kwargs)
 
     def __call__(self, *args, **kwargs):
         mod = self._orig_mod
+        if isinstance(mod, DistributedDataParallel):
+            # DDP's own forward runs natively around the module it wraps, which is compiled.
+            return call_ddp(self._compiler, mod, args, kwargs)
         if not has_hooks(mod):
             return self._compiled_forward(*args, **kwargs)
-        if has_unsupported_hooks(mod):
+        if has_unsupported_hooks(mod) or is_fsdp_module(mod) or is_fsdp_module(self):
+            # FSDP2's hooks gather and free the module's DTensor parameters: they run natively.
             # Global or backward hooks: run them natively around the compiled forward.
             return _call_with_hooks(mod, self._compiled_forward, args, kwargs)
         # The module's own forward (pre-)hooks are traced with its forward.
@@ -208,6 +222,58 @@ class OptimizedModule(torch.nn.Module):
 
     def __repr__(self):
         return f"OptimizedModule({self._orig_mod!r})"
+
+
+# (derived class of OptimizedModule, class of a wrapped module) -> the same derivation of the latter
+_derived_classes = {}
+
+
+def _take_derived_class(wrapper, derived):
+    """``wrapper.__class__ = derived``, where ``derived`` adds bases to OptimizedModule.
+
+    torch.distributed's composable APIs (FSDP2's ``fully_shard``, ``replicate``) give the module
+    they manage a class derived from its own (``FSDP<cls>``: ``FSDPModule`` first), keep their
+    state in its ``__dict__`` and in a module -> state map, and find it again through
+    ``named_modules()``, which reaches the *wrapped* module. So the wrapped module gets the same
+    derivation of its class and the same state; the wrapper takes ``derived`` too, so the API's
+    methods (``reshard()``...) work on it.
+    """
+    if not (isinstance(derived, type) and issubclass(derived, OptimizedModule)):
+        raise BytegraphError(f"the class of an OptimizedModule can only become a subclass of OptimizedModule, "
+                             f"not {derived!r}")
+    mod = object.__getattribute__(wrapper, "_orig_mod")
+    object.__setattr__(wrapper, "__class__", derived)
+    if derived is OptimizedModule:
+        return
+    key = (derived, type(mod))
+    cls = _derived_classes.get(key)
+    if cls is None:
+        bases = tuple(type(mod) if b is OptimizedModule else b for b in derived.__bases__)
+        if type(mod) not in bases:
+            return
+        namespace = {k: v for k, v in derived.__dict__.items()
+                     if k not in ("__dict__", "__weakref__", "__module__", "__qualname__", "__doc__")}
+        cls = type(derived.__name__.replace(OptimizedModule.__name__, type(mod).__name__), bases, namespace)
+        _derived_classes[key] = cls
+    mod.__class__ = cls
+    own = object.__getattribute__(wrapper, "__dict__")
+    for k, v in own.items():
+        if k not in ("_orig_mod", "_compiler", "_compiled_forward"):
+            mod.__dict__.setdefault(k, v)
+    states = sys.modules.get("torch.distributed._composable_state")
+    mapping = getattr(states, "_module_state_mapping", None)
+    if mapping is not None and wrapper in mapping and mod not in mapping:
+        mapping[mod] = mapping[wrapper]
+
+
+def _defined_by_subclass(cls, name):
+    """True if a class between ``cls`` and OptimizedModule in its MRO defines ``name``."""
+    for klass in cls.__mro__:
+        if klass is OptimizedModule:
+            return False
+        if name in klass.__dict__:
+            return True
+    return False
 
 
 def _call_module(module, *args, **kwargs):
@@ -290,6 +356,7 @@ def explain(fn, *extra_args, **extra_kwargs):
             elif r.fallback_reason:
                 out.break_reasons.append(BreakReason(r.fallback_reason, r.user_stack, False, r.hint))
             out.out_guards.extend(r.guards)
+            out.ddp_splits.extend(r.ddp_splits)
         out.graph_break_count = len(out.break_reasons)
         out.ops_per_graph = [_ops(gm) for gm in graphs]
         out.op_count = sum(len(ops) for ops in out.ops_per_graph)

@@ -9,7 +9,7 @@ import os
 from .errors import ConfigError
 
 LOG_TOPICS = ("graph", "guards", "bytecode", "output_code", "recompiles", "graph_breaks", "trace", "cudagraphs",
-              "minifier", "cache")
+              "minifier", "cache", "distributed")
 
 
 def _env_topics():
@@ -55,6 +55,11 @@ def _env_flag(var):
     if raw in ("1", "true", "yes", "on"):
         return True
     raise ConfigError(f"{var}={raw!r} must be 1 or 0")
+
+
+def _env_flag_off(var):
+    """True when ``var`` is set to 0 (a setting that is on unless turned off)."""
+    return os.environ.get(var, "").strip() != "" and not _env_flag(var)
 
 
 def writable_dir_problem(path):
@@ -119,6 +124,10 @@ _SETTINGS = {
     "replay_record_enabled": (_env_flag("BYTEGRAPH_REPLAY_RECORD"), (bool,),
                               "an internal error while tracing writes a record that bytegraph.replay(path) "
                               "retraces (BYTEGRAPH_REPLAY_RECORD=1)"),
+    "optimize_ddp": (not _env_flag_off("BYTEGRAPH_OPTIMIZE_DDP"), (bool,),
+                     "split graphs compiled inside a DistributedDataParallel forward at its gradient-bucket "
+                     "boundaries, so each bucket's all-reduce overlaps the rest of backward "
+                     "(BYTEGRAPH_OPTIMIZE_DDP=0: one graph)"),
     "replay_record_dir": (os.environ.get("BYTEGRAPH_REPLAY_RECORD_DIR", ""), (str,),
                           "where replay records go (BYTEGRAPH_REPLAY_RECORD_DIR); empty: <debug_dir run>/replay, "
                           "else ./bytegraph_replay"),

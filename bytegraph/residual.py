@@ -16,6 +16,7 @@ import types
 
 import torch
 from torch.nn.modules import module as mm
+from torch.nn.parallel import DistributedDataParallel
 
 from .control import disallowed_in_graph, is_disabled, torch_disabled_target
 
@@ -86,6 +87,10 @@ def call_through(compiler, fn, args, kwargs):
         if _is_user_function(unwrapped):
             # torch._disable_dynamo(f) around torch code we compile: compile f (trace/torch_wrappers.py).
             fn = unwrapped if not isinstance(fn, types.MethodType) else types.MethodType(unwrapped, fn.__self__)
+    if isinstance(fn, DistributedDataParallel):
+        return call_ddp(compiler, fn, args, kwargs)
+    if isinstance(fn, torch.nn.Module) and is_fsdp_module(fn):
+        return call_fsdp(compiler, fn, args, kwargs)
     target = fn
     if isinstance(fn, types.FunctionType) and _is_user_function(fn) and not hasattr(fn, "_bytegraph_original"):
         target = compiler.wrapper_for(fn)
@@ -99,6 +104,66 @@ def call_through(compiler, fn, args, kwargs):
         if isinstance(forward, types.FunctionType) and _is_user_function(forward):
             return compiler.wrapper_for(forward)(fn, *args, **kwargs)
     return target(*args, **kwargs)
+
+
+def call_ddp(compiler, ddp, args, kwargs):
+    """Call a DistributedDataParallel module as it is, with the module it wraps compiled.
+
+    DDP's forward is bookkeeping for its reducer (buffers broadcast, ``prepare_for_backward``,
+    the join context, the active-module mark that makes graphs split at bucket boundaries) and
+    runs natively, as under torch.compile; only the wrapped module's ``forward`` goes through
+    ``compiler`` (its own hooks run natively around it).
+    """
+    inner = ddp.module
+    if getattr(type(inner), "_bytegraph_compiled_module", False):
+        return ddp(*args, **kwargs)    # DDP over bytegraph.compile(model): compiled already
+    return call_with_compiled_forward(compiler, inner, lambda: ddp(*args, **kwargs))
+
+
+def call_fsdp(compiler, module, args, kwargs):
+    """Call an FSDP2 (``fully_shard``) module: its hooks, which all-gather its DTensor parameters
+    before ``forward`` and free them after, run natively; its ``forward`` is compiled."""
+    if getattr(type(module), "_bytegraph_compiled_module", False):
+        return module(*args, **kwargs)    # fully_shard(bytegraph.compile(block)): compiled already
+    return call_with_compiled_forward(compiler, module, lambda: module(*args, **kwargs))
+
+
+def call_with_compiled_forward(compiler, module, call):
+    """Run ``call()`` while ``module.forward`` is compiled by ``compiler``.
+
+    The compiled forward is set on the instance for this call only (``nn.Module._call_impl``
+    reads ``self.forward``), so the module's hooks run natively around it; a forward the user set
+    on the instance is compiled in its place and put back after. A forward that is not Python
+    code runs as it is.
+    """
+    own = module.__dict__.get("forward")
+    if own is None:
+        forward = type(module).forward
+        if not isinstance(forward, types.FunctionType) or forward is torch.nn.Module.forward:
+            return call()
+        compiled = types.MethodType(compiler.wrapper_for(forward), module)
+    elif isinstance(own, types.MethodType) and isinstance(own.__func__, types.FunctionType):
+        compiled = types.MethodType(compiler.wrapper_for(own.__func__), own.__self__)
+    elif isinstance(own, types.FunctionType):
+        compiled = compiler.wrapper_for(own)
+    else:
+        return call()
+    module.__dict__["forward"] = compiled
+    try:
+        return call()
+    finally:
+        if own is None:
+            module.__dict__.pop("forward", None)
+        else:
+            module.__dict__["forward"] = own
+
+
+def is_fsdp_module(module):
+    """True for a module sharded by FSDP2's ``fully_shard`` (checked without importing FSDP,
+    which takes most of a second: no module is sharded before FSDP is loaded)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp._fully_shard._fully_shard")
+    cls = getattr(fsdp, "FSDPModule", None)
+    return cls is not None and isinstance(module, cls)
 
 
 class Routed:

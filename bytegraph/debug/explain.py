@@ -21,6 +21,7 @@ class ExplainOutput:
     op_count: int = 0
     ops_per_graph: list = field(default_factory=list)
     out_guards: list = field(default_factory=list)
+    ddp_splits: list = field(default_factory=list)   # backends.ddp.DDPSplit: graphs cut for DDP's buckets
 
     def __str__(self):
         lines = [f"Graph Count: {self.graph_count}",
@@ -36,6 +37,9 @@ class ExplainOutput:
             lines.extend(format_stack(br.user_stack, indent="      "))
             if br.hint:
                 lines.append(f"    Hint: {br.hint}")
+        if self.ddp_splits:
+            lines.append("DDP Splits:")
+            lines.extend(split.describe(indent="  ") for split in self.ddp_splits)
         lines.append("Ops per Graph:")
         for i, ops in enumerate(self.ops_per_graph, 1):
             lines.append(f"  Ops {i}:")

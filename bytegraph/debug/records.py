@@ -15,6 +15,7 @@ class FrameRecord:
     hint: str = None              # what the user can do about the break / fallback
     transformed_source: str = ""
     guard_source: str = ""
+    ddp_splits: list = field(default_factory=list)   # backends.ddp.DDPSplit: graphs cut at DDP bucket boundaries
 
 
 @dataclass

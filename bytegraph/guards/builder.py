@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch.nn.modules import module as _mm
+import torch.distributed as dist
 
 from . import coverage, stamps
 from .sources import GlobalSource, ModuleEntrySource, ObjectSource, Source
@@ -213,6 +214,20 @@ def global_state_snapshot():
     ]
 
 
+def process_group_state():
+    """(rank, world size, group name) in the default process group; None before
+    ``init_process_group`` (what traced ``dist.get_rank()`` and friends were read from)."""
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    world = dist.group.WORLD
+    return dist.get_rank(), dist.get_world_size(), world.group_name
+
+
+def add_process_group_guard(guards):
+    """The trace read the default process group (its rank, size or name) as constants."""
+    guards.add(GLOBAL_STATE, None, ("_process_group_state()", process_group_state()), "default process group")
+
+
 def add_global_state_guards(guards):
     for detail, expr, value in global_state_snapshot():
         guards.add(GLOBAL_STATE, None, (expr, value), detail)
@@ -231,7 +246,7 @@ class _Emitter:
             "_autocast_enabled": torch.is_autocast_enabled,
             "_inference_mode": torch.is_inference_mode_enabled,
             "_default_device": default_device, "_ndarray": np.ndarray, "_memory_apart": memory_apart,
-            "_mm": _mm,
+            "_mm": _mm, "_process_group_state": process_group_state,
         }
         self._consts = {}
         self.uses = {}

@@ -6,6 +6,7 @@ from collections import defaultdict
 
 from ..bytecode import analysis
 from ..bytecode.instructions import decode
+from ..backends import ddp
 from ..backends._common import inner_compiler_hook
 from ..config import config
 from ..debug import debug_dir, logs, minifier, progress, records, replay, timing
@@ -49,6 +50,7 @@ class _Compile:
         self.backend_seconds = 0.0
         self.times = defaultdict(float)   # phase -> seconds, this compile only
         self.dump = debug_dir.OFF         # this compile's folder in the debug directory
+        self.ddp_splits = []              # backends.ddp.DDPSplit of each graph split for DDP
 
     def time(self, phase, seconds):
         timing.add(self.name, phase, seconds)
@@ -78,6 +80,10 @@ class _Compile:
         backend = self.compiler.backend_name
         graph_entry = self.dump.graph(gm, example_inputs, backend)
         compiler_fn = minifier.wrap_backend(self.compiler.compiler_fn, backend, self.name)
+        ddp_module = ddp.active_ddp_module() if config.optimize_ddp else None
+        if ddp_module is not None:
+            # Compiled inside a DDP forward: pieces at its bucket boundaries (backends/ddp.py).
+            compiler_fn = ddp.bucketed(compiler_fn, ddp_module, self.name, on_split=self.ddp_splits.append)
         t0 = time.perf_counter()
         try:
             with progress.backend_compile(self.name, backend):
@@ -131,7 +137,7 @@ class _Compile:
         records.record(records.FrameRecord(self.name, code.co_filename, code.co_firstlineno, graph=gm,
                                            guards=guards, break_reason=break_reason, hint=hint,
                                            user_stack=list(user_stack), transformed_source=source,
-                                           guard_source=guard_source))
+                                           guard_source=guard_source, ddp_splits=list(self.ddp_splits)))
         self.dump.finish("graph break" if break_reason else ("graph" if gm is not None else "no graph"),
                          self.times, guards, guard_source, source, break_reason, hint, user_stack)
         return CacheEntry(guard, run, explain, guards, graph=gm, transformed_source=source,

@@ -24,7 +24,7 @@ from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue
                            TensorValue, TracedId, TupleValue, UserObjectValue, holds_values)
 from ..values.arrays import NdarrayValue
 from ..values.builder import wrap
-from . import attrs, generators, numpy_calls, operators, ops, with_blocks
+from . import attrs, distributed, generators, numpy_calls, operators, ops, with_blocks
 from .calls import TENSOR_DATA_HINT, call, fold, has_tensor
 from .basics import no_attr_name
 from .exceptions import TracedRaise
@@ -589,6 +589,7 @@ BUILTIN_HANDLERS[map] = generators.lazy_map
 BUILTIN_HANDLERS[filter] = generators.lazy_filter
 BUILTIN_HANDLERS.update(generators.LAZY_BUILTINS)
 BUILTIN_HANDLERS[contextlib.contextmanager] = with_blocks.contextmanager_in_frame
+BUILTIN_HANDLERS.update(distributed.DIST_HANDLERS)   # ranks, collectives (trace/distributed.py)
 
 
 @builtin(super)

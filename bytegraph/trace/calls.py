@@ -12,6 +12,7 @@ from collections import OrderedDict
 
 import numpy as np
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from .. import control
 from ..errors import Unsupported
@@ -21,10 +22,10 @@ from ..values.base import (BoundMethodValue, ConstantValue, DictValue, ExitValue
                            IteratorValue, ListValue, MethodOfValue, ObjectValue, PartialValue,
                            PrivateObjectValue, RealCell, TensorMethodValue, TensorValue, TracerCallableValue,
                            TupleValue, UserObjectValue)
-from ..residual import has_hooks
+from ..residual import has_hooks, is_fsdp_module
 from ..values.builder import CONSTANT_TYPES, wrap
 from ..values.arrays import NdarrayMethodValue
-from . import attrs, blocks, generators, higher_order, numpy_calls, torch_wrappers, operators, ops, protocols
+from . import attrs, blocks, distributed, generators, higher_order, numpy_calls, operators, ops, protocols, torch_wrappers
 from .basics import note_process_local
 from .exceptions import PythonError, make_exception, raise_new
 from .frame import inline_call
@@ -82,6 +83,9 @@ def _call_object(frame, fv, args, kwargs):
     handler = ops.BUILTIN_HANDLERS.get(_key(obj))
     if handler is not None:
         return handler(frame, args, kwargs)
+    native = distributed.call_native(frame, fv, args, kwargs)
+    if native is not None:
+        return native
     stdlib = ops.call_stdlib_object(frame, fv, args, kwargs)
     if stdlib is not None:
         return stdlib
@@ -247,6 +251,17 @@ def call_python_function(frame, fv, args, kwargs):
 def call_module(frame, mv, args, kwargs):
     """``module(*args)``: inline its forward, and its forward hooks if it has any (trace/hooks.py)."""
     m = mv.obj
+    if isinstance(m, DistributedDataParallel):
+        raise Unsupported(
+            "DistributedDataParallel's forward runs natively: it prepares its reducer for backward around "
+            "the module it wraps, which is compiled on its own (split at DDP's bucket boundaries)",
+            hint="expected with DDP; compile the DDP module itself (bytegraph.compile(ddp_model)) so the "
+                 "forward has no graph around this call")
+    if is_fsdp_module(m):
+        raise Unsupported(
+            f"{type(m).__name__} is sharded by FSDP2 (fully_shard): its hooks all-gather its DTensor parameters "
+            "before forward and free them after; they run natively and its forward is compiled on its own",
+            hint="expected with FSDP2: each sharded module's forward is a graph of its own")
     if has_hooks(m):
         return call_with_hooks(frame, mv, args, kwargs, lambda a, k: _call_forward(frame, mv, a, k))
     if mv.source is not None:

@@ -30,6 +30,8 @@ def is_graph_function(obj):
         return getattr(obj, "__objclass__", None) in (torch._C.TensorBase, torch.Tensor)
     if isinstance(obj, types.BuiltinFunctionType):
         mod = getattr(obj, "__module__", None) or ""
+        if mod.startswith("torch._C._distributed"):
+            return False    # process groups, Work handles, stores: they act outside any graph
         if mod in _BUILTIN_MODULES or mod.startswith("torch._C"):
             return True
         owner = getattr(obj, "__self__", None)
