@@ -567,7 +567,7 @@ def compiler_code(compiler, backend_name):
         path, module, attr = where
         if module == "__main__":
             file = os.path.abspath(sys.modules["__main__"].__file__)
-            return [f"# (loads the script that defined it; keep its work under `if __name__ == \"__main__\":`)",
+            return ["# (loads the script that defined it; keep its work under `if __name__ == \"__main__\":`)",
                     f"compiler = load_script({file!r}, {attr!r})"]
         return [f"compiler = load({path!r}, {module!r}, {attr!r})"]
     if isinstance(backend_name, str):

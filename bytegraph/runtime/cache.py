@@ -76,7 +76,7 @@ class CodeCache:
         reader = self._key_readers.get(keyset)
         if reader is None:
             reader = self._key_readers[keyset] = _generate(
-                self, "key_of", [f"    try:", f"        return ({_tuple(s.expr() for s in keyset)})",
+                self, "key_of", ["    try:", f"        return ({_tuple(s.expr() for s in keyset)})",
                                  "    except Exception:", "        return None"], {})
         return reader
 

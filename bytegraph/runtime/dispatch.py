@@ -207,9 +207,9 @@ def reset_all():
 def _dispatch_lines(args):
     """The loop every wrapper starts with: the first entry whose guard passes runs."""
     return [
-        f"    for __check in __entries:",
+        "    for __check in __entries:",
         f"        __run = __check({args})",
-        f"        if __run is not None:",
+        "        if __run is not None:",
         f"            return __run({args})",
     ]
 
@@ -225,7 +225,7 @@ def _wrapper_factory(fn, cache, compiler):
         [f"def __make({', '.join(factory_params)}):", f"    def {name}({', '.join(params)}):"]
         + ["    " + line for line in _dispatch_lines(args)]
         + [f"        __run = __miss(__fn, __cache, ({args}{',' if passthrough else ''}))",
-           f"        if __run is None:",
+           "        if __run is None:",
            f"            return __fn({', '.join(original)})",
            f"        return __run({args})",
            f"    return {name}", ""])
@@ -243,12 +243,12 @@ def _code_wrapper(code, fn_globals, cache, compiler):
     args = ", ".join(params)
     name = code.co_name if code.co_name.isidentifier() else "resume"
     has_closure = bool(code.co_freevars)
-    make = f"__function(__closure)" if has_closure else "__fn"
+    make = "__function(__closure)" if has_closure else "__fn"
     src = "\n".join(
         [f"def {name}({args}):"] + _dispatch_lines(args)
         + [f"    __f = {make}",
            f"    __run = __miss(__f, __cache, ({args}{',' if params else ''}))",
-           f"    if __run is None:",
+           "    if __run is None:",
            f"        return __f({', '.join(params[:len(params) - has_closure])})",
            f"    return __run({args})", ""])
 

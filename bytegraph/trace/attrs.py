@@ -8,7 +8,7 @@ from ..errors import Unsupported
 from ..guards import builder as g
 from ..guards import stamps
 from ..guards.builder import MISSING_ATTR
-from ..guards.sources import AttrSource, ModuleEntrySource, RawItemSource
+from ..guards.sources import AttrSource, ItemSource, ModuleEntrySource, RawItemSource
 from ..values.base import (BoundMethodValue, ConstantValue, ContextManagerValue, DictValue,
                            ExceptionValue, FunctionValue, GeneratorValue, ListValue, MethodOfValue,
                            ObjectValue, PartialValue, PrivateObjectValue, SuperValue, TensorMethodValue, TensorValue,

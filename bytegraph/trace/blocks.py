@@ -31,12 +31,9 @@ per-instance state without a source, returned something a copy cannot make) is n
 recorded, and anything a check refuses is traced normally. ``config.reuse_traced_blocks``
 (``BYTEGRAPH_REUSE_BLOCKS=0``) turns this off; the graphs and guards are the same either way.
 """
-import math
-import operator
 import types
 
 import torch
-import torch.fx as fx
 
 from ..config import config
 from ..residual import set_autocast_state

@@ -255,9 +255,11 @@ def _min_max(fn):
                 return default
             raise Unsupported(f"{fn.__name__}() of an empty sequence raises ValueError")
         if (key is None or operators.is_none(key)) and any(isinstance(i, SymValue) for i in items) \
-                and all(isinstance(i, SymValue) or (operators.is_constant(i) and type(operators.as_constant(i)) is int)
-                       for i in items):
+                and all(_plain_size(i) or (operators.is_constant(i) and type(operators.as_constant(i)) is int)
+                        for i in items):
             # Symbolic sizes stay symbolic: torch.sym_max/sym_min in the graph, no guard on the order.
+            # Only plain sizes (a symbol, plus or times a constant): max/min of expressions built in
+            # a loop grow without bound, and the ShapeEnv's simplification with them.
             sym_fn = torch.sym_min if fn is min else torch.sym_max
             result = items[0]
             for item in items[1:]:
@@ -275,6 +277,14 @@ def _min_max(fn):
         except TypeError as e:
             raise Unsupported(f"{fn.__name__}() raised TypeError: {e}") from e
     return h
+
+
+def _plain_size(v):
+    """A symbolic int whose expression is a symbol with at most a constant added or multiplied."""
+    if not isinstance(v, SymValue):
+        return False
+    expr = v.sym.node.expr
+    return len(expr.free_symbols) == 1 and expr.count_ops() <= 2
 
 
 def _select_by_tensors(frame, fn, items, keys):

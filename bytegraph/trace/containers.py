@@ -17,7 +17,6 @@ from .basics import constant_value, held_item
 from .exceptions import PythonError
 from .builtin_calls import sort_values
 from .calls import enter_context, exit_context
-from .exceptions import PythonError
 from .iteration import iterate
 
 _MUTATING = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse",

@@ -16,7 +16,6 @@ for every call, including the special methods ``protocols`` inlines):
 import collections
 import os
 
-import torch
 import torch.utils._pytree as pytree
 
 from ..errors import Unsupported

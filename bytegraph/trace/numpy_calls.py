@@ -1553,7 +1553,7 @@ def compare(frame, op, a, b):
     _foreign(b)
     _enabled(f"comparison {op}")
     if isinstance(a, TensorValue) or isinstance(b, TensorValue):
-        raise unsupported(f"comparing a tensor with a NumPy array is left to eager",
+        raise unsupported("comparing a tensor with a NumPy array is left to eager",
                           hint="convert explicitly: torch.from_numpy(a) or t.numpy()")
     for v in (a, b):
         if isinstance(v, ConstantValue) and v.value is None:

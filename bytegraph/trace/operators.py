@@ -15,7 +15,6 @@ from ..values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, ConstantVal
                            ListValue, MethodOfValue, ObjectValue, SliceValue, SymValue, TensorMethodValue,
                            TensorValue, TupleValue, UserObjectValue, holds_values)
 from ..values.builder import wrap
-from ..values.arrays import NdarrayValue
 from . import attrs, numpy_calls, ops, protocols
 from .basics import as_constant, constant_value, held_item, is_constant
 from .exceptions import PythonError, raise_new, to_str
