@@ -38,8 +38,6 @@ def _params(names):
 
 # Models that do not compile to one graph yet, and the reason each break names.
 KNOWN_BREAKS = {
-    # Bloom's GELU is a custom torch.autograd.Function (traced once issue 11 lands).
-    "bloom": "custom torch.autograd.Function",
     # Mamba takes torch's associative_scan higher-order op when it sees a compiler
     # (torch.compiler.is_compiling()); it vmaps the combine function.
     "mamba": "higher-order op",
