@@ -9,6 +9,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .control import torch_wrap_numpy_target, wrap_numpy
 from .errors import BytegraphError
+from .backends.cudagraphs import new_invocation
 from .backends.registry import lookup_backend
 from .config import config
 from .debug import records
@@ -132,21 +133,21 @@ def compile_callable(target, compiler):
     if getattr(target, "_bytegraph_disabled", False):
         return functools.wraps(target)(lambda *a, **k: call_disabled(compiler, target, a, k))
     if isinstance(target, types.MethodType):
-        wrapped = compiler.wrap_function(target.__func__)
+        wrapped = compiler.wrap_function(target.__func__, top_level=True)
         return types.MethodType(wrapped, target.__self__)
     if isinstance(target, types.FunctionType):
         inner = torch_wrap_numpy_target(target)
         if inner is not None:
             # torch.compiler.wrap_numpy converts eagerly, which fails for tensors on a GPU or needing
             # grad; bytegraph.wrap_numpy means the same and traces without converting.
-            return compiler.wrap_function(wrap_numpy(inner))
-        return compiler.wrap_function(target)
+            return compiler.wrap_function(wrap_numpy(inner), top_level=True)
+        return compiler.wrap_function(target, top_level=True)
     if isinstance(target, functools.partial):
         inner = compile_callable(target.func, compiler)
         return functools.partial(inner, *target.args, **target.keywords)
     call = getattr(type(target), "__call__", None)
     if isinstance(call, types.FunctionType):
-        bound = compiler.wrap_function(call)
+        bound = compiler.wrap_function(call, top_level=True)
         wrapper = functools.wraps(call)(lambda *a, **k: bound(target, *a, **k))
         return wrapper
     # Builtins and other native callables hold no Python code to trace.
@@ -211,7 +212,10 @@ class OptimizedModule(torch.nn.Module):
             # Global or backward hooks: run them natively around the compiled forward.
             return _call_with_hooks(mod, self._compiled_forward, args, kwargs)
         # The module's own forward (pre-)hooks are traced with its forward.
-        return self._compiler.wrapper_for(_call_module)(mod, *args, **kwargs)
+        compiler = self._compiler
+        if compiler.marks_invocations:
+            new_invocation()
+        return compiler.wrapper_for(_call_module)(mod, *args, **kwargs)
 
     def train(self, mode=True):
         self._orig_mod.train(mode)

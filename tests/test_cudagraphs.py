@@ -37,6 +37,78 @@ def test_inference_replays_equal_eager(how):
             torch.testing.assert_close(out, model(x))
 
 
+def _generation():
+    from torch._dynamo.mutation_guard import GenerationTracker   # what CUDA graph trees read
+    return GenerationTracker.generation
+
+
+def _breaking(x):
+    y = x.sin()
+    print("break")          # two graphs per call: the generation moves once per call
+    return y.cos() + 1
+
+
+@pytest.mark.parametrize("backend", ["cudagraphs", "callable", "eager"])
+def test_each_top_level_call_starts_one_cuda_graph_generation(backend, capsys):
+    compiled = bytegraph.compile(_breaking, backend=(lambda gm, ex: gm) if backend == "callable" else backend)
+    module = bytegraph.compile(nn.Linear(3, 3), backend=(lambda gm, ex: gm) if backend == "callable" else backend)
+    x = torch.randn(3)
+    compiled(x)
+    module(x)
+    before = _generation()
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x), _breaking(x))
+        module(x)
+    # Named backends that never replay CUDA graphs leave the counter alone.
+    assert _generation() - before == (0 if backend == "eager" else 6)
+
+
+@cuda
+def test_reduce_overhead_replays_while_the_caller_keeps_the_last_output():
+    from torch._inductor import cudagraph_trees
+    model = _mlp("cuda").eval()
+    compiled = bytegraph.compile(model, mode="reduce-overhead")
+    x = torch.randn(4, 16, device="cuda")
+    with torch.no_grad():
+        expected = model(x)
+        out = None
+        for _ in range(8):
+            out = compiled(x)          # the previous output is still alive here
+            torch.testing.assert_close(out, expected)
+    # One recording, replayed: not a new recording (or an uncaptured run) per call.
+    recorded = cudagraph_trees.get_manager(torch.cuda.current_device()).new_graph_id().id
+    assert recorded <= 2
+
+
+class _Remembers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.last = None
+
+    def forward(self, x):
+        y = self.lin(x).relu()
+        self.last = y * 2              # kept by the module after the call
+        return y.sum()
+
+
+@cuda
+@pytest.mark.parametrize("how", ["cudagraphs", "reduce-overhead"])
+def test_outputs_stored_in_objects_survive_later_replays(how):
+    ref, model = _Remembers().cuda(), _Remembers().cuda()
+    model.load_state_dict(ref.state_dict())
+    compiled = (bytegraph.compile(model, backend="cudagraphs") if how == "cudagraphs"
+                else bytegraph.compile(model, mode="reduce-overhead"))
+    kept = []
+    with torch.no_grad():
+        for step in range(5):
+            x = torch.randn(4, 16, device="cuda")
+            torch.testing.assert_close(compiled(x), ref(x))
+            kept.append((model.last, ref.last))
+    for got, want in kept:             # earlier calls' stored tensors are not overwritten
+        torch.testing.assert_close(got, want)
+
+
 @cuda
 @pytest.mark.parametrize("how", ["cudagraphs", "reduce-overhead"])
 def test_training_steps_equal_eager(how):

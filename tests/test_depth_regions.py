@@ -117,3 +117,24 @@ def test_inductor_compiles_each_block_once(monkeypatch):
     with torch.no_grad():
         assert_same(model(x), compiled(x), atol=1e-4)
     assert len(compiles) == 3
+
+
+def test_region_work_counts_the_matrix_products_of_a_block():
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    model = gpt(2)
+    x = torch.randint(0, 64, (2, 8))
+    assert_same(model(x), bytegraph.compile(model, backend=backend)(x), atol=1e-5)
+    work = regions.region_flops(graphs[0])
+    assert len(work) == 2 and len(set(work.values())) == 1       # two blocks, the same work
+    rows, d = 2 * 8, 32
+    # q/k/v, the attention projection and the MLP's two linears: 2*rows*d*(3d + d + 4d + 4d);
+    # attention scores and their product with v; elementwise ops add a little on top.
+    products = 2 * rows * d * 12 * d + 2 * 2 * rows * 8 * d
+    flops = next(iter(work.values()))
+    assert products <= flops < 1.2 * products
+    # On the CPU a graph is always split (kernels run in the caller's thread).
+    assert regions.worth_splitting(graphs[0])

@@ -26,6 +26,7 @@ uncompiled from then on (``GuardedReplay``).
 """
 import functools
 import logging
+import sys
 import warnings
 
 import torch
@@ -33,6 +34,25 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import grad_presence
 from ._common import as_list, compile_failed, data_dependent_cause, flat_tuple_output, run_uncompiled, with_restore
+
+# Inductor's CUDA graph trees start a new generation (free the previous call's outputs for
+# reuse) only when a counter they read has moved since the last replay; torch.compile moves
+# it on each call of a compiled callable. Without it, a caller still holding the last call's
+# output (``out = model(x)`` in a loop) makes every later call warm up again, uncaptured.
+_generation_tracker = [None]
+
+
+def new_invocation():
+    """Tell CUDA graph trees that a new top-level call of a compiled callable begins."""
+    tracker = _generation_tracker[0]
+    if tracker is None:
+        # Loaded together with the CUDA graph trees; until then there is nothing to tell.
+        module = sys.modules.get("torch._dynamo.mutation_guard")
+        if module is None:
+            return
+        tracker = _generation_tracker[0] = module.GenerationTracker
+    tracker.generation += 1
+
 
 # debug.logs' cudagraphs topic (backends sit beside debug, not above it)
 _log = logging.getLogger("bytegraph.cudagraphs")

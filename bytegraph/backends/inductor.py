@@ -1,6 +1,6 @@
 """The ``inductor`` backend: TorchInductor code generation (C++/OpenMP on CPU)."""
 from . import grad_presence
-from .regions import compile_by_regions
+from .regions import compile_by_regions, worth_splitting
 from .cudagraphs import watch_static_inputs
 from ._common import (as_list, compile_failed, data_dependent_cause, flat_tuple_output, quiet_torch_imports,
                       run_uncompiled, watched_inner, with_restore)
@@ -19,8 +19,9 @@ def mark_parameters_static(gm):
 def inductor(gm, example_inputs, *, config_patches=None):
     """Compile ``gm`` with Inductor; a graph with repeated blocks is compiled block by block,
     each distinct block once (``backends/regions.py``), unless CUDA graphs are asked for
-    (they want one graph with its parameters in place)."""
-    if not (config_patches or {}).get("triton.cudagraphs"):
+    (they want one graph with its parameters in place) or the blocks do too little work on a
+    GPU for the extra calls to hide behind the kernels (``worth_splitting``)."""
+    if not (config_patches or {}).get("triton.cudagraphs") and worth_splitting(gm):
         split = compile_by_regions(gm, example_inputs,
                                    lambda part, examples: inductor_whole(part, examples, config_patches=config_patches))
         if split is not None:

@@ -49,7 +49,33 @@ def finish_graph(tx, ns, live_values, compile_graph):
             return array_input_name(i)
         return f"__scalar({ns.source(i.source)})" if i.scalar else ns.source(i.source)
     args = ", ".join(arg(i) for i in tx.graph.inputs)
-    return lines + [f"__out = __compiled_fn({args})"] + write_back, exprs, gm
+    call = [f"__out = __compiled_fn({args})"]
+    kept = _stored_outputs(tx, outputs)
+    if kept:
+        ns.ns["__own_memory"] = own_memory
+        call.append(f"__out = __own_memory(__out, {kept!r})")
+    return lines + call + write_back, exprs, gm
+
+
+def _stored_outputs(tx, outputs):
+    """Indices of graph outputs the side effects store into objects that outlive the call, when
+    the backend may replay CUDA graphs: their memory belongs to the graph's pool, which the next
+    call overwrites (an optimizer's state made on its first step, ``self.cache = y``)."""
+    if not getattr(tx.options, "marks_invocations", False):
+        return ()
+    position = {v.node: i for i, v in enumerate(outputs)}
+    stored = tensors_in(side_effect_values(tx), [])
+    return tuple(sorted({position[v.node] for v in stored
+                         if type(v) is TensorValue and v.node in position}))
+
+
+def own_memory(outputs, indices):
+    """``outputs`` with the tensors at ``indices`` copied out of the memory the graph returned them in."""
+    outputs = list(outputs)
+    for i in indices:
+        if isinstance(outputs[i], torch.Tensor) and outputs[i].is_cuda:
+            outputs[i] = outputs[i].clone()
+    return outputs
 
 
 def array_input_lines(tx, ns, referenced=()):

@@ -10,6 +10,7 @@ import types
 import warnings
 import weakref
 
+from ..backends.cudagraphs import new_invocation
 from ..backends.registry import replays_cuda_graphs
 from ..config import config
 from ..debug import debug_dir, logs, progress, records, timing
@@ -39,6 +40,9 @@ class Compiler:
         # Graphs replayed as CUDA graphs keep changing floats constant (as torch.compile does):
         # a float handed over as a CPU tensor would keep them from being recorded.
         self.cuda_graphs = replays_cuda_graphs(compiler_fn)
+        # Top-level calls tell CUDA graph trees a new call begins; a backend given as a
+        # callable may wrap ``mode="reduce-overhead"``, so it is told too.
+        self.marks_invocations = self.cuda_graphs or backend_spec is None
         self.caches = {}           # code object (or (code, id(globals))) -> CodeCache
         self._wrappers = weakref.WeakKeyDictionary()   # function -> its wrapper (residual calls)
         self._code_wrappers = {}   # (code, id(globals)) -> wrapper taking the closure as an argument
@@ -63,7 +67,9 @@ class Compiler:
             wrapper = self._wrappers[fn] = self.wrap_function(fn)
         return wrapper
 
-    def wrap_function(self, fn):
+    def wrap_function(self, fn, top_level=False):
+        """The compiled wrapper of ``fn``; ``top_level`` for the callable handed to the user,
+        whose every call is a new invocation (residual calls from generated code are not)."""
         original = getattr(fn, "_bytegraph_original", None)
         if original is not None:
             fn = original
@@ -76,10 +82,11 @@ class Compiler:
         cache = self.cache_for(fn.__code__, fn.__globals__)
         params, passthrough, original, defaults = _signature_parts(fn)
         # Functions sharing a code may differ in which parameters have defaults.
-        shape = tuple(defaults)
+        marks = top_level and self.marks_invocations
+        shape = (tuple(defaults), marks)
         make = cache.wrapper_factories.get(shape)
         if make is None:
-            make = cache.wrapper_factories[shape] = _wrapper_factory(fn, cache, self)
+            make = cache.wrapper_factories[shape] = _wrapper_factory(fn, cache, self, marks)
         wrapper = make(fn, fn.__closure__, **defaults)
         wrapper.__name__ = fn.__name__
         wrapper.__qualname__ = fn.__qualname__
@@ -214,7 +221,7 @@ def _dispatch_lines(args):
     ]
 
 
-def _wrapper_factory(fn, cache, compiler):
+def _wrapper_factory(fn, cache, compiler, marks_invocation=False):
     """A function making wrappers for functions with ``fn``'s code: compiled once per code,
     called once per function object with its own closure and defaults."""
     params, passthrough, original, ns = _signature_parts(fn)
@@ -223,13 +230,15 @@ def _wrapper_factory(fn, cache, compiler):
     factory_params = ["__fn", "__closure"] + list(ns)
     src = "\n".join(
         [f"def __make({', '.join(factory_params)}):", f"    def {name}({', '.join(params)}):"]
+        + (["        __new_invocation()"] if marks_invocation else [])
         + ["    " + line for line in _dispatch_lines(args)]
         + [f"        __run = __miss(__fn, __cache, ({args}{',' if passthrough else ''}))",
            "        if __run is None:",
            f"            return __fn({', '.join(original)})",
            f"        return __run({args})",
            f"    return {name}", ""])
-    namespace = {"__entries": cache.dispatch, "__miss": compiler.miss, "__cache": cache}
+    namespace = {"__entries": cache.dispatch, "__miss": compiler.miss, "__cache": cache,
+                 "__new_invocation": new_invocation}
     filename = f"<bytegraph dispatch {fn.__qualname__}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     exec(compile(src, filename, "exec"), namespace)
