@@ -577,3 +577,21 @@ def test_data_dependent_op_inside_an_inlined_helper(backend):
 @pytest.mark.parametrize("fn", [f_bool_mask, f_unique, f_mask_write_tensor], ids=lambda f: f.__name__)
 def test_data_dependent_training_with_dynamic_shapes(fn, backend):
     check_fn(fn, (_x(), _w()), backend, dynamic=True)
+
+
+def f_dead_unique_before_a_break(x, y, w):
+    unused = torch.relu(torch.unique(x.round()).sum())   # never read again: its backward never runs
+
+    def inner(u, k=2):
+        print(f"inner={y.sum().item():.3f}")
+        return u * k + y
+    h = inner(w.clamp(-1.0, 1.0))
+    return x * 0.5, h.abs()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dead_result_of_an_op_without_derivative_gets_no_gradient(backend, capsys):
+    # Through AOTAutograd a dead local kept as a graph output sent a zero gradient into
+    # torch.unique's backward, which does not exist (NotImplementedError where eager trains).
+    check_fn(f_dead_unique_before_a_break, (_x().requires_grad_(), _x() + 1, _w()), backend,
+             loss=lambda out: out[0].sum() + out[1].sum())

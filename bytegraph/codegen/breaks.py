@@ -105,7 +105,11 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
     if break_grad != entry_grad:
         graph.create_node("call_function", torch._C._set_grad_enabled, (entry_grad,), {})
 
-    live_names = [n for n in code.co_varnames if n in bound and n not in code.co_cellvars]
+    # Locals the rest of the frame never reads are no graph outputs: they would keep tensors
+    # alive, and through AOTAutograd send (zero) gradients back into ops eager never
+    # differentiates (a dead ``torch.unique(x).sum()`` whose backward does not exist).
+    read_later = analysis.live_locals(code, ins.offset)
+    live_names = [n for n in code.co_varnames if n in bound and n not in code.co_cellvars and n in read_later]
     live_values = stack + [bound[n] for n in live_names if not isinstance(bound[n], PendingLocal)]
     live_values += [frame.cells[n].contents for n in code.co_cellvars
                     if isinstance(frame.cells.get(n), CellValue) and frame.cells[n].contents is not None]
