@@ -66,14 +66,15 @@ FEATURES = (
     "masks",        # data-dependent shapes: boolean masks, nonzero, unique, repeat_interleave
     "grads",        # inputs that require grad; .grad compared (None vs tensor), aot_eager backend
     "shared",       # one code object, many functions: shared decorators, closure factories, lambdas
+    "stale",        # a value read from module state, then a call that breaks changes that state
 )
 
 FEATURE_SETS = {
     "core": {"arith", "if", "for", "while", "containers", "comprehensions", "unpack", "strings", "tensors"},
     "functions": {"arith", "if", "for", "helpers", "closures", "classes", "tensors", "containers"},
-    "effects": {"arith", "if", "for", "containers", "print", "globals", "inputs", "tensors", "strings"},
+    "effects": {"arith", "if", "for", "containers", "print", "globals", "inputs", "tensors", "strings", "stale"},
     "control": {"arith", "if", "for", "while", "exceptions", "generators", "containers", "tensors"},
-    "closures": {"arith", "if", "for", "containers", "tensors", "nested", "print", "inputs", "strings"},
+    "closures": {"arith", "if", "for", "containers", "tensors", "nested", "print", "inputs", "strings", "stale"},
     "raising": {"arith", "if", "for", "containers", "tensors", "raising", "exceptions", "globals", "inputs",
                 "print"},
     "inplace": {"arith", "if", "for", "while", "tensors", "inplace", "print", "nested"},
@@ -132,8 +133,18 @@ def h_lookup(d, key):
     return d[key]
 
 
+def h_shift_state(obj, d, lst, t):
+    """Changes the module state it is given, after a graph break (a branch on tensor data)."""
+    if t.sum() > 0:
+        print("shift", obj.a)
+    obj.a = obj.a + 7
+    d["ab"] = d.get("ab", 0) + 5
+    lst[0] = lst[0] + 3
+    return t * 2
+
+
 HELPERS = {f.__name__: f for f in (h_add, h_mix, h_join, h_stats, h_pick, h_count_up, h_scaled, h_check,
-                                     h_lookup)}
+                                     h_lookup, h_shift_state)}
 
 UNARY = ["torch.relu({a})", "{a}.sin()", "{a}.abs()", "torch.tanh({a})", "-{a}", "{a} * 0.5",
          "torch.sigmoid({a})", "{a}.clamp(-1.0, 1.0)", "{a}.cos() + 1"]
@@ -629,6 +640,21 @@ class ProgramGen:
             self.emit(r.choice([f"{n} = len(G_LIST) + G_DICT.get('ab', 0)", f"{n} = sum(G_LIST) % 50"]))
             self.define(n, "int")
 
+    def stmt_stale(self):
+        """Read module state into a local, let a call that breaks change the state, use the local
+        (it must hold what was read, not what the state holds after the call)."""
+        r = self.r
+        t = self.pick("tensor:full")
+        if not t:
+            return
+        n, out = self.fresh("n"), self.fresh("t")
+        read = r.choice(["G_OBJ.a", "G_DICT.get('ab', 0)", "G_LIST[0]", "len(G_LIST)"])
+        self.emit(f"{n} = {read}")
+        self.emit(f"{out} = h_shift_state(G_OBJ, G_DICT, G_LIST, {t})")
+        self.emit(r.choice([f"G_OBJ.hist.append({n})", f"{out} = {out} + {n}"]))
+        self.define(n, "int")
+        self.define(out, "tensor:full")
+
     def stmt_input(self):
         r = self.r
         if "items" in self.frozen:
@@ -1120,6 +1146,8 @@ class ProgramGen:
             out.append((2, self.stmt_global))
         if self.on("inputs"):
             out.append((1, self.stmt_input))
+        if self.on("stale"):
+            out.append((1, self.stmt_stale))
         if top and self.on("closures"):
             out.append((1, self.stmt_closure))
         if top and self.on("generators"):

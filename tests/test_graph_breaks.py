@@ -1780,3 +1780,61 @@ def change_dict_then_loop_over_it_with_break(x, d, s, lst):
 def test_iterators_live_at_a_break_see_the_replayed_changes(capsys):
     run_diff(change_dict_then_loop_over_it_with_break, torch.ones(2), {"a": 1, "b": 2}, {1, 2}, [5],
              capsys=capsys)
+
+
+# ---- a local holding a value read from state that a breaking call then changes (issue 19's
+# generator found it through a nonlocal; attributes, globals and dict items are the same family)
+
+class _State:
+    def __init__(self):
+        self.k = 1
+
+
+STALE_STATE = {"box": _State(), "table": {"ab": 1}, "g": 5}
+STALE_G = 5
+
+
+def _shift(box, table):
+    print("shift")                  # the break inside the callee: the caller breaks at the call
+    box.k = box.k + 100
+    table["ab"] = table["ab"] + 10
+    global STALE_G
+    STALE_G = STALE_G + 1000
+
+
+def _stale_attr_item_global(x):
+    box, table = STALE_STATE["box"], STALE_STATE["table"]
+    a, b, g = box.k, table["ab"], STALE_G
+    _shift(box, table)
+    return x + a + b + g, box.k, table["ab"], STALE_G
+
+
+def _stale_cell(x, n):
+    if x.sum() > -1e9:
+        print("before")             # a resume function: n is a cell passed to it
+    m = n
+
+    def bump():
+        nonlocal n
+        print("bump")
+        n = n + 100
+    bump()
+    return x + m, n
+
+
+def _fresh_stale():
+    global STALE_G
+    STALE_STATE["box"].k = 1
+    STALE_STATE["table"]["ab"] = 1
+    STALE_G = 5
+
+
+@pytest.mark.parametrize("fn, make", [
+    (_stale_attr_item_global, lambda: (_fresh_stale(), ((torch.zeros(2),), {}, None))[1]),
+    (_stale_cell, lambda: ((torch.zeros(2), 3), {}, None)),
+], ids=["attribute-item-global", "cell"])
+def test_values_read_before_a_breaking_call_keep_what_was_read(fn, make):
+    expected = run_observed(fn, make)
+    compiled, _ = compile_counted(fn)
+    for i in range(3):
+        assert_same_run(expected, run_observed(compiled, make), f"(call {i + 1})")

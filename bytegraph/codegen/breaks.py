@@ -139,6 +139,15 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
         rb.lines.append(f"torch._C._set_grad_enabled({break_grad!r})")
 
     closure = _closure_expr(code, frame, rb)
+    # Every live value is read now, before the native step: a value read from a cell, an
+    # attribute or a global (``n6 = n`` of a cell ``n``) is the object it was then, even when
+    # the step (a call) stores something else there before the resume function gets it.
+    for v in stack + [bound[n] for n in live_names]:
+        if v is not NULL and not isinstance(v, ExitValue):
+            try:
+                rb.bind(v)
+            except Unsupported:
+                pass    # reported where the value is needed, if it is
 
     def slot_expr(v):
         if isinstance(v, ExitValue):
