@@ -324,6 +324,21 @@ def make_setting_dir(path, setting):
                           f"written to: {problem}")
 
 
+def output_dir(setting, subdir, fallback):
+    """Where a tool writes its files: ``config.<setting>`` when set (made, or a ConfigError naming
+    the setting), else ``subdir`` of the debug directory's run folder, else ./``fallback``."""
+    chosen = getattr(config, setting)
+    if chosen:
+        make_setting_dir(chosen, setting)
+        return chosen
+    inside = run_subdir(subdir)
+    if inside is not None:
+        return inside
+    path = os.path.abspath(fallback)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
 def _write_json(path, data):
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:

@@ -35,7 +35,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from ..config import config
 from ..errors import AccuracyError
 from . import logs
-from .debug_dir import make_setting_dir, run_subdir
+from .debug_dir import output_dir
 from .repro import (Input, ReproError, build_inputs, call_compiled, check, compare_with_eager, compiler_code,
                     graph_module, op_count, output_nodes, standalone, write_repro)
 
@@ -252,15 +252,7 @@ def _accuracy_message(fail, path):
 
 def repro_directory():
     """Where repro files go: config.repro_dir, else the debug dir's run folder, else ./bytegraph_repro."""
-    if config.repro_dir:
-        make_setting_dir(config.repro_dir, "repro_dir")
-        return config.repro_dir
-    inside = run_subdir("repro")
-    if inside is not None:
-        return inside
-    path = os.path.abspath("bytegraph_repro")
-    os.makedirs(path, exist_ok=True)
-    return path
+    return output_dir("repro_dir", "repro", "bytegraph_repro")
 
 
 def write_failure(fail):

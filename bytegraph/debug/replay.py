@@ -29,9 +29,8 @@ import types
 
 import torch
 
-from ..config import config
 from ..errors import BytegraphError
-from .debug_dir import make_setting_dir, run_subdir
+from .debug_dir import output_dir
 from .repro import Input
 
 FORMAT = "bytegraph-replay/1"
@@ -59,15 +58,7 @@ class _TensorMeta:
 
 
 def record_directory():
-    if config.replay_record_dir:
-        make_setting_dir(config.replay_record_dir, "replay_record_dir")
-        return config.replay_record_dir
-    inside = run_subdir("replay")
-    if inside is not None:
-        return inside
-    path = os.path.abspath("bytegraph_replay")
-    os.makedirs(path, exist_ok=True)
-    return path
+    return output_dir("replay_record_dir", "replay", "bytegraph_replay")
 
 
 def write_record(fn, frame_args, error):

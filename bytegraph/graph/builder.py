@@ -80,7 +80,11 @@ class GraphBuilder:
         return self.fake_mode.from_tensor(tensor, static_shapes=True)
 
     def _placeholder(self, source):
-        name = self._unique(_identifier(source.name()))
+        return self._placeholder_named(source.name())
+
+    def _placeholder_named(self, name):
+        """A new placeholder after the last one (inputs stay first and in order)."""
+        name = self._unique(_identifier(name))
         if self._last_placeholder is None:
             first = next(iter(self.graph.nodes), None)
             ctx = self.graph.inserting_before(first)
@@ -743,18 +747,6 @@ class SubgraphBuilder(GraphBuilder):
         self.explicit.append(node)
         self._versions.append((fake, fake._version))
         return TensorValue(node, fake)
-
-    def _placeholder_named(self, name):
-        name = self._unique(_identifier(name))
-        if self._last_placeholder is None:
-            first = next(iter(self.graph.nodes), None)
-            ctx = self.graph.inserting_before(first)
-        else:
-            ctx = self.graph.inserting_after(self._last_placeholder)
-        with ctx:
-            node = self.graph.placeholder(name)
-        self._last_placeholder = node
-        return node
 
     def node_of(self, value):
         if isinstance(value, SubgraphValue):
