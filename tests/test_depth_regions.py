@@ -138,3 +138,15 @@ def test_region_work_counts_the_matrix_products_of_a_block():
     assert products <= flops < 1.2 * products
     # On the CPU a graph is always split (kernels run in the caller's thread).
     assert regions.worth_splitting(graphs[0])
+
+
+def test_a_gpu_graph_is_split_only_when_its_blocks_do_enough_work(monkeypatch):
+    graphs = []
+    model = gpt(2)
+    bytegraph.compile(model, backend=lambda gm, ex: graphs.append(gm) or gm.forward)(torch.randint(0, 64, (2, 8)))
+    work = max(regions.region_flops(graphs[0]).values())
+    monkeypatch.setattr(regions, "_on_cuda", lambda gm: True)
+    monkeypatch.setattr(regions, "CUDA_MIN_REGION_FLOPS", work + 1)
+    assert not regions.worth_splitting(graphs[0])      # launch-bound: compiled whole
+    monkeypatch.setattr(regions, "CUDA_MIN_REGION_FLOPS", work)
+    assert regions.worth_splitting(graphs[0])

@@ -107,10 +107,14 @@ def region_flops(gm):
     return {tag: w for tag, w in work.items() if instances[tag[0]] > 1}
 
 
+def _on_cuda(gm):
+    return any(v is not None and v.is_cuda for v in map(_example, gm.graph.nodes))
+
+
 def worth_splitting(gm):
     """Would splitting ``gm`` at its repeated regions keep its steady-state speed? (CUDA graphs
     with little work per region are launch-bound: the extra calls would show.)"""
-    if not any(v is not None and v.is_cuda for v in map(_example, gm.graph.nodes)):
+    if not _on_cuda(gm):
         return True
     work = region_flops(gm)
     return bool(work) and max(work.values()) >= CUDA_MIN_REGION_FLOPS
