@@ -37,11 +37,8 @@ def _params(names):
         reason=f"needs transformers >= 5.24 (installed: {transformers.__version__})")) for n in names]
 
 # Models that do not compile to one graph yet, and the reason each break names.
-KNOWN_BREAKS = {
-    # Mamba takes torch's associative_scan higher-order op when it sees a compiler
-    # (torch.compiler.is_compiling()); it vmaps the combine function.
-    "mamba": "higher-order op",
-}
+# (Mamba's associative_scan, which transformers takes under a compiler, is traced now.)
+KNOWN_BREAKS = {}
 
 # Training steps that break the graph in eager-equivalent ways (torch.compile breaks there too).
 TRAINING_BREAKS = {

@@ -419,3 +419,63 @@ def test_cond_with_side_effect_runs_natively():
     x = torch.ones(2)
     with pytest.raises(bytegraph.errors.Unsupported, match="changes Python state"):
         bytegraph.compile(f, backend="eager", fullgraph=True)(x)
+
+
+# --- associative_scan --------------------------------------------------------------------------
+
+def _linear_recurrence(left, right):
+    # (a, b) pairs of h_t = a_t * h_{t-1} + b_t: the combine function of Mamba's scan
+    return left[0] * right[0], right[0] * left[1] + right[1]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("length", [1, 2, 7, 8])
+def test_associative_scan_generic_mode_is_traced_into_one_graph(backend, length):
+    # The CPU path (combine_mode="generic"): torch's wrapper is plain torch code over a vmapped
+    # combine function, traced as it is (torch.compile makes one graph of it too).
+    from torch._higher_order_ops.associative_scan import associative_scan
+
+    def fn(a, b):
+        return associative_scan(_linear_recurrence, (a, b), dim=1, combine_mode="generic")[1] * 2
+
+    check(fn, torch.rand(2, length, 3, requires_grad=True), _x(2, length, 3), backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_associative_scan_operator_runs_a_traced_combine_body(backend):
+    # What the wrapper calls under a compiler in its "pointwise" mode (CUDA): the operator itself,
+    # over a flat combine function of left then right slices. One node runs the operator.
+    from torch._higher_order_ops.associative_scan import associative_scan_op
+
+    def combine(a1, b1, a2, b2):
+        return a1 * a2, a2 * b1 + b2
+
+    def fn(a, b):
+        out = associative_scan_op(combine, [a.movedim(1, 0), b.movedim(1, 0)], ())
+        return out[1].movedim(0, 1) + 1
+
+    seen = []
+
+    def spy(gm, example_inputs):
+        seen.append([n.target for n in gm.graph.nodes if n.op == "call_function"])
+        return lookup_backend(backend)(gm, example_inputs)
+
+    a, b = torch.rand(2, 5, 3, requires_grad=True), _x(2, 5, 3)
+    expected = fn(a, b)
+    actual = bytegraph.compile(fn, backend=spy, fullgraph=True)(a.detach().requires_grad_(), b.detach().requires_grad_())
+    assert torch.allclose(expected, actual)
+    assert torch.ops.higher_order.associative_scan in seen[0]
+    check(fn, a, b, backend=backend)
+
+
+def test_associative_scan_combine_reading_an_outer_tensor_breaks_with_the_reason():
+    from torch._higher_order_ops.associative_scan import associative_scan_op
+
+    def fn(a, w):
+        return associative_scan_op(lambda x, y: (x * y * w,), [a], ())[0]
+
+    a, w = torch.rand(4, 3), torch.rand(3)
+    with pytest.raises(bytegraph.Unsupported, match="reads tensors from around it"):
+        bytegraph.compile(fn, backend="eager", fullgraph=True)(a, w)
+    bytegraph.reset()
+    assert torch.equal(bytegraph.compile(fn, backend="eager")(a, w), fn(a, w))

@@ -213,6 +213,11 @@ def _key(obj):
     return obj
 
 
+# Higher-order op modules whose Python wrappers are traced: plain torch code, and the operator
+# they reach under a compiler is understood (trace/higher_order.py).
+_TRACED_HOP_WRAPPERS = {"torch._higher_order_ops.associative_scan"}
+
+
 def call_python_function(frame, fv, args, kwargs):
     fn = fv.obj
     if args and isinstance(args[0], PrivateObjectValue) and isinstance(args[0].obj, torch.nn.Module) \
@@ -227,9 +232,9 @@ def call_python_function(frame, fv, args, kwargs):
         if result is None or type(result) in CONSTANT_TYPES:
             return ConstantValue(result)
         raise Unsupported(f"{fn.__qualname__}() on a module made in the trace returned {type(result).__name__}")
-    if (fn.__module__ or "").startswith("torch._higher_order_ops."):
-        # torch's higher-order ops (scan, cond, while_loop, associative_scan...) expect TorchDynamo
-        # to capture their function arguments as subgraphs; their eager code cannot be traced.
+    if (fn.__module__ or "").startswith("torch._higher_order_ops.") and fn.__module__ not in _TRACED_HOP_WRAPPERS:
+        # torch's higher-order ops (scan, while_loop, map...) expect TorchDynamo to capture their
+        # function arguments as subgraphs; their eager code cannot be traced.
         raise Unsupported(f"torch higher-order op {fn.__module__.rsplit('.', 1)[-1]}.{fn.__qualname__} "
                           "is not supported yet",
                           hint="it runs eagerly at a graph break (fullgraph=True refuses it); library code often "

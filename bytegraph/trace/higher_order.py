@@ -15,6 +15,7 @@ Anything else the tracer cannot do inside a body does the same.
 """
 import torch
 import torch.func
+from torch._higher_order_ops.associative_scan import associative_scan_op
 from torch.utils import _pytree as pytree
 
 from ..errors import Unsupported
@@ -48,6 +49,8 @@ def call(frame, fv, args, kwargs):
             return _checkpoint(frame, args, kwargs)
         if obj is torch.func.functional_call:
             return _functional_call(frame, args, kwargs)
+        if obj is associative_scan_op:
+            return _associative_scan(frame, args, kwargs)
     except TypeError:       # unhashable callables are none of these
         pass
     if getattr(obj, "__func__", None) is _AUTOGRAD_FUNCTION_APPLY and isinstance(obj.__self__, type):
@@ -383,6 +386,56 @@ def _truth(v):
         return bool(as_constant(v))
     except Unsupported:
         raise Unsupported("torch.cond(): the predicate is neither a tensor nor a constant") from None
+
+
+# --- associative_scan -----------------------------------------------------------------------
+
+def _associative_scan(frame, args, kwargs):
+    """torch's ``associative_scan`` operator, as its Python wrapper calls it under a compiler (the
+    ``pointwise`` mode, on CUDA; the ``generic`` mode is plain torch code, traced as it is): the
+    combine function becomes a body over one slice of each input (left operands, then right),
+    and one node runs the operator on it."""
+    names = ("combine_fn", "xs", "additional_inputs")
+    bound = dict(zip(names, args))
+    for k, v in kwargs.items():
+        if k not in names or k in bound:
+            raise Unsupported(f"associative_scan() got an unexpected argument {k!r}")
+        bound[k] = v
+    what = "associative_scan"
+    xs = bound.get("xs")
+    extra = bound.get("additional_inputs", TupleValue([]))
+    if not isinstance(xs, (TupleValue, ListValue)) or not all(isinstance(x, TensorValue) for x in xs.items) \
+            or not xs.items:
+        raise Unsupported(f"{what}(): xs must be a non-empty list of tensors", hint=_BODY_HINT)
+    if isinstance(extra, ConstantValue) and extra.value in ((), []):
+        extra = TupleValue([])
+    if not isinstance(extra, (TupleValue, ListValue)) or extra.items:
+        raise Unsupported(f"{what}() with additional inputs is not supported yet", hint=_BODY_HINT)
+    tx = frame.tx
+    leaves = list(xs.items)
+    sub = SubgraphBuilder(tx.graph)
+    explicit = [sub.placeholder(_fresh_fake(sub, x.fake, tuple(x.fake.shape[1:])), f"{side}{i}")
+                for side in ("left", "right") for i, x in enumerate(leaves)]
+    result = trace_body(frame, sub, _callable(frame, bound["combine_fn"], what), explicit, {}, what)
+    outs = []
+    flatten(result, outs, what)
+    if len(outs) != len(leaves) or not all(isinstance(v, TensorValue) for v in outs):
+        raise Unsupported(f"{what}(): the combine function must return one tensor per input", hint=_BODY_HINT)
+    for o, x in zip(outs, leaves):
+        if tuple(o.fake.shape) != tuple(x.fake.shape[1:]) or o.fake.dtype != x.fake.dtype:
+            raise Unsupported(f"{what}(): the combine function changes the shape or dtype of its inputs",
+                              hint=_BODY_HINT)
+    if sub.lifted_values:
+        # torch's operator refuses gradients for them, and its dense kernel passes them as extra
+        # combine arguments: keep the body closed.
+        raise Unsupported(f"{what}(): the combine function reads tensors from around it "
+                          f"({', '.join(describe(v) for v in sub.lifted_values[:3])})", hint=_BODY_HINT)
+    gm = sub.finish(outs, clone_inputs=True)
+    flat = tx.graph.call("call_function", torch.ops.higher_order.associative_scan,
+                         [SubgraphValue(gm, "associative_scan_combine"), ListValue(leaves),
+                          TupleValue([])], {}, describe=what)
+    items = flat.items if isinstance(flat, (TupleValue, ListValue)) else [flat]
+    return TupleValue(list(items))
 
 
 # --- activation checkpointing --------------------------------------------------------------
