@@ -8,6 +8,32 @@ messages.
 from dataclasses import dataclass
 
 
+def _source(cls):
+    """A frozen dataclass whose hash is computed once: sources nest (``self.h[3].attn.weight``
+    is five deep) and are hashed on every memo and guard lookup, which made hashing them a
+    tenth of a deep model's trace."""
+    cls = dataclass(frozen=True, eq=True, repr=False)(cls)
+    field_hash = cls.__hash__
+
+    def __hash__(self):
+        try:
+            return self._hash
+        except AttributeError:
+            h = field_hash(self)
+            object.__setattr__(self, "_hash", h)
+            return h
+
+    def __getstate__(self):
+        # The hash of a string differs between processes: never carry the cached one.
+        state = dict(self.__dict__)
+        state.pop("_hash", None)
+        return state
+
+    cls.__hash__ = __hash__
+    cls.__getstate__ = __getstate__
+    return cls
+
+
 class Source:
     __slots__ = ()
 
@@ -34,7 +60,7 @@ class Source:
         return self.name()
 
 
-@dataclass(frozen=True, eq=True, repr=False)
+@_source
 class LocalSource(Source):
     """An argument (or local) of the compiled frame."""
     local: str
@@ -46,7 +72,7 @@ class LocalSource(Source):
         return self.local
 
 
-@dataclass(frozen=True, eq=True, repr=False)
+@_source
 class GlobalSource(Source):
     """A name in the compiled function's globals (builtins are handled apart)."""
     global_name: str
@@ -58,7 +84,7 @@ class GlobalSource(Source):
         return f"global {self.global_name}"
 
 
-@dataclass(frozen=True, eq=True, repr=False)
+@_source
 class BuiltinSource(Source):
     """A builtin name that is not shadowed by a global."""
     builtin_name: str
@@ -70,7 +96,7 @@ class BuiltinSource(Source):
         return f"builtin {self.builtin_name}"
 
 
-@dataclass(frozen=True, eq=True, repr=False)
+@_source
 class ClosureSource(Source):
     """The contents of a free variable's cell of the compiled function."""
     index: int
@@ -83,7 +109,7 @@ class ClosureSource(Source):
         return f"closure variable {self.var}"
 
 
-@dataclass(frozen=True, eq=True, repr=False)
+@_source
 class AttrSource(Source):
     base: Source
     attr: str
@@ -103,7 +129,7 @@ class AttrSource(Source):
         return self.base
 
 
-@dataclass(frozen=True, eq=True, repr=False)
+@_source
 class ModuleEntrySource(Source):
     """An entry of an nn.Module's ``_parameters``/``_buffers``/``_modules`` dict."""
     base: Source
@@ -127,7 +153,7 @@ class ModuleEntrySource(Source):
         return self.base
 
 
-@dataclass(frozen=True, eq=True, repr=False)
+@_source
 class ItemSource(Source):
     """``base[index]`` for tuples, lists and dicts (index is a constant)."""
     base: Source
@@ -148,7 +174,7 @@ class ItemSource(Source):
         return self.base
 
 
-@dataclass(frozen=True, eq=True, repr=False)
+@_source
 class ObjectKeySource(Source):
     """``base[key]`` for a dict keyed by an object compared by identity (a tensor, a module):
     ``key`` is that object's own source."""
@@ -170,7 +196,7 @@ class ObjectKeySource(Source):
         return self.base
 
 
-@dataclass(frozen=True, eq=True, repr=False)
+@_source
 class DefaultSource(Source):
     """A default argument value of a function reached through a source."""
     base: Source
@@ -193,7 +219,7 @@ class DefaultSource(Source):
         return self.base
 
 
-@dataclass(frozen=True, eq=True, repr=False)
+@_source
 class RawAttrSource(Source):
     """``object.__getattribute__(base, attr)``: an attribute read past the class's own
     ``__getattribute__`` (what ``super().__getattribute__(attr)`` in that method reads)."""
@@ -215,7 +241,7 @@ class RawAttrSource(Source):
         return self.base
 
 
-@dataclass(frozen=True, eq=True, repr=False)
+@_source
 class RawItemSource(Source):
     """``dict.__getitem__(base, key)``: an item of a dict subclass read past its own
     ``__getitem__`` (one that computes, like HF's ``ClassInstantier``)."""
@@ -237,7 +263,7 @@ class RawItemSource(Source):
         return self.base
 
 
-@dataclass(frozen=True, eq=True, repr=False)
+@_source
 class MappingGetSource(Source):
     """``base.get(key)``: an entry of a mapping that may be missing (None then), e.g. an
     environment variable of ``os.environ``."""
