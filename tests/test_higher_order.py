@@ -479,3 +479,37 @@ def test_associative_scan_combine_reading_an_outer_tensor_breaks_with_the_reason
         bytegraph.compile(fn, backend="eager", fullgraph=True)(a, w)
     bytegraph.reset()
     assert torch.equal(bytegraph.compile(fn, backend="eager")(a, w), fn(a, w))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_associative_scan_pointwise_path_reaches_the_operator(backend):
+    # associative_scan(..., combine_mode="pointwise") (CUDA only) hands a flat combine function to
+    # torch's _maybe_compile_and_run_fn, which calls it directly under a compiler: the same route,
+    # taken here on the CPU.
+    from torch._higher_order_ops.associative_scan import associative_scan_op
+    from torch._higher_order_ops.utils import _maybe_compile_and_run_fn
+
+    def combine(a1, b1, a2, b2):
+        return [a1 * a2, a2 * b1 + b2]      # the same structure as the inputs, as torch checks
+
+    def run(combine_fn, leaves):
+        return associative_scan_op(combine_fn, leaves, additional_inputs=())
+
+    def fn(a, b):
+        out = _maybe_compile_and_run_fn(run, combine, [a, b])
+        return out[1] * 3
+
+    check(fn, torch.rand(6, 2, requires_grad=True), _x(6, 2), backend=backend)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="combine_mode='pointwise' needs CUDA")
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_associative_scan_pointwise_mode_on_cuda(backend):
+    from torch._higher_order_ops.associative_scan import associative_scan
+
+    def fn(a, b):
+        return associative_scan(_linear_recurrence, (a, b), dim=1, combine_mode="pointwise")[1]
+
+    a = torch.rand(2, 9, 4, device="cuda", requires_grad=True)
+    b = torch.randn(2, 9, 4, device="cuda", requires_grad=True)
+    check(fn, a, b, backend=backend, rtol=1e-4, atol=1e-5)

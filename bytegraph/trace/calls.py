@@ -213,9 +213,16 @@ def _key(obj):
     return obj
 
 
-# Higher-order op modules whose Python wrappers are traced: plain torch code, and the operator
-# they reach under a compiler is understood (trace/higher_order.py).
-_TRACED_HOP_WRAPPERS = {"torch._higher_order_ops.associative_scan"}
+# torch._higher_order_ops code traced as it is: associative_scan's wrapper is plain torch code,
+# and the operator it reaches under a compiler is understood (trace/higher_order.py); the helper
+# it goes through calls its function directly when a compiler is tracing.
+_TRACED_HOP_MODULES = {"torch._higher_order_ops.associative_scan"}
+_TRACED_HOP_FUNCTIONS = {("torch._higher_order_ops.utils", "_maybe_compile_and_run_fn")}
+
+
+def _traced_hop_code(fn):
+    module = fn.__module__ or ""
+    return module in _TRACED_HOP_MODULES or (module, fn.__qualname__) in _TRACED_HOP_FUNCTIONS
 
 
 def call_python_function(frame, fv, args, kwargs):
@@ -232,7 +239,7 @@ def call_python_function(frame, fv, args, kwargs):
         if result is None or type(result) in CONSTANT_TYPES:
             return ConstantValue(result)
         raise Unsupported(f"{fn.__qualname__}() on a module made in the trace returned {type(result).__name__}")
-    if (fn.__module__ or "").startswith("torch._higher_order_ops.") and fn.__module__ not in _TRACED_HOP_WRAPPERS:
+    if (fn.__module__ or "").startswith("torch._higher_order_ops.") and not _traced_hop_code(fn):
         # torch's higher-order ops (scan, while_loop, map...) expect TorchDynamo to capture their
         # function arguments as subgraphs; their eager code cannot be traced.
         raise Unsupported(f"torch higher-order op {fn.__module__.rsplit('.', 1)[-1]}.{fn.__qualname__} "
