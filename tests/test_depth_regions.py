@@ -150,3 +150,60 @@ def test_a_gpu_graph_is_split_only_when_its_blocks_do_enough_work(monkeypatch):
     assert not regions.worth_splitting(graphs[0])      # launch-bound: compiled whole
     monkeypatch.setattr(regions, "CUDA_MIN_REGION_FLOPS", work)
     assert regions.worth_splitting(graphs[0])
+
+
+def test_layers_of_a_model_called_from_a_training_step_are_the_regions():
+    # The compiled function calls the model, whose forward is traced as a block around its
+    # layers: the layers are what repeats, so they are the regions (not the one model call).
+    model = gpt(4)
+
+    def step(x):
+        return model(x).float().pow(2).mean()
+
+    parts, outer = [], []
+    compiled = bytegraph.compile(step, backend=regional_backend(parts, outer))
+    x = torch.randint(0, 64, (2, 8))
+    loss = compiled(x)
+    assert outer[0] is not None and outer[0].meta["bytegraph_parts"] == 3
+    assert outer[0].code.count("run_part_1(") == 4
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    expected = step(x)
+    expected.backward()
+    assert torch.allclose(loss, expected, atol=1e-6)
+    for n, p in model.named_parameters():
+        assert torch.allclose(grads[n], p.grad, atol=1e-6), n
+
+
+@pytest.mark.parametrize("state", ["autocast", "no_grad_then_grad"])
+def test_parts_are_compiled_under_the_grad_mode_and_autocast_the_graph_sets(state):
+    # `with torch.autocast(...)` inside the compiled function is a pair of nodes around the
+    # layers; each part must be traced by AOTAutograd under it (bf16 matmuls), and nothing of it
+    # may leak out of the call.
+    model = gpt(3)
+
+    def step(x):
+        if state == "autocast":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logits = model(x)
+            return logits.float().mean(), logits.dtype
+        with torch.no_grad():
+            frozen = model(x)
+        return (model(x) * frozen).mean(), frozen.requires_grad
+
+    parts, outer = [], []
+    compiled = bytegraph.compile(step, backend=regional_backend(parts, outer))
+    x = torch.randint(0, 64, (2, 8))
+    loss, extra = compiled(x)
+    assert outer[0] is not None
+    assert torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    expected, expected_extra = step(x)
+    expected.backward()
+    assert extra == expected_extra
+    assert torch.equal(loss, expected) if state == "autocast" else torch.allclose(loss, expected, atol=1e-6)
+    for n, p in model.named_parameters():
+        assert torch.allclose(grads[n], p.grad, atol=1e-5 if state == "autocast" else 1e-6), n

@@ -1,7 +1,8 @@
 """Regional compilation: compile a repeated block once and call it for every layer.
 
 The tracer copies the trace of a repeated block (``trace/blocks.py``) and tags the nodes of each
-outermost copy with ``node.meta["bytegraph_region"] = (template, instance)``. A backend whose
+copy with ``node.meta["bytegraph_region"]``: the ``(template, instance)`` of every block the node is
+in, outermost first (a model traced as a block around its layers: the layers are what repeat). A backend whose
 compile time grows with the graph (Inductor) can then split the graph at those regions:
 
 * each region becomes a graph of its own whose inputs are the values it reads from earlier
@@ -33,26 +34,49 @@ REGION = "bytegraph_region"   # the node.meta key trace/blocks.py sets
 MIN_REGION_NODES = 8
 
 
-def _parts(gm):
-    """[(region tag or None, [nodes])] in graph order (placeholders and output left out): a
-    run of nodes of one instance of a block repeated at least twice, or the nodes between."""
+def _region_of(gm):
+    """{node: (template, instance)}: for each node inside a block repeated at least twice (with
+    at least MIN_REGION_NODES call nodes an instance), the outermost such block."""
     sizes = {}
     for n in gm.graph.nodes:
-        tag = n.meta.get(REGION)
-        if tag is not None and n.op in ("call_function", "call_method"):
-            sizes.setdefault(tag[0], {}).setdefault(tag[1], 0)
-            sizes[tag[0]][tag[1]] += 1
+        if n.op in ("call_function", "call_method"):
+            for template, instance in n.meta.get(REGION, ()):
+                sizes.setdefault(template, {}).setdefault(instance, 0)
+                sizes[template][instance] += 1
     repeated = {t for t, instances in sizes.items()
                 if len(instances) > 1 and min(instances.values()) >= MIN_REGION_NODES}
+    chosen = {}
+    for n in gm.graph.nodes:
+        for tag in n.meta.get(REGION, ()):
+            if tag[0] in repeated:
+                chosen[n] = tag
+                break
+    return chosen
+
+
+# Nodes that set grad mode or autocast (as `with` blocks become in a graph): (module, name).
+_STATE_FUNCTIONS = {("torch._C", "_set_grad_enabled"), ("torch.amp.autocast_mode", "_enter_autocast"),
+                    ("torch.amp.autocast_mode", "_exit_autocast"), ("bytegraph.residual", "set_autocast_state")}
+STATE = "state"     # the tag of a part made of one such node
+
+
+def _is_state_node(n):
+    return n.op == "call_function" and (getattr(n.target, "__module__", None),
+                                        getattr(n.target, "__name__", None)) in _STATE_FUNCTIONS
+
+
+def _parts(gm):
+    """[(region tag or None or STATE, [nodes])] in graph order (placeholders and output left
+    out): a run of nodes of one instance of a repeated block, a node setting grad mode or
+    autocast, or a run of other nodes."""
+    region = _region_of(gm)
     parts = []
     current = None
     for n in gm.graph.nodes:
         if n.op in ("placeholder", "output"):
             continue
-        tag = n.meta.get(REGION)
-        if tag is not None and tag[0] not in repeated:
-            tag = None
-        if current is None or current[0] != tag:
+        tag = STATE if _is_state_node(n) else region.get(n)
+        if current is None or current[0] != tag or tag == STATE:
             current = (tag, [])
             parts.append(current)
         current[1].append(n)
@@ -97,14 +121,9 @@ def _node_flops(node):
 def region_flops(gm):
     """{(template, instance): rough floating-point operations} of each repeated region of ``gm``."""
     work = {}
-    for n in gm.graph.nodes:
-        tag = n.meta.get(REGION)
-        if tag is not None:
-            work[tag] = work.get(tag, 0) + _node_flops(n)
-    instances = {}
-    for template, _ in work:
-        instances[template] = instances.get(template, 0) + 1
-    return {tag: w for tag, w in work.items() if instances[tag[0]] > 1}
+    for n, tag in _region_of(gm).items():
+        work[tag] = work.get(tag, 0) + _node_flops(n)
+    return work
 
 
 def _on_cuda(gm):
@@ -177,6 +196,36 @@ class _Part:
         return self
 
 
+class _GlobalState:
+    """Grad mode and autocast as the graph sets them between its parts: each part is compiled
+    under the state it runs under (AOTAutograd traces its casts then), by doing the graph's
+    own state nodes for real, in order; everything is put back afterwards."""
+
+    def __init__(self):
+        self.saved = (torch.is_grad_enabled(),
+                      [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d),)
+                       for d in ("cpu", "cuda")], torch.is_autocast_cache_enabled())
+        self.values = {}      # state node -> what doing it returned (an autocast handle)
+        self.applied = []
+
+    def apply(self, node):
+        args = fx.node.map_arg(node.args, lambda a: self.values[a])
+        kwargs = fx.node.map_arg(node.kwargs, lambda a: self.values[a])
+        self.values[node] = node.target(*args, **kwargs)
+        self.applied.append((node.target.__name__,) + tuple(map(repr, args)))
+
+    def key(self):
+        return tuple(self.applied)
+
+    def restore(self):
+        grad, autocast, cache = self.saved
+        torch._C._set_grad_enabled(grad)
+        for device, enabled, dtype in autocast:
+            torch.set_autocast_enabled(device, enabled)
+            torch.set_autocast_dtype(device, dtype)
+        torch.set_autocast_cache_enabled(cache)
+
+
 def _part_caller(compiled):
     # A function of this module: the outer graph's code names it as a global of its own
     # (a target from torch's modules would be spelled as an import path).
@@ -201,7 +250,7 @@ def compile_by_regions(gm, example_inputs, compile_part):
                                         if v is not None):
             return None    # symbolic sizes: compiled whole
     for p in parts:
-        if any(a.meta.get("example_value") is None for a in p.inputs):
+        if p.tag != STATE and any(a.meta.get("example_value") is None for a in p.inputs):
             return None
     compiled = {}     # signature -> compiled callable
     outer = fx.Graph()
@@ -210,22 +259,30 @@ def compile_by_regions(gm, example_inputs, compile_part):
     for n in placeholders:
         env[n] = outer.placeholder(n.name)
         env[n].meta = dict(n.meta)
-    for p in parts:
-        if all(n.op == "get_attr" for n in p.nodes) or not p.outputs:
-            # Only reads of state, or nothing read later (an in-place update): run as it is.
-            for n in p.nodes:
-                env[n] = outer.node_copy(n, lambda a: outer.get_attr(a.target) if a.op == "get_attr"
-                                         and a not in env else env[a])
-            continue
-        p.build(gm)
-        fn = compiled.get(p.signature)
-        if fn is None:
-            fn = compiled[p.signature] = _part_caller(compile_part(p.gm, list(p.examples)))
-        args = [outer.get_attr(a.target) if a.op == "get_attr" else env[a] for a in p.inputs]
-        call = outer.call_function(fn, tuple(args))
-        for i, out in enumerate(p.outputs):
-            env[out] = outer.call_function(operator.getitem, (call, i))
-            env[out].meta = dict(out.meta)
+    state = _GlobalState()
+    try:
+        for p in parts:
+            if p.tag == STATE or all(n.op == "get_attr" for n in p.nodes) or not p.outputs:
+                # Grad mode / autocast, only reads of state, or nothing read later (an in-place
+                # update): run as it is.
+                for n in p.nodes:
+                    env[n] = outer.node_copy(n, lambda a: outer.get_attr(a.target) if a.op == "get_attr"
+                                             and a not in env else env[a])
+                    if p.tag == STATE:
+                        state.apply(n)
+                continue
+            p.build(gm)
+            signature = (p.signature, state.key())
+            fn = compiled.get(signature)
+            if fn is None:
+                fn = compiled[signature] = _part_caller(compile_part(p.gm, list(p.examples)))
+            args = [outer.get_attr(a.target) if a.op == "get_attr" else env[a] for a in p.inputs]
+            call = outer.call_function(fn, tuple(args))
+            for i, out in enumerate(p.outputs):
+                env[out] = outer.call_function(operator.getitem, (call, i))
+                env[out].meta = dict(out.meta)
+    finally:
+        state.restore()
     out_node = gm.graph.output_node()
     outer.output(fx.node.map_arg(out_node.args[0], env.__getitem__))
     outer_gm = fx.GraphModule(gm, outer)

@@ -43,7 +43,7 @@ from ..values.base import (ConstantValue, DictValue, ListValue, ObjectValue, Sym
 from ..values.builder import CONSTANT_TYPES, wrap
 
 MAX_TEMPLATES_PER_CLASS = 4
-# node.meta key: (template id, instance) on the nodes of each outermost copied or recorded block
+# node.meta key: the (template id, instance) of each copied or recorded block a node is in, outermost first
 REGION = "bytegraph_region"
 _EDGE_SOURCES = (AttrSource, ModuleEntrySource, ItemSource, DefaultSource)
 
@@ -495,40 +495,35 @@ def call_forward(frame, mv, args, kwargs, trace_forward):
     templates = tx.block_templates.setdefault(type(m), [])
     graph = tx.graph.graph
     start = graph._root.prev
-    outermost = not tx.in_block
-    tx.in_block = True
+    for template in templates:
+        if template.key == key:
+            out = template.replay(frame, leaves)
+            if out is not None:
+                tx.blocks_replayed += 1
+                _mark_region(graph, start, template)
+                return out
+    if len(templates) >= MAX_TEMPLATES_PER_CLASS:
+        return trace_forward()
+    rec = Recorder(tx)
+    guards = tx.guards
+    before = (tx.effect_count(), len(tx.graph.inputs), len(tx.state_changes), tx.unguarded_reads,
+              tx.handled_exception)
+    guards.recorders.append(rec)
     try:
-        for template in templates:
-            if template.key == key:
-                out = template.replay(frame, leaves)
-                if out is not None:
-                    tx.blocks_replayed += 1
-                    if outermost:
-                        _mark_region(graph, start, template)
-                    return out
-        if len(templates) >= MAX_TEMPLATES_PER_CLASS:
-            return trace_forward()
-        rec = Recorder(tx)
-        guards = tx.guards
-        before = (tx.effect_count(), len(tx.graph.inputs), len(tx.state_changes), tx.unguarded_reads,
-                  tx.handled_exception)
-        guards.recorders.append(rec)
-        try:
-            result = trace_forward()
-        finally:
-            guards.recorders.remove(rec)
-        rec.finish()
-        after = (tx.effect_count(), len(tx.graph.inputs), len(tx.state_changes), tx.unguarded_reads,
-                 tx.handled_exception)
-        if before == after:
-            template = Template.build(key, leaves, rec, result)
-            if template is not None:
-                templates.append(template)
-                if outermost:
-                    _mark_region(graph, start, template)
-        return result
+        result = trace_forward()
     finally:
-        tx.in_block = not outermost
+        guards.recorders.remove(rec)
+    rec.finish()
+    after = (tx.effect_count(), len(tx.graph.inputs), len(tx.state_changes), tx.unguarded_reads,
+             tx.handled_exception)
+    if before == after:
+        template = Template.build(key, leaves, rec, result)
+        if template is not None:
+            templates.append(template)
+            _mark_region(graph, start, template)
+    return result
+
+
 
 
 _template_ids = [0]
@@ -536,7 +531,9 @@ _template_ids = [0]
 
 def _mark_region(graph, start, template):
     """Tag the nodes made since ``start`` as one instance of ``template``'s block: backends
-    compile repeated regions once (backends/regions.py)."""
+    compile repeated regions once (backends/regions.py). Blocks nest (a model's forward traced
+    as a block around its layers): a node's tags run from the outermost block to the innermost,
+    and the backend picks the outermost level that repeats."""
     if getattr(start, "_erased", False):
         return
     if template.uid is None:
@@ -546,7 +543,7 @@ def _mark_region(graph, start, template):
     template.instances += 1
     n = start.next
     while n is not graph._root:
-        n.meta[REGION] = tag
+        n.meta[REGION] = (tag,) + n.meta.get(REGION, ())
         n = n.next
 
 

@@ -51,7 +51,6 @@ class TraceContext:
         self.reuse_blocks = True
         self.block_templates = {}      # module class -> [Template]
         self.blocks_replayed = 0
-        self.in_block = False          # a recorded or copied forward is being traced
         self.unguarded_reads = 0       # reads of per-instance state taken without a guard
         # runtime.persist: code objects run by the trace (-> their module's name), and facts
         # true in this process only (set order of strings, lru_cache results, hash()).
