@@ -15,7 +15,7 @@ Anything else the tracer cannot do inside a body does the same.
 """
 import torch
 import torch.func
-from torch._higher_order_ops.associative_scan import associative_scan_op
+from torch._higher_order_ops.associative_scan import associative_scan_op, generic_associative_scan
 from torch.utils import _pytree as pytree
 
 from ..errors import Unsupported
@@ -394,7 +394,8 @@ def _associative_scan(frame, args, kwargs):
     """torch's ``associative_scan`` operator, as its Python wrapper calls it under a compiler (the
     ``pointwise`` mode, on CUDA; the ``generic`` mode is plain torch code, traced as it is): the
     combine function becomes a body over one slice of each input (left operands, then right),
-    and one node runs the operator on it."""
+    and one node runs the operator on it. Where a gradient flows through it, the operator's
+    own dense kernel is traced instead (the operator's backward is wrong in torch today)."""
     names = ("combine_fn", "xs", "additional_inputs")
     bound = dict(zip(names, args))
     for k, v in kwargs.items():
@@ -413,10 +414,17 @@ def _associative_scan(frame, args, kwargs):
         raise Unsupported(f"{what}() with additional inputs is not supported yet", hint=_BODY_HINT)
     tx = frame.tx
     leaves = list(xs.items)
+    combine = _callable(frame, bound["combine_fn"], what)
+    if torch.is_grad_enabled() and any(x.fake.requires_grad for x in leaves):
+        # torch's operator computes wrong gradients for some combine functions (torch 2.11-2.13:
+        # Mamba's linear recurrence gets a wrong d/da); its dense kernel, plain torch code over
+        # the combine function, differentiates as eager does.
+        out = ops.call(frame, wrap(tx, generic_associative_scan, None), [combine, ListValue(leaves)], {})
+        return TupleValue(list(out.items)) if isinstance(out, ListValue) else out
     sub = SubgraphBuilder(tx.graph)
     explicit = [sub.placeholder(_fresh_fake(sub, x.fake, tuple(x.fake.shape[1:])), f"{side}{i}")
                 for side in ("left", "right") for i, x in enumerate(leaves)]
-    result = trace_body(frame, sub, _callable(frame, bound["combine_fn"], what), explicit, {}, what)
+    result = trace_body(frame, sub, combine, explicit, {}, what)
     outs = []
     flatten(result, outs, what)
     if len(outs) != len(leaves) or not all(isinstance(v, TensorValue) for v in outs):
