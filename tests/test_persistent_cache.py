@@ -235,3 +235,37 @@ def test_concurrent_writers_then_a_process_that_loads(tmp_path):
     assert [result(p)["ok"] for p in writers] == [True, True]
     assert len(entries(cache_dir)) == 1 and not list(Path(cache_dir).rglob(".tmp-*"))
     assert result(start()) == {"ok": True, "loaded": True}
+
+
+INDUCTOR_CHILD = r'''
+import json, torch, bytegraph
+from torch._dynamo.utils import counters
+torch.manual_seed(0)
+
+def f(x, w):
+    return torch.tanh(x @ w) * 2 + x.sum()
+
+x, w = torch.randn(4, 4), torch.randn(4, 4)
+with bytegraph.config.patch(regional_compile=False):
+    out = bytegraph.compile(f, backend="inductor")(x, w)
+print(json.dumps({"ok": bool(torch.allclose(out, f(x, w), atol=1e-5)),
+                  "fx": dict(counters["inductor"]), "aot": dict(counters["aot_autograd"])}))
+'''
+
+
+def test_a_static_graph_hits_inductors_own_caches_in_the_next_process(tmp_path):
+    # A graph with static sizes gets real example inputs; Inductor's FX graph cache and
+    # AOTAutograd's cache then found no ShapeEnv and never cached it, so a warm process compiled
+    # it all again.
+    env = dict(os.environ, BYTEGRAPH_CACHE_DIR=str(tmp_path / "bg"), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "ind"),
+               PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", BYTEGRAPH_PERSISTENT_CACHE="1")
+
+    def child():
+        p = subprocess.run([sys.executable, "-c", INDUCTOR_CHILD], env=env, capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr[-3000:]
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    cold, warm = child(), child()
+    assert cold["ok"] and warm["ok"]
+    assert cold["aot"].get("autograd_cache_saved") == 1, cold
+    assert warm["aot"].get("autograd_cache_hit") == 1 and warm["fx"].get("fxgraph_cache_hit") == 1, warm

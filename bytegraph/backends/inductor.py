@@ -1,4 +1,6 @@
 """The ``inductor`` backend: TorchInductor code generation (C++/OpenMP on CPU)."""
+import torch
+
 from . import grad_presence
 from .regions import compile_by_regions, worth_splitting
 from .cudagraphs import watch_static_inputs
@@ -14,6 +16,20 @@ def mark_parameters_static(gm):
     AOTAutograd reads this from a graph-module marker: present, with no per-input source
     table, it counts every lifted parameter and buffer as static."""
     gm.meta.setdefault("dynamo_compile_id", None)
+
+
+def cacheable_examples(example_inputs):
+    """Real example inputs (static sizes) as fakes of a static fake mode with a ShapeEnv.
+    Inductor's FX graph cache and AOTAutograd's cache read the ShapeEnv of the fake mode they
+    compile under and refuse to cache without one ("No shape env"), which made every process
+    compile such a graph again; fake inputs (symbolic sizes) carry the tracer's own mode."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    examples = as_list(example_inputs)
+    if any(isinstance(t, FakeTensor) for t in examples):
+        return examples
+    mode = FakeTensorMode(allow_non_fake_inputs=True, static_shapes=True, shape_env=ShapeEnv())
+    return [mode.from_tensor(t, static_shapes=True) if isinstance(t, torch.Tensor) else t for t in examples]
 
 
 def inductor(gm, example_inputs, *, config_patches=None):
@@ -50,7 +66,8 @@ def inductor_whole(gm, example_inputs, *, config_patches=None):
     grads = grad_presence.plan(gm)
     mark_parameters_static(gm)
     try:
-        compiled = compile_fx(gm, as_list(example_inputs), inner_compile=watched_inner(compile_fx_inner, "inductor"),
+        compiled = compile_fx(gm, cacheable_examples(example_inputs),
+                              inner_compile=watched_inner(compile_fx_inner, "inductor"),
                               config_patches=config_patches or None)
     except Exception as exc:
         cause = data_dependent_cause(exc)
