@@ -207,3 +207,18 @@ def test_parts_are_compiled_under_the_grad_mode_and_autocast_the_graph_sets(stat
     assert torch.equal(loss, expected) if state == "autocast" else torch.allclose(loss, expected, atol=1e-6)
     for n, p in model.named_parameters():
         assert torch.allclose(grads[n], p.grad, atol=1e-5 if state == "autocast" else 1e-6), n
+
+
+def test_a_gpu_graph_that_sets_autocast_itself_is_compiled_whole(monkeypatch):
+    model = gpt(3)
+
+    def step(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return model(x).float().mean()
+
+    graphs = []
+    bytegraph.compile(step, backend=lambda gm, ex: graphs.append(gm) or gm.forward)(torch.randint(0, 64, (2, 8)))
+    monkeypatch.setattr(regions, "CUDA_MIN_REGION_FLOPS", 0)
+    assert regions.worth_splitting(graphs[0])          # on the CPU: split
+    monkeypatch.setattr(regions, "_on_cuda", lambda gm: True)
+    assert not regions.worth_splitting(graphs[0])
