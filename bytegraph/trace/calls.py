@@ -246,6 +246,7 @@ def call_python_function(frame, fv, args, kwargs):
                           "is not supported yet",
                           hint="it runs eagerly at a graph break (fullgraph=True refuses it); library code often "
                                "takes such a path only under a compiler (torch.compiler.is_compiling())")
+    torch_wrappers.make_optimizer_state(frame, fn, args, kwargs)
     tx = frame.tx
     src = fv.source
     defaults = [wrap(tx, d, DefaultSource(src, i) if src else None)

@@ -17,6 +17,10 @@ compiled?" queries, explicit graph breaks. Each is decided here, with the reason
   listed in ``_RUN_NATIVELY`` runs eagerly at a graph break with its reason.
 - the fused optimizer implementations (``torch.optim.adam._fused_adam``...) run natively:
   they are one kernel already, and AOTAutograd cannot functionalize them.
+- an optimizer's ``_init_group`` met while its state is still empty (the first step) is run
+  natively once, before it is traced: it makes the state eager's first step makes (zeros,
+  step counters), and the trace then sees the state every later step has, so the first step
+  compiles the graph all steps use instead of one that makes the state and is never run again.
 - ``torch._dynamo.graph_break()`` is an explicit graph break (the optimizers put one
   after setting grad mode, so the step is a graph of its own that starts without grad).
 - ``torch.compiler.is_compiling()``, ``torch._dynamo.is_compiling()``,
@@ -26,9 +30,11 @@ compiled?" queries, explicit graph breaks. Each is decided here, with the reason
 
 Nothing here imports ``torch._dynamo``: functions are recognised by module and name.
 """
+import torch
+
 from ..control import torch_disabled_target
 from ..errors import Unsupported
-from ..values.base import ConstantValue, ContextManagerValue
+from ..values.base import ConstantValue, ContextManagerValue, DictValue, ListValue, ObjectValue
 
 _DYNAMO_MODULES = ("torch._dynamo", "torch._dynamo.decorators", "torch._dynamo.eval_frame",
                    "torch._dynamo.external_utils", "torch.compiler", "torch._utils",
@@ -93,4 +99,51 @@ def call(frame, obj, args, kwargs):
     return None
 
 
-__all__ = ["call", "unwrap"]
+def make_optimizer_state(frame, fn, args, kwargs):
+    """Before ``fn`` (an optimizer's ``_init_group``) is traced: if the parameter group has
+    parameters with gradients and no state yet, run it natively on the same group, so the
+    state exists (as eager's first step makes it) before the trace reads it. Only when the trace
+    has not read the optimizer's state yet and every argument is known for real (the group dict
+    as read, unchanged; fresh empty lists; constants); otherwise nothing happens and the state is
+    made in the graph."""
+    if fn.__name__ != "_init_group" or not (getattr(fn, "__module__", None) or "").startswith("torch.optim."):
+        return
+    if not args or not isinstance(args[0], ObjectValue) or not isinstance(args[0].obj, torch.optim.Optimizer):
+        return
+    tx = frame.tx
+    opt = args[0].obj
+    if id(opt.state) in tx.memo:
+        return
+    real = {id(value): obj for obj, value in tx.memo.values()}
+
+    def as_real(v):
+        if isinstance(v, ConstantValue):
+            return v.value
+        if isinstance(v, ListValue) and v.source is None and not v.items:
+            return []
+        if isinstance(v, DictValue) and id(v) in real and id(v) not in tx.mutated:
+            return real[id(v)]
+        raise LookupError
+
+    try:
+        real_args = [as_real(a) for a in args[1:]]
+        real_kwargs = {k: as_real(v) for k, v in kwargs.items()}
+    except LookupError:
+        return
+    groups = [a for a in real_args + list(real_kwargs.values()) if isinstance(a, dict) and "params" in a]
+    if len(groups) != 1 or not any(p.grad is not None and not opt.state.get(p) for p in groups[0]["params"]):
+        return
+    group = groups[0]
+    # The trace reads the group as capturable (values/builder.py): make the state that path
+    # makes (step counters on the parameters' device), as tracing this call would have.
+    flip = id(group) in tx.param_groups and group.get("capturable") is False
+    if flip:
+        group["capturable"] = True
+    try:
+        fn(opt, *real_args, **real_kwargs)
+    finally:
+        if flip:
+            group["capturable"] = False
+
+
+__all__ = ["call", "unwrap", "make_optimizer_state"]
