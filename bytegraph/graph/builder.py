@@ -404,9 +404,14 @@ class GraphBuilder:
             return TensorValue(node, result)
         if isinstance(result, (tuple, list)) and any(isinstance(r, (torch.Tensor, torch.SymInt)) for r in result):
             node.meta["example_value"] = result
+            # An in-place list op (torch._foreach_add_) hands its arguments back: keep their
+            # values (a getitem node per item, which nothing reads, made optimizer graphs 2x larger).
+            inputs = _tensor_values(args, kwargs) if _mutates(node.target) else {}
             items = []
             for i, r in enumerate(result):
-                if isinstance(r, (torch.Tensor, torch.SymInt)):
+                if id(r) in inputs:
+                    items.append(inputs[id(r)])
+                elif isinstance(r, (torch.Tensor, torch.SymInt)):
                     g = self.graph.create_node("call_function", operator.getitem, (node, i), {})
                     g.meta["example_value"] = r
                     items.append(TensorValue(g, r) if isinstance(r, torch.Tensor) else SymValue(g, r))
@@ -613,6 +618,24 @@ def _constant_result(r):
         items = [_constant_result(x) for x in r]
         return ListValue(items) if isinstance(r, list) else TupleValue(items, cls=type(r) if type(r) is torch.Size else tuple)
     return ConstantValue(r)
+
+
+def _tensor_values(args, kwargs):
+    """{id(fake): value} of the tensor values among ``args``/``kwargs``, in lists and tuples too."""
+    found = {}
+
+    def visit(v):
+        if isinstance(v, TensorValue):
+            found[id(v.fake)] = v
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                visit(x)
+        elif isinstance(v, (ListValue, TupleValue)):
+            for x in v.items:
+                visit(x)
+    for v in list(args) + list(kwargs.values()):
+        visit(v)
+    return found
 
 
 def _find_alias(result, args, kwargs):
