@@ -10,8 +10,14 @@ cache). Both processes import torch and bytegraph before the clock starts. Print
 over ``--runs`` of each and the warm/cold ratio; checks that both results equal eager.
 
 With ``--backend inductor --device cuda`` (on a GPU machine) the warm process also finds
-Inductor's own FX graph cache (``TORCHINDUCTOR_CACHE_DIR``, set per run here too, so the cold
-run really is cold).
+Inductor's own FX graph cache and AOTAutograd's cache (``TORCHINDUCTOR_CACHE_DIR``, set per run
+here too, so the cold run really is cold).
+
+Python must be allowed to keep bytecode caches (``__pycache__``), as on any ordinary install:
+with ``PYTHONDONTWRITEBYTECODE=1`` (set in some container images) every process compiles the
+source of each module Inductor imports during the first call again, seconds that are no cost
+of either cold or warm start. The script says so when it sees that setting; run it with
+``env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=/tmp/pyc`` (a writable place) there.
 """
 import argparse
 import json
@@ -68,6 +74,9 @@ def main(argv=None):
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args(argv)
+    if os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        print("note: PYTHONDONTWRITEBYTECODE is set: each process compiles every imported module's source again "
+              "(unset it, with PYTHONPYCACHEPREFIX pointing somewhere writable, to measure as on an ordinary install)")
     cold, warm = [], []
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as inductor_cache:
