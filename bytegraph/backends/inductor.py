@@ -37,6 +37,12 @@ def inductor(gm, example_inputs, *, config_patches=None):
     each distinct block once (``backends/regions.py``), unless CUDA graphs are asked for
     (they want one graph with its parameters in place) or the blocks do too little work on a
     GPU for the extra calls to hide behind the kernels (``worth_splitting``)."""
+    with quiet_torch_imports():
+        # Heavy (Inductor): imported on first use. Its pool of kernel-compiling processes takes
+        # seconds to start: start it now, so it is up by the time the first kernels are ready
+        # (only where Triton is installed; a no-op after the first graph).
+        from torch._inductor.async_compile import maybe_warm_pool
+    maybe_warm_pool()
     if not (config_patches or {}).get("triton.cudagraphs") and worth_splitting(gm):
         split = compile_by_regions(gm, example_inputs,
                                    lambda part, examples: inductor_whole(part, examples, config_patches=config_patches))
