@@ -103,16 +103,18 @@ def make_optimizer_state(frame, fn, args, kwargs):
     """Before ``fn`` (an optimizer's ``_init_group``) is traced: if the parameter group has
     parameters with gradients and no state yet, run it natively on the same group, so the
     state exists (as eager's first step makes it) before the trace reads it. Only when the trace
-    has not read the optimizer's state yet and every argument is known for real (the group dict
-    as read, unchanged; fresh empty lists; constants); otherwise nothing happens and the state is
-    made in the graph."""
+    has not read the optimizer's state yet, has no attribute stores pending, and every argument
+    is known for real (the group dict as read, unchanged; fresh empty lists; constants);
+    otherwise nothing happens and the state is made in the graph."""
     if fn.__name__ != "_init_group" or not (getattr(fn, "__module__", None) or "").startswith("torch.optim."):
         return
     if not args or not isinstance(args[0], ObjectValue) or not isinstance(args[0].obj, torch.optim.Optimizer):
         return
     tx = frame.tx
     opt = args[0].obj
-    if id(opt.state) in tx.memo:
+    if id(opt.state) in tx.memo or tx.attr_stores:
+        # The trace has read the state, or holds attribute stores not done yet (``p.grad = ...``):
+        # the real objects are not what the trace sees.
         return
     real = {id(value): obj for obj, value in tx.memo.values()}
 
