@@ -292,3 +292,33 @@ def test_lr_scheduler_in_whole_training_step():
             sched.step()     # OneCycleLR moves lr and betas[0] every step
         _assert_same_state(eager_model, eager_opt, model, opt)
     assert cnt.frame_count <= 4, cnt.frame_count
+
+
+@pytest.mark.parametrize("read_state_first", [False, True])
+def test_first_step_with_gradients_set_in_the_same_trace(read_state_first):
+    # The gradients are stores the trace has not done yet when the optimizer makes its state
+    # (and the state may already have been read): the state is then made in the graph, and
+    # what comes out is eager's.
+    def run(step):
+        model = _model()
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        fn = step(model, opt)
+        for i in range(3):
+            fn(torch.full((1,), float(i + 1)))
+        return model, opt
+
+    def make(compiled):
+        def build(model, opt):
+            def step(scale):
+                seen = len(opt.state) if read_state_first else 0
+                for j, p in enumerate(model.parameters()):
+                    if j != 1:          # one parameter never gets a gradient: no state for it
+                        p.grad = torch.ones_like(p) * scale
+                opt.step()
+                return seen
+            return bytegraph.compile(step, backend="eager") if compiled else step
+        return build
+
+    eager_model, eager_opt = run(make(False))
+    model, opt = run(make(True))
+    _assert_same_state(eager_model, eager_opt, model, opt)
