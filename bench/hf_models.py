@@ -42,6 +42,8 @@ from bytegraph.debug.counting import count_ops  # noqa: E402
 from bytegraph.demo.hf_models import NAMES, ZOO, build, inputs  # noqa: E402
 from bytegraph.testing import same  # noqa: E402
 
+bytegraph.config.persistent_cache = False   # measure compiles, not loads from an earlier run's cache
+
 
 class Recorder:
     def __init__(self):

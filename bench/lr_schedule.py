@@ -18,6 +18,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import bytegraph  # noqa: E402
 
+bytegraph.config.persistent_cache = False   # measure compiles, not loads from an earlier run's cache
+
 OPTIMIZERS = {
     "SGD momentum": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
     "SGD momentum foreach": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, foreach=True),

@@ -31,6 +31,8 @@ import torch  # noqa: E402
 
 import bytegraph  # noqa: E402
 
+bytegraph.config.persistent_cache = False   # measure compiles, not loads from an earlier run's cache
+
 
 def faq(X, Y):
     return np.sum(X[:, :, None] * Y[:, None, :], axis=(-2, -1))

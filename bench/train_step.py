@@ -21,7 +21,9 @@ patching of torch.optim are per process):
 Columns: ``first call`` is the wall time of the first step (compiling included), ``median`` the
 steady-state median per step (CUDA events on the GPU, wall clock on the CPU), ``loss`` the
 loss after the timed steps (the same seed everywhere: eager's and the compilers' should agree to
-a few digits), ``graphs`` the graphs compiled.
+a few digits), ``graphs`` the graphs compiled. Each process starts with empty compile caches
+(Inductor's, AOTAutograd's, Triton's, bytegraph's), so ``first call`` is a cold compile for both
+compilers; ``--warm-caches`` keeps the ordinary on-disk caches instead.
 """
 import argparse
 import json
@@ -142,6 +144,18 @@ def build(row, compiler, args, s, device):
     return fn, (x, y), counter, model
 
 
+def cold_caches():
+    """Fresh, empty compile caches for this process: Inductor's FX graph and AOTAutograd caches,
+    Triton's kernels, bytegraph's saved frames. Otherwise a row measured after another one (or
+    after the other compiler, whose kernels are often the same) finds what that one compiled,
+    and its first call is not a cold compile."""
+    import tempfile
+    root = tempfile.mkdtemp(prefix="train_step_caches_")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(root, "inductor")
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(root, "triton")
+    bytegraph.config.persistent_cache = False
+
+
 def infer_with(compiled, idx):
     with torch.no_grad():
         return compiled(idx)
@@ -219,6 +233,8 @@ def run_all(args):
                    "--heads", str(args.heads), "--batch", str(args.batch), "--tokens", str(args.tokens)]
             if args.tiny:
                 cmd.append("--tiny")
+            if args.warm_caches:
+                cmd.append("--warm-caches")
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
             line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("{")), None)
             if line is None:
@@ -267,10 +283,14 @@ def main():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--timeout", type=int, default=1800)
     p.add_argument("--json", default=None)
+    p.add_argument("--warm-caches", action="store_true",
+                   help="keep Inductor's, Triton's and bytegraph's on-disk caches (default: each run starts cold)")
     p.add_argument("--only-row", default=None)
     p.add_argument("--only-compiler", default=None)
     args = p.parse_args()
     if args.only_row is not None:
+        if not args.warm_caches:
+            cold_caches()
         print(json.dumps(measure(args.only_row, args.only_compiler, args)), flush=True)
         return
     run_all(args)
