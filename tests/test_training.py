@@ -85,3 +85,29 @@ def test_input_gradients_flow_through_compiled_function():
     x.grad = w.grad = None
     bytegraph.compile(f, backend="aot_eager")(x, w).backward()
     assert torch.allclose(gx, x.grad) and torch.allclose(gw, w.grad)
+
+
+def test_first_graph_of_the_process_compiled_under_no_grad():
+    # The AOTAutograd backends look up autograd's AccumulateGrad class once per process, by
+    # making a small graph; the first lookup could come while compiling a graph cut inside
+    # `with torch.no_grad()` (grad_fn None there). A fresh process, so this is that first time.
+    import subprocess
+    import sys
+    code = (
+        "import torch, bytegraph\n"
+        "def f(x):\n"
+        "    with torch.no_grad():\n"
+        "        y = x * 2\n"
+        "        print('break')\n"
+        "        y = y + x\n"
+        "    return (x * y).sum()\n"
+        "x = torch.randn(3, requires_grad=True)\n"
+        "out = bytegraph.compile(f, backend='aot_eager')(x)\n"
+        "out.backward()\n"
+        "x2 = x.detach().clone().requires_grad_()\n"
+        "f(x2).backward()\n"
+        "assert torch.allclose(out, f(x2)) and torch.allclose(x.grad, x2.grad)\n"
+        "print('ok')\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env=dict(__import__("os").environ, PYTHONPATH=str(__import__("pathlib").Path(__file__).resolve().parent.parent)))
+    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-3000:]

@@ -143,8 +143,10 @@ _ACCUMULATE_GRAD = []
 
 def _accumulate_grad_type():
     if not _ACCUMULATE_GRAD:
-        leaf = torch.zeros((), requires_grad=True)
-        _ACCUMULATE_GRAD.append(type((leaf * 1).grad_fn.next_functions[0][0]))
+        # (Asked for while compiling a graph cut inside `with torch.no_grad()` too.)
+        with torch.enable_grad():
+            leaf = torch.zeros((), requires_grad=True)
+            _ACCUMULATE_GRAD.append(type((leaf * 1).grad_fn.next_functions[0][0]))
     return _ACCUMULATE_GRAD[0]
 
 
