@@ -524,8 +524,6 @@ def call_forward(frame, mv, args, kwargs, trace_forward):
     return result
 
 
-
-
 _template_ids = [0]
 
 
