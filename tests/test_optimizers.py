@@ -322,3 +322,14 @@ def test_first_step_with_gradients_set_in_the_same_trace(read_state_first):
     eager_model, eager_opt = run(make(False))
     model, opt = run(make(True))
     _assert_same_state(eager_model, eager_opt, model, opt)
+
+
+def test_two_param_groups_equal_eager():
+    # The second group's state is made after the trace has read the optimizer's state (for the
+    # first group): it is made in the graph, and the next step compiles once more.
+    def make(params):
+        params = list(params)
+        return torch.optim.AdamW([{"params": params[:2]}, {"params": params[2:], "lr": 0.05}], lr=0.01,
+                                 foreach=True)
+    cnt, graphs_after = _run_steps(make, "aot_eager")
+    assert graphs_after[-1] == graphs_after[1], graphs_after
