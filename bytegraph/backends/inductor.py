@@ -1,5 +1,7 @@
 """The ``inductor`` backend: TorchInductor code generation (C++/OpenMP on CPU)."""
 import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from . import grad_presence
 from .regions import compile_by_regions, worth_splitting
@@ -23,8 +25,6 @@ def cacheable_examples(example_inputs):
     Inductor's FX graph cache and AOTAutograd's cache read the ShapeEnv of the fake mode they
     compile under and refuse to cache without one ("No shape env"), which made every process
     compile such a graph again; fake inputs (symbolic sizes) carry the tracer's own mode."""
-    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
     examples = as_list(example_inputs)
     if any(isinstance(t, FakeTensor) for t in examples):
         return examples

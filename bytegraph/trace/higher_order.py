@@ -314,13 +314,18 @@ def _differentiated(in_structure, argnums, nargs):
 
 # --- torch.cond ------------------------------------------------------------------------------
 
-def _cond(frame, args, kwargs):
-    names = ("pred", "true_fn", "false_fn", "operands")
+def _bind(what, names, args, kwargs):
+    """{parameter name: value} of a call of ``what(*names)``."""
     bound = dict(zip(names, args))
     for k, v in kwargs.items():
         if k not in names or k in bound:
-            raise Unsupported(f"torch.cond() got an unexpected argument {k!r}")
+            raise Unsupported(f"{what}() got an unexpected argument {k!r}")
         bound[k] = v
+    return bound
+
+
+def _cond(frame, args, kwargs):
+    bound = _bind("torch.cond", ("pred", "true_fn", "false_fn", "operands"), args, kwargs)
     pred, true_fn, false_fn = bound["pred"], bound["true_fn"], bound["false_fn"]
     operands = bound.get("operands", TupleValue([]))
     if not isinstance(operands, (TupleValue, ListValue)):
@@ -396,13 +401,8 @@ def _associative_scan(frame, args, kwargs):
     combine function becomes a body over one slice of each input (left operands, then right),
     and one node runs the operator on it. Where a gradient flows through it, the operator's
     own dense kernel is traced instead (the operator's backward is wrong in torch today)."""
-    names = ("combine_fn", "xs", "additional_inputs")
-    bound = dict(zip(names, args))
-    for k, v in kwargs.items():
-        if k not in names or k in bound:
-            raise Unsupported(f"associative_scan() got an unexpected argument {k!r}")
-        bound[k] = v
     what = "associative_scan"
+    bound = _bind(what, ("combine_fn", "xs", "additional_inputs"), args, kwargs)
     xs = bound.get("xs")
     extra = bound.get("additional_inputs", TupleValue([]))
     if not isinstance(xs, (TupleValue, ListValue)) or not all(isinstance(x, TensorValue) for x in xs.items) \
