@@ -3,7 +3,7 @@
 ``torch.cond``, ``torch.utils.checkpoint.checkpoint``, the torch.func transforms (``grad``,
 ``grad_and_value``, ``vmap``, ``jacrev``, ``jacfwd``, ``hessian``) and ``torch.autograd.Function``
 subclasses' ``apply``: the function they take is traced into a graph of its own (a body,
-``graph.builder.SubgraphBuilder``), and one node of the enclosing graph runs it the special way
+``graph.subgraph.SubgraphBuilder``), and one node of the enclosing graph runs it the special way
 (``graph/higher_order.py``: the torch.cond operator, checkpointing, the transform, a custom
 autograd Function built from the traced forward and backward). ``torch.func.functional_call``
 needs no body: the module is traced with the given tensors read in place of its parameters.
@@ -19,7 +19,7 @@ from torch._higher_order_ops.associative_scan import associative_scan_op, generi
 from torch.utils import _pytree as pytree
 
 from ..errors import Unsupported
-from ..graph.builder import SubgraphBuilder
+from ..graph.subgraph import SubgraphBuilder
 from ..graph.higher_order import AutogradFunctionCall, FunctionPlan, FunctorchCall, Structure, checkpointed
 from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, FunctionValue, ListValue,
                            ObjectValue, PartialValue, SubgraphValue, SymValue, TensorValue, TracerCallableValue,
