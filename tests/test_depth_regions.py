@@ -176,18 +176,26 @@ def test_layers_of_a_model_called_from_a_training_step_are_the_regions():
         assert torch.allclose(grads[n], p.grad, atol=1e-6), n
 
 
-@pytest.mark.parametrize("state", ["autocast", "no_grad_then_grad"])
+@pytest.mark.parametrize("state", ["autocast", "no_grad_then_grad", "no_grad_inside_the_head_part"])
 def test_parts_are_compiled_under_the_grad_mode_and_autocast_the_graph_sets(state):
     # `with torch.autocast(...)` inside the compiled function is a pair of nodes around the
     # layers; each part must be traced by AOTAutograd under it (bf16 matmuls), and nothing of it
-    # may leak out of the call.
+    # may leak out of the call. A block beginning or ending between two non-repeated ops does not
+    # cut them apart: the head and the loss after it are one part.
     model = gpt(3)
 
     def step(x):
         if state == "autocast":
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 logits = model(x)
-            return logits.float().mean(), logits.dtype
+            return logits.float().log_softmax(-1).mean(), logits.dtype
+        if state == "no_grad_inside_the_head_part":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logits = model(x)
+                with torch.no_grad():
+                    scale = logits.abs().amax() + 1
+                scaled = logits / scale
+            return (scaled.float() @ logits.float().transpose(1, 2)).mean(), scale.requires_grad
         with torch.no_grad():
             frozen = model(x)
         return (model(x) * frozen).mean(), frozen.requires_grad
@@ -197,6 +205,8 @@ def test_parts_are_compiled_under_the_grad_mode_and_autocast_the_graph_sets(stat
     x = torch.randint(0, 64, (2, 8))
     loss, extra = compiled(x)
     assert outer[0] is not None
+    if state != "no_grad_then_grad":
+        assert outer[0].meta["bytegraph_parts"] == 3      # embeddings, one block, head and loss
     assert torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
     loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -209,7 +219,7 @@ def test_parts_are_compiled_under_the_grad_mode_and_autocast_the_graph_sets(stat
         assert torch.allclose(grads[n], p.grad, atol=1e-5 if state == "autocast" else 1e-6), n
 
 
-def test_a_gpu_graph_that_sets_autocast_itself_is_compiled_whole(monkeypatch):
+def test_a_gpu_training_step_that_sets_autocast_itself_is_split_by_work_alone(monkeypatch):
     model = gpt(3)
 
     def step(x):
@@ -218,7 +228,10 @@ def test_a_gpu_graph_that_sets_autocast_itself_is_compiled_whole(monkeypatch):
 
     graphs = []
     bytegraph.compile(step, backend=lambda gm, ex: graphs.append(gm) or gm.forward)(torch.randint(0, 64, (2, 8)))
-    monkeypatch.setattr(regions, "CUDA_MIN_REGION_FLOPS", 0)
-    assert regions.worth_splitting(graphs[0])          # on the CPU: split
+    assert any(regions.is_state_node(n) for n in graphs[0].graph.nodes)
+    work = max(regions.region_flops(graphs[0]).values())
     monkeypatch.setattr(regions, "_on_cuda", lambda gm: True)
+    monkeypatch.setattr(regions, "CUDA_MIN_REGION_FLOPS", work)
+    assert regions.worth_splitting(graphs[0])
+    monkeypatch.setattr(regions, "CUDA_MIN_REGION_FLOPS", work + 1)
     assert not regions.worth_splitting(graphs[0])

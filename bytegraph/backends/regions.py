@@ -57,26 +57,27 @@ def _region_of(gm):
 # Nodes that set grad mode or autocast (as `with` blocks become in a graph): (module, name).
 _STATE_FUNCTIONS = {("torch._C", "_set_grad_enabled"), ("torch.amp.autocast_mode", "_enter_autocast"),
                     ("torch.amp.autocast_mode", "_exit_autocast"), ("bytegraph.residual", "set_autocast_state")}
-STATE = "state"     # the tag of a part made of one such node
 
 
-def _is_state_node(n):
+def is_state_node(n):
     return n.op == "call_function" and (getattr(n.target, "__module__", None),
                                         getattr(n.target, "__name__", None)) in _STATE_FUNCTIONS
 
 
 def _parts(gm):
-    """[(region tag or None or STATE, [nodes])] in graph order (placeholders and output left
-    out): a run of nodes of one instance of a repeated block, a node setting grad mode or
-    autocast, or a run of other nodes."""
+    """[(region tag or None, [nodes])] in graph order (placeholders and output left out): a run
+    of nodes of one instance of a repeated block, or a run of other nodes. Nodes setting grad
+    mode or autocast stay in the run they are in: a part is compiled under the state its
+    nodes see (``_GlobalStates``), so a `with torch.autocast(...)` ending between the model's
+    head and the loss does not cut the two apart (Inductor fuses the loss into the head's output)."""
     region = _region_of(gm)
     parts = []
     current = None
     for n in gm.graph.nodes:
         if n.op in ("placeholder", "output"):
             continue
-        tag = STATE if _is_state_node(n) else region.get(n)
-        if current is None or current[0] != tag or tag == STATE:
+        tag = region.get(n)
+        if current is None or current[0] != tag:
             current = (tag, [])
             parts.append(current)
         current[1].append(n)
@@ -134,15 +135,13 @@ def worth_splitting(gm):
     """Would splitting ``gm`` at its repeated regions keep its steady-state speed? (CUDA graphs
     with little work per region are launch-bound: the extra calls would show.)
 
-    A CUDA graph that sets grad mode or autocast itself (a whole training step compiled, its
-    forward in ``with torch.autocast(...)``) is compiled whole: measured on an H100 (GPT-2 small,
-    8x1024 tokens, foreach AdamW), the split step took 26.98 ms against 24.12 ms whole, the
-    step being bound by the Python that launches its kernels, and its first call was no
-    shorter (46.6 s against 42.9 s: the optimizer's graph dominates it)."""
+    A whole training step (its forward in ``with torch.autocast(...)``, the loss after it) is
+    split like a model: measured on an H100 (GPT-2 small, 8x1024 tokens, fused AdamW), the split
+    step took 21.72 ms against 23.45 ms whole and its first call 11.3 s against 27.7 s. (Split
+    with the autocast block's end as a cut between the head and the loss, it had been slower
+    than whole: 26.98 against 24.12 ms.)"""
     if not _on_cuda(gm):
         return True
-    if any(_is_state_node(n) for n in gm.graph.nodes):
-        return False
     work = region_flops(gm)
     return bool(work) and max(work.values()) >= CUDA_MIN_REGION_FLOPS
 
@@ -160,7 +159,9 @@ def _meta(value):
 
 
 class _Part:
-    """One piece of the split graph: its nodes, the outer nodes it reads, the nodes read after it."""
+    """One piece of the split graph: its nodes, the outer nodes it reads, the nodes read after it.
+    Its grad-mode/autocast nodes are not values it passes: inside the part each becomes
+    ``set_global_state`` of the state after it; the outer graph does the nodes themselves."""
 
     def __init__(self, tag, nodes):
         self.tag = tag
@@ -169,7 +170,7 @@ class _Part:
         self.inputs = []          # outer nodes read, then this part's get_attr nodes (lifted)
         seen = set()
         for n in nodes:
-            if n.op == "get_attr":
+            if n.op == "get_attr" or is_state_node(n):
                 continue
             for a in n.all_input_nodes:
                 if a not in members and a not in seen:
@@ -177,11 +178,13 @@ class _Part:
                     self.inputs.append(a)
         self.lifted = [n for n in nodes if n.op == "get_attr"]
         self.inputs += self.lifted
-        self.outputs = [n for n in nodes if n.op != "get_attr" and any(u not in members for u in n.users)]
+        self.state_nodes = [n for n in nodes if is_state_node(n)]
+        self.outputs = [n for n in nodes if n.op != "get_attr" and not is_state_node(n)
+                        and any(u not in members for u in n.users)]
         self.gm = None
         self.signature = None
 
-    def build(self, root):
+    def build(self, root, states):
         """The part as a GraphModule over its inputs (named in0, in1...), and its signature."""
         g = fx.Graph()
         env = {}
@@ -192,46 +195,81 @@ class _Part:
         for n in self.nodes:
             if n.op == "get_attr":
                 continue
+            if is_state_node(n):
+                g.call_function(set_global_state, states.after[n])
+                continue
             new = g.create_node(n.op, n.target, fx.node.map_arg(n.args, env.__getitem__),
                                 fx.node.map_arg(n.kwargs, env.__getitem__))
             new.meta = dict(n.meta)
             new.meta.pop(REGION, None)
             env[n] = new
+        start = states.before(self.nodes[0])
+        if self.state_nodes and states.after[self.state_nodes[-1]] != start:
+            # Put back what the part changed: AOTAutograd refuses a graph that leaves autocast
+            # changed (the outer graph does the real state nodes; compiled code has none).
+            g.call_function(set_global_state, start)
         g.output(tuple(env[n] for n in self.outputs))
         self.gm = fx.GraphModule(root, g)
         self.examples = [a.meta.get("example_value") for a in self.inputs]
-        self.signature = (self.gm.code, tuple(_meta(e) for e in self.examples))
+        self.signature = (self.gm.code, tuple(_meta(e) for e in self.examples), states.before(self.nodes[0]))
         return self
 
 
-class _GlobalState:
-    """Grad mode and autocast as the graph sets them between its parts: each part is compiled
-    under the state it runs under (AOTAutograd traces its casts then), by doing the graph's
-    own state nodes for real, in order; everything is put back afterwards."""
+_AUTOCAST_DEVICES = ("cpu", "cuda")
 
-    def __init__(self):
-        self.saved = (torch.is_grad_enabled(),
-                      [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d),)
-                       for d in ("cpu", "cuda")], torch.is_autocast_cache_enabled())
-        self.values = {}      # state node -> what doing it returned (an autocast handle)
-        self.applied = []
 
-    def apply(self, node):
-        args = fx.node.map_arg(node.args, lambda a: self.values[a])
-        kwargs = fx.node.map_arg(node.kwargs, lambda a: self.values[a])
-        self.values[node] = node.target(*args, **kwargs)
-        self.applied.append((node.target.__name__,) + tuple(map(repr, args)))
+def _global_state(devices):
+    return (torch.is_grad_enabled(),
+            tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in devices),
+            torch.is_autocast_cache_enabled())
 
-    def key(self):
-        return tuple(self.applied)
+
+@fx.node.has_side_effect
+def set_global_state(grad, autocast, cache):
+    """Grad mode and autocast as a part's graph sets them where the whole graph had a ``with``
+    block begin or end: AOTAutograd runs it while tracing the part, so the ops after it are traced
+    (cast, differentiated) as in the whole graph."""
+    torch._C._set_grad_enabled(grad)
+    for device, enabled, dtype in autocast:
+        torch.set_autocast_enabled(device, enabled)
+        torch.set_autocast_dtype(device, dtype)
+    torch.set_autocast_cache_enabled(cache)
+
+
+class _GlobalStates:
+    """Grad mode and autocast at each point of the graph: the graph's own state nodes done for
+    real, in order, once (the state after each is recorded), then everything put back. Each part
+    is compiled with the state before its first node set (``enter``)."""
+
+    def __init__(self, gm):
+        devices = list(_AUTOCAST_DEVICES)
+        for n in gm.graph.nodes:
+            if is_state_node(n) and n.args and isinstance(n.args[0], str) and n.args[0] not in devices:
+                devices.append(n.args[0])
+        self.saved = _global_state(devices)
+        self.after = {}                  # state node -> the state after it
+        self._at = {}                    # node -> the state before it
+        state = self.saved
+        values = {}
+        try:
+            for n in gm.graph.nodes:
+                self._at[n] = state
+                if is_state_node(n):
+                    args = fx.node.map_arg(n.args, lambda a: values[a])
+                    kwargs = fx.node.map_arg(n.kwargs, lambda a: values[a])
+                    values[n] = n.target(*args, **kwargs)
+                    state = self.after[n] = _global_state(devices)
+        finally:
+            self.restore()
+
+    def before(self, node):
+        return self._at[node]
+
+    def enter(self, node):
+        set_global_state(*self._at[node])
 
     def restore(self):
-        grad, autocast, cache = self.saved
-        torch._C._set_grad_enabled(grad)
-        for device, enabled, dtype in autocast:
-            torch.set_autocast_enabled(device, enabled)
-            torch.set_autocast_dtype(device, dtype)
-        torch.set_autocast_cache_enabled(cache)
+        set_global_state(*self.saved)
 
 
 def _part_caller(compiled):
@@ -257,40 +295,43 @@ def compile_by_regions(gm, example_inputs, compile_part):
         if n.op != "output" and not all(_static(v) for v in (value if isinstance(value, (tuple, list)) else [value])
                                         if v is not None):
             return None    # symbolic sizes: compiled whole
-    for p in parts:
-        if p.tag != STATE and any(a.meta.get("example_value") is None for a in p.inputs):
-            return None
+    if any(a.meta.get("example_value") is None for p in parts for a in p.inputs):
+        return None
+    states = _GlobalStates(gm)
     compiled = {}     # signature -> compiled callable
     outer = fx.Graph()
     env = {}
+
+    def copy(n):
+        env[n] = outer.node_copy(n, lambda a: outer.get_attr(a.target) if a.op == "get_attr"
+                                 and a not in env else env[a])
+
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for n in placeholders:
         env[n] = outer.placeholder(n.name)
         env[n].meta = dict(n.meta)
-    state = _GlobalState()
     try:
         for p in parts:
-            if p.tag == STATE or all(n.op == "get_attr" for n in p.nodes) or not p.outputs:
-                # Grad mode / autocast, only reads of state, or nothing read later (an in-place
+            if not p.outputs:
+                # Only grad mode / autocast, reads of state, or nothing read later (an in-place
                 # update): run as it is.
                 for n in p.nodes:
-                    env[n] = outer.node_copy(n, lambda a: outer.get_attr(a.target) if a.op == "get_attr"
-                                             and a not in env else env[a])
-                    if p.tag == STATE:
-                        state.apply(n)
+                    copy(n)
                 continue
-            p.build(gm)
-            signature = (p.signature, state.key())
-            fn = compiled.get(signature)
+            p.build(gm, states)
+            fn = compiled.get(p.signature)
             if fn is None:
-                fn = compiled[signature] = _part_caller(compile_part(p.gm, list(p.examples)))
+                states.enter(p.nodes[0])
+                fn = compiled[p.signature] = _part_caller(compile_part(p.gm, list(p.examples)))
             args = [outer.get_attr(a.target) if a.op == "get_attr" else env[a] for a in p.inputs]
             call = outer.call_function(fn, tuple(args))
             for i, out in enumerate(p.outputs):
                 env[out] = outer.call_function(operator.getitem, (call, i))
                 env[out].meta = dict(out.meta)
+            for n in p.state_nodes:     # the state the part left, for the parts after it and the caller
+                copy(n)
     finally:
-        state.restore()
+        states.restore()
     out_node = gm.graph.output_node()
     outer.output(fx.node.map_arg(out_node.args[0], env.__getitem__))
     outer_gm = fx.GraphModule(gm, outer)
@@ -298,4 +339,4 @@ def compile_by_regions(gm, example_inputs, compile_part):
     return outer_gm
 
 
-__all__ = ["compile_by_regions", "worth_splitting", "REGION"]
+__all__ = ["compile_by_regions", "worth_splitting", "is_state_node", "REGION"]
