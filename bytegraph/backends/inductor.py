@@ -4,6 +4,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from . import grad_presence
+from .lanes import compile_by_lanes
 from .regions import compile_by_regions, worth_splitting
 from .cudagraphs import watch_static_inputs
 from ._common import (as_list, compile_failed, data_dependent_cause, flat_tuple_output, quiet_torch_imports,
@@ -36,16 +37,21 @@ def inductor(gm, example_inputs, *, config_patches=None):
     """Compile ``gm`` with Inductor; a graph with repeated blocks is compiled block by block,
     each distinct block once (``backends/regions.py``), unless CUDA graphs are asked for
     (they want one graph with its parameters in place) or the blocks do too little work on a
-    GPU for the extra calls to hide behind the kernels (``worth_splitting``)."""
+    GPU for the extra calls to hide behind the kernels (``worth_splitting``); an optimizer's
+    foreach update is compiled a layer's parameters at a time, each distinct chunk once
+    (``backends/lanes.py``)."""
     with quiet_torch_imports():
         # Heavy (Inductor): imported on first use. Its pool of kernel-compiling processes takes
         # seconds to start: start it now, so it is up by the time the first kernels are ready
         # (only where Triton is installed; a no-op after the first graph).
         from torch._inductor.async_compile import maybe_warm_pool
     maybe_warm_pool()
-    if not (config_patches or {}).get("triton.cudagraphs") and worth_splitting(gm):
-        split = compile_by_regions(gm, example_inputs,
-                                   lambda part, examples: inductor_whole(part, examples, config_patches=config_patches))
+    if not (config_patches or {}).get("triton.cudagraphs"):
+        def compile_part(part, examples):
+            return inductor_whole(part, examples, config_patches=config_patches)
+        split = compile_by_regions(gm, example_inputs, compile_part) if worth_splitting(gm) else None
+        if split is None:
+            split = compile_by_lanes(gm, example_inputs, compile_part)
         if split is not None:
             return split.forward
     return inductor_whole(gm, example_inputs, config_patches=config_patches)

@@ -152,7 +152,9 @@ def _static(value):
     return not isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
-def _meta(value):
+def meta_key(value):
+    """What a compiled part depends on in an example input: shape, strides, dtype, device,
+    requires_grad of a tensor; type and value of anything else."""
     if isinstance(value, torch.Tensor):
         return ("T", tuple(value.shape), tuple(value.stride()), value.dtype, value.device, value.requires_grad)
     return (type(value).__name__, value)
@@ -211,7 +213,7 @@ class _Part:
         g.output(tuple(env[n] for n in self.outputs))
         self.gm = fx.GraphModule(root, g)
         self.examples = [a.meta.get("example_value") for a in self.inputs]
-        self.signature = (self.gm.code, tuple(_meta(e) for e in self.examples), states.before(self.nodes[0]))
+        self.signature = (self.gm.code, tuple(meta_key(e) for e in self.examples), states.before(self.nodes[0]))
         return self
 
 
@@ -339,4 +341,4 @@ def compile_by_regions(gm, example_inputs, compile_part):
     return outer_gm
 
 
-__all__ = ["compile_by_regions", "worth_splitting", "is_state_node", "REGION"]
+__all__ = ["compile_by_regions", "worth_splitting", "is_state_node", "meta_key", "REGION"]

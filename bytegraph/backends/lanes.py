@@ -1,0 +1,274 @@
+"""Foreach lanes: an optimizer update compiled a few parameters' worth at a time, each distinct
+chunk once.
+
+An optimizer's foreach step (``torch._foreach_mul_(params, ...)``, ``_foreach_lerp_(exp_avgs,
+grads, ...)``...) is one graph of list ops over every parameter, and item ``i`` of each list
+only ever meets item ``i`` of the others: the graph is N independent *lanes* (one per
+parameter) plus the values they share (learning rate, betas). Inductor's compile time grows with
+N, yet a model's parameters repeat layer after layer: lanes 2..13 of a GPT have the shapes of
+lanes 14..25 and so on. ``compile_by_lanes`` finds that period, splits the lists into chunks
+of whole periods, compiles each distinct chunk once (the same backend, on fake example
+inputs) and calls it for every layer's parameters in turn.
+
+Only a graph that is exactly lanes and shared values is split: every list argument of a
+``_foreach_*`` op has the same length N, its item ``i`` is a graph input or item ``i`` of an
+earlier list op's result, nothing else reads a lane's values (the graph's output may), the
+shared part writes nothing, sets no grad mode or autocast, and no two lanes share storage. As
+each lane's ops keep their order and lanes are independent, running one chunk's ops before the
+next chunk's gives the whole graph's results.
+"""
+import operator
+
+import torch
+import torch.fx as fx
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from ..config import config
+from .regions import is_state_node, meta_key
+
+# Fewer lanes than this: compiled whole (nothing to gain).
+MIN_LANES = 16
+# A chunk covers whole periods and at least this many lanes: each chunk is one more call of
+# compiled code per step, so a model of a hundred identical bias vectors is not split 100 ways.
+MIN_CHUNK_LANES = 8
+
+
+def _is_foreach(n):
+    return n.op == "call_function" and getattr(n.target, "__name__", "").startswith("_foreach_")
+
+
+def _list_args(n):
+    return [a for a in (*n.args, *n.kwargs.values()) if isinstance(a, (list, tuple))]
+
+
+def _nodes_in(a):
+    found = []
+    fx.node.map_arg(a, found.append)
+    return found
+
+
+def _writes(n):
+    name = n.target if n.op == "call_method" else getattr(n.target, "__name__", "")
+    return (name.endswith("_") and not name.endswith("__")) or name in ("setitem", "__setitem__") \
+        or "out" in n.kwargs
+
+
+ALL = "all"      # the lane of a list op: every lane
+
+
+class _Lanes:
+    """The lane of every node of a graph (``lane[n]``: an index, ``ALL`` for a list op, None for
+    a shared value), or ``ok = False`` when the graph is not made of independent lanes."""
+
+    def __init__(self, gm):
+        self.ok = False
+        self.count = None
+        self.lane = {}
+        nodes = list(gm.graph.nodes)
+        foreach = [n for n in nodes if _is_foreach(n)]
+        lengths = {len(a) for n in foreach for a in _list_args(n)}
+        if len(lengths) != 1:
+            return
+        (count,) = lengths
+        if count < MIN_LANES:
+            return
+        lane = self.lane
+        for n in foreach:        # graph inputs take the lane of the list position they are at
+            for a in _list_args(n):
+                for i, item in enumerate(a):
+                    if isinstance(item, fx.Node) and item.op in ("placeholder", "get_attr"):
+                        if lane.setdefault(item, i) != i:
+                            return         # one tensor in two lanes
+        for n in nodes:
+            if n.op in ("placeholder", "get_attr"):
+                lane.setdefault(n, None)
+            elif n.op == "output":
+                if any(lane[a] == ALL for a in n.all_input_nodes):
+                    return
+            elif n in foreach:
+                for a in (*n.args, *n.kwargs.values()):
+                    if isinstance(a, (list, tuple)):
+                        for i, item in enumerate(a):
+                            if isinstance(item, fx.Node) and lane[item] != i or \
+                                    not isinstance(item, (fx.Node, int, float, bool)):
+                                return
+                    elif any(lane[x] not in (None, ALL) for x in _nodes_in(a)):
+                        return     # one lane's value where all lanes read it
+                lane[n] = ALL
+            elif n.target is operator.getitem and n.args and isinstance(n.args[0], fx.Node) \
+                    and lane[n.args[0]] == ALL:
+                if not isinstance(n.args[1], int):
+                    return
+                lane[n] = n.args[1]
+            else:
+                seen = {lane[a] for a in n.all_input_nodes} - {None}
+                if ALL in seen or len(seen) > 1:
+                    return         # mixes lanes
+                lane[n] = seen.pop() if seen else None
+                if lane[n] is None and (is_state_node(n) or _writes(n)):
+                    return         # the shared part must be free to run before every chunk
+        storages = set()
+        for n, i in lane.items():
+            if i is None or i == ALL or n.op not in ("placeholder", "get_attr"):
+                continue
+            value = n.meta.get("example_value")
+            if not isinstance(value, torch.Tensor):
+                return
+            ref = StorageWeakRef(value.untyped_storage())
+            if ref in storages:
+                return
+            storages.add(ref)
+        self.count = count
+        self.foreach = foreach
+        self.ok = True
+
+    def signatures(self):
+        """Per lane, what it reads and does: the metadata of its inputs, its ops, its constants."""
+        sig = [[] for _ in range(self.count)]
+        for n, i in self.lane.items():
+            if i is None:
+                continue
+            if i == ALL:
+                for a in _list_args(n):
+                    for k, item in enumerate(a):
+                        if not isinstance(item, fx.Node):
+                            sig[k].append(("constant", item))
+            elif n.op in ("placeholder", "get_attr"):
+                sig[i].append(meta_key(n.meta.get("example_value")))
+            else:
+                sig[i].append((n.op, str(n.target)))
+        return [tuple(s) for s in sig]
+
+
+def chunks(signatures):
+    """Contiguous ``(start, stop)`` lane ranges covering all lanes: the longest run of a
+    repeating period cut into whole periods of at least ``MIN_CHUNK_LANES`` lanes, the lanes
+    before and after it one chunk each; None if nothing repeats at least twice."""
+    n = len(signatures)
+    best = None       # (covered, -period, offset, period, repeats)
+    for offset in range(n):
+        for period in range(1, (n - offset) // 2 + 1):
+            first = signatures[offset:offset + period]
+            repeats = 1
+            while signatures[offset + repeats * period:offset + (repeats + 1) * period] == first:
+                repeats += 1
+            if repeats < 2:
+                continue
+            group = -(-MIN_CHUNK_LANES // period)         # periods per chunk
+            if repeats // group < 2:
+                continue
+            repeats -= repeats % group
+            key = (period * repeats, -period, offset, period * group, repeats // group)
+            if best is None or key > best:
+                best = key
+    if best is None:
+        return None
+    _, _, offset, size, count = best
+    ranges = [(0, offset)] if offset else []
+    ranges += [(offset + k * size, offset + (k + 1) * size) for k in range(count)]
+    end = offset + count * size
+    if end < n:
+        ranges.append((end, n))
+    return ranges
+
+
+class _Chunk:
+    """The list ops and the ops of one lane range as a graph of their own over its inputs."""
+
+    def __init__(self, gm, lanes, start, stop):
+        lane = lanes.lane
+
+        def member(n):
+            i = lane.get(n)
+            return i == ALL or (i is not None and start <= i < stop and n.op not in ("placeholder", "get_attr"))
+
+        members = [n for n in gm.graph.nodes if member(n)]
+        self.inputs = []
+        seen = set()
+
+        def need(a):
+            if not member(a) and a not in seen:
+                seen.add(a)
+                self.inputs.append(a)
+
+        for n in members:
+            for a in (*n.args, *n.kwargs.values()):
+                if isinstance(a, (list, tuple)) and lane[n] == ALL:
+                    a = a[start:stop]
+                fx.node.map_arg(a, need)
+        self.outputs = [n for n in members if lane[n] != ALL and any(u.op == "output" for u in n.users)]
+        g = fx.Graph()
+        env = {}
+        for i, a in enumerate(self.inputs):
+            env[a] = g.placeholder(f"in{i}")
+            env[a].meta["example_value"] = a.meta.get("example_value")
+
+        def arg(a, list_op):
+            if isinstance(a, (list, tuple)) and list_op:
+                return [env[x] if isinstance(x, fx.Node) else x for x in a[start:stop]]
+            return fx.node.map_arg(a, env.__getitem__)
+
+        for n in members:
+            list_op = lane[n] == ALL
+            args = tuple(arg(a, list_op) for a in n.args)
+            if n.target is operator.getitem and lane.get(n.args[0]) == ALL:
+                args = (args[0], n.args[1] - start)
+            new = g.create_node(n.op, n.target, args, {k: arg(v, list_op) for k, v in n.kwargs.items()})
+            value = n.meta.get("example_value")
+            new.meta["example_value"] = type(value)(value[start:stop]) if list_op and isinstance(
+                value, (list, tuple)) else value
+            env[n] = new
+        g.output(tuple(env[n] for n in self.outputs))
+        self.graph = g
+        self.examples = [a.meta.get("example_value") for a in self.inputs]
+
+    def build(self, root):
+        self.gm = fx.GraphModule(root, self.graph)
+        self.signature = (self.gm.code, tuple(meta_key(e) for e in self.examples))
+        return self
+
+
+def _part_caller(compiled):
+    def run_lanes(*args):
+        return compiled(*args)
+    return run_lanes
+
+
+def compile_by_lanes(gm, example_inputs, compile_part):
+    """``gm`` (a graph of foreach list ops: an optimizer step) split into chunks of lanes, each
+    distinct chunk compiled once with ``compile_part(chunk_gm, fake_example_inputs)``; the
+    callable running them all, or None when ``gm`` is not made of lanes that repeat."""
+    if not config.regional_compile:
+        return None
+    lanes = _Lanes(gm)
+    if not lanes.ok:
+        return None
+    ranges = chunks(lanes.signatures())
+    if ranges is None:
+        return None
+    parts = [_Chunk(gm, lanes, a, b).build(gm) for a, b in ranges]
+    if any(e is None for p in parts for e in p.examples):
+        return None
+    outer = fx.Graph()
+    env = {}
+    for n in gm.graph.nodes:        # inputs and shared values first: they read no lane and write nothing
+        if n.op in ("placeholder", "get_attr") or (n.op != "output" and lanes.lane[n] is None):
+            env[n] = outer.node_copy(n, lambda a: env[a])
+    compiled = {}
+    for p in parts:
+        fn = compiled.get(p.signature)
+        if fn is None:
+            fn = compiled[p.signature] = _part_caller(compile_part(p.gm, list(p.examples)))
+        call = outer.call_function(fn, tuple(env[a] for a in p.inputs))
+        for i, out in enumerate(p.outputs):
+            env[out] = outer.call_function(operator.getitem, (call, i))
+            env[out].meta = dict(out.meta)
+    out_node = gm.graph.output_node()
+    outer.output(fx.node.map_arg(out_node.args[0], env.__getitem__))
+    outer_gm = fx.GraphModule(gm, outer)
+    outer_gm.meta["bytegraph_parts"] = len(compiled)
+    outer_gm.meta["bytegraph_chunks"] = ranges
+    return outer_gm
+
+
+__all__ = ["compile_by_lanes", "chunks"]

@@ -1,0 +1,175 @@
+"""Foreach lanes (backends/lanes.py): an optimizer's foreach update split into chunks of a layer's
+parameters, each distinct chunk compiled once; parameters and optimizer state equal eager's."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import bytegraph
+from bytegraph.backends import lanes
+from bytegraph.backends.aot import aot_eager
+from bytegraph.demo.models import GPTConfig, TinyGPT
+
+
+def gpt(n_layer):
+    torch.manual_seed(0)
+    return TinyGPT(GPTConfig(n_layer=n_layer, n_embd=32, n_head=4, block_size=8, vocab_size=64, dropout=0.0))
+
+
+def lanes_backend(parts, outers):
+    """A backend splitting by lanes, each chunk compiled with aot_eager (and recorded)."""
+    def part_compiler(gm, examples):
+        parts.append(gm)
+        return aot_eager(gm, examples)
+
+    def backend(gm, example_inputs):
+        split = lanes.compile_by_lanes(gm, example_inputs, part_compiler)
+        outers.append(split)
+        return (split or gm).forward
+    return backend
+
+
+OPTIMIZERS = {
+    "sgd_nesterov": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, foreach=True),
+    "adam": lambda p: torch.optim.Adam(p, lr=1e-2, foreach=True),
+    "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1, foreach=True),
+    "rmsprop": lambda p: torch.optim.RMSprop(p, lr=1e-2, momentum=0.5, foreach=True),
+    "adagrad": lambda p: torch.optim.Adagrad(p, lr=1e-2, lr_decay=0.01, foreach=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_optimizer_update_compiled_a_layer_at_a_time_equals_eager(name):
+    model = gpt(5)
+    ref = copy.deepcopy(model)
+    opt, opt_ref = OPTIMIZERS[name](model.parameters()), OPTIMIZERS[name](ref.parameters())
+
+    def step(o):
+        o.step()
+        o.zero_grad(set_to_none=True)
+
+    parts, outers = [], []
+    compiled = bytegraph.compile(step, backend=lanes_backend(parts, outers))
+    for i in range(4):
+        torch.manual_seed(i)
+        for p, q in zip(model.parameters(), ref.parameters()):
+            p.grad = torch.randn_like(p)
+            q.grad = p.grad.clone()
+        compiled(opt)
+        step(opt_ref)
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)
+            for key, value in opt_ref.state[q].items():
+                torch.testing.assert_close(opt.state[p][key], value, rtol=1e-6, atol=1e-6)
+    # (SGD's first step, making its momentum buffers, is a graph of its own.)
+    split = [o for o in outers if o is not None]
+    assert 1 <= len(split) <= 2
+    # The parameters before the first block, one chunk for all five blocks, those after.
+    n_layer_params = len(list(model.h[0].parameters()))
+    for gm in split:
+        assert sum(b - a == n_layer_params for a, b in gm.meta["bytegraph_chunks"]) >= 4
+        assert gm.meta["bytegraph_parts"] <= 3
+    assert sum(gm.meta["bytegraph_parts"] for gm in split) == len(parts)
+
+
+def test_a_training_step_with_its_optimizer_by_lanes_equals_eager():
+    # (SGD: Adam's update divides by the root of tiny squared gradients, e.g. of the attention's
+    # key bias, whose gradient is rounding noise in eager and compiled alike.)
+    model = gpt(4)
+    ref = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=True)
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9, foreach=True)
+
+    def step(m, o, x, y):
+        loss = F.cross_entropy(m(x).flatten(0, 1), y.flatten())
+        loss.backward()
+        o.step()
+        o.zero_grad(set_to_none=True)
+        return loss
+
+    parts, outers = [], []
+    compiled = bytegraph.compile(step, backend=lanes_backend(parts, outers))
+    for i in range(3):
+        torch.manual_seed(i)
+        x, y = torch.randint(0, 64, (2, 8)), torch.randint(0, 64, (2, 8))
+        torch.testing.assert_close(compiled(model, opt, x, y), step(ref, opt_ref, x, y), rtol=1e-5, atol=1e-5)
+    assert any(o is not None for o in outers)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-4)
+
+
+def test_chunks_are_whole_periods_of_the_longest_repeat():
+    sig = ["emb", "pos"] + ["w", "b", "w2", "b2"] * 6 + ["norm", "head"]
+    assert lanes.chunks(sig) == [(0, 2), (2, 10), (10, 18), (18, 26), (26, 28)]
+    assert lanes.chunks(["a"] * 32) == [(0, 8), (8, 16), (16, 24), (24, 32)]
+    assert lanes.chunks([str(i) for i in range(40)]) is None
+    assert lanes.chunks(["x"] * 12 + ["y"]) is None         # one chunk of 8 only: nothing repeats
+
+
+def _graph(fn, *args):
+    graphs = []
+    bytegraph.compile(fn, backend=lambda gm, ex: graphs.append(gm) or gm.forward)(*args)
+    bytegraph.reset()
+    return graphs[0]
+
+
+def _tensors(n=32):
+    torch.manual_seed(0)
+    return [torch.randn(4 if i % 2 else 3) for i in range(n)]
+
+
+def test_lane_values_returned_by_the_graph_come_out_of_their_chunk():
+    def f(xs):
+        ys = torch._foreach_mul(xs, 2.0)
+        torch._foreach_add_(ys, 1.0)
+        return ys[3], ys[20] * 3
+
+    xs = _tensors()
+    parts, outers = [], []
+    got = bytegraph.compile(f, backend=lanes_backend(parts, outers))(xs)
+    # Lanes 3 and 20 do more than the others: chunks of eight around them, compiled apart.
+    assert outers[0] is not None and outers[0].meta["bytegraph_parts"] == len(parts) < 4
+    for g, w in zip(got, f(xs)):
+        torch.testing.assert_close(g, w)
+
+
+def _mixes_lanes(xs):
+    ys = torch._foreach_mul(xs, 2.0)
+    return ys[0] + ys[2]
+
+
+def _shared_write(xs, lr):
+    lr.mul_(0.5)
+    torch._foreach_mul_(xs, lr)
+
+
+def _same_tensor_twice(xs):
+    torch._foreach_add_(xs + [xs[0]], 1.0)
+
+
+@pytest.mark.parametrize("fn", [_mixes_lanes, _shared_write, _same_tensor_twice])
+def test_graphs_that_are_not_independent_lanes_are_compiled_whole(fn):
+    args = (_tensors(),) if fn is not _shared_write else (_tensors(), torch.tensor(2.0))
+    gm = _graph(fn, *args)
+    assert lanes.compile_by_lanes(gm, [], lambda g, e: g.forward) is None
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_inductor_compiles_the_optimizer_update_by_lanes(monkeypatch):
+    from bytegraph.backends import inductor as inductor_module
+    compiles = []
+    monkeypatch.setattr(inductor_module, "inductor_whole",
+                        lambda gm, examples, **kw: compiles.append(gm) or aot_eager(gm, examples))
+    model = gpt(4)
+    ref = copy.deepcopy(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2, foreach=True)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        p.grad = torch.randn_like(p)
+        q.grad = p.grad.clone()
+    bytegraph.compile(opt.step, backend="inductor")()
+    opt_ref.step()
+    assert len(compiles) <= 3
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q)
