@@ -100,6 +100,15 @@ def torch_disabled_target(fn):
 __all__ = ["disable", "allow_in_graph", "disallow_in_graph", "graph_break", "wrap_numpy"]
 
 
+def fused_optimizer_step(opt, name):
+    """Is ``opt.name`` the ``step`` of a torch optimizer whose every parameter group is fused
+    (``fused=True``)? Its update is one native kernel per group, with nothing around it worth a
+    graph: it runs natively, not traced (tracing it only made frames and guards to run per step).
+    Running it natively is eager's behaviour whatever the groups say later, so nothing guards it."""
+    return (name == "step" and isinstance(opt, torch.optim.Optimizer) and bool(opt.param_groups)
+            and all(g.get("fused") is True for g in opt.param_groups))
+
+
 def mark_dynamic(t, dim, min=None, max=None):
     """Treat ``t``'s size in ``dim`` (an int or a list of ints) as symbolic from the first compile."""
     if not isinstance(t, torch.Tensor):

@@ -18,7 +18,7 @@ import torch
 from torch.nn.modules import module as mm
 from torch.nn.parallel import DistributedDataParallel
 
-from .control import disallowed_in_graph, is_disabled, torch_disabled_target
+from .control import disallowed_in_graph, fused_optimizer_step, is_disabled, torch_disabled_target
 
 
 class Continuation:
@@ -95,7 +95,8 @@ def call_through(compiler, fn, args, kwargs):
     if isinstance(fn, types.FunctionType) and _is_user_function(fn) and not hasattr(fn, "_bytegraph_original"):
         target = compiler.wrapper_for(fn)
     elif isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType) \
-            and _is_user_function(fn.__func__) and not hasattr(fn.__func__, "_bytegraph_original"):
+            and _is_user_function(fn.__func__) and not hasattr(fn.__func__, "_bytegraph_original") \
+            and not fused_optimizer_step(fn.__self__, fn.__name__):
         target = types.MethodType(compiler.wrapper_for(fn.__func__), fn.__self__)
     elif isinstance(fn, torch.nn.Module) and not has_hooks(fn) and "forward" not in fn.__dict__:
         forward = next((k.__dict__["forward"] for k in type(fn).__mro__ if "forward" in k.__dict__), None)

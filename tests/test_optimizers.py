@@ -9,6 +9,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn as nn
 
 import bytegraph
 from bytegraph.backends.registry import lookup_backend
@@ -333,3 +334,29 @@ def test_two_param_groups_equal_eager():
                                  foreach=True)
     cnt, graphs_after = _run_steps(make, "aot_eager")
     assert graphs_after[-1] == graphs_after[1], graphs_after
+
+
+def test_a_fused_optimizer_step_runs_natively_without_compiling_torchs_frames():
+    # Its update is one kernel per group: tracing torch's step only made frames and guards.
+    from bytegraph.debug import records
+    torch.manual_seed(0)
+    model, ref = nn.Linear(4, 3), nn.Linear(4, 3)
+    ref.load_state_dict(model.state_dict())
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, fused=True)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.01, fused=True)
+
+    def step(m, o, x):
+        m(x).pow(2).sum().backward()
+        o.step()
+        o.zero_grad()
+
+    start = len(records.frames)
+    compiled = bytegraph.compile(step)
+    for i in range(3):
+        x = torch.randn(5, 4) * (i + 1)
+        compiled(model, opt, x)
+        step(ref, ref_opt, x)
+        _assert_same_state(ref, ref_opt, model, opt)
+    frames = records.frames[start:]
+    assert any("AdamW.step() of a fused optimizer runs natively" in (r.break_reason or "") for r in frames)
+    assert not any("torch/optim" in (r.filename or "") for r in frames), [r.filename for r in frames]

@@ -41,6 +41,9 @@ def call(frame, fn, args, kwargs):
     if isinstance(fn, NdarrayMethodValue):
         return numpy_calls.call_array_method(frame, fn.array, fn.name, list(args), kwargs)
     if isinstance(fn, BoundMethodValue):
+        if isinstance(fn.self_value, ObjectValue):
+            torch_wrappers.check_method(fn.self_value.obj, fn.func.name if isinstance(fn.func, FunctionValue)
+                                        else getattr(getattr(fn.func, "obj", None), "__name__", None))
         return call(frame, fn.func, [fn.self_value] + list(args), kwargs)
     if isinstance(fn, FunctionValue):
         return inline_call(frame, fn.code, fn.globals, fn.name, fn.defaults, fn.kwdefaults,

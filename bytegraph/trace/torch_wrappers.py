@@ -32,7 +32,7 @@ Nothing here imports ``torch._dynamo``: functions are recognised by module and n
 """
 import torch
 
-from ..control import torch_disabled_target
+from ..control import fused_optimizer_step, torch_disabled_target
 from ..errors import Unsupported
 from ..values.base import ConstantValue, ContextManagerValue, DictValue, ListValue, ObjectValue
 
@@ -97,6 +97,15 @@ def call(frame, obj, args, kwargs):
     if isinstance(obj, type) and f"{module}.{obj.__qualname__}" in _NOOP_MANAGERS:
         return ContextManagerValue("noop", ())
     return None
+
+
+def check_method(owner, name):
+    """Raise Unsupported for a method of ``owner`` (a real object) that runs natively: the step
+    of a fused optimizer (``control.fused_optimizer_step`` says why)."""
+    if fused_optimizer_step(owner, name):
+        raise Unsupported(f"{type(owner).__name__}.step() of a fused optimizer runs natively",
+                          hint="its update is one fused kernel per parameter group: nothing in it is worth "
+                               "a graph, so it runs eagerly, as it is")
 
 
 def make_optimizer_state(frame, fn, args, kwargs):
