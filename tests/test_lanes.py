@@ -148,9 +148,15 @@ def _same_tensor_twice(xs):
     torch._foreach_add_(xs + [xs[0]], 1.0)
 
 
-@pytest.mark.parametrize("fn", [_mixes_lanes, _shared_write, _same_tensor_twice])
+def _views_of_one_tensor(xs):
+    torch._foreach_add_(xs, 1.0)
+
+
+@pytest.mark.parametrize("fn", [_mixes_lanes, _shared_write, _same_tensor_twice, _views_of_one_tensor])
 def test_graphs_that_are_not_independent_lanes_are_compiled_whole(fn):
     args = (_tensors(),) if fn is not _shared_write else (_tensors(), torch.tensor(2.0))
+    if fn is _views_of_one_tensor:
+        args = (list(torch.randn(32, 4).unbind(0)),)
     gm = _graph(fn, *args)
     assert lanes.compile_by_lanes(gm, [], lambda g, e: g.forward) is None
 

@@ -108,11 +108,13 @@ class _Lanes:
                 if lane[n] is None and (is_state_node(n) or _writes(n)):
                     return         # the shared part must be free to run before every chunk
         storages = set()
-        for n, i in lane.items():
-            if i is None or i == ALL or n.op not in ("placeholder", "get_attr"):
+        for n, i in lane.items():     # lane inputs: storage of their own, shared with no other input
+            if i == ALL or n.op not in ("placeholder", "get_attr"):
                 continue
             value = n.meta.get("example_value")
             if not isinstance(value, torch.Tensor):
+                if i is None:
+                    continue
                 return
             ref = StorageWeakRef(value.untyped_storage())
             if ref in storages:
