@@ -179,3 +179,70 @@ def test_inductor_compiles_the_optimizer_update_by_lanes(monkeypatch):
     assert len(compiles) <= 3
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q)
+
+
+# --- generated foreach programs: split by lanes, compared with eager ---------------------------
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+_OPS = ["add_scalar", "mul_lists", "out_of_place", "addcmul", "lerp", "sqrt_abs", "per_lane", "shared_tensor",
+        "mix_two_lanes", "return_lane"]
+
+
+def _program(ops, n):
+    """A function of (xs, ys, scale) doing ``ops`` on the lists; what it returns."""
+    def fn(xs, ys, scale):
+        out = []
+        for op, arg in ops:
+            if op == "add_scalar":
+                torch._foreach_add_(xs, arg)
+            elif op == "mul_lists":
+                torch._foreach_mul_(ys, xs)
+            elif op == "out_of_place":
+                zs = torch._foreach_mul(xs, arg)
+                torch._foreach_add_(ys, zs)
+            elif op == "addcmul":
+                torch._foreach_addcmul_(xs, ys, ys, value=arg)
+            elif op == "lerp":
+                torch._foreach_lerp_(ys, xs, arg)
+            elif op == "sqrt_abs":
+                zs = torch._foreach_abs(ys)
+                torch._foreach_sqrt_(zs)
+                torch._foreach_add_(xs, zs)
+            elif op == "per_lane":
+                for i in range(n):
+                    ys[i].mul_(arg).add_(xs[i])
+            elif op == "shared_tensor":
+                torch._foreach_mul_(xs, scale * arg)
+            elif op == "mix_two_lanes":
+                out.append(xs[0].sum() + ys[n - 1].sum())
+            elif op == "return_lane":
+                out.append(ys[int(arg * 10) % n] * 2)
+        return out
+    return fn
+
+
+@settings(max_examples=25, deadline=None)
+@given(period=st.integers(1, 4), repeats=st.integers(16, 20), before=st.integers(0, 2), after=st.integers(0, 2),
+       ops=st.lists(st.tuples(st.sampled_from(_OPS), st.sampled_from([0.5, 0.25, 1.5])), min_size=1, max_size=6),
+       seed=st.integers(0, 1000))
+def test_generated_foreach_programs_split_by_lanes_equal_eager(period, repeats, before, after, ops, seed):
+    shapes = [(2 + k,) if k % 2 else (k + 1, 2) for k in range(period)]
+    repeats = max(2, repeats // period)    # 16-20 lanes or more in the repeated run
+    layout = [(7,)] * before + shapes * repeats + [(3, 3)] * after
+    n = len(layout)
+    torch.manual_seed(seed)
+    xs = [torch.randn(s) for s in layout]
+    ys = [torch.randn(s) for s in layout]
+    scale = torch.tensor(0.5)
+    fn = _program(ops, n)
+    xs_ref, ys_ref = [t.clone() for t in xs], [t.clone() for t in ys]
+    expected = fn(xs_ref, ys_ref, scale)
+    parts, outers = [], []
+    got = bytegraph.compile(fn, backend=lanes_backend(parts, outers))(xs, ys, scale)
+    bytegraph.reset()
+    assert len(got) == len(expected)
+    for g, w in zip(got, expected):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6, equal_nan=True)
+    for a, b in zip(xs + ys, xs_ref + ys_ref):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, equal_nan=True)
