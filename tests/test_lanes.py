@@ -103,6 +103,9 @@ def test_chunks_are_whole_periods_of_the_longest_repeat():
     sig = ["emb", "pos"] + ["w", "b", "w2", "b2"] * 6 + ["norm", "head"]
     assert lanes.chunks(sig) == [(0, 2), (2, 10), (10, 18), (18, 26), (26, 28)]
     assert lanes.chunks(["a"] * 32) == [(0, 8), (8, 16), (16, 24), (24, 32)]
+    assert len(lanes.chunks(["a"] * 1000)) <= lanes.MAX_CHUNKS + 1          # at most 16, and the rest
+    deep = ["emb"] + ["q", "k", "v", "o"] * 48 + ["head"]                    # 48 layers: 3 a chunk
+    assert lanes.chunks(deep) == [(0, 1)] + [(1 + 12 * k, 13 + 12 * k) for k in range(16)] + [(193, 194)]
     assert lanes.chunks([str(i) for i in range(40)]) is None
     assert lanes.chunks(["x"] * 12 + ["y"]) is None         # one chunk of 8 only: nothing repeats
 
