@@ -382,5 +382,7 @@ def replay(record_path):
     """
     record = replay_records.load(record_path)
     fn, args, kwargs = replay_records.rebuild(record)
-    with config.patch(suppress_errors=False, replay_record_enabled=False):
+    # Not from the persistent cache: a frame compiled once (by a replay without the fault, say)
+    # would load from disk instead of being traced, and the failure would not come back.
+    with config.patch(suppress_errors=False, replay_record_enabled=False, persistent_cache=False):
         return compile(fn, backend="eager")(*args, **kwargs)
