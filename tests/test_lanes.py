@@ -249,3 +249,38 @@ def test_generated_foreach_programs_split_by_lanes_equal_eager(period, repeats, 
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6, equal_nan=True)
     for a, b in zip(xs + ys, xs_ref + ys_ref):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+def test_two_parameter_groups_are_two_families_of_lanes():
+    # nanoGPT's AdamW: matrices decayed, biases and norms not; each group is lists of its own length.
+    model = gpt(6)
+    ref = copy.deepcopy(model)
+
+    def groups(m):
+        params = list(m.parameters())
+        return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+                {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+    opt = torch.optim.AdamW(groups(model), lr=1e-2, foreach=True)
+    opt_ref = torch.optim.AdamW(groups(ref), lr=1e-2, foreach=True)
+    parts, outers = [], []
+    compiled = bytegraph.compile(opt.step, backend=lanes_backend(parts, outers))
+    for i in range(3):
+        torch.manual_seed(i)
+        for p, q in zip(model.parameters(), ref.parameters()):
+            p.grad = torch.randn_like(p)
+            q.grad = p.grad.clone()
+        compiled()
+        opt_ref.step()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)
+            for key, value in opt_ref.state[q].items():
+                torch.testing.assert_close(opt.state[p][key], value, rtol=1e-6, atol=1e-6)
+    split = [o for o in outers if o is not None]
+    assert split, "the update was compiled whole"
+    n_matrices = sum(p.dim() >= 2 for p in model.parameters())
+    n_vectors = sum(p.dim() < 2 for p in model.parameters())
+    # Both families are chunked: more chunks than families, fewer compiles than chunks.
+    chunks = split[-1].meta["bytegraph_chunks"]
+    assert sum(b - a for a, b in chunks) == n_matrices + n_vectors
+    assert len(chunks) > 2 and split[-1].meta["bytegraph_parts"] < len(chunks)

@@ -10,12 +10,14 @@ lanes 14..25 and so on. ``compile_by_lanes`` finds that period, splits the lists
 of whole periods, compiles each distinct chunk once (the same backend, on fake example
 inputs) and calls it for every layer's parameters in turn.
 
-Only a graph that is exactly lanes and shared values is split: every list argument of a
-``_foreach_*`` op has the same length N, its item ``i`` is a graph input or item ``i`` of an
-earlier list op's result, nothing else reads a lane's values (the graph's output may), the
-shared part writes nothing, sets no grad mode or autocast, and no two lanes share storage. As
-each lane's ops keep their order and lanes are independent, running one chunk's ops before the
-next chunk's gives the whole graph's results.
+Only a graph that is exactly lanes and shared values is split: the list arguments of each
+``_foreach_*`` op have one length (list ops of one length form a *family*: an optimizer with
+two parameter groups makes two, chunked apart), item ``i`` of a list is a graph input or item
+``i`` of an earlier list op's result, nothing but list ops of its family and the lane's own ops
+reads a lane's values (the graph's output may), the shared part writes nothing, sets no grad
+mode or autocast, and no two lanes share storage. As each lane's ops keep their order and lanes
+are independent, running one chunk's ops before the next chunk's gives the whole graph's
+results.
 """
 import operator
 
@@ -57,63 +59,76 @@ def _writes(n):
         or "out" in n.kwargs
 
 
-ALL = "all"      # the lane of a list op: every lane
+def _all(length):
+    """The lane of a list op over lists of ``length`` items: every lane of that family."""
+    return ("all", length)
+
+
+def _is_all(lane):
+    return lane is not None and lane[0] == "all"
 
 
 class _Lanes:
-    """The lane of every node of a graph (``lane[n]``: an index, ``ALL`` for a list op, None for
-    a shared value), or ``ok = False`` when the graph is not made of independent lanes."""
+    """The lane of every node of a graph, or ``ok = False`` when the graph is not made of
+    independent lanes. List ops over lists of one length form a *family* (an optimizer with two
+    parameter groups, decayed and not, makes two); a lane is ``(length, index)``, a list op's
+    lane is ``_all(length)``, a shared value's None."""
 
     def __init__(self, gm):
         self.ok = False
-        self.count = None
         self.lane = {}
+        self.families = []          # the list lengths, in the order the graph meets them
         nodes = list(gm.graph.nodes)
         foreach = [n for n in nodes if _is_foreach(n)]
-        lengths = {len(a) for n in foreach for a in _list_args(n)}
-        if len(lengths) != 1:
-            return
-        (count,) = lengths
-        if count < MIN_LANES:
+        length_of = {}
+        for n in foreach:
+            lengths = {len(a) for a in _list_args(n)}
+            if len(lengths) != 1:
+                return
+            length_of[n] = lengths.pop()
+            if length_of[n] not in self.families:
+                self.families.append(length_of[n])
+        if sum(self.families) < MIN_LANES:
             return
         lane = self.lane
         for n in foreach:        # graph inputs take the lane of the list position they are at
             for a in _list_args(n):
                 for i, item in enumerate(a):
                     if isinstance(item, fx.Node) and item.op in ("placeholder", "get_attr"):
-                        if lane.setdefault(item, i) != i:
+                        if lane.setdefault(item, (length_of[n], i)) != (length_of[n], i):
                             return         # one tensor in two lanes
         for n in nodes:
             if n.op in ("placeholder", "get_attr"):
                 lane.setdefault(n, None)
             elif n.op == "output":
-                if any(lane[a] == ALL for a in n.all_input_nodes):
+                if any(_is_all(lane[a]) for a in n.all_input_nodes):
                     return
-            elif n in foreach:
+            elif n in length_of:
+                length = length_of[n]
                 for a in (*n.args, *n.kwargs.values()):
                     if isinstance(a, (list, tuple)):
                         for i, item in enumerate(a):
-                            if isinstance(item, fx.Node) and lane[item] != i or \
+                            if isinstance(item, fx.Node) and lane[item] != (length, i) or \
                                     not isinstance(item, (fx.Node, int, float, bool)):
                                 return
-                    elif any(lane[x] not in (None, ALL) for x in _nodes_in(a)):
+                    elif any(lane[x] not in (None, _all(length)) for x in _nodes_in(a)):
                         return     # one lane's value where all lanes read it
-                lane[n] = ALL
+                lane[n] = _all(length)
             elif n.target is operator.getitem and n.args and isinstance(n.args[0], fx.Node) \
-                    and lane[n.args[0]] == ALL:
+                    and _is_all(lane[n.args[0]]):
                 if not isinstance(n.args[1], int):
                     return
-                lane[n] = n.args[1]
+                lane[n] = (lane[n.args[0]][1], n.args[1])
             else:
                 seen = {lane[a] for a in n.all_input_nodes} - {None}
-                if ALL in seen or len(seen) > 1:
+                if any(_is_all(x) for x in seen) or len(seen) > 1:
                     return         # mixes lanes
                 lane[n] = seen.pop() if seen else None
                 if lane[n] is None and (is_state_node(n) or _writes(n)):
                     return         # the shared part must be free to run before every chunk
         storages = set()
         for n, i in lane.items():     # lane inputs: storage of their own, shared with no other input
-            if i == ALL or n.op not in ("placeholder", "get_attr"):
+            if _is_all(i) or n.op not in ("placeholder", "get_attr"):
                 continue
             value = n.meta.get("example_value")
             if not isinstance(value, torch.Tensor):
@@ -124,25 +139,26 @@ class _Lanes:
             if ref in storages:
                 return
             storages.add(ref)
-        self.count = count
-        self.foreach = foreach
         self.ok = True
 
-    def signatures(self):
-        """Per lane, what it reads and does: the metadata of its inputs, its ops, its constants."""
-        sig = [[] for _ in range(self.count)]
+    def signatures(self, length):
+        """Per lane of the family of lists of ``length``, what it reads and does: the metadata of
+        its inputs, its ops, its constants."""
+        sig = [[] for _ in range(length)]
         for n, i in self.lane.items():
             if i is None:
                 continue
-            if i == ALL:
+            if i == _all(length):
                 for a in _list_args(n):
                     for k, item in enumerate(a):
                         if not isinstance(item, fx.Node):
                             sig[k].append(("constant", item))
+            elif _is_all(i) or i[0] != length:
+                continue
             elif n.op in ("placeholder", "get_attr"):
-                sig[i].append(meta_key(n.meta.get("example_value")))
+                sig[i[1]].append(meta_key(n.meta.get("example_value")))
             else:
-                sig[i].append((n.op, str(n.target)))
+                sig[i[1]].append((n.op, str(n.target)))
         return [tuple(s) for s in sig]
 
 
@@ -189,14 +205,17 @@ def chunks(signatures):
 
 
 class _Chunk:
-    """The list ops and the ops of one lane range as a graph of their own over its inputs."""
+    """The list ops of one family and the ops of one range of its lanes, as a graph of their own
+    over its inputs."""
 
-    def __init__(self, gm, lanes, start, stop):
+    def __init__(self, gm, lanes, length, start, stop):
         lane = lanes.lane
+        every = _all(length)
 
         def member(n):
             i = lane.get(n)
-            return i == ALL or (i is not None and start <= i < stop and n.op not in ("placeholder", "get_attr"))
+            return i == every or (i is not None and not _is_all(i) and i[0] == length and start <= i[1] < stop
+                                  and n.op not in ("placeholder", "get_attr"))
 
         members = [n for n in gm.graph.nodes if member(n)]
         self.inputs = []
@@ -209,10 +228,10 @@ class _Chunk:
 
         for n in members:
             for a in (*n.args, *n.kwargs.values()):
-                if isinstance(a, (list, tuple)) and lane[n] == ALL:
+                if isinstance(a, (list, tuple)) and lane[n] == every:
                     a = a[start:stop]
                 fx.node.map_arg(a, need)
-        self.outputs = [n for n in members if lane[n] != ALL and any(u.op == "output" for u in n.users)]
+        self.outputs = [n for n in members if lane[n] != every and any(u.op == "output" for u in n.users)]
         g = fx.Graph()
         env = {}
         for i, a in enumerate(self.inputs):
@@ -225,9 +244,9 @@ class _Chunk:
             return fx.node.map_arg(a, env.__getitem__)
 
         for n in members:
-            list_op = lane[n] == ALL
+            list_op = lane[n] == every
             args = tuple(arg(a, list_op) for a in n.args)
-            if n.target is operator.getitem and lane.get(n.args[0]) == ALL:
+            if n.target is operator.getitem and lane.get(n.args[0]) == every:
                 args = (args[0], n.args[1] - start)
             new = g.create_node(n.op, n.target, args, {k: arg(v, list_op) for k, v in n.kwargs.items()})
             value = n.meta.get("example_value")
@@ -259,10 +278,12 @@ def compile_by_lanes(gm, example_inputs, compile_part):
     lanes = _Lanes(gm)
     if not lanes.ok:
         return None
-    ranges = chunks(lanes.signatures())
-    if ranges is None:
+    ranges = {length: (chunks(lanes.signatures(length)) if length >= MIN_LANES else None)
+              for length in lanes.families}
+    if all(r is None for r in ranges.values()):
         return None
-    parts = [_Chunk(gm, lanes, a, b).build(gm) for a, b in ranges]
+    parts = [_Chunk(gm, lanes, length, a, b).build(gm)
+             for length in lanes.families for a, b in (ranges[length] or [(0, length)])]
     if any(e is None for p in parts for e in p.examples):
         return None
     outer = fx.Graph()
@@ -283,7 +304,7 @@ def compile_by_lanes(gm, example_inputs, compile_part):
     outer.output(fx.node.map_arg(out_node.args[0], env.__getitem__))
     outer_gm = fx.GraphModule(gm, outer)
     outer_gm.meta["bytegraph_parts"] = len(compiled)
-    outer_gm.meta["bytegraph_chunks"] = ranges
+    outer_gm.meta["bytegraph_chunks"] = [r for length in lanes.families for r in (ranges[length] or [(0, length)])]
     return outer_gm
 
 
