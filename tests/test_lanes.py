@@ -189,12 +189,13 @@ def test_inductor_compiles_the_optimizer_update_by_lanes(monkeypatch):
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
 _OPS = ["add_scalar", "mul_lists", "out_of_place", "addcmul", "lerp", "sqrt_abs", "per_lane", "shared_tensor",
-        "mix_two_lanes", "return_lane"]
+        "mix_two_lanes", "return_lane", "family2", "family2_out"]
 
 
 def _program(ops, n):
-    """A function of (xs, ys, scale) doing ``ops`` on the lists; what it returns."""
-    def fn(xs, ys, scale):
+    """A function of (xs, ys, scale, us) doing ``ops`` on the lists (``us``: lists of another
+    length, a second family); what it returns."""
+    def fn(xs, ys, scale, us):
         out = []
         for op, arg in ops:
             if op == "add_scalar":
@@ -221,6 +222,13 @@ def _program(ops, n):
                 out.append(xs[0].sum() + ys[n - 1].sum())
             elif op == "return_lane":
                 out.append(ys[int(arg * 10) % n] * 2)
+            elif op == "family2":
+                torch._foreach_mul_(us, arg)
+                torch._foreach_add_(us, 1.0)
+            elif op == "family2_out":
+                vs = torch._foreach_abs(us)
+                torch._foreach_sqrt_(vs)
+                torch._foreach_add_(us, vs)
         return out
     return fn
 
@@ -238,16 +246,17 @@ def test_generated_foreach_programs_split_by_lanes_equal_eager(period, repeats, 
     xs = [torch.randn(s) for s in layout]
     ys = [torch.randn(s) for s in layout]
     scale = torch.tensor(0.5)
+    us = [torch.randn(5 if k % 3 else 6) for k in range(n + 7)]
     fn = _program(ops, n)
-    xs_ref, ys_ref = [t.clone() for t in xs], [t.clone() for t in ys]
-    expected = fn(xs_ref, ys_ref, scale)
+    xs_ref, ys_ref, us_ref = [t.clone() for t in xs], [t.clone() for t in ys], [t.clone() for t in us]
+    expected = fn(xs_ref, ys_ref, scale, us_ref)
     parts, outers = [], []
-    got = bytegraph.compile(fn, backend=lanes_backend(parts, outers))(xs, ys, scale)
+    got = bytegraph.compile(fn, backend=lanes_backend(parts, outers))(xs, ys, scale, us)
     bytegraph.reset()
     assert len(got) == len(expected)
     for g, w in zip(got, expected):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6, equal_nan=True)
-    for a, b in zip(xs + ys, xs_ref + ys_ref):
+    for a, b in zip(xs + ys + us, xs_ref + ys_ref + us_ref):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, equal_nan=True)
 
 
