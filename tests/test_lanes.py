@@ -155,9 +155,16 @@ def _views_of_one_tensor(xs):
     torch._foreach_add_(xs, 1.0)
 
 
-@pytest.mark.parametrize("fn", [_mixes_lanes, _shared_write, _same_tensor_twice, _views_of_one_tensor])
+def _lane_writes_shared(xs, lr):
+    torch._foreach_mul_(xs, lr)            # every lane reads lr...
+    for x in xs:
+        lr.add_(x.sum() * 0.01)            # ...and each lane then writes it: chunks would reorder
+
+
+@pytest.mark.parametrize("fn", [_mixes_lanes, _shared_write, _same_tensor_twice, _views_of_one_tensor,
+                                _lane_writes_shared])
 def test_graphs_that_are_not_independent_lanes_are_compiled_whole(fn):
-    args = (_tensors(),) if fn is not _shared_write else (_tensors(), torch.tensor(2.0))
+    args = (_tensors(),) if fn not in (_shared_write, _lane_writes_shared) else (_tensors(), torch.tensor(2.0))
     if fn is _views_of_one_tensor:
         args = (list(torch.randn(32, 4).unbind(0)),)
     gm = _graph(fn, *args)
@@ -189,7 +196,7 @@ def test_inductor_compiles_the_optimizer_update_by_lanes(monkeypatch):
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
 _OPS = ["add_scalar", "mul_lists", "out_of_place", "addcmul", "lerp", "sqrt_abs", "per_lane", "shared_tensor",
-        "mix_two_lanes", "return_lane", "family2", "family2_out"]
+        "mix_two_lanes", "return_lane", "family2", "family2_out", "lane_writes_shared"]
 
 
 def _program(ops, n):
@@ -222,6 +229,9 @@ def _program(ops, n):
                 out.append(xs[0].sum() + ys[n - 1].sum())
             elif op == "return_lane":
                 out.append(ys[int(arg * 10) % n] * 2)
+            elif op == "lane_writes_shared":
+                for i in range(n):
+                    scale.add_(xs[i].mean() * 0.01)
             elif op == "family2":
                 torch._foreach_mul_(us, arg)
                 torch._foreach_add_(us, 1.0)
@@ -249,14 +259,15 @@ def test_generated_foreach_programs_split_by_lanes_equal_eager(period, repeats, 
     us = [torch.randn(5 if k % 3 else 6) for k in range(n + 7)]
     fn = _program(ops, n)
     xs_ref, ys_ref, us_ref = [t.clone() for t in xs], [t.clone() for t in ys], [t.clone() for t in us]
-    expected = fn(xs_ref, ys_ref, scale, us_ref)
+    scale_ref = scale.clone()
+    expected = fn(xs_ref, ys_ref, scale_ref, us_ref)
     parts, outers = [], []
     got = bytegraph.compile(fn, backend=lanes_backend(parts, outers))(xs, ys, scale, us)
     bytegraph.reset()
     assert len(got) == len(expected)
     for g, w in zip(got, expected):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6, equal_nan=True)
-    for a, b in zip(xs + ys + us, xs_ref + ys_ref + us_ref):
+    for a, b in zip(xs + ys + us + [scale], xs_ref + ys_ref + us_ref + [scale_ref]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, equal_nan=True)
 
 

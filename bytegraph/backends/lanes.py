@@ -14,8 +14,8 @@ Only a graph that is exactly lanes and shared values is split: the list argument
 ``_foreach_*`` op have one length (list ops of one length form a *family*: an optimizer with
 two parameter groups makes two, chunked apart), item ``i`` of a list is a graph input or item
 ``i`` of an earlier list op's result, nothing but list ops of its family and the lane's own ops
-reads a lane's values (the graph's output may), the shared part writes nothing, sets no grad
-mode or autocast, and no two lanes share storage. As each lane's ops keep their order and lanes
+reads a lane's values (the graph's output may), a lane writes only its own values, the shared
+part writes nothing and sets no grad mode or autocast, and no two lanes share storage. As each lane's ops keep their order and lanes
 are independent, running one chunk's ops before the next chunk's gives the whole graph's
 results.
 """
@@ -57,6 +57,11 @@ def _writes(n):
     name = n.target if n.op == "call_method" else getattr(n.target, "__name__", "")
     return (name.endswith("_") and not name.endswith("__")) or name in ("setitem", "__setitem__") \
         or "out" in n.kwargs
+
+
+def _written(n):
+    """What an in-place op ``n`` may write: its first argument, and its ``out=``."""
+    return [a for a in (n.args[:1] + ((n.kwargs["out"],) if "out" in n.kwargs else ()))]
 
 
 def _all(length):
@@ -126,6 +131,9 @@ class _Lanes:
                 lane[n] = seen.pop() if seen else None
                 if lane[n] is None and (is_state_node(n) or _writes(n)):
                     return         # the shared part must be free to run before every chunk
+                if lane[n] is not None and _writes(n) and any(
+                        not isinstance(t, fx.Node) or lane[t] != lane[n] for t in _written(n)):
+                    return         # a lane writing what other lanes or the shared part read
         storages = set()
         for n, i in lane.items():     # lane inputs: storage of their own, shared with no other input
             if _is_all(i) or n.op not in ("placeholder", "get_attr"):
