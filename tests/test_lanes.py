@@ -161,8 +161,16 @@ def _lane_writes_shared(xs, lr):
         lr.add_(x.sum() * 0.01)            # ...and each lane then writes it: chunks would reorder
 
 
+def _random_per_lane(xs):
+    torch._foreach_mul_(xs, 0.5)
+    for x in xs:
+        x.add_(torch.randn_like(x))        # chunks would draw in another order than the whole graph
+    for x in xs:
+        x.mul_(torch.rand_like(x))
+
+
 @pytest.mark.parametrize("fn", [_mixes_lanes, _shared_write, _same_tensor_twice, _views_of_one_tensor,
-                                _lane_writes_shared])
+                                _lane_writes_shared, _random_per_lane])
 def test_graphs_that_are_not_independent_lanes_are_compiled_whole(fn):
     args = (_tensors(),) if fn not in (_shared_write, _lane_writes_shared) else (_tensors(), torch.tensor(2.0))
     if fn is _views_of_one_tensor:

@@ -59,6 +59,15 @@ def _writes(n):
         or "out" in n.kwargs
 
 
+_RANDOM = ("rand", "normal", "bernoulli", "dropout", "multinomial", "uniform", "exponential", "poisson",
+           "cauchy", "geometric", "log_normal", "random")
+
+
+def _is_random(n):
+    name = n.target if n.op == "call_method" else getattr(n.target, "__name__", "")
+    return isinstance(name, str) and any(word in name for word in _RANDOM)
+
+
 def _written(n):
     """What an in-place op ``n`` may write: its first argument, and its ``out=``."""
     return [a for a in (n.args[:1] + ((n.kwargs["out"],) if "out" in n.kwargs else ()))]
@@ -102,6 +111,8 @@ class _Lanes:
                     if isinstance(item, fx.Node) and item.op in ("placeholder", "get_attr"):
                         if lane.setdefault(item, (length_of[n], i)) != (length_of[n], i):
                             return         # one tensor in two lanes
+        if any(n.op in ("call_function", "call_method") and _is_random(n) for n in nodes):
+            return           # chunks would draw random numbers in another order
         for n in nodes:
             if n.op in ("placeholder", "get_attr"):
                 lane.setdefault(n, None)
