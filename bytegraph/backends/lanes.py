@@ -15,7 +15,8 @@ Only a graph that is exactly lanes and shared values is split: the list argument
 two parameter groups makes two, chunked apart), item ``i`` of a list is a graph input or item
 ``i`` of an earlier list op's result, nothing but list ops of its family and the lane's own ops
 reads a lane's values (the graph's output may), a lane writes only its own values, the shared
-part writes nothing and sets no grad mode or autocast, and no two lanes share storage. As each lane's ops keep their order and lanes
+part writes nothing and sets no grad mode or autocast, no two lanes share storage, and nothing
+draws random numbers (chunks would draw them in another order). As each lane's ops keep their order and lanes
 are independent, running one chunk's ops before the next chunk's gives the whole graph's
 results.
 """
