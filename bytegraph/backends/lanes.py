@@ -28,7 +28,7 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..config import config
-from .regions import is_state_node, meta_key
+from .regions import is_state_node, meta_key, part_caller
 
 # Fewer lanes than this: compiled whole (nothing to gain).
 MIN_LANES = 16
@@ -283,12 +283,6 @@ class _Chunk:
         return self
 
 
-def _part_caller(compiled):
-    def run_lanes(*args):
-        return compiled(*args)
-    return run_lanes
-
-
 def compile_by_lanes(gm, example_inputs, compile_part):
     """``gm`` (a graph of foreach list ops: an optimizer step) split into chunks of lanes, each
     distinct chunk compiled once with ``compile_part(chunk_gm, fake_example_inputs)``; the
@@ -315,7 +309,7 @@ def compile_by_lanes(gm, example_inputs, compile_part):
     for p in parts:
         fn = compiled.get(p.signature)
         if fn is None:
-            fn = compiled[p.signature] = _part_caller(compile_part(p.gm, list(p.examples)))
+            fn = compiled[p.signature] = part_caller(compile_part(p.gm, list(p.examples)), "run_lanes")
         call = outer.call_function(fn, tuple(env[a] for a in p.inputs))
         for i, out in enumerate(p.outputs):
             env[out] = outer.call_function(operator.getitem, (call, i))

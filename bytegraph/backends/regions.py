@@ -274,11 +274,12 @@ class _GlobalStates:
         set_global_state(*self.saved)
 
 
-def _part_caller(compiled):
-    # A function of this module: the outer graph's code names it as a global of its own
-    # (a target from torch's modules would be spelled as an import path).
+def part_caller(compiled, name="run_part"):
+    """``compiled`` as a function of this module, named ``name``: the outer graph's code names it
+    as a global of its own (a target from torch's modules would be spelled as an import path)."""
     def run_part(*args):
         return compiled(*args)
+    run_part.__name__ = run_part.__qualname__ = name
     return run_part
 
 
@@ -327,7 +328,7 @@ def compile_by_regions(gm, example_inputs, compile_part):
             fn = compiled.get(p.signature)
             if fn is None:
                 states.enter(p.nodes[0])
-                fn = compiled[p.signature] = _part_caller(compile_part(p.gm, list(p.examples)))
+                fn = compiled[p.signature] = part_caller(compile_part(p.gm, list(p.examples)))
             args = [outer.get_attr(a.target) if a.op == "get_attr" else env[a] for a in p.inputs]
             call = outer.call_function(fn, tuple(args))
             for i, out in enumerate(p.outputs):
@@ -344,4 +345,4 @@ def compile_by_regions(gm, example_inputs, compile_part):
     return outer_gm
 
 
-__all__ = ["compile_by_regions", "worth_splitting", "is_state_node", "meta_key", "REGION"]
+__all__ = ["compile_by_regions", "worth_splitting", "is_state_node", "meta_key", "part_caller", "REGION"]
