@@ -171,3 +171,20 @@ def torch_compile_graphs(fn, *calls, dynamic=None):
     finally:
         torch._dynamo.reset()
     return count[0]
+
+
+def splitting_backend(split, parts, outers):
+    """A backend that splits each graph with ``split(gm, example_inputs, compile_part)``
+    (``regions.compile_by_regions``, ``lanes.compile_by_lanes``), compiles each part with
+    aot_eager and records it in ``parts``; ``outers`` gets the split graph (None: not split)."""
+    from bytegraph.backends.aot import aot_eager
+
+    def part_compiler(gm, examples):
+        parts.append(gm)
+        return aot_eager(gm, examples)
+
+    def backend(gm, example_inputs):
+        outer = split(gm, example_inputs, part_compiler)
+        outers.append(outer)
+        return (outer or gm).forward
+    return backend

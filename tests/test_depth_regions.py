@@ -6,22 +6,13 @@ import torch.nn as nn
 
 import bytegraph
 from bytegraph.backends import regions
-from bytegraph.backends.aot import aot_eager
 from bytegraph.demo.models import GPTConfig, TinyGPT
-from helpers import assert_same
+from helpers import assert_same, splitting_backend
 
 
 def regional_backend(parts, outer):
     """A backend splitting by regions, each part compiled with aot_eager (and recorded)."""
-    def part_compiler(gm, examples):
-        parts.append(gm)
-        return aot_eager(gm, examples)
-
-    def backend(gm, example_inputs):
-        split = regions.compile_by_regions(gm, example_inputs, part_compiler)
-        outer.append(split)
-        return (split or gm).forward
-    return backend
+    return splitting_backend(regions.compile_by_regions, parts, outer)
 
 
 def gpt(n_layer, **kw):

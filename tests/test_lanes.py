@@ -10,6 +10,7 @@ import bytegraph
 from bytegraph.backends import lanes
 from bytegraph.backends.aot import aot_eager
 from bytegraph.demo.models import GPTConfig, TinyGPT
+from helpers import splitting_backend
 
 
 def gpt(n_layer):
@@ -19,15 +20,7 @@ def gpt(n_layer):
 
 def lanes_backend(parts, outers):
     """A backend splitting by lanes, each chunk compiled with aot_eager (and recorded)."""
-    def part_compiler(gm, examples):
-        parts.append(gm)
-        return aot_eager(gm, examples)
-
-    def backend(gm, example_inputs):
-        split = lanes.compile_by_lanes(gm, example_inputs, part_compiler)
-        outers.append(split)
-        return (split or gm).forward
-    return backend
+    return splitting_backend(lanes.compile_by_lanes, parts, outers)
 
 
 OPTIMIZERS = {
