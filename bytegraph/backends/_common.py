@@ -6,7 +6,10 @@ Nothing here imports torch._inductor or AOTAutograd at module level, so that
 import contextlib
 import functools
 import logging
+import operator
 import warnings
+
+import torch.fx as fx
 
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
@@ -117,3 +120,41 @@ def quiet_torch_imports():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.jit")
         yield
+
+
+# torch.nn.functional ops that update tensors they are given (running statistics).
+_STATS_UPDATING = {"batch_norm", "instance_norm"}
+
+
+def writes(node):
+    """May the graph node ``node`` write a tensor in place (``x.add_(y)``, ``x[i] = v``,
+    ``inplace=True``, ``out=``, running statistics)?"""
+    if node.op not in ("call_function", "call_method"):
+        return False
+    if "out" in node.kwargs or node.kwargs.get("inplace") is True:
+        return True
+    target = node.target
+    if getattr(target, "__name__", None) in _STATS_UPDATING:
+        return True
+    if target is operator.setitem:
+        return True
+    name = target if isinstance(target, str) else getattr(target, "__name__", "")
+    return name.endswith("_") and not name.endswith("__")
+
+
+def written(node):
+    """The nodes a writing ``node`` may write: its first argument (``x.add_(y)``,
+    ``_foreach_mul_(xs, s)``, ``setitem``) or ``out=``; any argument for the rest (running
+    statistics, fused kernels)."""
+    if "out" in node.kwargs:
+        args = node.kwargs["out"]
+    else:
+        name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+        if node.args and (node.target is operator.setitem or node.kwargs.get("inplace") is True
+                          or (name.endswith("_") and not name.startswith("_fused"))):
+            args = node.args[0]
+        else:
+            args = (node.args, node.kwargs)
+    out = []
+    fx.node.map_arg(args, out.append)
+    return out

@@ -28,6 +28,7 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..config import config
+from ._common import writes, written
 from .regions import is_state_node, meta_key, part_caller
 
 # Fewer lanes than this: compiled whole (nothing to gain).
@@ -54,12 +55,6 @@ def _nodes_in(a):
     return found
 
 
-def _writes(n):
-    name = n.target if n.op == "call_method" else getattr(n.target, "__name__", "")
-    return (name.endswith("_") and not name.endswith("__")) or name in ("setitem", "__setitem__") \
-        or "out" in n.kwargs
-
-
 _RANDOM = ("rand", "normal", "bernoulli", "dropout", "multinomial", "uniform", "exponential", "poisson",
            "cauchy", "geometric", "log_normal", "random")
 
@@ -67,11 +62,6 @@ _RANDOM = ("rand", "normal", "bernoulli", "dropout", "multinomial", "uniform", "
 def _is_random(n):
     name = n.target if n.op == "call_method" else getattr(n.target, "__name__", "")
     return isinstance(name, str) and any(word in name for word in _RANDOM)
-
-
-def _written(n):
-    """What an in-place op ``n`` may write: its first argument, and its ``out=``."""
-    return [a for a in (n.args[:1] + ((n.kwargs["out"],) if "out" in n.kwargs else ()))]
 
 
 def _all(length):
@@ -141,10 +131,9 @@ class _Lanes:
                 if any(_is_all(x) for x in seen) or len(seen) > 1:
                     return         # mixes lanes
                 lane[n] = seen.pop() if seen else None
-                if lane[n] is None and (is_state_node(n) or _writes(n)):
+                if lane[n] is None and (is_state_node(n) or writes(n)):
                     return         # the shared part must be free to run before every chunk
-                if lane[n] is not None and _writes(n) and any(
-                        not isinstance(t, fx.Node) or lane[t] != lane[n] for t in _written(n)):
+                if lane[n] is not None and writes(n) and any(lane[t] != lane[n] for t in written(n)):
                     return         # a lane writing what other lanes or the shared part read
         storages = set()
         for n, i in lane.items():     # lane inputs: storage of their own, shared with no other input

@@ -4,10 +4,10 @@ It is generated Python source with a ``linecache`` entry, so tracebacks,
 ``inspect.getsource`` and ``pdb`` show real lines.
 """
 import linecache
-import operator
 
 import torch
 
+from ..backends._common import writes, written
 from ..guards import builder as g
 from ..errors import Unsupported
 from ..guards.sources import AttrSource, ClosureSource, GlobalSource
@@ -137,31 +137,13 @@ def _mutates_inputs(gm, placeholders):
         if isinstance(fake, torch.Tensor):
             storages.add(fake.untyped_storage()._cdata)
     for node in gm.graph.nodes:
-        if not _mutates(node):
+        if not writes(node):
             continue
-        for arg in _flat_nodes(_mutated_args(node)):
+        for arg in written(node):
             fake = arg.meta.get("example_value")
             if isinstance(fake, torch.Tensor) and fake.untyped_storage()._cdata in storages:
                 return True
     return False
-
-
-def _mutated_args(node):
-    """The arguments a mutating node writes to: its first (``x.add_(y)``, ``_foreach_mul_(xs, s)``,
-    ``setitem``), ``out=``; any of them for the rest (running statistics, fused kernels)."""
-    if "out" in node.kwargs:
-        return node.kwargs["out"]
-    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
-    if node.args and (node.target is operator.setitem or node.kwargs.get("inplace") is True
-                      or (name.endswith("_") and not name.startswith("_fused"))):
-        return node.args[0]
-    return (node.args, node.kwargs)
-
-
-def _flat_nodes(args):
-    out = []
-    torch.fx.node.map_arg(args, out.append)
-    return out
 
 
 def guard_array_overlap(tx):
@@ -193,24 +175,6 @@ def guard_container_aliasing(tx):
 def _kind(container):
     # Without reading a constant's value (that would guard it).
     return type(container._value) if isinstance(container, ConstantValue) else type(container)
-
-
-# torch.nn.functional ops that update tensors they are given (running statistics).
-_STATS_UPDATING = {"batch_norm", "instance_norm"}
-
-
-def _mutates(node):
-    if node.op not in ("call_function", "call_method"):
-        return False
-    if "out" in node.kwargs or node.kwargs.get("inplace") is True:
-        return True
-    target = node.target
-    if getattr(target, "__name__", None) in _STATS_UPDATING:
-        return True
-    if target is operator.setitem:
-        return True
-    name = target if isinstance(target, str) else getattr(target, "__name__", "")
-    return name.endswith("_") and not name.endswith("__")
 
 
 def emit(name, params, body, ns):
