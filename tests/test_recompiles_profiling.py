@@ -491,3 +491,30 @@ def test_frozen_run_module(which):
     net.eval()                               # guard on training fails: eager again
     assert_same(net(x), frozen(x))
     assert cnt.frame_count == 1
+
+
+@pytest.mark.parametrize("enabled_before", [True, False])
+def test_cyclic_gc_is_paused_while_a_frame_is_traced_and_put_back_after(monkeypatch, enabled_before):
+    import gc
+    from bytegraph.runtime import compile_frame
+    seen = []
+    real = compile_frame.trace_frame
+
+    def watching(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return real(*args, **kwargs)
+
+    def breaks(x):
+        y = x + 1
+        print("break")          # an Unsupported in the first trace, then a trace up to it
+        return y * 2
+
+    monkeypatch.setattr(compile_frame, "trace_frame", watching)
+    (gc.enable if enabled_before else gc.disable)()
+    try:
+        x = torch.randn(3)
+        torch.testing.assert_close(bytegraph.compile(breaks, backend="eager")(x), breaks(x))
+        assert seen and not any(seen)
+        assert gc.isenabled() is enabled_before
+    finally:
+        gc.enable()

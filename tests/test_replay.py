@@ -83,3 +83,18 @@ def test_replay_of_something_else_is_a_clear_error(tmp_path):
         bytegraph.replay(str(path))
     with pytest.raises(bytegraph.BytegraphError, match="no record at"):
         bytegraph.replay(str(tmp_path / "missing.pt"))
+
+
+def test_a_replay_traces_even_when_the_persistent_cache_holds_the_frame(recording, tmp_path):
+    # A replay without the fault saves the frame in the persistent cache; a replay after it must
+    # still trace (and meet the fault), not load the frame from disk.
+    compiled = bytegraph.compile(deliberately_failing, backend="eager")
+    compiled(torch.randn(3))
+    (record,) = list(recording.iterdir())
+    cache = tmp_path / "cache"
+    setup = f"import os; os.environ['BYTEGRAPH_CACHE_DIR'] = {str(cache)!r}; import bytegraph; "
+    out = fresh_python(setup + f"print(bytegraph.replay({str(record)!r}).tolist())")
+    assert out.returncode == 0, out.stderr
+    out = fresh_python(setup + f"import replay_fault; replay_fault.install(); bytegraph.replay({str(record)!r})")
+    assert out.returncode == 1
+    assert "DeliberateTracerBug" in out.stderr
