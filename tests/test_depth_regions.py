@@ -134,7 +134,8 @@ def test_region_work_counts_the_matrix_products_of_a_block():
 def test_a_gpu_graph_is_split_only_when_its_blocks_do_enough_work(monkeypatch):
     graphs = []
     model = gpt(2)
-    bytegraph.compile(model, backend=lambda gm, ex: graphs.append(gm) or gm.forward)(torch.randint(0, 64, (2, 8)))
+    with torch.no_grad():
+        bytegraph.compile(model, backend=lambda gm, ex: graphs.append(gm) or gm.forward)(torch.randint(0, 64, (2, 8)))
     work = max(regions.region_flops(graphs[0]).values())
     monkeypatch.setattr(regions, "_on_cuda", lambda gm: True)
     monkeypatch.setattr(regions, "CUDA_MIN_REGION_FLOPS", work + 1)
@@ -210,7 +211,10 @@ def test_parts_are_compiled_under_the_grad_mode_and_autocast_the_graph_sets(stat
         assert torch.allclose(grads[n], p.grad, atol=1e-5 if state == "autocast" else 1e-6), n
 
 
-def test_a_gpu_training_step_that_sets_autocast_itself_is_split_by_work_alone(monkeypatch):
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_gpu_graph_that_is_differentiated_is_compiled_whole(monkeypatch, grad):
+    # A training step (here one that sets autocast itself) split on a GPU costs AOTAutograd's
+    # wrappers per part in forward and backward on every step; without grad the work decides.
     model = gpt(3)
 
     def step(x):
@@ -218,11 +222,13 @@ def test_a_gpu_training_step_that_sets_autocast_itself_is_split_by_work_alone(mo
             return model(x).float().mean()
 
     graphs = []
-    bytegraph.compile(step, backend=lambda gm, ex: graphs.append(gm) or gm.forward)(torch.randint(0, 64, (2, 8)))
+    with torch.set_grad_enabled(grad):
+        bytegraph.compile(step, backend=lambda gm, ex: graphs.append(gm) or gm.forward)(torch.randint(0, 64, (2, 8)))
     assert any(regions.is_state_node(n) for n in graphs[0].graph.nodes)
+    assert regions.worth_splitting(graphs[0])          # on the CPU: split either way
     work = max(regions.region_flops(graphs[0]).values())
     monkeypatch.setattr(regions, "_on_cuda", lambda gm: True)
     monkeypatch.setattr(regions, "CUDA_MIN_REGION_FLOPS", work)
-    assert regions.worth_splitting(graphs[0])
+    assert regions.worth_splitting(graphs[0]) == (not grad)
     monkeypatch.setattr(regions, "CUDA_MIN_REGION_FLOPS", work + 1)
     assert not regions.worth_splitting(graphs[0])

@@ -36,8 +36,9 @@ def cacheable_examples(example_inputs):
 def inductor(gm, example_inputs, *, config_patches=None):
     """Compile ``gm`` with Inductor; a graph with repeated blocks is compiled block by block,
     each distinct block once (``backends/regions.py``), unless CUDA graphs are asked for
-    (they want one graph with its parameters in place) or the blocks do too little work on a
-    GPU for the extra calls to hide behind the kernels (``worth_splitting``); an optimizer's
+    (they want one graph with its parameters in place) or, on a GPU, the graph will be
+    differentiated or its blocks do too little work for the extra calls to hide behind the
+    kernels (``worth_splitting``); an optimizer's
     foreach update is compiled a layer's parameters at a time, each distinct chunk once
     (``backends/lanes.py``)."""
     with quiet_torch_imports():
