@@ -833,6 +833,31 @@ class ProgramGen:
                             f"{t} = torch.cat({acc}).reshape(-1, {self.shape[1]})[:{self.shape[0]}]"]))
         self.define(t, "tensor:full")
 
+    def stmt_tensor_groups(self):
+        """Tensors handed back by torch inside containers other than a list of results (the
+        family of a fake tensor frozen into the code: a dict from
+        torch._C._group_tensors_by_device_and_dtype returned the trace's fake tensors)."""
+        r = self.r
+        acc, key, lists, idx, g = (self.fresh(n) for n in ("acc", "key", "lists", "idx", "g"))
+        a, b = self.pick_tensor("full"), self.pick_tensor("full")
+        self.emit(f"{acc} = {a} * 0")
+        choice = r.randrange(3)
+        if choice == 0:
+            group = r.choice(["torch._C._group_tensors_by_device_and_dtype",
+                              "torch.utils._foreach_utils._group_tensors_by_device_and_dtype"])
+            with self.block(f"for {key}, ({lists}, {idx}) in {group}([[{a}, {b}.double(), {a} + 1]], "
+                            f"{r.choice(['True', 'False'])}).items():"):
+                with self.block(f"for {g} in {lists}[0]:"):
+                    self.emit(f"{acc} = {acc} + {g}.to({acc}.dtype) * (len({idx}) + 1)")
+        elif choice == 1:
+            d = self.fresh("d")
+            self.emit(f"{d} = dict(zip('xyz', torch.unbind(torch.stack([{a}, {b}, {a} * {b}]))))")
+            with self.block(f"for {key} in sorted({d}):"):
+                self.emit(f"{acc} = {acc} + {d}[{key}] * len({key})")
+        else:
+            self.emit(f"{acc} = {acc} + sum({{id({g}): {g} for {g} in ({a}, {b}, {a})}}.values())")
+        self.define(acc, "tensor:full")
+
     # ---- families of past wrong results (issues 9 and 19)
 
     def stmt_nested(self):
@@ -1156,6 +1181,7 @@ class ProgramGen:
             out.append((2, self.stmt_class))
         if top and self.on("tensors"):
             out.append((1, self.stmt_tensor_list))
+            out.append((1, self.stmt_tensor_groups))
         if self.on("nested"):
             if top:
                 out.append((2, self.stmt_nested))

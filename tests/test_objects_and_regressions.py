@@ -234,3 +234,44 @@ def test_star_args_with_keyword_only_parameters_bind_in_order(capsys):
     for args, kwargs in [((torch.ones(2), 4, "a", "b"), {"scale": 2.0, "tag": 1}),
                          ((torch.ones(2),), {}), ((torch.ones(2), 1, 5), {"scale": 3.0})]:
         assert same(f(*args, **kwargs), bytegraph.compile(f, backend="eager")(*args, **kwargs))
+
+
+def test_a_torch_function_returning_its_arguments_grouped_in_a_dict():
+    # torch._C._group_tensors_by_device_and_dtype hands back the tensors it was given, grouped
+    # in a dict: the compiled code returns those very tensors (a fake copy frozen into the code
+    # as a constant returned fake tensors).
+    def group(a, b, c):
+        return torch._C._group_tensors_by_device_and_dtype([[a, b, c]], True)
+
+    def use(a, b, c):
+        out = []
+        for (device, dtype), (lists, indices) in group(a, b, c).items():
+            out.extend(t * 2 for t in lists[0])
+            out.append(indices)
+        return out
+
+    args = torch.randn(3), torch.randn(2, dtype=torch.float64), torch.randn(4)
+    check(use, *args)
+    compiled = bytegraph.compile(group)(*args)
+    expected = group(*args)
+    assert compiled.keys() == expected.keys()
+    for key in expected:
+        assert compiled[key][1] == expected[key][1]
+        assert all(x is y for x, y in zip(compiled[key][0][0], expected[key][0][0]))
+
+
+def test_a_fake_tensor_is_never_frozen_into_compiled_code(monkeypatch):
+    # The last guard in code generation: were the tracer to make a result holding fake tensors
+    # a constant, the frame runs eagerly instead of returning them.
+    from bytegraph.graph import builder
+    from bytegraph.values.base import ConstantValue
+    monkeypatch.setattr(builder, "_constant_result", lambda r, inputs=None: ConstantValue(r))
+
+    def group(a, b):
+        return torch._C._group_tensors_by_device_and_dtype([[a, b]], False)
+
+    a, b = torch.randn(3), torch.randn(2)
+    result = bytegraph.compile(group)(a, b)
+    assert all(x is y for x, y in zip(next(iter(result.values()))[0][0], (a, b)))
+    reasons = [r.reason for r in bytegraph.explain(group)(a, b).break_reasons]
+    assert any("computed while tracing" in r for r in reasons), reasons

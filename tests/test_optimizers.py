@@ -360,3 +360,32 @@ def test_a_fused_optimizer_step_runs_natively_without_compiling_torchs_frames():
     frames = records.frames[start:]
     assert any("AdamW.step() of a fused optimizer runs natively" in (r.break_reason or "") for r in frames)
     assert not any("torch/optim" in (r.filename or "") for r in frames), [r.filename for r in frames]
+
+
+@pytest.mark.parametrize("foreach", [None, False])
+def test_clip_grad_norm_in_a_whole_training_step_is_traced(foreach):
+    """clip_grad_norm_ groups the gradients by device and dtype in a dict of the gradients
+    themselves (torch._C._group_tensors_by_device_and_dtype): traced, not a break, and the
+    clipped update equals eager's."""
+    def make(model, opt):
+        def step(x, y):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05, foreach=foreach)
+            opt.step()
+            opt.zero_grad()
+            return loss, norm
+        return step
+    eager_model = _model()
+    model = copy.deepcopy(eager_model)
+    eager_opt, opt = OPTIMIZERS["adamw_foreach"](eager_model.parameters()), OPTIMIZERS["adamw_foreach"](model.parameters())
+    eager_step, step = make(eager_model, eager_opt), bytegraph.compile(make(model, opt))
+    torch.manual_seed(1)
+    for i in range(4):
+        x, y = torch.randn(3, 4), torch.randn(3, 2)
+        (loss_e, norm_e), (loss_c, norm_c) = eager_step(x, y), step(x, y)
+        assert norm_e > 0.05          # clipping changes the update
+        assert torch.allclose(loss_e, loss_c, rtol=RTOL, atol=ATOL) and torch.allclose(norm_e, norm_c, rtol=RTOL), i
+        _assert_same_state(eager_model, eager_opt, model, opt)
+    reasons = [b.reason for b in bytegraph.explain(make(model, opt))(x, y).break_reasons]
+    assert not any("clip" in r or "mul_" in r or "holding tensors" in r for r in reasons), reasons

@@ -12,6 +12,7 @@ import functools
 import types
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ..bytecode import analysis
 from ..bytecode.resume import NULL_SLOT, resume_code
@@ -51,6 +52,19 @@ class Namespace:
                 self.ns[s.expr()] = s.obj
             return s.expr_over(render)
         return render(source)
+
+
+def _holds_fake(c, depth=0):
+    """Does the constant ``c`` hold a fake tensor in its tuples, lists, dicts or sets?"""
+    if isinstance(c, FakeTensor):
+        return True
+    if depth > 8:
+        return False
+    if isinstance(c, dict):
+        return any(_holds_fake(k, depth + 1) or _holds_fake(v, depth + 1) for k, v in c.items())
+    if isinstance(c, (tuple, list, set, frozenset)):
+        return any(_holds_fake(x, depth + 1) for x in c)
+    return False
 
 
 class Rebuilder:
@@ -156,6 +170,11 @@ class Rebuilder:
             c = v.value
             if c is None or isinstance(c, (bool, str)) or type(c) is int:
                 return repr(c)
+            if _holds_fake(c):
+                # A fake value of the trace made into a constant would be returned in place of
+                # the real tensor (a last guard: the tracer should have refused it earlier).
+                raise Unsupported(f"a {type(c).__name__} holding tensors computed while tracing would be frozen "
+                                  "into the compiled code")
             if isinstance(c, TracedId):
                 raise Unsupported("an id() taken while tracing escapes the compiled code; its value is "
                                   "known only at run time", hint="compare ids inside the function only")

@@ -425,11 +425,12 @@ class GraphBuilder:
         if isinstance(result, torch.SymInt):
             node.meta["example_value"] = result
             return SymValue(node, result)
-        # No tensor came out (a size, a flag...): nothing to compute at run time,
-        # unless the call mutates its arguments.
+        # No new tensor came out (a size, a flag, a grouping of the arguments' own tensors...):
+        # nothing to compute at run time, unless the call mutates its arguments.
+        value = _constant_result(result, _tensor_values(args, kwargs))
         if not node.users and not _mutates(node.target):
             self.graph.erase_node(node)
-        return _constant_result(result)
+        return value
 
     def output(self, values):
         """Finish the graph returning ``values`` (TensorValues, SymValues); return the GraphModule."""
@@ -609,15 +610,47 @@ def _structseq(cls):
     return cls is not tuple and issubclass(cls, tuple) and hasattr(cls, "n_fields")
 
 
-def _constant_result(r):
+def _constant_result(r, inputs=None):
+    """The value of a part of a call's result that no graph node stands for. A tensor there is
+    only allowed as one of the call's own tensor arguments handed back (``inputs``: {id(fake):
+    value}; torch._C._group_tensors_by_device_and_dtype groups its arguments in a dict); any other
+    tensor would be a fake one frozen into the code as a constant."""
     if isinstance(r, torch.Tensor):
+        if inputs and id(r) in inputs:
+            return inputs[id(r)]
         raise Unsupported("tensor in an unexpected position of a result")
     if isinstance(r, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         raise Unsupported("symbolic size in an unexpected position of a result")
     if isinstance(r, (tuple, list)):
-        items = [_constant_result(x) for x in r]
+        items = [_constant_result(x, inputs) for x in r]
         return ListValue(items) if isinstance(r, list) else TupleValue(items, cls=type(r) if type(r) is torch.Size else tuple)
+    if type(r) is dict:
+        if any(_holds_traced(k) for k in r):
+            raise Unsupported("tensor in a dict key of a result")
+        return DictValue({k: _constant_result(v, inputs) for k, v in r.items()})
+    if _holds_traced(r):
+        raise Unsupported(f"a result of type {type(r).__name__} holding tensors")
     return ConstantValue(r)
+
+
+def _holds_traced(obj, _seen=None):
+    """Does ``obj`` hold a tensor or a symbolic number anywhere its containers (and the
+    attributes of a plain object) reach?"""
+    if isinstance(obj, (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return True
+    if obj is None or isinstance(obj, (bool, int, float, complex, str, bytes, torch.dtype, torch.device)):
+        return False
+    _seen = set() if _seen is None else _seen
+    if id(obj) in _seen:
+        return False
+    _seen.add(id(obj))
+    if isinstance(obj, dict):
+        return any(_holds_traced(k, _seen) or _holds_traced(v, _seen) for k, v in obj.items())
+    if isinstance(obj, (tuple, list, set, frozenset)):
+        return any(_holds_traced(x, _seen) for x in obj)
+    state = getattr(obj, "__dict__", None)
+    return isinstance(state, dict) and not isinstance(obj, type) and any(
+        _holds_traced(v, _seen) for v in state.values())
 
 
 def _tensor_values(args, kwargs):
