@@ -761,16 +761,46 @@ def test_set_mutated_across_graph_break():
 
 def id_escapes(x):
     a = [x]
-    return x + 1, id(a)
+    return x + 1, id(a), a, {id(a): len(a)}, {id(a)}
 
 
-def test_id_of_traced_value_cannot_escape():
+def test_id_of_a_value_made_in_the_frame_escapes_as_its_run_time_id():
     import bytegraph
-    from bytegraph.errors import Unsupported
-    with pytest.raises(Unsupported, match="id\\(\\) taken while tracing escapes"):
-        bytegraph.compile(id_escapes, fullgraph=True)(X)
-    out = bytegraph.compile(id_escapes)(X)     # not fullgraph: runs correctly without the trace
-    assert isinstance(out[1], int)
+    out = bytegraph.compile(id_escapes, fullgraph=True)(X)
+    assert out[1] == id(out[2]) and out[3] == {id(out[2]): 1} and out[4] == {id(out[2])}
+
+
+class _Owner:
+    pass
+
+
+OWNER = _Owner()
+BY_ID = collections.defaultdict(dict)
+
+
+def keyed_by_id(x, owner):
+    state = BY_ID[id(owner)]           # GradScaler keeps per-optimizer state so
+    state["seen"] = state.get("seen", 0) + 1
+    print("break")
+    return x * BY_ID[id(owner)]["seen"]
+
+
+def test_state_kept_under_the_id_of_an_outside_object():
+    # An id stored as a key must be the real one: a placeholder stored in the real dict made
+    # the code after the break (and the next call) miss the entry the trace had made.
+    import bytegraph
+    from bytegraph.testing import CompileCounter
+    cnt = CompileCounter()
+    compiled = bytegraph.compile(keyed_by_id, backend=cnt)
+    BY_ID.clear()
+    expected = [keyed_by_id(X, OWNER) for _ in range(3)]
+    eager_state = dict(BY_ID)
+    BY_ID.clear()
+    actual = [compiled(X, OWNER) for _ in range(3)]
+    assert all(torch.equal(a, b) for a, b in zip(expected, actual))
+    assert dict(BY_ID) == eager_state == {id(OWNER): {"seen": 3}}
+    other = _Owner()                   # another object: its own entry (a guard on which object)
+    assert torch.equal(compiled(X, other), X) and BY_ID[id(other)] == {"seen": 1}
 
 
 def sort_compares_tensors(x):
@@ -1067,3 +1097,23 @@ def test_index_comparing_tensors_by_value_breaks():
     from helpers import check_program
     check_program(index_compares_tensors_by_value, lambda: ((X.clone(), X.clone() + 1), {}, None),
                   graphs=0, fullgraph=False)
+
+
+PER_DEVICE = {"found": {torch.device("cpu"): torch.zeros(1)}, (torch.float32, "mode"): 2}
+
+
+def read_device_keyed(x):
+    return x * PER_DEVICE[(torch.float32, "mode")] + sum(t for t in PER_DEVICE["found"].values())
+
+
+def test_dicts_keyed_by_devices_dtypes_and_tuples_are_read_and_guarded():
+    import bytegraph
+    compiled = bytegraph.compile(read_device_keyed, fullgraph=True)
+    assert torch.equal(compiled(X), read_device_keyed(X))
+    PER_DEVICE["found"][torch.device("cpu")] = torch.ones(1)
+    assert torch.equal(compiled(X), read_device_keyed(X))
+    PER_DEVICE[(torch.float32, "mode")] = 3
+    assert torch.equal(compiled(X), read_device_keyed(X))
+    del PER_DEVICE["found"][torch.device("cpu")]
+    PER_DEVICE["found"][torch.device("cpu", 0)] = torch.full((1,), 2.0)   # another key: traced again
+    assert torch.equal(compiled(X), read_device_keyed(X))

@@ -389,3 +389,36 @@ def test_clip_grad_norm_in_a_whole_training_step_is_traced(foreach):
         _assert_same_state(eager_model, eager_opt, model, opt)
     reasons = [b.reason for b in bytegraph.explain(make(model, opt))(x, y).break_reasons]
     assert not any("clip" in r or "mul_" in r or "holding tensors" in r for r in reasons), reasons
+
+
+def test_grad_scaler_step_equals_eager():
+    """GradScaler: scale, backward, unscale_, clip, step, update. Its per-optimizer state is
+    keyed by id(optimizer) and its per-device tensors by torch.device; unscale_ is traced (its
+    _MultiDeviceReplicator is a plain class of torch's), step() breaks where it reads whether an
+    inf was found (.item(), as under torch.compile). SGD shows a doubled unscale at once."""
+    def make(model, opt, scaler):
+        def step(x, y):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            return loss
+        return step
+    eager_model = _model()
+    model = copy.deepcopy(eager_model)
+    eager_opt, opt = OPTIMIZERS["sgd_momentum"](eager_model.parameters()), OPTIMIZERS["sgd_momentum"](model.parameters())
+    eager_scaler, scaler = (torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, growth_interval=2) for _ in range(2))
+    eager_step = make(eager_model, eager_opt, eager_scaler)
+    cnt = CompileCounter()
+    step = bytegraph.compile(make(model, opt, scaler), backend=cnt)
+    torch.manual_seed(1)
+    for i in range(5):
+        x, y = torch.randn(3, 4), torch.randn(3, 2)
+        assert torch.allclose(eager_step(x, y), step(x, y), rtol=RTOL, atol=ATOL), i
+        _assert_same_state(eager_model, eager_opt, model, opt)
+        assert eager_scaler.get_scale() == scaler.get_scale(), i    # grows every 2 steps without infs
+    reasons = [b.reason for b in bytegraph.explain(make(model, opt, scaler))(x, y).break_reasons]
+    assert not any("class" in r or "values" in r for r in reasons), reasons

@@ -176,8 +176,7 @@ class Rebuilder:
                 raise Unsupported(f"a {type(c).__name__} holding tensors computed while tracing would be frozen "
                                   "into the compiled code")
             if isinstance(c, TracedId):
-                raise Unsupported("an id() taken while tracing escapes the compiled code; its value is "
-                                  "known only at run time", hint="compare ids inside the function only")
+                return self.traced_id(c)
             if isinstance(c, (set, frozenset, collections.deque)) and holds_values(c):
                 return self.temp(self._holding(c))
             if isinstance(c, MUTABLE_CONSTANT_TYPES):
@@ -213,7 +212,7 @@ class Rebuilder:
         if isinstance(v, DictValue):
             if v.source is not None:
                 return self.ns.source(v.source)
-            body = ", ".join(f"{_key_expr(k, self.ns)}: {self.expr(i)}" for k, i in v.items.items())
+            body = ", ".join(f"{self.key(k)}: {self.expr(i)}" for k, i in v.items.items())
             if isinstance(v, DefaultDictValue):
                 return self.temp(f"{self.ns.ref(v.cls, 'cls')}({self.expr(v.factory)}, {{{body}}})")
             if v.cls is dict:
@@ -232,7 +231,7 @@ class Rebuilder:
             self.ns.ns["__new_object"] = new_object
             if v.dict_items is None:
                 return self.temp(f"__new_object({self.ns.ref(v.cls, 'cls')}, {{{body}}})")
-            items = ", ".join(f"({_key_expr(k, self.ns)}, {self.expr(i)})" for k, i in v.dict_items.items.items())
+            items = ", ".join(f"({self.key(k)}, {self.expr(i)})" for k, i in v.dict_items.items.items())
             return self.temp(f"__new_object({self.ns.ref(v.cls, 'cls')}, {{{body}}}, [{items}])")
         if isinstance(v, PartialValue):
             parts = [self.expr(v.func)] + [self.expr(a) for a in v.args] \
@@ -270,10 +269,23 @@ class Rebuilder:
             return self.temp(" + ".join(pieces) if pieces else "''")
         raise Unsupported(f"cannot rebuild a {type(v).__name__} outside the graph yet")
 
+    def traced_id(self, c):
+        """``id()`` of the object an id taken while tracing was of, as it is at run time."""
+        if c.value is None:
+            raise Unsupported("an id() taken while tracing escapes the compiled code; its value is "
+                              "known only at run time", hint="compare ids inside the function only")
+        return f"id({self.expr(c.value)})"
+
+    def key(self, k):
+        """A dict key as code."""
+        return self.traced_id(k) if isinstance(k, TracedId) else _key_expr(k, self.ns)
+
     def _held(self, x):
         """An element of a real container made in the frame (a HeldValue is its value rebuilt)."""
         if isinstance(x, HeldValue):
             return self.expr(x.value)
+        if isinstance(x, TracedId):
+            return self.traced_id(x)
         if type(x) is tuple:
             parts = [self._held(i) for i in x]
             return f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"

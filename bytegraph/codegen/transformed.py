@@ -15,7 +15,7 @@ from ..debug.counting import count_ops
 from ..trace.context import DELETED
 from ..values.base import ConstantValue, DictValue, IteratorValue, ListValue, TensorValue, holds_values
 from ..values import arrays
-from .rebuild import Namespace, Rebuilder, _key_expr, array_input_name, graph_value_exprs, tensors_in
+from .rebuild import Namespace, Rebuilder, array_input_name, graph_value_exprs, tensors_in
 
 
 def finish_graph(tx, ns, live_values, compile_graph):
@@ -213,7 +213,7 @@ def replay_side_effects(tx, rb, live=()):
         if isinstance(v, ListValue):
             contents[key] = rb.temp(f"[{', '.join(rb.expr(i) for i in v.items)}]")
         elif isinstance(v, DictValue):
-            body = ", ".join(f"{_key_expr(k, ns)}: {rb.expr(i)}" for k, i in v.items.items())
+            body = ", ".join(f"{rb.key(k)}: {rb.expr(i)}" for k, i in v.items.items())
             contents[key] = rb.temp(f"{{{body}}}")
         elif holds_values(v.value):
             contents[key] = rb.temp(rb._holding(v.value))

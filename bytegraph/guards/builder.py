@@ -10,6 +10,7 @@ arguments:
   failure in the user's terms ("size of x (dim 0): expected 4, got 8").
 """
 import builtins
+import enum
 import linecache
 from collections import UserString
 import operator as _operator
@@ -44,8 +45,18 @@ ARRAYS_APART = "ARRAYS_APART"   # an array and another array or tensor a mutatin
 GLOBAL_HOOKS = "GLOBAL_HOOKS"   # no global module hooks (a submodule's call was traced without them)
 
 
-# Dict keys a DICT_KEYS guard compares by value; any other key is compared by identity.
-_PLAIN_KEY_TYPES = (str, int, bool, float, bytes, type(None))
+# Dict keys a DICT_KEYS guard compares by value (as the dict's own lookups do); any other key
+# is compared by identity.
+_PLAIN_KEY_TYPES = (str, int, bool, float, bytes, type(None), torch.device, torch.dtype)
+
+
+def plain_key(k):
+    """A dict key whose equality is a plain yes/no on its value: strings, numbers, devices and
+    dtypes (GradScaler keeps its per-device tensors under torch.device keys), enum members,
+    and tuples of these."""
+    if type(k) in _PLAIN_KEY_TYPES or isinstance(k, enum.Enum):
+        return True
+    return type(k) is tuple and all(plain_key(x) for x in k)
 
 
 class TensorMeta:
@@ -396,7 +407,7 @@ class _Emitter:
         if g.kind == DICT_KEYS:
             keys = list(g.expected)
             c = self.const(keys)
-            if all(type(k) in _PLAIN_KEY_TYPES for k in keys):
+            if all(plain_key(k) for k in keys):
                 return [(f"list({e}) == {c}", f"f'keys of {who} changed: {keys!r} -> {{list({e})!r}}'")]
             # Keys compared by identity (tensors, modules): `==` on them is not a yes/no answer.
             self.ns["_is"] = _operator.is_

@@ -541,20 +541,25 @@ for _fn in _EAGER_BUILTINS:
 @builtin(id)
 def _id(frame, args, kwargs):
     v = args[0]
+    if isinstance(v, ObjectValue) and v.source is not None:
+        # An object from outside: its id is a number the code may store (GradScaler keys its
+        # per-optimizer state by id(optimizer)) or find among keys stored earlier; it holds
+        # while the source names this very object.
+        frame.tx.guards.add(g.ID_MATCH, v.source, v.obj)
+        return ConstantValue(id(v.obj))
     if isinstance(v, ObjectValue):
-        _guard_ids_distinct(frame, v)
-        return ConstantValue(TracedId(("object", id(v.obj))))
+        return ConstantValue(TracedId(("object", id(v.obj)), v))
     if isinstance(v, ConstantValue):
         c = v.value
         if c is None or c is Ellipsis or isinstance(c, (bool, type)) or operators.is_frame_mutable_constant(v):
-            return ConstantValue(TracedId(("object", id(c))))   # singletons, or one real object per trace
+            return ConstantValue(TracedId(("object", id(c)), v))   # singletons, or one real object per trace
         # Equal constants may or may not be one object in Python (small ints, interned strings).
         raise Unsupported(f"id() of {attrs.describe(v)} depends on how Python shares constants")
     if isinstance(v, (TensorValue, SymValue)):
         raise Unsupported("id() of a tensor made or read while tracing is not supported yet",
                           hint="compare tensors with `is`, or key by a Python value")
     _guard_ids_distinct(frame, v)
-    return ConstantValue(TracedId(("value", id(v))))
+    return ConstantValue(TracedId(("value", id(v)), v))
 
 
 def _guard_ids_distinct(frame, v):

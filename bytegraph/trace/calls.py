@@ -126,8 +126,11 @@ def _call_object(frame, fv, args, kwargs):
         # Looking a member up by value: members are fixed once the class is guarded.
         return fold(frame, obj, args, kwargs, what=f"{obj.__qualname__}()")
     if isinstance(obj, type):
-        return call_torch_class(frame, obj, args, kwargs) if obj.__module__.startswith("torch") \
-            else _call_class(frame, obj, args, kwargs)
+        if obj.__module__.startswith("torch"):
+            made = call_torch_class(frame, obj, args, kwargs)
+            if made is not None:
+                return made
+        return _call_class(frame, obj, args, kwargs)
     if isinstance(obj, types.BuiltinMethodType) and type(obj.__self__) in (dict, list) and fv.source is not None:
         # A container from outside the trace that could not be read as a value (keys other
         # than str/int): lookups are guarded one by one; anything else would need its contents.

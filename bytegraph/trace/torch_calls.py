@@ -94,6 +94,8 @@ def _stateless_module(cls, args, kwargs):
 
 
 def call_torch_class(frame, cls, args, kwargs):
+    """``cls(...)`` for a class of torch's: the value made, or None for a plain Python class
+    (``_plain_python_class``), which the caller traces as a user class."""
     if cls is torch.no_grad:
         return ContextManagerValue("grad", (False,))
     if cls is torch.enable_grad:
@@ -128,7 +130,19 @@ def call_torch_class(frame, cls, args, kwargs):
             return PrivateObjectValue(module)
         raise Unsupported(f"creating a {cls.__name__} module inside the compiled function is not supported yet",
                           hint="create modules in __init__, not in forward")
+    if _plain_python_class(cls):
+        return None     # a class like the user's own (GradScaler's _MultiDeviceReplicator): traced as one
     raise Unsupported(f"calling torch class {cls.__qualname__} is not supported yet")
+
+
+_HEAPTYPE = 1 << 9      # Py_TPFLAGS_HEAPTYPE: a class made by a class statement, not by C code
+
+
+def _plain_python_class(cls):
+    """A class of torch's written in Python over object alone, made by ``type``: creating one
+    is tracing its ``__init__`` as for a class of the user's."""
+    return type(cls) is type and all(b.__flags__ & _HEAPTYPE for b in cls.__mro__[:-1]) \
+        and cls.__mro__[-1] is object
 
 
 def _autocast(frame, cls, args, kwargs):

@@ -601,8 +601,9 @@ class HeldValue:
 
 
 def holds_values(c):
-    """True if the real container ``c`` (or a tuple inside it) holds a HeldValue."""
-    if isinstance(c, HeldValue):
+    """True if the real container ``c`` (or a tuple inside it) holds a HeldValue or an id
+    taken while tracing (both are rebuilt as code)."""
+    if isinstance(c, (HeldValue, TracedId)):
         return True
     if isinstance(c, (tuple, set, frozenset, collections.deque)):
         return any(holds_values(x) for x in c)
@@ -637,14 +638,16 @@ class PartialValue(Value):
 class TracedId:
     """What ``id()`` of a value gives while tracing: equal exactly when the objects are the same.
 
-    The real number is unknown until run time, so it only supports ``==``/``!=``
-    and hashing; code generation refuses to let one escape the trace.
+    The real number is unknown until run time, so it only supports ``==``/``!=`` and hashing.
+    Where one escapes the trace (a dict key stored, a value returned), code generation writes
+    ``id(<the object>)`` for it, from ``value``: the value the id was taken of.
     """
 
-    __slots__ = ("key",)
+    __slots__ = ("key", "value")
 
-    def __init__(self, key):
+    def __init__(self, key, value=None):
         self.key = key
+        self.value = value
 
     def __eq__(self, other):
         return isinstance(other, TracedId) and self.key == other.key

@@ -143,7 +143,7 @@ def _wrap(tx, obj, source):
         _guard(tx, g.LENGTH_MATCH, source, len(obj))
         return _existing(tx, ListValue([wrap(tx, x, _item(source, i)) for i, x in enumerate(obj)], source))
     if t is dict or (isinstance(obj, dict) and (t.__module__ == "collections" or t in stamps.STAMPED)):
-        if all(isinstance(k, (str, int)) or _identity_key(k) for k in obj):
+        if all(isinstance(k, (str, int)) or g.plain_key(k) or _identity_key(k) for k in obj):
             _guard(tx, g.TYPE_MATCH, source, t)
             _guard(tx, g.DICT_KEYS, source, list(obj))
             items = {k: wrap(tx, v, _key_item(source, k)) for k, v in obj.items()}
