@@ -1117,3 +1117,26 @@ def test_dicts_keyed_by_devices_dtypes_and_tuples_are_read_and_guarded():
     del PER_DEVICE["found"][torch.device("cpu")]
     PER_DEVICE["found"][torch.device("cpu", 0)] = torch.full((1,), 2.0)   # another key: traced again
     assert torch.equal(compiled(X), read_device_keyed(X))
+
+
+REGISTRY = {}
+CONFIG = {"a": 1}
+
+
+def registered_under_container_id(x):
+    REGISTRY.setdefault(id(CONFIG), []).append(len(CONFIG))
+    return x + len(REGISTRY[id(CONFIG)])
+
+
+def test_id_of_a_real_container_finds_keys_stored_on_earlier_calls():
+    # id() of a dict read from outside was a placeholder: the entry stored on the first call
+    # (under the real id) was not found again, and the next call replaced it.
+    import bytegraph
+    compiled = bytegraph.compile(registered_under_container_id)
+    REGISTRY.clear()
+    expected = [registered_under_container_id(X) for _ in range(3)]
+    eager_registry = {k: list(v) for k, v in REGISTRY.items()}
+    REGISTRY.clear()
+    actual = [compiled(X) for _ in range(3)]
+    assert all(torch.equal(a, b) for a, b in zip(expected, actual))
+    assert REGISTRY == eager_registry == {id(CONFIG): [1, 1, 1]}

@@ -627,8 +627,16 @@ class ProgramGen:
 
     def stmt_global(self):
         r = self.r
-        choice = r.randrange(4)
-        if choice == 0:
+        choice = r.randrange(5)
+        if choice == 4:
+            # State kept under the id of an outside object (GradScaler's per-optimizer state):
+            # the key stored must be the real id, found again after a break and on the next call.
+            n = self.fresh("n")
+            owner = r.choice(["G_OBJ", "G_LIST", "G_DICT"])
+            self.emit(f"G_IDS.setdefault(id({owner}), []).append({self.int_expr()})")
+            self.emit(f"{n} = len(G_IDS.get(id({owner}), [])) + len(G_IDS)")
+            self.define(n, "int")
+        elif choice == 0:
             self.emit(f"G_LIST.append({self.int_expr()})")
         elif choice == 1:
             self.emit(f"G_DICT[{self.str_leaf()}] = {self.int_expr()}")
@@ -1278,11 +1286,12 @@ def _fresh_state(ns):
     ns["G_OBJ"].__dict__.clear()
     ns["G_OBJ"].a = 0
     ns["G_OBJ"].hist = []
+    ns["G_IDS"].clear()
 
 
 def _namespace(name):
     ns = {"__name__": name, "torch": torch, "math": math, "dataclasses": dataclasses, "functools": functools,
-          "G_LIST": [], "G_DICT": {}, "COUNTER": 0, "G_OBJ": types.SimpleNamespace()}
+          "G_LIST": [], "G_DICT": {}, "COUNTER": 0, "G_OBJ": types.SimpleNamespace(), "G_IDS": {}}
     ns.update(HELPERS)
     _fresh_state(ns)
     return ns
@@ -1298,7 +1307,10 @@ def build(src, filename):
 def _observe(ns, args):
     """What a run leaves behind: module state, and the .grad of every input tensor that
     requires grad (None where the loss did not reach it)."""
-    state = (list(ns["G_LIST"]), dict(ns["G_DICT"]), ns["COUNTER"], ns["G_OBJ"].a, list(ns["G_OBJ"].hist))
+    # G_IDS by which object each key is the id of (the ids themselves differ between runs)
+    owners = {id(ns[k]): k for k in ("G_OBJ", "G_LIST", "G_DICT")}
+    ids = sorted((owners.get(k, repr(k)), v) for k, v in ns["G_IDS"].items())
+    state = (list(ns["G_LIST"]), dict(ns["G_DICT"]), ns["COUNTER"], ns["G_OBJ"].a, list(ns["G_OBJ"].hist), ids)
     grads = [a.grad for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
     return state + (grads,)
 

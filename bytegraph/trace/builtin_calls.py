@@ -541,12 +541,13 @@ for _fn in _EAGER_BUILTINS:
 @builtin(id)
 def _id(frame, args, kwargs):
     v = args[0]
-    if isinstance(v, ObjectValue) and v.source is not None:
+    real = _real_object(frame, v)
+    if real is not None:
         # An object from outside: its id is a number the code may store (GradScaler keys its
         # per-optimizer state by id(optimizer)) or find among keys stored earlier; it holds
         # while the source names this very object.
-        frame.tx.guards.add(g.ID_MATCH, v.source, v.obj)
-        return ConstantValue(id(v.obj))
+        frame.tx.guards.add(g.ID_MATCH, v.source, real[0])
+        return ConstantValue(id(real[0]))
     if isinstance(v, ObjectValue):
         return ConstantValue(TracedId(("object", id(v.obj)), v))
     if isinstance(v, ConstantValue):
@@ -560,6 +561,20 @@ def _id(frame, args, kwargs):
                           hint="compare tensors with `is`, or key by a Python value")
     _guard_ids_distinct(frame, v)
     return ConstantValue(TracedId(("value", id(v)), v))
+
+
+def _real_object(frame, v):
+    """(the real object,) that ``v``, a value read from outside through a source, stands for;
+    None for a value made in the frame or a constant (equal constants may or may not be one
+    object)."""
+    if v.source is None or isinstance(v, (ConstantValue, TensorValue, SymValue)):
+        return None
+    if isinstance(v, ObjectValue):
+        return (v.obj,)
+    for obj, value in frame.tx.memo.values():     # lists, dicts... wrapped from a real container
+        if value is v:
+            return (obj,)
+    return None
 
 
 def _guard_ids_distinct(frame, v):
