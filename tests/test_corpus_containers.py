@@ -1140,3 +1140,25 @@ def test_id_of_a_real_container_finds_keys_stored_on_earlier_calls():
     actual = [compiled(X) for _ in range(3)]
     assert all(torch.equal(a, b) for a, b in zip(expected, actual))
     assert REGISTRY == eager_registry == {id(CONFIG): [1, 1, 1]}
+
+
+def id_arithmetic(x):
+    made = [1]
+    try:
+        n = (id(made) + 1) % 2 + 1
+        text = hex(id(made))[:2]
+    except TypeError:
+        n, text = -1, "TypeError"
+    return x * n if n > 0 else x, text, id(made) == id(made)
+
+
+def test_arithmetic_on_the_id_of_a_value_made_in_the_frame_breaks():
+    # The placeholder's TypeError was raised in the program, and its except clause ran.
+    import bytegraph
+    from bytegraph.errors import Unsupported
+    out = bytegraph.compile(id_arithmetic)(X)
+    expected = id_arithmetic(X)
+    assert out[1:] == expected[1:] == ("0x", True)
+    assert torch.equal(out[0], X) or torch.equal(out[0], X * 2)
+    with pytest.raises(Unsupported, match="known only at run time"):
+        bytegraph.compile(id_arithmetic, fullgraph=True)(X)

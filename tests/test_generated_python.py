@@ -635,6 +635,9 @@ class ProgramGen:
             owner = r.choice(["G_OBJ", "G_LIST", "G_DICT"])
             self.emit(f"G_IDS.setdefault(id({owner}), []).append({self.int_expr()})")
             self.emit(f"{n} = len(G_IDS.get(id({owner}), [])) + len(G_IDS)")
+            if r.random() < 0.3:
+                # the number of an id of an object made here: known only at run time
+                self.emit(f"{n} += int((id([{n}]) + 1) > 0)")
             self.define(n, "int")
         elif choice == 0:
             self.emit(f"G_LIST.append({self.int_expr()})")

@@ -6,6 +6,7 @@ module of trace/ may import these (they sit below all of them).
 """
 import collections
 import enum
+import operator
 import sys
 import types
 
@@ -14,7 +15,8 @@ import torch
 from ..errors import Unsupported
 from ..values.base import (MUTABLE_CONSTANT_TYPES, ConstantValue, DefaultDictValue, DictValue, DictViewValue,
                            ExceptionValue, FloatTensorValue, FunctionValue, GeneratorValue, HeldValue, ListValue,
-                           ObjectValue, SliceValue, SymValue, TensorValue, TupleValue, UserObjectValue, holds_values)
+                           ObjectValue, SliceValue, SymValue, TensorValue, TupleValue, UserObjectValue, holds_traced_id,
+                           holds_values)
 
 
 class PythonError(Unsupported):
@@ -186,3 +188,16 @@ def note_process_local(tx, value):
     set of strings (hash seeds differ). Such a trace is not saved to the persistent cache."""
     if isinstance(value, (set, frozenset)) and any(_hash_seeded(x) for x in value):
         tx.process_local += 1
+
+
+# What an id taken while tracing can be folded by: its number is known only at run time.
+_ID_COMPARISONS = {operator.eq, operator.ne, operator.is_, operator.is_not, hash, type}
+
+
+def refuse_traced_ids(fn, args, what):
+    """A break where ``fn`` would be folded on an id taken while tracing (arithmetic, ordering,
+    text): its result would be made up, and the TypeError the placeholder raises is not the
+    program's."""
+    if fn not in _ID_COMPARISONS and any(holds_traced_id(a) for a in args):
+        raise Unsupported(f"{what} of an id() taken while tracing: its number is known only at run time",
+                          hint="compare ids with == or `is` inside the compiled function")

@@ -26,7 +26,7 @@ from ..residual import has_hooks, is_fsdp_module
 from ..values.builder import CONSTANT_TYPES, wrap
 from ..values.arrays import NdarrayMethodValue
 from . import attrs, blocks, distributed, generators, higher_order, numpy_calls, operators, ops, protocols, torch_wrappers
-from .basics import note_process_local
+from .basics import note_process_local, refuse_traced_ids
 from .exceptions import PythonError, make_exception, raise_new
 from .frame import inline_call
 from .basics import type_name
@@ -461,6 +461,7 @@ def fold(frame, fn, args, kwargs, what=None, hold=None):
         if getattr(fn, "__module__", None) in ("_operator", "operator") and has_tensor(args):
             return operators.graph_op(frame, fn, args, kwargs)
         raise Unsupported(f"{name}() on non-constant arguments ({', '.join(attrs.describe(a) for a in args)})")
+    refuse_traced_ids(fn, list(cargs) + list(ckwargs.values()), f"{name}()")
     if fn is hash or fn is id:
         frame.tx.process_local += 1
     for a in cargs:

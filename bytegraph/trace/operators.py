@@ -16,7 +16,7 @@ from ..values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, ConstantVal
                            TensorValue, TupleValue, UserObjectValue, holds_values)
 from ..values.builder import wrap
 from . import attrs, numpy_calls, ops, protocols
-from .basics import as_constant, constant_value, held_item, is_constant
+from .basics import as_constant, constant_value, held_item, is_constant, refuse_traced_ids
 from .exceptions import PythonError, raise_new, to_str
 from .protocols import is_not_implemented
 
@@ -58,6 +58,7 @@ def constant_fold(frame, fn, args, what):
         cargs = [as_constant(a) for a in args]
     except Unsupported:
         raise Unsupported(f"{what} on non-constant values is not supported yet") from None
+    refuse_traced_ids(fn, cargs, what)
     try:
         return constant_value(fn(*cargs))
     except Exception as e:

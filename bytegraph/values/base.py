@@ -610,6 +610,18 @@ def holds_values(c):
     return False
 
 
+def holds_traced_id(c):
+    """True if the real value ``c`` is, or (in tuples, lists, sets, dict keys and values) holds,
+    an id taken while tracing."""
+    if isinstance(c, TracedId):
+        return True
+    if isinstance(c, (tuple, list, set, frozenset)):
+        return any(holds_traced_id(x) for x in c)
+    if isinstance(c, dict):
+        return any(holds_traced_id(k) or holds_traced_id(v) for k, v in c.items())
+    return False
+
+
 class DefaultDictValue(DictValue):
     """A ``collections.defaultdict`` made while tracing: a missing key gets ``factory()``."""
 
