@@ -1149,16 +1149,17 @@ def id_arithmetic(x):
         text = hex(id(made))[:2]
     except TypeError:
         n, text = -1, "TypeError"
-    return x * n if n > 0 else x, text, id(made) == id(made)
+    return x * n if n > 0 else x, text, id(made) == id(made), isinstance(id(made), int), type(id(made)).__name__
 
 
 def test_arithmetic_on_the_id_of_a_value_made_in_the_frame_breaks():
-    # The placeholder's TypeError was raised in the program, and its except clause ran.
+    # The placeholder's TypeError was raised in the program, and its except clause ran; its
+    # type was not int.
     import bytegraph
     from bytegraph.errors import Unsupported
     out = bytegraph.compile(id_arithmetic)(X)
     expected = id_arithmetic(X)
-    assert out[1:] == expected[1:] == ("0x", True)
+    assert out[1:] == expected[1:] == ("0x", True, True, "int")
     assert torch.equal(out[0], X) or torch.equal(out[0], X * 2)
     with pytest.raises(Unsupported, match="known only at run time"):
         bytegraph.compile(id_arithmetic, fullgraph=True)(X)

@@ -191,7 +191,7 @@ def note_process_local(tx, value):
 
 
 # What an id taken while tracing can be folded by: its number is known only at run time.
-_ID_COMPARISONS = {operator.eq, operator.ne, operator.is_, operator.is_not, hash, type}
+_ID_COMPARISONS = {operator.eq, operator.ne, operator.is_, operator.is_not, hash}
 
 
 def refuse_traced_ids(fn, args, what):

@@ -62,7 +62,7 @@ class ConstantValue(Value):
         self._value = v
 
     def python_type(self):
-        return type(self.value)
+        return int if isinstance(self.value, TracedId) else type(self.value)   # an id is an int at run time
 
     def is_constant(self):
         return True
