@@ -28,7 +28,8 @@ from ..values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, CellValue, 
                            DefaultDictValue, DictValue, DictViewValue, ExceptionValue, FloatTensorValue,
                            FormattedTextValue, FunctionValue, GeneratorValue, HeldValue, IteratorValue, ListValue,
                            MethodOfValue, ObjectValue, PartialValue, PrivateObjectValue, RealCell, SymValue,
-                           TensorMethodValue, TensorValue, TracedId, TupleValue, UserObjectValue, holds_values)
+                           TensorMethodValue, TensorValue, TracedId, TupleValue, UserObjectValue, holds_values,
+                           reaches)
 
 
 class Namespace:
@@ -52,19 +53,6 @@ class Namespace:
                 self.ns[s.expr()] = s.obj
             return s.expr_over(render)
         return render(source)
-
-
-def _holds_fake(c, depth=0):
-    """Does the constant ``c`` hold a fake tensor in its tuples, lists, dicts or sets?"""
-    if isinstance(c, FakeTensor):
-        return True
-    if depth > 8:
-        return False
-    if isinstance(c, dict):
-        return any(_holds_fake(k, depth + 1) or _holds_fake(v, depth + 1) for k, v in c.items())
-    if isinstance(c, (tuple, list, set, frozenset)):
-        return any(_holds_fake(x, depth + 1) for x in c)
-    return False
 
 
 class Rebuilder:
@@ -170,7 +158,7 @@ class Rebuilder:
             c = v.value
             if c is None or isinstance(c, (bool, str)) or type(c) is int:
                 return repr(c)
-            if _holds_fake(c):
+            if reaches(c, FakeTensor):
                 # A fake value of the trace made into a constant would be returned in place of
                 # the real tensor (a last guard: the tracer should have refused it earlier).
                 raise Unsupported(f"a {type(c).__name__} holding tensors computed while tracing would be frozen "

@@ -427,7 +427,7 @@ class GraphBuilder:
             return SymValue(node, result)
         # No new tensor came out (a size, a flag, a grouping of the arguments' own tensors...):
         # nothing to compute at run time, unless the call mutates its arguments.
-        value = _constant_result(result, _tensor_values(args, kwargs))
+        value = _constant_result(result, _tensor_values(args, kwargs) if _holds_traced(result) else None)
         if not node.users and not _mutates(node.target):
             self.graph.erase_node(node)
         return value

@@ -610,16 +610,23 @@ def holds_values(c):
     return False
 
 
-def holds_traced_id(c):
-    """True if the real value ``c`` is, or (in tuples, lists, sets, dict keys and values) holds,
-    an id taken while tracing."""
-    if isinstance(c, TracedId):
+def reaches(c, kind, depth=0):
+    """True if the real value ``c`` is, or holds in its tuples, lists, sets, dict keys and
+    values (nested at most 8 deep), an instance of ``kind``."""
+    if isinstance(c, kind):
         return True
+    if depth > 8:
+        return False
     if isinstance(c, (tuple, list, set, frozenset)):
-        return any(holds_traced_id(x) for x in c)
+        return any(reaches(x, kind, depth + 1) for x in c)
     if isinstance(c, dict):
-        return any(holds_traced_id(k) or holds_traced_id(v) for k, v in c.items())
+        return any(reaches(k, kind, depth + 1) or reaches(v, kind, depth + 1) for k, v in c.items())
     return False
+
+
+def holds_traced_id(c):
+    """True if the real value ``c`` is or holds an id taken while tracing."""
+    return reaches(c, TracedId)
 
 
 class DefaultDictValue(DictValue):
