@@ -12,10 +12,10 @@ on-disk FX graph cache is pointed at a new directory per process, so every first
 
 For each: the first call (compile-dominated) and the median steady-state step (inference
 under ``no_grad``; with ``--train`` forward + backward of the summed logits). The persistent
-cache is off. On the CPU it runs too (slowly: Inductor's C++ compiles). On a GPU bytegraph
-compiles a graph that is differentiated whole (``regions.worth_splitting``: the split's per-part
-CPU cost bounded the training step), so with ``--train --device cuda`` the ``regional`` and
-``whole`` rows compile the same way.
+cache is off. On the CPU it runs too (slowly: Inductor's C++ compiles). On a GPU ``regional``
+keeps the graph whole with each distinct block a shared subgraph (``backends/subgraphs.py``)
+where its blocks do enough work (``regions.worth_sharing``), for training too; below that it is
+compiled as ``whole`` is.
 """
 import argparse
 import json

@@ -9,7 +9,7 @@ import os
 from .errors import ConfigError
 
 LOG_TOPICS = ("graph", "guards", "bytecode", "output_code", "recompiles", "graph_breaks", "trace", "cudagraphs",
-              "minifier", "cache", "distributed")
+              "minifier", "cache", "distributed", "regions")
 
 
 def _env_topics():

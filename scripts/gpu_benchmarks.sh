@@ -27,7 +27,7 @@ train_rows() {   # rows... : each row for eager, torch.compile and bytegraph
 case $part in
 tests)
     python3 -m pytest -q -p no:cacheprovider -o addopts= tests/test_cudagraphs.py tests/test_numpy_faq.py \
-        tests/test_optimizers.py tests/test_higher_order.py -x 2>&1 | tail -n 15 | tee "$out/gpu_tests.txt"
+        tests/test_optimizers.py tests/test_higher_order.py tests/test_depth_shared_blocks.py -x 2>&1 | tail -n 15 | tee "$out/gpu_tests.txt"
     ;;
 train)
     train_rows "whole step, AdamW foreach" "model compiled, AdamW foreach" "inference batch 1, reduce-overhead"

@@ -137,7 +137,7 @@ def test_a_gpu_graph_is_split_only_when_its_blocks_do_enough_work(monkeypatch):
     with torch.no_grad():
         bytegraph.compile(model, backend=lambda gm, ex: graphs.append(gm) or gm.forward)(torch.randint(0, 64, (2, 8)))
     work = max(regions.region_flops(graphs[0]).values())
-    monkeypatch.setattr(regions, "_on_cuda", lambda gm: True)
+    monkeypatch.setattr(regions, "on_cuda", lambda gm: True)
     monkeypatch.setattr(regions, "CUDA_MIN_REGION_FLOPS", work + 1)
     assert not regions.worth_splitting(graphs[0])      # launch-bound: compiled whole
     monkeypatch.setattr(regions, "CUDA_MIN_REGION_FLOPS", work)
@@ -227,7 +227,7 @@ def test_a_gpu_graph_that_is_differentiated_is_compiled_whole(monkeypatch, grad)
     assert any(regions.is_state_node(n) for n in graphs[0].graph.nodes)
     assert regions.worth_splitting(graphs[0])          # on the CPU: split either way
     work = max(regions.region_flops(graphs[0]).values())
-    monkeypatch.setattr(regions, "_on_cuda", lambda gm: True)
+    monkeypatch.setattr(regions, "on_cuda", lambda gm: True)
     monkeypatch.setattr(regions, "CUDA_MIN_REGION_FLOPS", work)
     assert regions.worth_splitting(graphs[0]) == (not grad)
     monkeypatch.setattr(regions, "CUDA_MIN_REGION_FLOPS", work + 1)

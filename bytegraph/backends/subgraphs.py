@@ -1,0 +1,156 @@
+"""Repeated blocks as shared subgraphs: one graph for AOTAutograd and Inductor, each distinct
+block traced, partitioned and compiled once inside it.
+
+``regions.compile_by_regions`` splits a graph into parts compiled one by one: every part is its
+own AOTAutograd function, which costs Python on every call (a wrapper and, in training, an
+autograd node per part). Here the graph stays whole. Each instance of a repeated block
+(``node.meta["bytegraph_region"]``, set by ``trace/blocks.py``) becomes one call of the
+``invoke_subgraph`` operator on a graph module of the block, every instance whose block graph
+is the same (``regions.meta_key`` of its inputs, the same code once named alike) sharing one
+module and identifier. AOTAutograd traces and partitions the shared module once per identifier
+and Inductor lowers and compiles it once, calling it from the outer graph's generated code for
+every layer: no wrapper per block, one backward node for the whole graph, and the whole graph's
+CUDA graph when one is asked for.
+
+A block stays inline (compiled with its neighbours) when a shared module could not stand in for
+it exactly: it writes a tensor in place, draws random numbers (every call of a shared module
+could draw the same ones), returns anything but tensors or a value sharing storage with an
+input, or has symbolic sizes. A graph that sets grad mode or autocast itself is left as it is
+(``docs/architecture.md``, Shared blocks).
+"""
+import operator
+
+import torch
+import torch.fx as fx
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from ..config import config
+from ._common import writes
+from .lanes import _is_random
+from .regions import _parts, _Part, _static, is_state_node
+
+SUBGRAPH_PREFIX = "bytegraph_block_"
+
+
+def _storage(value):
+    return StorageWeakRef(value.untyped_storage()) if isinstance(value, torch.Tensor) else None
+
+
+def _flat(value):
+    return value if isinstance(value, (tuple, list)) else (value,)
+
+
+def _draws_random(n):
+    """Does ``n`` draw random numbers? A dropout of probability 0 or outside training does not."""
+    if n.target is torch.nn.functional.scaled_dot_product_attention:
+        p = n.kwargs.get("dropout_p", n.args[4] if len(n.args) > 4 else 0.0)
+        return not (type(p) in (int, float) and p == 0)
+    if not _is_random(n):
+        return False
+    name = n.target if n.op == "call_method" else getattr(n.target, "__name__", "")
+    if "dropout" in name and n.op == "call_function":
+        p = n.kwargs.get("p", n.args[1] if len(n.args) > 1 else 0.5)
+        training = n.kwargs.get("training", n.args[2] if len(n.args) > 2 else True)
+        return not (training is False or (type(p) in (int, float) and p == 0))
+    return True
+
+
+def _shareable(part):
+    """Can a shared subgraph stand in for ``part`` exactly?"""
+    if part.state_nodes or not part.outputs:
+        return False
+    for n in part.nodes:
+        if n.op == "get_attr":
+            continue
+        if n.op not in ("call_function", "call_method") or writes(n) or _draws_random(n):
+            return False
+        if not all(_static(v) for v in _flat(n.meta.get("example_value")) if v is not None):
+            return False
+    inputs = set()
+    for a in part.inputs:
+        value = a.meta.get("example_value")
+        if not isinstance(value, torch.Tensor) or not _static(value):
+            return False
+        inputs.add(_storage(value))
+    for out in part.outputs:
+        values = [v for v in _flat(out.meta.get("example_value")) if isinstance(v, torch.Tensor)]
+        if not isinstance(out.meta.get("example_value"), torch.Tensor):
+            return False      # a block returning a list or a number: left inline
+        if any(_storage(v) in inputs for v in values):
+            return False
+    return True
+
+
+class _Shared:
+    """The subgraph modules made so far, one per distinct block graph."""
+
+    def __init__(self, gm):
+        self.gm = gm
+        self.by_signature = {}
+
+    def name_for(self, part):
+        name = self.by_signature.get(part.signature)
+        if name is None:
+            name = f"{SUBGRAPH_PREFIX}{len(self.by_signature)}"
+            self.gm.add_submodule(name, part.gm)
+            self.by_signature[part.signature] = name
+        return name
+
+
+class _NoStates:
+    """A part without grad-mode or autocast nodes needs no global state recorded."""
+
+    def before(self, node):
+        return None
+
+
+def with_shared_blocks(gm):
+    """A copy of ``gm`` in which each repeated block is an ``invoke_subgraph`` call of a module
+    shared by every instance of the same graph, or None when no block repeats (or none could be
+    shared). ``gm`` itself is left as it is, to be compiled whole should the copy fail."""
+    if not config.regional_compile:
+        return None
+    if any(is_state_node(n) for n in gm.graph.nodes):
+        return None
+    graph = fx.Graph()
+    nodes = {}
+    graph.output(graph.graph_copy(gm.graph, nodes))
+    copy = fx.GraphModule(gm, graph)
+    parts = [_Part(tag, run) for tag, run in _parts(copy)]
+    chosen = [p for p in parts if p.tag is not None and _shareable(p)]
+    for p in chosen:
+        p.build(copy, _NoStates())
+    counts = {}
+    for p in chosen:
+        counts[p.signature] = counts.get(p.signature, 0) + 1
+    chosen = [p for p in chosen if counts[p.signature] > 1]
+    if not chosen:
+        return None
+    shared = _Shared(copy)
+    invoke = torch.ops.higher_order.invoke_subgraph
+    replaced = {}       # a block's output node -> the getitem of its call that stands for it now
+    for p in chosen:
+        name = shared.name_for(p)
+        # After the block's last node: every input (its parameters' get_attr nodes too) is defined.
+        with graph.inserting_before(p.nodes[-1].next):
+            sub = graph.get_attr(name)
+            call = graph.call_function(invoke, (sub, name, *(replaced.get(a, a) for a in p.inputs)))
+            outs = []
+            for i, out in enumerate(p.outputs):
+                g = graph.call_function(operator.getitem, (call, i))
+                g.meta = dict(out.meta)
+                outs.append(g)
+        call.meta["example_value"] = tuple(out.meta["example_value"] for out in p.outputs)
+        for out, g in zip(p.outputs, outs):
+            out.replace_all_uses_with(g)
+            replaced[out] = g
+        for n in reversed(p.nodes):
+            if n.op != "get_attr" and not n.users:
+                graph.erase_node(n)
+    graph.lint()
+    copy.recompile()
+    copy.meta["bytegraph_shared_blocks"] = len(shared.by_signature)
+    return copy
+
+
+__all__ = ["with_shared_blocks"]
