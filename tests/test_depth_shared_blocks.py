@@ -8,7 +8,7 @@ import bytegraph
 from bytegraph.backends import inductor as inductor_backend
 from bytegraph.backends import regions
 from bytegraph.backends.aot import aot_eager
-from bytegraph.backends.subgraphs import with_shared_blocks
+from bytegraph.backends.subgraphs import compiling, with_shared_blocks
 from bytegraph.demo.models import GPTConfig, TinyGPT
 from helpers import assert_same
 
@@ -98,13 +98,46 @@ def test_blocks_drawing_random_numbers_stay_inline():
     assert shared[0] is not None
 
 
-def test_a_graph_setting_autocast_is_not_shared():
-    # Grad mode or autocast set inside the graph: left to the split or the whole graph.
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_training_step_entering_autocast_itself_differentiates_blocks_at_its_dtype(dtype):
+    # AOTAutograd traces a shared block's backward after the step's `with torch.autocast` has
+    # ended: compiled under `compiling`, at the step's dtype (float16 is not the CPU's default).
     model = gpt(3)
+    reference = gpt(3)
+
+    def step(m, x):
+        with torch.autocast("cpu", dtype=dtype):
+            loss = m(x).float().square().mean()
+        loss.backward()
+        return loss
+
+    shared = []
+
+    def backend(gm, example_inputs):
+        copy = with_shared_blocks(gm)
+        shared.append(copy)
+        with compiling(copy):
+            return aot_eager(copy, example_inputs)
+
+    x = torch.randint(0, 64, (2, 8))
+    loss = bytegraph.compile(step, backend=backend)(model, x)
+    expected = step(reference, x)
+    assert shared[0] is not None and shared[0].meta["bytegraph_autocast_dtypes"] == {"cpu": dtype}
+    assert torch.equal(loss, expected)
+    for (n, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert torch.equal(p.grad, q.grad), n
+
+
+def test_blocks_under_autocast_of_two_dtypes_are_not_shared():
+    model = gpt(4)
 
     def step(x):
+        h = model.wte(x)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            return model(x).float().mean()
+            h = model.h[1](model.h[0](h))
+        with torch.autocast("cpu", dtype=torch.float16):
+            h = model.h[3](model.h[2](h))
+        return h.float().mean()
 
     shared = []
     x = torch.randint(0, 64, (2, 8))

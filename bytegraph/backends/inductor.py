@@ -8,7 +8,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from . import grad_presence
 from .lanes import compile_by_lanes
 from .regions import compile_by_regions, worth_sharing, worth_splitting
-from .subgraphs import with_shared_blocks
+from .subgraphs import compiling, with_shared_blocks
 from .cudagraphs import watch_static_inputs
 from ._common import (as_list, compile_failed, data_dependent_cause, flat_tuple_output, quiet_torch_imports,
                       run_uncompiled, watched_inner, with_restore)
@@ -82,7 +82,8 @@ def _with_shared_blocks(gm, example_inputs, config_patches):
         return None
     patches = dict(config_patches or {}, allow_buffer_reuse=False)
     try:
-        return inductor_whole(shared, example_inputs, config_patches=patches)
+        with compiling(shared):
+            return inductor_whole(shared, example_inputs, config_patches=patches)
     except Exception as exc:     # noqa: BLE001 - any failure: the plain whole graph instead
         logging.getLogger("bytegraph.regions").debug(
             "shared blocks not compiled (%s: %s); compiling the graph whole", type(exc).__name__, exc)

@@ -15,9 +15,10 @@ CUDA graph when one is asked for.
 A block stays inline (compiled with its neighbours) when a shared module could not stand in for
 it exactly: it writes a tensor in place, draws random numbers (every call of a shared module
 could draw the same ones), returns anything but tensors or a value sharing storage with an
-input, or has symbolic sizes. A graph that sets grad mode or autocast itself is left as it is
-(``docs/architecture.md``, Shared blocks).
+input, or has symbolic sizes. A graph whose blocks run under autocast of two dtypes on one
+device is left as it is (``compiling`` sets the one dtype for AOTAutograd's backward traces).
 """
+import contextlib
 import operator
 
 import torch
@@ -27,7 +28,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from ..config import config
 from ._common import writes
 from .lanes import _is_random
-from .regions import _parts, _Part, _static, is_state_node
+from .regions import _GlobalStates, _parts, _Part, _static, is_state_node
 
 SUBGRAPH_PREFIX = "bytegraph_block_"
 
@@ -98,10 +99,42 @@ class _Shared:
 
 
 class _NoStates:
-    """A part without grad-mode or autocast nodes needs no global state recorded."""
+    """A graph without grad-mode or autocast nodes runs every block under the caller's state."""
 
     def before(self, node):
         return None
+
+
+def _autocast_dtypes(chosen, states):
+    """{device: dtype} of autocast where any shared block runs under it, or None when blocks
+    run under autocast of two dtypes on one device."""
+    found = {}
+    for p in chosen:
+        state = states.before(p.nodes[0])
+        for device, enabled, dtype in (state[1] if state is not None else ()):
+            if enabled:
+                found.setdefault(device, set()).add(dtype)
+    if any(len(dtypes) > 1 for dtypes in found.values()):
+        return None
+    return {device: dtypes.pop() for device, dtypes in found.items()}
+
+
+@contextlib.contextmanager
+def compiling(shared):
+    """The state to compile a graph from ``with_shared_blocks`` under: autocast's dtype set to
+    the one its blocks run under. AOTAutograd traces a shared block's backward after the
+    graph's ``with torch.autocast`` has ended, with autocast switched on as the block's forward
+    had it but at the dtype set then; outside a ``with`` block that is autocast's default
+    (float16 on a GPU), and a bfloat16 block was differentiated as a float16 one."""
+    dtypes = shared.meta.get("bytegraph_autocast_dtypes") or {}
+    saved = {device: torch.get_autocast_dtype(device) for device in dtypes}
+    try:
+        for device, dtype in dtypes.items():
+            torch.set_autocast_dtype(device, dtype)
+        yield
+    finally:
+        for device, dtype in saved.items():
+            torch.set_autocast_dtype(device, dtype)
 
 
 def with_shared_blocks(gm):
@@ -110,21 +143,28 @@ def with_shared_blocks(gm):
     shared). ``gm`` itself is left as it is, to be compiled whole should the copy fail."""
     if not config.regional_compile:
         return None
-    if any(is_state_node(n) for n in gm.graph.nodes):
-        return None
     graph = fx.Graph()
     nodes = {}
     graph.output(graph.graph_copy(gm.graph, nodes))
     copy = fx.GraphModule(gm, graph)
+    states = _NoStates()
+    if any(is_state_node(n) for n in graph.nodes):
+        try:
+            states = _GlobalStates(copy)
+        except (KeyError, TypeError, RuntimeError):
+            return None        # a state node with arguments it cannot be done with here
     parts = [_Part(tag, run) for tag, run in _parts(copy)]
     chosen = [p for p in parts if p.tag is not None and _shareable(p)]
     for p in chosen:
-        p.build(copy, _NoStates())
+        p.build(copy, states)
     counts = {}
     for p in chosen:
         counts[p.signature] = counts.get(p.signature, 0) + 1
     chosen = [p for p in chosen if counts[p.signature] > 1]
     if not chosen:
+        return None
+    dtypes = _autocast_dtypes(chosen, states)
+    if dtypes is None:
         return None
     shared = _Shared(copy)
     invoke = torch.ops.higher_order.invoke_subgraph
@@ -150,7 +190,8 @@ def with_shared_blocks(gm):
     graph.lint()
     copy.recompile()
     copy.meta["bytegraph_shared_blocks"] = len(shared.by_signature)
+    copy.meta["bytegraph_autocast_dtypes"] = dtypes
     return copy
 
 
-__all__ = ["with_shared_blocks"]
+__all__ = ["compiling", "with_shared_blocks"]
