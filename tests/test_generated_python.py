@@ -1040,14 +1040,24 @@ class ProgramGen:
                             f"{c}[{c}.abs() > 0.5] = 0.0"]))
         self.define(c, "tensor:full")
 
-    def stmt_no_grad(self):
+    def stmt_mode_block(self):
+        # Grad mode and autocast blocks, a break inside some: resumed inside the block, the
+        # code after it starts by leaving the block (a graph of nothing but that, once).
         r = self.r
         t = self.fresh("t")
-        with self.block(r.choice(["with torch.no_grad():", "with torch.set_grad_enabled(False):"])):
+        with self.block(r.choice(["with torch.no_grad():", "with torch.set_grad_enabled(False):",
+                                  "with torch.autocast('cpu', enabled=False):",
+                                  "with torch.autocast('cpu', dtype=torch.bfloat16):"])):
             self.emit(f"{t} = {self.tensor_expr('full')}")
-            if r.random() < 0.3:
-                self.emit(f"print('no grad', {t}.requires_grad)")
+            if r.random() < 0.4:
+                self.emit(f"print('in the block', {t}.requires_grad)")
         self.define(t, "tensor:full")
+        if r.random() < 0.5:
+            # What the block left (grad mode and autocast as before it), printed: compared.
+            m = self.fresh("t")
+            self.emit(f"{m} = {t} * 2")
+            self.define(m, "tensor:full")
+            self.emit("print('after the block', torch.is_grad_enabled(), torch.is_autocast_enabled('cpu'))")
         if r.random() < 0.3:
             d = self.fresh("t")
             self.emit(f"{d} = {self.tensor_expr('full', 1)}.detach() * 2")
@@ -1207,7 +1217,7 @@ class ProgramGen:
         if self.on("masks"):
             out.append((1, self.stmt_mask_assign))
         if self.on("grads") and self.depth < self.MAX_DEPTH:
-            out.append((1, self.stmt_no_grad))
+            out.append((1, self.stmt_mode_block))
         if self.on("shared"):
             out.append((3, self.stmt_shared))
         return out

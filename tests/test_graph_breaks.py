@@ -24,6 +24,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from torch import nn
 
 import bytegraph
+import bytegraph.backends.aot
+from bytegraph.backends import regions
 from bytegraph.debug import records
 from helpers import assert_same, assert_same_run, clone_input, compile_counted, run_observed
 
@@ -389,6 +391,56 @@ def test_break_inside_autocast(capsys):
     assert z.dtype == torch.bfloat16 and y.dtype == torch.bfloat16
     assert dtype_after == torch.float32 and enabled_after is False
     assert not torch.is_autocast_enabled("cpu")
+
+
+def autocast_left_after_break(a, b, enabled):
+    with torch.autocast("cpu", dtype=torch.float16, enabled=enabled):
+        y = (a @ b).sum()
+        print("inside autocast")
+    # Resumed inside the block: the graph after the break only leaves it, then backward breaks.
+    y.backward()
+    return y, torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_a_graph_that_only_leaves_autocast_is_not_compiled(capsys, enabled):
+    # AOTAutograd refuses a graph that changes autocast and does nothing else; there is nothing
+    # to compile in it: its state changes run as Python.
+    a, b = t(4, 4).requires_grad_(), t(4, 4)
+    ea, eb = a.detach().clone().requires_grad_(), b.clone()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return bytegraph.backends.aot.aot_eager(gm, example_inputs)
+
+    y, enabled_after, dtype_after = bytegraph.compile(autocast_left_after_break, backend=backend)(a, b, enabled)
+    ey, e_enabled, e_dtype = autocast_left_after_break(ea, eb, enabled)
+    assert torch.equal(y, ey) and torch.equal(a.grad, ea.grad)
+    assert (enabled_after, dtype_after) == (e_enabled, e_dtype) == (False, torch.bfloat16)
+    assert all(any(n.op == "call_function" and not regions.is_state_node(n) for n in g.graph.nodes)
+               for g in graphs)
+
+
+def autocast_left_then_more_work(a, b):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = (a @ b).sum()
+        print("inside autocast")
+    z = y * 2 + (a @ b).sum()
+    return z, torch.is_autocast_enabled("cpu"), (a @ b).dtype
+
+
+def test_leaving_autocast_in_a_compiled_graph_leaves_it_for_the_caller(capsys):
+    # The resume function's graph leaves the block; AOTAutograd's compiled graph does not switch
+    # autocast when it runs, so the generated code sets what the graph leaves.
+    a, b = t(4, 4), t(4, 4)
+    compiled = bytegraph.compile(autocast_left_then_more_work, backend="aot_eager")
+    for _ in range(2):
+        z, enabled_inside, dtype_inside = compiled(a, b)
+        assert not torch.is_autocast_enabled("cpu")
+        assert (enabled_inside, dtype_inside) == (False, torch.float32)
+    ez, _, _ = autocast_left_then_more_work(a, b)
+    assert torch.equal(z, ez)
 
 
 class _RecordingCM:

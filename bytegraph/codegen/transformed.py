@@ -8,6 +8,7 @@ import linecache
 import torch
 
 from ..backends._common import writes, written
+from ..backends.regions import is_state_node
 from ..guards import builder as g
 from ..errors import Unsupported
 from ..guards.sources import AttrSource, ClosureSource, GlobalSource
@@ -34,13 +35,13 @@ def finish_graph(tx, ns, live_values, compile_graph):
     lines, write_back = array_input_lines(tx, ns, referenced)
     if count_ops(gm) == 0:
         return lines, exprs, None
-    grad_modes = _grad_toggles_only(gm)
-    if grad_modes is not None:
-        # Nothing but grad-mode switches (an optimizer's step entered no_grad): no graph to
-        # compile; only where they leave grad mode matters.
-        final = grad_modes[-1]
-        return lines + ([] if final == tx.entry_grad_mode else [f"torch._C._set_grad_enabled({final!r})"]), \
-            exprs, None
+    left = _state_left(gm, tx.entry_grad_mode)
+    state_lines = left[1] if left is not None else []
+    if left is not None and left[0]:
+        # Nothing but grad-mode and autocast switches (an optimizer's step entered no_grad, a
+        # resume function left a `with torch.autocast` block): no graph to compile (AOTAutograd
+        # refuses a graph that changes autocast and does nothing else); what they leave is set.
+        return lines + state_lines, exprs, None
     ns.ns["__compiled_fn"] = compile_graph(gm, tx.graph.example_inputs())
     ns.ns["__scalar"] = scalar_tensor
 
@@ -54,7 +55,7 @@ def finish_graph(tx, ns, live_values, compile_graph):
     if kept:
         ns.ns["__own_memory"] = own_memory
         call.append(f"__out = __own_memory(__out, {kept!r})")
-    return lines + call + write_back, exprs, gm
+    return lines + call + state_lines + write_back, exprs, gm
 
 
 def _stored_outputs(tx, outputs):
@@ -101,16 +102,48 @@ def scalar_tensor(value):
     return torch.tensor(value, dtype=torch.float64)
 
 
-def _grad_toggles_only(gm):
-    """The modes a graph made only of ``torch._C._set_grad_enabled`` calls sets, in order; else None."""
-    modes = []
+def _state_left(gm, entry_grad_mode):
+    """(does ``gm`` do nothing but switch grad mode and autocast?, lines setting the grad mode
+    and autocast state it leaves for the code after it), or None where that cannot be read off
+    its nodes.
+
+    A compiled graph need not switch anything when it runs (AOTAutograd's does not: the switches
+    decided how it was traced), so what a graph leaves behind is set again after it: the grad
+    mode of its last ``_set_grad_enabled``, and the autocast state of a ``set_autocast_state``
+    (the end of a ``with torch.autocast`` block entered before a resume function began; without
+    this line, autocast stayed on after such a function returned). ``with`` blocks inside the
+    graph end in it and leave nothing."""
+    only_states = True
+    grad = entry_grad_mode
+    autocast = {}       # device -> (enabled, dtype, cache) set last
+    depth = 0           # autocast blocks open
     for node in gm.graph.nodes:
-        if node.op in ("placeholder", "output"):
+        if node.op not in ("call_function", "call_method", "call_module"):
             continue
-        if node.op != "call_function" or node.target is not torch._C._set_grad_enabled:
+        if not is_state_node(node):
+            only_states = False
+            continue
+        name = node.target.__name__
+        if name == "_enter_autocast":
+            depth += 1
+        elif name == "_exit_autocast":
+            depth -= 1
+        elif any(isinstance(a, torch.fx.Node) for a in node.args):
             return None
-        modes.append(node.args[0])
-    return modes or None
+        elif name == "_set_grad_enabled":
+            grad = node.args[0]
+        elif depth:
+            return None     # a block's state changed inside another block: not from `with` code
+        else:
+            autocast[node.args[0]] = node.args[1:]
+    if depth:
+        return None
+    lines = [] if grad == entry_grad_mode else [f"torch._C._set_grad_enabled({grad!r})"]
+    for device, (enabled, dtype, cache) in autocast.items():
+        lines += [f"torch.set_autocast_enabled({device!r}, {enabled!r})",
+                  f"torch.set_autocast_dtype({device!r}, {dtype!r})",
+                  f"torch.set_autocast_cache_enabled({cache!r})"]
+    return only_states, lines
 
 
 def guard_input_aliasing(tx, gm):
