@@ -188,3 +188,13 @@ def splitting_backend(split, parts, outers):
         outers.append(outer)
         return (outer or gm).forward
     return backend
+
+
+def assert_sum_grads_like_eager(model, out, expected, atol=1e-5):
+    """``out.sum().backward()`` gives ``model``'s parameters the gradients ``expected``'s does."""
+    out.sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    expected.sum().backward()
+    for n, p in model.named_parameters():
+        assert torch.allclose(grads[n], p.grad, atol=atol), n

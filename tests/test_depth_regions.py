@@ -7,7 +7,7 @@ import torch.nn as nn
 import bytegraph
 from bytegraph.backends import regions
 from bytegraph.demo.models import GPTConfig, TinyGPT
-from helpers import assert_same, splitting_backend
+from helpers import assert_same, assert_sum_grads_like_eager, splitting_backend
 
 
 def regional_backend(parts, outer):
@@ -32,12 +32,7 @@ def test_repeated_blocks_compiled_once_with_eager_results_and_gradients():
     assert outer[0].code.count("run_part_1(") == 5
     expected = model(x)
     assert_same(expected, out, atol=1e-5)
-    out.sum().backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad()
-    expected.sum().backward()
-    for n, p in model.named_parameters():
-        assert torch.allclose(grads[n], p.grad, atol=1e-5), n
+    assert_sum_grads_like_eager(model, out, expected)
 
 
 def test_no_split_without_repeats_or_when_switched_off():

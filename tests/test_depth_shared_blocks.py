@@ -10,7 +10,7 @@ from bytegraph.backends import regions
 from bytegraph.backends.aot import aot_eager
 from bytegraph.backends.subgraphs import compiling, with_shared_blocks
 from bytegraph.demo.models import GPTConfig, TinyGPT
-from helpers import assert_same
+from helpers import assert_same, assert_sum_grads_like_eager
 
 INVOKE = torch.ops.higher_order.invoke_subgraph
 
@@ -50,12 +50,7 @@ def test_one_shared_module_for_every_layer_with_eager_results_and_gradients(trai
     assert len({c.args[3] for c in calls(gm)}) == 5
     assert_same(expected, out, atol=1e-5)
     if train:
-        out.sum().backward()
-        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-        model.zero_grad()
-        expected.sum().backward()
-        for n, p in model.named_parameters():
-            assert torch.allclose(grads[n], p.grad, atol=1e-5), n
+        assert_sum_grads_like_eager(model, out, expected)
 
 
 def test_the_original_graph_is_left_as_it_was():
