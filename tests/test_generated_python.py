@@ -27,6 +27,7 @@ import math
 import os
 import random
 import sys
+import tempfile
 import types
 
 import pytest
@@ -1051,6 +1052,10 @@ class ProgramGen:
             self.emit(f"{t} = {self.tensor_expr('full')}")
             if r.random() < 0.4:
                 self.emit(f"print('in the block', {t}.requires_grad)")
+                if r.random() < 0.5:
+                    # Work after the break, still in the block: autocast casts the product,
+                    # no_grad leaves it without history.
+                    self.emit(f"{t} = {t} + ({t} @ {t}.transpose(-1, -2)).sum(-1, keepdim=True)")
         self.define(t, "tensor:full")
         if r.random() < 0.5:
             # What the block left (grad mode and autocast as before it), printed: compared.
@@ -1426,6 +1431,39 @@ def compare(fn, makers, rtol=1e-4, atol=1e-5, backend=None, call_order=None):
     return one_graph
 
 
+def compare_warm_start(src, inputs, backward, rtol=1e-4, atol=1e-5):
+    """The program, written to a file (the persistent cache keys on source files), compiled
+    with a named backend (``aot_eager``) and the persistent cache on: saved by one compile, then
+    loaded from disk by the next after a reset (what a new process does), each run compared
+    with eager."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "generated_program.py")
+        with open(path, "w") as f:
+            f.write(src)
+        ns = _namespace("generated_program")
+        exec(compile(src, path, "exec"), ns)
+        fn = ns["generated"]
+        if backward:
+            fn = with_backward(fn)
+        makers = [_maker(ns, a, k) for a, k in inputs]
+        _compare_saved_then_loaded(fn, makers, os.path.join(folder, "cache"), rtol, atol)
+
+
+def _compare_saved_then_loaded(fn, makers, cache_dir, rtol, atol):
+    call_order = [0, 1, 0, 2] if len(makers) == 3 else [0] * 2
+    inner = getattr(fn, "__wrapped_generated__", None)
+    expected = [run_observed(fn, make) for make in makers]
+    with bytegraph.config.patch(persistent_cache=True, cache_dir=cache_dir):
+        for attempt in ("saved", "loaded"):
+            bytegraph.reset()
+            compiled = bytegraph.compile(inner or fn, backend="aot_eager")
+            if inner is not None:
+                compiled = with_backward(compiled)
+            for i, which in enumerate(call_order):
+                actual = run_observed(compiled, makers[which])
+                assert_same_run(expected[which], actual, f"({attempt}, call {i + 1}, inputs #{which})", rtol, atol)
+
+
 ONE_GRAPH = {}   # feature set -> {seed: bool}
 
 
@@ -1462,7 +1500,11 @@ def run_seed(feature_set, seed):
     # Gradients: every other seed through AOTAutograd (the rest through the graph as is).
     backend = lookup_backend("aot_eager") if feature_set == "grads" and seed % 2 == 0 else None
     try:
-        return compare(fn, [_maker(ns, a, k) for a, k in inputs], backend=backend)
+        one_graph = compare(fn, [_maker(ns, a, k) for a, k in inputs], backend=backend)
+        if feature_set == "grads" and seed % 4 == 0:
+            # Every fourth: also saved to and loaded from the persistent cache.
+            compare_warm_start(src, inputs, backward=True)
+        return one_graph
     except BaseException as e:
         raise AssertionError(f"generated program ({feature_set}, seed {seed}) differs:\n{src}\n"
                              f"inputs: {inputs!r}\n") from e

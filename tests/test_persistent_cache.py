@@ -97,6 +97,30 @@ def test_not_loaded_when_a_guard_fails(cache, cache_log):
     assert loaded_from_disk(cache_log)
 
 
+def autocast_and_no_grad_with_a_break(a):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.no_grad():
+            y = a @ a
+            print("inside both blocks")
+        w = y @ a
+    return w.float() + a, torch.is_grad_enabled(), torch.is_autocast_enabled("cpu")
+
+
+def test_a_loaded_resume_function_is_compiled_under_the_state_it_starts_in(cache, cache_log, capsys):
+    # Loading propagates fake values through the graph, running its grad-mode and autocast
+    # nodes: the state is put back before the backend compiles (else AOTAutograd traced the
+    # matmul after `no_grad` ends without autocast's casts).
+    a = torch.randn(3, 3, requires_grad=True)
+    expected = autocast_and_no_grad_with_a_break(a)
+    for attempt in range(2):
+        bytegraph.reset()
+        out = bytegraph.compile(autocast_and_no_grad_with_a_break, backend="aot_eager")(a)
+        assert (torch.is_grad_enabled(), torch.is_autocast_enabled("cpu")) == (True, False)
+        assert out[1:] == expected[1:]
+        assert torch.equal(out[0], expected[0]) and out[0].requires_grad
+    assert loaded_from_disk(cache_log)
+
+
 def test_corrupt_and_stale_files_are_ignored(cache, cache_log):
     x = torch.randn(2, 8)
     run(Net(), x)

@@ -19,6 +19,7 @@ Each part is compiled by the same backend on fake example inputs, so training wo
 whole graph (AOTAutograd per part, autograd across them). The result is the whole graph's,
 computed by the same kernels up to fusion across part boundaries.
 """
+import contextlib
 import operator
 
 import torch
@@ -279,16 +280,32 @@ def set_global_state(grad, autocast, cache):
     torch.set_autocast_cache_enabled(cache)
 
 
+def _state_devices(gm):
+    devices = list(_AUTOCAST_DEVICES)
+    for n in gm.graph.nodes:
+        if is_state_node(n) and n.args and isinstance(n.args[0], str) and n.args[0] not in devices:
+            devices.append(n.args[0])
+    return devices
+
+
+@contextlib.contextmanager
+def global_state_kept(gm):
+    """Grad mode and autocast put back as they were after running ``gm``'s nodes for real
+    (its state nodes switch them as they go)."""
+    saved = _global_state(_state_devices(gm))
+    try:
+        yield
+    finally:
+        set_global_state(*saved)
+
+
 class _GlobalStates:
     """Grad mode and autocast at each point of the graph: the graph's own state nodes done for
     real, in order, once (the state after each is recorded), then everything put back. Each part
     is compiled with the state before its first node set (``enter``)."""
 
     def __init__(self, gm):
-        devices = list(_AUTOCAST_DEVICES)
-        for n in gm.graph.nodes:
-            if is_state_node(n) and n.args and isinstance(n.args[0], str) and n.args[0] not in devices:
-                devices.append(n.args[0])
+        devices = _state_devices(gm)
         self.saved = _global_state(devices)
         self.after = {}                  # state node -> the state after it
         self._at = {}                    # node -> the state before it
@@ -386,4 +403,4 @@ def compile_by_regions(gm, example_inputs, compile_part):
     return outer_gm
 
 
-__all__ = ["compile_by_regions", "worth_sharing", "worth_splitting", "is_state_node", "meta_key", "part_caller", "REGION"]
+__all__ = ["compile_by_regions", "global_state_kept", "worth_sharing", "worth_splitting", "is_state_node", "meta_key", "part_caller", "REGION"]

@@ -43,6 +43,7 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+from ..backends.regions import global_state_kept
 from ..config import config
 from ..debug import logs
 from ..guards import builder as g
@@ -715,7 +716,15 @@ def _map_refs(obj, env):
 
 
 def _propagate_fakes(gm, example_inputs):
-    """Fake values on every node (backends read them: gradients' reach, regions)."""
+    """Fake values on every node (backends read them: gradients' reach, regions). The graph's
+    grad-mode and autocast nodes run too: the state is put back after, so the backend compiles
+    the graph under the state its frame starts in (a resume function that leaves a `with
+    torch.autocast` block was compiled without autocast, and its matmuls failed on mixed dtypes)."""
+    with global_state_kept(gm):
+        _propagate(gm, example_inputs)
+
+
+def _propagate(gm, example_inputs):
     mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=ShapeEnv())
     env = {}
     inputs = iter(example_inputs)
