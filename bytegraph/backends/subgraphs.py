@@ -28,17 +28,13 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from ..config import config
 from ._common import writes
 from .lanes import _is_random
-from .regions import _GlobalStates, _parts, _Part, _static, is_state_node
+from .regions import _GlobalStates, _flat, _parts, _Part, _static, is_state_node
 
 SUBGRAPH_PREFIX = "bytegraph_block_"
 
 
 def _storage(value):
     return StorageWeakRef(value.untyped_storage()) if isinstance(value, torch.Tensor) else None
-
-
-def _flat(value):
-    return value if isinstance(value, (tuple, list)) else (value,)
 
 
 def _draws_random(n):
@@ -74,10 +70,10 @@ def _shareable(part):
             return False
         inputs.add(_storage(value))
     for out in part.outputs:
-        values = [v for v in _flat(out.meta.get("example_value")) if isinstance(v, torch.Tensor)]
-        if not isinstance(out.meta.get("example_value"), torch.Tensor):
+        value = out.meta.get("example_value")
+        if not isinstance(value, torch.Tensor):
             return False      # a block returning a list or a number: left inline
-        if any(_storage(v) in inputs for v in values):
+        if _storage(value) in inputs:
             return False
     return True
 
