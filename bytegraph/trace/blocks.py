@@ -151,6 +151,12 @@ class Recorder:
         self.events.append(("wrap", source, obj, value, hit))
         self.mark = self.graph._root.prev   # nodes the read made (get_attr) come with it
 
+    def gave_source(self):
+        # A value made without a source got one: later reads through it (its closure cells,
+        # attributes) now take paths this trace did not, so a copy of it would not be exact.
+        # (The next call of the class is recorded instead.)
+        self.ok = False
+
     def on_guard(self, kind, source, expected, detail, dynamic_dims):
         self._flush_nodes()
         self.events.append(("guard", kind, source, expected, detail, dynamic_dims))
@@ -257,9 +263,9 @@ class Template:
                 if not isinstance(obj_r, CONSTANT_TYPES) and not hit_r:
                     memo_seen[id(obj_r)] = src_r
                 if value_t.source is not None:
-                    target = first_source if hit_r and first_source is not None else src_r
-                    if target != value_t.source:
-                        smap[value_t.source] = target
+                    # Reads through this value go where a trace would send them: to the source
+                    # the value has (its first), even when that is the template's own.
+                    smap[value_t.source] = first_source if hit_r and first_source is not None else src_r
                 steps.append(("wrap", obj_r, src_r, value_t))
             elif ev[0] == "guard":
                 _, kind, src_t, expected, detail, dyn = ev
@@ -325,9 +331,12 @@ def _map_source(source, smap):
         if isinstance(source, ItemSource):
             return ItemSource(base, source.index)
         return DefaultSource(base, source.index, source.kw)
-    if source.base_source is not None:
-        return None    # a kind of source this does not know how to move
-    return source
+    base = source.base_source
+    while base is not None:
+        if base in smap:
+            return None    # under the block, through a kind of source this does not know how to move
+        base = base.base_source
+    return source      # read from outside the block: stays where it is
 
 
 def _resolve(source, objmap, known=None):

@@ -80,6 +80,10 @@ def _wrap_memo(tx, obj, source):
         if source is not None:
             if value.source is None:
                 value.source = source
+                if tx.guards.recorders and not (isinstance(obj, types.ModuleType) and is_trusted_module(obj)):
+                    # (reads through a trusted module are the same with a source or without)
+                    for r in tx.guards.recorders:
+                        r.gave_source()
             elif value.source != source:
                 tx.guards.add(g.ALIAS, source, value.source)
         return value
