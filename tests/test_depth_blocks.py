@@ -319,8 +319,8 @@ def test_a_function_given_its_source_inside_the_first_block():
                     copies={RegisteredLayer: 3})
 
 
-@pytest.mark.parametrize("name, layer, train", [("bert", "BertLayer", False), ("deberta_v2", "DebertaV2Layer", True),
-                                                ("vit", "ViTLayer", False), ("bart", "BartDecoderLayer", True)])
+@pytest.mark.parametrize("name, layer, train", [("bert", "BertLayer", False), ("deberta_v2", "DebertaV2Layer", False),
+                                                ("vit", "ViTLayer", True), ("bart", "BartEncoderLayer", True)])
 def test_transformers_layers_are_copied(name, layer, train):
     pytest.importorskip("transformers")
     from bytegraph.demo import hf_models

@@ -85,12 +85,14 @@ def _parts(gm):
     return parts
 
 
-# On a GPU, kernels run while Python goes on: a split graph costs nothing more as long as each
-# region keeps the GPU busy longer than calling its compiled part takes (~0.1-0.2 ms of Python,
-# measured on an H100 with a 12-layer GPT: 1x256 tokens, ~4 GFLOP a block, ran 1.6x slower
-# split; 8x512, ~60 GFLOP a block, within 0.3%). Below this much work per region a CUDA graph is
-# compiled whole. On the CPU kernels run in the caller's thread and outlast the call anyway.
-CUDA_MIN_REGION_FLOPS = 1e10
+# On a GPU, kernels run while Python goes on: a split graph (or one with shared blocks) costs
+# nothing more as long as each region keeps the GPU busy longer than calling its compiled code
+# takes. Measured: a 12-layer GPT on an H100, 1x256 tokens (~4 GFLOP a block) ran 1.6x slower
+# split, 8x512 (~60 GFLOP) within 0.3%; BERT-base on an H200, 8x128 tokens in bf16 (~15 GFLOP a
+# block), with shared blocks 5.26 ms a call back to back against 4.18 whole (torch.compile 4.21).
+# Below this much work per region a graph is compiled whole (unless CUDA graphs replay it). On
+# the CPU kernels run in the caller's thread and outlast the call anyway.
+CUDA_MIN_REGION_FLOPS = 5e10
 
 _MATMULS = {torch.matmul, torch.bmm, torch.mm, operator.matmul, "matmul", "bmm", "mm", "__matmul__"}
 
@@ -166,9 +168,9 @@ def worth_sharing(gm, cudagraphs):
     split against 11.09 shared): when CUDA graphs replay the whole
     graph (nothing of the extra calls is left a step: 1x128 tokens, 1.65 ms against 1.63 for
     torch.compile), or when each block does enough work to hide one more kernel boundary per
-    layer (``CUDA_MIN_REGION_FLOPS``; at 1x256 tokens without CUDA graphs the shared graph
-    stepped in 3.19 ms against 2.83 whole, at 8x1024 in training 26.45 against 26.44 ms for
-    torch.compile)."""
+    layer (``CUDA_MIN_REGION_FLOPS``; without CUDA graphs a GPT at 1x256 tokens stepped in 3.19
+    ms shared against 2.83 whole, BERT-base at 8x128 in 5.26 against 4.18; GPT-2 small at 8x1024
+    in training in 26.45 against 26.44 ms for torch.compile)."""
     if not on_cuda(gm):
         return False
     if cudagraphs:
