@@ -1040,3 +1040,21 @@ def test_return_constant_alongside_computation():
         return y, "done", 42, None, True
 
     check(f, t(3), ops=1)
+
+
+# ---------------------------------------------------------------- type annotations
+
+def test_typing_annotations_made_in_the_function():
+    # timm's CrossViT: torch.jit.annotate(List[torch.Tensor], []) inside forward. typing's
+    # __getitem__ looks at the caller's frame (sys._getframe), so it is made natively.
+    import typing
+
+    def fn(x):
+        parts = torch.jit.annotate(typing.List[torch.Tensor], [])
+        parts.append(x + 1)
+        y = typing.cast(typing.Optional[torch.Tensor], parts[0])
+        table = typing.cast(typing.Dict[str, typing.Tuple[int, ...]], {"n": (1, 2)})
+        kinds = typing.Union[int, typing.Callable[[int], float]]
+        return y * len(table["n"]), kinds is typing.Union[int, typing.Callable[[int], float]]
+
+    check(fn, t(3))

@@ -450,9 +450,11 @@ def getitem(frame, obj, index):
         return _module_item(frame, obj, as_constant(index))
     if attrs.is_mapping_proxy(obj):
         return attrs.proxy_item(frame, obj, key_of(index))
-    if isinstance(obj, ObjectValue) and isinstance(obj.obj, type) and hasattr(obj.obj, "__class_getitem__") \
+    if isinstance(obj, ObjectValue) and _makes_annotations(obj.obj) \
             and isinstance(index, (ObjectValue, ConstantValue, TupleValue)):
-        # A type annotation such as list[Tensor] (typing.cast's first argument): made at once.
+        # A type annotation such as list[Tensor] or typing.List[Tensor] (typing.cast's and
+        # torch.jit.annotate's first argument): made at once (typing's own code for it looks
+        # at the caller's frame).
         try:
             return ObjectValue(obj.obj[_annotation_arg(index)])
         except Unsupported:
@@ -462,6 +464,14 @@ def getitem(frame, obj, index):
     if protocols.dict_part(obj) is not obj:
         return getitem(frame, protocols.dict_part(obj), index)
     raise Unsupported(f"indexing {attrs.describe(obj)} is not supported yet")
+
+
+def _makes_annotations(obj):
+    """Is ``obj[...]`` a type annotation: a generic class, or one of typing's special forms and
+    aliases (``List``, ``Optional``, ``Union``, ``Callable``...)?"""
+    if isinstance(obj, type):
+        return hasattr(obj, "__class_getitem__")
+    return type(obj).__module__ in ("typing", "typing_extensions")
 
 
 def _annotation_arg(index):
