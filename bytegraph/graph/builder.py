@@ -295,8 +295,14 @@ class GraphBuilder:
         except Unsupported:
             raise
         except Exception as e:
+            # (torch's C++ errors carry a backtrace after their message: of no use to the user)
+            message = str(e).split("\nException raised from ")[0].strip()
+            symbolic = "symbolic sizes" in message
             raise Unsupported(
-                f"{describe or _target_name(target)} raised {type(e).__name__} while tracing: {e}") from e
+                f"{describe or _target_name(target)} raised {type(e).__name__} while tracing: {message}",
+                hint="this operation has no implementation for symbolic sizes: a shape that changed between "
+                     "calls made them symbolic; dynamic=False compiles a graph per shape instead" if symbolic
+                else None) from e
         finally:
             self.fake_seconds += time.perf_counter() - t0
         node = self.graph.create_node(kind, target, tuple(node_args), dict(node_kwargs))
@@ -757,6 +763,8 @@ def _target_name(target):
     if mod == "_operator":
         mod = "operator"
     name = getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
+    if name.startswith("_VariableFunctionsClass."):    # torch.lstm, not torch._VariableFunctionsClass.lstm
+        name = name.split(".", 1)[1]
     return f"{mod}.{name}" if mod else name
 
 

@@ -285,6 +285,26 @@ class MappingGetSource(Source):
         return self.base
 
 
+@_source
+class WeakRefCallSource(Source):
+    """``base()`` for a weak reference: the object it refers to now (None once that is gone)."""
+    base: Source
+
+    def expr_over(self, render):
+        return f"{render(self.base)}()"
+
+    def name(self):
+        return f"{_plain(self.base)}()"
+
+    @property
+    def root(self):
+        return self.base.root
+
+    @property
+    def base_source(self):
+        return self.base
+
+
 def _key_expr(key, render):
     """A dict key in generated code: a literal, or the key object itself held by the code."""
     if type(key) in (str, int, float, bool, bytes, type(None)):

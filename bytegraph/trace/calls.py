@@ -8,6 +8,7 @@ builtins on constants), or is unsupported.
 import enum
 import operator
 import types
+import weakref
 from collections import OrderedDict
 
 import numpy as np
@@ -17,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 from .. import control
 from ..errors import Unsupported
 from ..guards.builder import DICT_KEYS, GLOBAL_HOOKS, NO_HOOKS
-from ..guards.sources import AttrSource, DefaultSource, ItemSource, MappingGetSource
+from ..guards.sources import AttrSource, DefaultSource, ItemSource, MappingGetSource, WeakRefCallSource
 from ..values.base import (BoundMethodValue, ConstantValue, DictValue, ExitValue, FunctionValue,
                            IteratorValue, ListValue, MethodOfValue, ObjectValue, PartialValue,
                            PrivateObjectValue, RealCell, TensorMethodValue, TensorValue, TracerCallableValue,
@@ -138,6 +139,9 @@ def _call_object(frame, fv, args, kwargs):
             return _existing_dict_lookup(frame, fv, args, kwargs)
         raise Unsupported(f"{type(obj.__self__).__name__}.{obj.__name__}() on {attrs.describe(fv)} "
                           "is not supported yet")
+    if type(obj) is weakref.ReferenceType and fv.source is not None and not args and not kwargs:
+        # A weak reference kept from outside (nn.LSTM's to its weights): what it refers to now.
+        return wrap(tx, obj(), WeakRefCallSource(fv.source))
     if _is_foldable(obj):
         return fold(frame, obj, args, kwargs)
     call_attr = getattr(type(obj), "__call__", None)
