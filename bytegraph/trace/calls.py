@@ -285,6 +285,12 @@ def call_module(frame, mv, args, kwargs):
             f"{type(m).__name__} is sharded by FSDP2 (fully_shard): its hooks all-gather its DTensor parameters "
             "before forward and free them after; they run natively and its forward is compiled on its own",
             hint="expected with FSDP2: each sharded module's forward is a graph of its own")
+    if isinstance(m, torch.nn.RNNBase) and any(p.is_cuda for p in m.parameters()):
+        # On the CPU the fused recurrence is one node of the graph (its weights' check folds,
+        # see WeakRefCallSource); on a GPU AOTAutograd would trace it past cuDNN's kernel.
+        raise Unsupported(f"torch.nn.{type(m).__name__} on a GPU runs natively (as under torch.compile): in a "
+                          "graph its cuDNN kernel would become torch's step-by-step recurrence",
+                          hint="expected: one graph before the call and one after it")
     if has_hooks(m):
         return call_with_hooks(frame, mv, args, kwargs, lambda a, k: _call_forward(frame, mv, a, k))
     if mv.source is not None:
