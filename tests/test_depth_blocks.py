@@ -342,3 +342,42 @@ def test_transformers_layers_are_copied(name, layer, train):
 
     copied = same_either_way(Whole, lambda: (), grad=train, train=train)
     assert [c.__name__ for c in copied].count(layer) >= 2
+
+
+# --- blocks of one class built with different submodules ---------------------------------------
+
+class ConvAct(nn.Sequential):
+    """torchvision's Conv2dNormActivation in small: with or without an activation after the layer."""
+
+    def __init__(self, d, act=True):
+        super().__init__(*([nn.Linear(d, d)] + ([nn.ReLU(inplace=True)] if act else [])))
+
+
+class Stack(nn.Module):
+    def __init__(self, d, n, act):
+        super().__init__()
+        self.layers = nn.ModuleList([ConvAct(d, act) for _ in range(n)])
+
+    def forward(self, x):
+        return self.layers[-1](x) + self.layers[0](x)
+
+
+class Pyramid(nn.Module):
+    # RetinaNet's shape: the same class built without an activation in one place (the FPN's
+    # blocks) and with one in another (the head's), called on tensors of the same shape.
+    def __init__(self, d=16):
+        super().__init__()
+        self.inner = nn.ModuleList([ConvAct(d, act=False) for _ in range(2)])
+        self.head = nn.Sequential(*[ConvAct(d, act=True) for _ in range(3)])
+        self.stacks = nn.ModuleList([Stack(d, 1, True), Stack(d, 3, True)])
+
+    def forward(self, x):
+        x = x * 2
+        for block in self.inner:
+            x = block(x)
+        x = self.head(x)
+        return sum(s(x) for s in self.stacks)
+
+
+def test_blocks_of_one_class_with_other_submodules_are_not_copied_from_each_other():
+    same_either_way(Pyramid, seq_inputs)

@@ -1074,7 +1074,7 @@ class ProgramGen:
         r = self.r
         S = self.shape
         out = self.prelude
-        self.shared_fns, self.shared_mods = [], []
+        self.shared_fns, self.shared_mods, self.shared_blocks = [], [], False
         for d in range(r.randint(1, 2)):
             deco = f"deco{d}"
             kind = r.choice(["plain", "kwpop", "tryfinally", "break", "lambda", "eager", "item"])
@@ -1126,6 +1126,23 @@ class ProgramGen:
                 out.append(f"MOD{m} = Mod{m}({r.randint(1, 3)})")
                 self.shared_mods.append(f"MOD{m}")
             out.append("")
+        # modules of one class built differently (how many submodules, an activation or not, a
+        # constant): a block traced for one must not be copied for another it differs from
+        # (trace/blocks.py; torchvision's Conv2dNormActivation with and without an activation)
+        if r.random() < 0.7:
+            out += ["class Step(torch.nn.Module):", "    def __init__(self, k):", "        super().__init__()",
+                    "        self.k = k", "    def forward(self, t):", "        return t * self.k + 1", "",
+                    "class Blk(torch.nn.Sequential):", "    def __init__(self, n, act, k):",
+                    "        super().__init__(*([Step(k + i) for i in range(n)] + "
+                    "([torch.nn.ReLU()] if act else [])))", "",
+                    "class Stack(torch.nn.Module):", "    def __init__(self, blocks):", "        super().__init__()",
+                    "        self.blocks = torch.nn.ModuleList(blocks)", "    def forward(self, t):",
+                    "        return self.blocks[-1](t) - self.blocks[0](t) * 0.5", ""]
+            specs = [(r.randint(1, 3), r.random() < 0.5, r.choice([1, 1, 2])) for _ in range(r.randint(3, 5))]
+            out.append("BLKS = torch.nn.ModuleList([" + ", ".join(f"Blk({n}, {a}, {k})" for n, a, k in specs) + "])")
+            out.append("STACKS = [Stack([Blk(1, True, 1)]), Stack([Blk(1, True, 1), Blk(2, False, 1)])]")
+            out.append("")
+            self.shared_blocks = True
         # a closure factory: one inner code object, one function object per call
         out += ["def make_scaler(s, off=0):", "    def inner(t, k=s):"]
         if r.random() < 0.5:
@@ -1136,8 +1153,20 @@ class ProgramGen:
         r = self.r
         t = self.fresh("t")
         arg = self.tensor_expr("full", 1)
-        choice = r.randrange(6)
-        if choice <= 1 and self.shared_fns:
+        choice = r.randrange(7)
+        if choice == 6 and self.shared_blocks:
+            b = self.fresh("b")
+            self.emit(f"{t} = {arg} * 0.5")
+            kind = r.randrange(3)
+            if kind == 0:
+                with self.block(f"for {b} in BLKS:"):
+                    self.emit(f"{t} = {b}({t}) * 0.25")
+            elif kind == 1:
+                self.emit(f"{t} = BLKS[-1]({t}) + BLKS[0]({t}) + BLKS[{r.randint(1, 2)}]({t} * 2)")
+            else:
+                with self.block(f"for {b} in STACKS:"):
+                    self.emit(f"{t} = {b}({t}) * 0.5")
+        elif choice <= 1 and self.shared_fns:
             fn, takes_scale = r.choice(self.shared_fns)
             extra = r.choice(["", f", k={self.int_leaf()} % 3", f", {r.randint(0, 2)}"])
             if takes_scale and r.random() < 0.5:
@@ -1241,7 +1270,7 @@ class ProgramGen:
         r = self.r
         self.shape = (r.randint(1, 4), r.randint(1, 4))
         self.prelude = []
-        self.shared_fns, self.shared_mods = [], []
+        self.shared_fns, self.shared_mods, self.shared_blocks = [], [], False
         if self.on("shared"):
             self.write_prelude()
         params = ["x0", "x1", "items", "n"]
