@@ -481,3 +481,18 @@ def test_input_is_not_called_while_tracing():
     # Under pytest, reading stdin raises; the trace must not call input() at all.
     err = fullgraph_error(reads_input, t(3))
     check_error(err, [at(reads_input, "input()")], "builtin input() cannot run inside a graph")
+
+
+def test_break_reasons_name_operators_as_users_call_them():
+    # torch.ops.* operators and the functions torch keeps on _VariableFunctionsClass are named
+    # the way user code reaches them, not by their Python class's internals.
+    from bytegraph.debug import records
+
+    def f(x):
+        idx = torch.ops.aten.nonzero(x > 0)
+        return idx.sum() + x.sum()
+
+    x = torch.tensor([1.0, -2.0, 3.0])
+    assert_same(f(x), bytegraph.compile(f, backend="eager")(x))
+    reasons = [r.break_reason for r in records.frames if r.break_reason]
+    assert reasons and reasons[0].startswith("torch.ops.aten.nonzero has an output whose shape depends on tensor data")

@@ -759,6 +759,8 @@ def _is_plain_constant(o):
 def _target_name(target):
     if isinstance(target, str):
         return f"Tensor.{target}"
+    if isinstance(target, (torch._ops.OpOverloadPacket, torch._ops.OpOverload)):
+        return f"torch.ops.{target}"     # torch.ops.torchvision.nms, torch.ops.aten.add.Tensor
     mod = getattr(target, "__module__", None) or ""
     if mod == "_operator":
         mod = "operator"
