@@ -333,8 +333,8 @@ def _map_source(source, smap):
         return DefaultSource(base, source.index, source.kw)
     base = source.base_source
     while base is not None:
-        if base in smap:
-            return None    # under the block, through a kind of source this does not know how to move
+        if smap.get(base, base) != base:
+            return None    # under a moved source, through a kind of source this does not know how to move
         base = base.base_source
     return source      # read from outside the block: stays where it is
 
