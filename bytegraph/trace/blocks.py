@@ -427,6 +427,12 @@ def _equivalent(a, b, depth=0):
     return True
 
 
+def _tables(m):
+    """The names in a module's tables, and which entries are empty."""
+    return tuple(tuple((k, v is None) for k, v in m.__dict__.get(t, {}).items())
+                 for t in ("_modules", "_parameters", "_buffers"))
+
+
 def _same_entries(a, b):
     """Do two module tables name the same entries, empty (None) in the same places?"""
     if a is None or b is None:
@@ -513,7 +519,9 @@ def call_forward(frame, mv, args, kwargs, trace_forward):
     key, leaves = arguments_key(mv, args, kwargs)
     if key is None:
         return trace_forward()
-    templates = tx.block_templates.setdefault(type(m), [])
+    # Modules of one class built with other submodules never share a template (_equivalent):
+    # each build keeps its own (torchvision's Conv2dNormActivation with and without a ReLU).
+    templates = tx.block_templates.setdefault((type(m), _tables(m)), [])
     graph = tx.graph.graph
     start = graph._root.prev
     for template in templates:

@@ -49,7 +49,7 @@ class TraceContext:
         self.reversed_copies = set()
         # trace.blocks: forwards traced once and copied for other modules of their class.
         self.reuse_blocks = True
-        self.block_templates = {}      # module class -> [Template]
+        self.block_templates = {}      # (module class, names in its tables) -> [Template]
         self.blocks_replayed = 0
         self.unguarded_reads = 0       # reads of per-instance state taken without a guard
         # runtime.persist: code objects run by the trace (-> their module's name), and facts
