@@ -496,3 +496,21 @@ def test_break_reasons_name_operators_as_users_call_them():
     assert_same(f(x), bytegraph.compile(f, backend="eager")(x))
     reasons = [r.break_reason for r in records.frames if r.break_reason]
     assert reasons and reasons[0].startswith("torch.ops.aten.nonzero has an output whose shape depends on tensor data")
+
+
+def test_an_op_without_symbolic_size_support_breaks_with_a_short_reason(caplog):
+    # torch's fake tensors log the meta function's traceback before raising; the break reason
+    # already says it, without the C++ file and backtrace, and with what to do.
+    from bytegraph.debug import records
+
+    def f(x):
+        return torch.constant_pad_nd(x, (0, x.shape[0])) + 1
+
+    x = torch.randn(3, 4)
+    with caplog.at_level(logging.DEBUG, logger="torch._subclasses.fake_tensor"):
+        assert_same(f(x), bytegraph.compile(f, backend="eager", dynamic=True)(x))
+    broken = [r for r in records.frames if r.break_reason]
+    assert broken[0].break_reason == ("torch.constant_pad_nd raised RuntimeError while tracing: SymIntArrayRef "
+                                      "expected to contain only concrete integers")
+    assert "dynamic=False" in broken[0].hint
+    assert not [r for r in caplog.records if "failed while attempting to run meta" in r.getMessage()]

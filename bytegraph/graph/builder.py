@@ -5,6 +5,7 @@ The tracer asks for graph inputs (tensors read from sources), module state
 runs once on fake tensors so shapes, dtypes and devices are known without
 running anything real.
 """
+import logging
 import operator
 import re
 import time
@@ -278,6 +279,7 @@ class GraphBuilder:
                 if reason is not None:
                     raise Unsupported(reason)
         t0 = time.perf_counter()
+        _quiet_meta_failures[0] += 1
         try:
             grad_check = _BackwardCheck.needed(kind, target, fake_args, fake_kwargs)
             with self.fake_mode:
@@ -295,15 +297,17 @@ class GraphBuilder:
         except Unsupported:
             raise
         except Exception as e:
-            # (torch's C++ errors carry a backtrace after their message: of no use to the user)
-            message = str(e).split("\nException raised from ")[0].strip()
-            symbolic = "symbolic sizes" in message
+            # (torch's C++ errors carry a backtrace after their message, some the C++ file they
+            # come from before it: of no use to the user)
+            message = re.sub(r"^\S+\.(cpp|h|cu):\d+: ", "", str(e).split("\nException raised from ")[0].strip())
+            symbolic = "symbolic sizes" in message or "concrete integers" in message
             raise Unsupported(
                 f"{describe or _target_name(target)} raised {type(e).__name__} while tracing: {message}",
                 hint="this operation has no implementation for symbolic sizes: a shape that changed between "
                      "calls made them symbolic; dynamic=False compiles a graph per shape instead" if symbolic
                 else None) from e
         finally:
+            _quiet_meta_failures[0] -= 1
             self.fake_seconds += time.perf_counter() - t0
         node = self.graph.create_node(kind, target, tuple(node_args), dict(node_kwargs))
         return self.wrap_result(node, result, fake_args, fake_kwargs, args, kwargs)
@@ -754,6 +758,19 @@ def _own_node(value):
 def _is_plain_constant(o):
     return isinstance(o, (torch.dtype, torch.device, torch.layout, torch.memory_format, type(None),
                           int, float, bool, str)) or o is Ellipsis
+
+
+# FakeTensorMode logs the traceback of an op whose meta function failed, then raises; the
+# tracer turns that error into a graph break with its reason, so the traceback is only noise
+# (a changed shape in HF's Git model printed eight of them).
+_quiet_meta_failures = [0]
+
+
+def _drop_meta_failure(record):
+    return not (_quiet_meta_failures[0] and record.getMessage().startswith("failed while attempting to run meta"))
+
+
+logging.getLogger("torch._subclasses.fake_tensor").addFilter(_drop_meta_failure)
 
 
 def _target_name(target):
