@@ -1058,3 +1058,79 @@ def test_typing_annotations_made_in_the_function():
         return y * len(table["n"]), kinds is typing.Union[int, typing.Callable[[int], float]]
 
     check(fn, t(3))
+
+
+G_UNSUPPORTED = frozenset({"mps", "npu"})
+G_BY_DTYPE = {torch.float64: G_UNSUPPORTED}
+
+
+def test_frozenset_read_from_a_global_table():
+    # diffusers' maybe_adjust_dtype_for_device: a frozenset found in a module-level dict.
+    def fn(x):
+        bad = G_BY_DTYPE.get(x.dtype)
+        dtype = torch.float32 if bad and x.device.type in bad else x.dtype
+        return x.to(dtype) * 2, len(G_UNSUPPORTED), "cpu" in bad
+
+    check(fn, t(3, dtype=torch.float64))
+
+
+def test_frozenset_changed_in_its_table_recompiles():
+    from helpers import compile_counted
+
+    def fn(x):
+        return x * 2 if x.device.type in G_BY_DTYPE[torch.float64] else x - 1
+
+    compiled, cnt = compile_counted(fn)
+    x = t(3)
+    assert torch.equal(compiled(x), fn(x))
+    G_BY_DTYPE[torch.float64] = frozenset({"cpu"})
+    try:
+        assert torch.equal(compiled(x), fn(x))
+    finally:
+        G_BY_DTYPE[torch.float64] = G_UNSUPPORTED
+    assert cnt.frame_count == 2
+
+
+class _Processor:
+    def __call__(self, x, mask=None, scale=1.0):
+        return x * scale
+
+
+def test_signature_parameters_of_a_method():
+    # diffusers' Attention.forward: which keyword arguments its processor takes.
+    import inspect
+
+    proc = _Processor()
+
+    def fn(x):
+        names = set(inspect.signature(proc.__call__).parameters.keys())
+        kinds = [p.kind for p in inspect.signature(proc.__call__).parameters.values()]
+        return x * len(names) + len(kinds), "scale" in names, sorted(names)
+
+    check(fn, t(3))
+
+
+class _Backend(str, __import__("enum").Enum):
+    FLASH = "flash"
+    NATIVE = "native"
+
+
+def _flash(x):
+    return x + 1
+
+
+def _native(x):
+    return x * 2
+
+
+G_REGISTRY = {_Backend.FLASH: _flash, _Backend.NATIVE: _native, (1, 2): 3, float("inf"): 4}
+
+
+@pytest.mark.parametrize("which", list(_Backend))
+def test_dict_keyed_by_enum_members_tuples_and_inf(which):
+    # diffusers' attention dispatch: functions registered under enum members. The guards read
+    # the entries by those keys (an enum member's repr is not Python that makes it).
+    def fn(x, which):
+        return G_REGISTRY[which](x) + G_REGISTRY[(1, 2)] + G_REGISTRY[float("inf")]
+
+    check(fn, t(3), which)

@@ -5,6 +5,7 @@ and transformed code (module children read through ``_modules[...]`` etc.),
 ``name()`` is what the user wrote (``self.layers[0].weight``) and appears in
 messages.
 """
+import math
 from dataclasses import dataclass
 
 
@@ -160,7 +161,7 @@ class ItemSource(Source):
     index: object
 
     def expr_over(self, render):
-        return f"{render(self.base)}[{self.index!r}]"
+        return f"{render(self.base)}[{_key_expr(self.index, render)}]"
 
     def name(self):
         return f"{_plain(self.base)}[{self.index!r}]"
@@ -307,8 +308,10 @@ class WeakRefCallSource(Source):
 
 def _key_expr(key, render):
     """A dict key in generated code: a literal, or the key object itself held by the code."""
-    if type(key) in (str, int, float, bool, bytes, type(None)):
+    if type(key) in (str, int, bool, bytes, type(None)) or type(key) is float and math.isfinite(key):
         return repr(key)
+    # Anything else (an enum member, a dtype, a tuple, inf) is held by the code: its repr is not
+    # always Python that makes it.
     return render(ObjectSource(key, repr(key)))
 
 

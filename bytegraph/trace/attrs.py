@@ -252,6 +252,10 @@ def _constant_attr(v, name):
         raise MissingAttribute(f"{no_attr_name(type(v.value))} object has no attribute {name!r}") from None
     if isinstance(out, CONSTANT_TYPES) or isinstance(out, (tuple, frozenset)):
         return ConstantValue(out)
+    if type(out) is types.MappingProxyType:
+        # The read-only view an immutable constant keeps (inspect.Signature.parameters): its
+        # methods read it like a dict (diffusers' attention checks its processor's parameters).
+        return ObjectValue(out)
     if callable(out):
         # A builtin method of an immutable constant: folded when called.
         return ObjectValue(out)

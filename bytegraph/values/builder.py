@@ -137,6 +137,12 @@ def _wrap(tx, obj, source):
             return tx.graph.add_float_input(obj, source, lambda: _guard(tx, g.CONSTANT_MATCH, source, obj))
         kind = g.ID_MATCH if t in (torch.dtype, torch.layout, torch.memory_format) else g.CONSTANT_MATCH
         return ConstantValue(obj, source, pending_guard=lambda: _guard(tx, kind, source, obj))
+    if t is frozenset and all(type(x) in (str, int, bool, bytes, type(None)) for x in obj):
+        # Immutable: a constant, checked by value when the trace looks at it (diffusers keeps the
+        # devices without float64 in one).
+        if source is None:
+            return ConstantValue(obj)
+        return ConstantValue(obj, source, pending_guard=lambda: _guard(tx, g.CONSTANT_MATCH, source, obj))
     if t is tuple or (isinstance(obj, tuple) and hasattr(t, "_fields")):
         _guard(tx, g.TYPE_MATCH, source, t)
         _guard(tx, g.LENGTH_MATCH, source, len(obj))
