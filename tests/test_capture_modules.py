@@ -577,3 +577,55 @@ def test_recurrent_layer_on_a_gpu_runs_natively():
     assert cnt.frame_count == 2
     from bytegraph.debug import records
     assert any("GRU on a GPU runs natively" in (r.break_reason or "") for r in records.frames)
+
+
+# ---------------------------------------------------------------- nn.TransformerEncoder's nested path
+
+class _Encoded(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(8, 16)
+        self.enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 4, 32, batch_first=True, dropout=0.0), 2)
+        self.out = nn.Linear(16, 2)
+
+    def forward(self, x, mask):
+        return self.out(self.enc(self.inp(x), src_key_padding_mask=mask))
+
+
+def _padding_mask():
+    return torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["inside a model", "compiled itself"])
+def test_transformer_encoder_with_padding_in_eval_runs_natively(whole):
+    # Eager packs the batch into a nested tensor and gives zeros at the padded positions; the
+    # layers run on the dense batch under a compiler. The encoder runs natively instead.
+    from bytegraph.debug import records
+    torch.manual_seed(0)
+    model = _Encoded().eval()
+    x, mask = torch.randn(2, 5, 8), _padding_mask()
+    with torch.no_grad():
+        if whole:
+            h = model.inp(x)
+            expected = model.enc(h, src_key_padding_mask=mask)
+            out = bytegraph.compile(model.enc, backend="eager")(h, src_key_padding_mask=mask)
+            assert torch.equal(expected[1, 3:], torch.zeros_like(expected[1, 3:]))
+        else:
+            expected, out = model(x, mask), bytegraph.compile(model, backend="eager")(x, mask)
+    assert torch.equal(expected, out)
+    reasons = [r.break_reason or r.fallback_reason for r in records.frames]
+    assert any(r and r.startswith("nn.TransformerEncoder with a padding mask") for r in reasons)
+
+
+def test_transformer_encoder_with_padding_in_training_is_one_graph():
+    torch.manual_seed(0)
+    model = _Encoded().train()
+    twin = copy.deepcopy(model)
+    x, mask = torch.randn(2, 5, 8), _padding_mask()
+    out = bytegraph.compile(twin, backend="aot_eager", fullgraph=True)(x, mask)
+    expected = model(x, mask)
+    assert_same(expected, out, rtol=1e-5, atol=1e-6)
+    expected.sum().backward()
+    out.sum().backward()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert_same(p.grad, q.grad, rtol=1e-4, atol=1e-6)

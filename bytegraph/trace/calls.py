@@ -291,12 +291,30 @@ def call_module(frame, mv, args, kwargs):
         raise Unsupported(f"torch.nn.{type(m).__name__} on a GPU runs natively (as under torch.compile): in a "
                           "graph its cuDNN kernel would become torch's step-by-step recurrence",
                           hint="expected: one graph before the call and one after it")
+    if isinstance(m, torch.nn.TransformerEncoder):
+        mask = kwargs.get("src_key_padding_mask", args[2] if len(args) > 2 else None)
+        refuse_nested_encoder(m, mask is not None and not operators.is_none(mask))
     if has_hooks(m):
         return call_with_hooks(frame, mv, args, kwargs, lambda a, k: _call_forward(frame, mv, a, k))
     if mv.source is not None:
         frame.tx.guards.add(NO_HOOKS, mv.source, None)
     frame.tx.guards.add(GLOBAL_HOOKS, None, None)
     return _call_forward(frame, mv, args, kwargs)
+
+
+def refuse_nested_encoder(m, padding_mask):
+    """``nn.TransformerEncoder`` called with a padding mask, in eval mode without grad: eager
+    packs the batch into a nested tensor by the mask and pads the result with zeros; under a
+    compiler (torch.compile too) its layers run on the dense batch, and the padded positions
+    hold other values. Such a call runs natively. (Its own checks decide the rest: this is taken
+    whenever they could choose the nested tensor.)"""
+    if padding_mask and getattr(m, "use_nested_tensor", False) and not torch.is_grad_enabled() \
+            and not m.layers[0].training:
+        raise Unsupported("nn.TransformerEncoder with a padding mask, in eval mode without grad, runs natively: "
+                          "eager computes it on a nested tensor (zeros at the padded positions), which a graph "
+                          "cannot hold",
+                          hint="expected; enable_nested_tensor=False keeps it in the graph (the padded positions "
+                               "then hold the layers' values, as under torch.compile)")
 
 
 def _call_forward(frame, mv, args, kwargs):

@@ -45,6 +45,9 @@ def trace_frame(fn, frame_args, options, stop_before=None, cache=None, reuse_blo
     frame is about to run that instruction; the result then holds the frame.
     """
     code = fn.__code__
+    if code is torch.nn.TransformerEncoder.forward.__code__ and isinstance(frame_args[0], torch.nn.TransformerEncoder):
+        # compiled itself rather than called from compiled code (calls.call_module)
+        calls.refuse_nested_encoder(frame_args[0], frame_args[3] is not None)
     tx = TraceContext(options, fn.__globals__,
                       cache.auto_dynamic if cache is not None else None,
                       cache.auto_dynamic_scalars if cache is not None else None)
