@@ -565,18 +565,23 @@ def test_recurrent_layer_with_a_replaced_weight_recompiles():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_recurrent_layer_on_a_gpu_runs_natively():
-    # cuDNN's fused kernel is kept: the layer runs at a graph break, as under torch.compile.
+@pytest.mark.parametrize("whole", [False, True], ids=["inside a model", "compiled itself"])
+def test_recurrent_layer_on_a_gpu_runs_natively(whole):
+    # cuDNN's fused kernel is kept: the layer runs natively, as under torch.compile.
     torch.manual_seed(0)
     model = _Recurrent(nn.GRU).cuda()
     twin = copy.deepcopy(model)
     cnt = CompileCounter()
-    compiled = bytegraph.compile(twin, backend=cnt)
     x = torch.randn(2, 5, 8, device="cuda")
-    assert_same(model(x), compiled(x))
-    assert cnt.frame_count == 2
+    if whole:
+        h = model.inp(x)
+        expected, out = model.rnn(h)[0], bytegraph.compile(twin.rnn, backend=cnt)(h)[0]
+    else:
+        expected, out = model(x), bytegraph.compile(twin, backend=cnt)(x)
+    assert torch.equal(expected, out)
+    assert cnt.frame_count == (0 if whole else 2)
     from bytegraph.debug import records
-    assert any("GRU on a GPU runs natively" in (r.break_reason or "") for r in records.frames)
+    assert any("GRU on a GPU runs natively" in (r.break_reason or r.fallback_reason or "") for r in records.frames)
 
 
 # ---------------------------------------------------------------- nn.TransformerEncoder's nested path

@@ -406,8 +406,7 @@ def _equivalent(a, b, depth=0):
         # except the names in its tables: iterating an nn.Sequential or indexing a ModuleList
         # from the end visits what is there without a read of the table itself (torchvision's
         # Conv2dNormActivation is one class with an activation after the conv or without).
-        return a.__dict__.get("forward") is b.__dict__.get("forward") and all(
-            _same_entries(a.__dict__.get(t), b.__dict__.get(t)) for t in ("_modules", "_parameters", "_buffers"))
+        return a.__dict__.get("forward") is b.__dict__.get("forward") and _tables(a) == _tables(b)
     if ta in (tuple, list) or (isinstance(a, tuple) and hasattr(ta, "_fields")):
         return len(a) == len(b) and all(_equivalent(x, y, depth + 1) for x, y in zip(a, b))
     if isinstance(a, dict):
@@ -431,14 +430,6 @@ def _tables(m):
     """The names in a module's tables, and which entries are empty."""
     return tuple(tuple((k, v is None) for k, v in m.__dict__.get(t, {}).items())
                  for t in ("_modules", "_parameters", "_buffers"))
-
-
-def _same_entries(a, b):
-    """Do two module tables name the same entries, empty (None) in the same places?"""
-    if a is None or b is None:
-        return a is b
-    return len(a) == len(b) and all(ka == kb and (va is None) == (vb is None)
-                                    for (ka, va), (kb, vb) in zip(a.items(), b.items()))
 
 
 def _guard_holds(kind, source, expected, objmap, known):

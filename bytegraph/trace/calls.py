@@ -285,15 +285,9 @@ def call_module(frame, mv, args, kwargs):
             f"{type(m).__name__} is sharded by FSDP2 (fully_shard): its hooks all-gather its DTensor parameters "
             "before forward and free them after; they run natively and its forward is compiled on its own",
             hint="expected with FSDP2: each sharded module's forward is a graph of its own")
-    if isinstance(m, torch.nn.RNNBase) and any(p.is_cuda for p in m.parameters()):
-        # On the CPU the fused recurrence is one node of the graph (its weights' check folds,
-        # see WeakRefCallSource); on a GPU AOTAutograd would trace it past cuDNN's kernel.
-        raise Unsupported(f"torch.nn.{type(m).__name__} on a GPU runs natively (as under torch.compile): in a "
-                          "graph its cuDNN kernel would become torch's step-by-step recurrence",
-                          hint="expected: one graph before the call and one after it")
-    if isinstance(m, torch.nn.TransformerEncoder):
+    if isinstance(m, (torch.nn.RNNBase, torch.nn.TransformerEncoder)):
         mask = kwargs.get("src_key_padding_mask", args[2] if len(args) > 2 else None)
-        refuse_nested_encoder(m, mask is not None and not operators.is_none(mask))
+        refuse_native_module(m, mask is not None and not operators.is_none(mask))
     if has_hooks(m):
         return call_with_hooks(frame, mv, args, kwargs, lambda a, k: _call_forward(frame, mv, a, k))
     if mv.source is not None:
@@ -302,14 +296,25 @@ def call_module(frame, mv, args, kwargs):
     return _call_forward(frame, mv, args, kwargs)
 
 
-def refuse_nested_encoder(m, padding_mask):
-    """``nn.TransformerEncoder`` called with a padding mask, in eval mode without grad: eager
-    packs the batch into a nested tensor by the mask and pads the result with zeros; under a
-    compiler (torch.compile too) its layers run on the dense batch, and the padded positions
-    hold other values. Such a call runs natively. (Its own checks decide the rest: this is taken
-    whenever they could choose the nested tensor.)"""
-    if padding_mask and getattr(m, "use_nested_tensor", False) and not torch.is_grad_enabled() \
-            and not m.layers[0].training:
+def refuse_native_module(m, padding_mask):
+    """Raise for a torch.nn module whose call runs natively, whether called from compiled code
+    (``call_module``) or compiled itself (``tracer.trace_frame``); ``padding_mask``: whether a
+    ``src_key_padding_mask`` was given.
+
+    * A recurrent layer on a GPU: on the CPU its fused recurrence is one node of the graph (its
+      weights' check folds, see WeakRefCallSource); on a GPU AOTAutograd would trace it past
+      cuDNN's kernel.
+    * ``nn.TransformerEncoder`` with a padding mask, in eval mode without grad: eager packs the
+      batch into a nested tensor by the mask and pads the result with zeros; under a compiler
+      (torch.compile too) its layers run on the dense batch, and the padded positions hold
+      other values. (Its own checks decide the rest: this is taken whenever they could choose
+      the nested tensor.)"""
+    if isinstance(m, torch.nn.RNNBase) and any(p.is_cuda for p in m.parameters()):
+        raise Unsupported(f"torch.nn.{type(m).__name__} on a GPU runs natively (as under torch.compile): in a "
+                          "graph its cuDNN kernel would become torch's step-by-step recurrence",
+                          hint="expected: one graph before the call and one after it")
+    if isinstance(m, torch.nn.TransformerEncoder) and padding_mask and getattr(m, "use_nested_tensor", False) \
+            and not torch.is_grad_enabled() and not m.layers[0].training:
         raise Unsupported("nn.TransformerEncoder with a padding mask, in eval mode without grad, runs natively: "
                           "eager computes it on a nested tensor (zeros at the padded positions), which a graph "
                           "cannot hold",

@@ -45,14 +45,16 @@ def trace_frame(fn, frame_args, options, stop_before=None, cache=None, reuse_blo
     frame is about to run that instruction; the result then holds the frame.
     """
     code = fn.__code__
-    if code is torch.nn.TransformerEncoder.forward.__code__ and isinstance(frame_args[0], torch.nn.TransformerEncoder):
-        # compiled itself rather than called from compiled code (calls.call_module)
-        calls.refuse_nested_encoder(frame_args[0], frame_args[3] is not None)
+    params = frame_params(code)
+    module = frame_args[0] if frame_args else None
+    if isinstance(module, (torch.nn.RNNBase, torch.nn.TransformerEncoder)) \
+            and code is getattr(type(module).forward, "__code__", None):
+        # A module compiled itself, rather than called from compiled code (calls.call_module).
+        calls.refuse_native_module(module, dict(zip(params, frame_args)).get("src_key_padding_mask") is not None)
     tx = TraceContext(options, fn.__globals__,
                       cache.auto_dynamic if cache is not None else None,
                       cache.auto_dynamic_scalars if cache is not None else None)
     tx.reuse_blocks = reuse_blocks
-    params = frame_params(code)
     state.tracing = True
     try:
         local_values = {name: PendingLocal(value, LocalSource(name)) for name, value in zip(params, frame_args)}
