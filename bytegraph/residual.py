@@ -76,35 +76,42 @@ def has_hooks(m):
 
 def call_through(compiler, fn, args, kwargs):
     """Call ``fn`` from residual code: user Python functions go through the compiler."""
+    return route(compiler, fn)(*args, **kwargs)
+
+
+def route(compiler, fn):
+    """What residual code calls in place of ``fn``: ``fn`` itself, or its compiled wrapper for a
+    user function, method or module. Generated code calls the result itself (``route(c, f)(...)``),
+    so a callee that reads its caller's frame (``warnings.warn``, a logger's ``findCaller``) finds
+    the step function standing for the user's frame, not a frame of this module."""
     if getattr(fn, "_bytegraph_disabled", False):
-        return call_disabled(compiler, fn, args, kwargs)
+        return lambda *args, **kwargs: call_disabled(compiler, fn, args, kwargs)
     if _is_disallowed(fn):
-        return fn(*args, **kwargs)
+        return fn
     unwrapped = torch_disabled_target(fn.__func__ if isinstance(fn, types.MethodType) else fn)
     if unwrapped is not None:
         if not (getattr(unwrapped, "__module__", None) or "").startswith("torch."):
-            return fn(*args, **kwargs)     # the user's own torch.compiler.disable: honoured
+            return fn     # the user's own torch.compiler.disable: honoured
         if _is_user_function(unwrapped):
             # torch._disable_dynamo(f) around torch code we compile: compile f (trace/torch_wrappers.py).
             fn = unwrapped if not isinstance(fn, types.MethodType) else types.MethodType(unwrapped, fn.__self__)
     if isinstance(fn, DistributedDataParallel):
-        return call_ddp(compiler, fn, args, kwargs)
+        return lambda *args, **kwargs: call_ddp(compiler, fn, args, kwargs)
     if isinstance(fn, torch.nn.Module) and is_fsdp_module(fn):
-        return call_fsdp(compiler, fn, args, kwargs)
-    target = fn
+        return lambda *args, **kwargs: call_fsdp(compiler, fn, args, kwargs)
     if isinstance(fn, types.FunctionType) and _is_user_function(fn) and not hasattr(fn, "_bytegraph_original"):
-        target = compiler.wrapper_for(fn)
-    elif isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType) \
+        return compiler.wrapper_for(fn)
+    if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType) \
             and _is_user_function(fn.__func__) and not hasattr(fn.__func__, "_bytegraph_original") \
             and not fused_optimizer_step(fn.__self__, fn.__name__):
-        target = types.MethodType(compiler.wrapper_for(fn.__func__), fn.__self__)
-    elif isinstance(fn, torch.nn.Module) and not has_hooks(fn) and "forward" not in fn.__dict__:
+        return types.MethodType(compiler.wrapper_for(fn.__func__), fn.__self__)
+    if isinstance(fn, torch.nn.Module) and not has_hooks(fn) and "forward" not in fn.__dict__:
         forward = next((k.__dict__["forward"] for k in type(fn).__mro__ if "forward" in k.__dict__), None)
         if isinstance(forward, staticmethod) and _is_user_function(forward.__func__):
-            return compiler.wrapper_for(forward.__func__)(*args, **kwargs)
+            return compiler.wrapper_for(forward.__func__)
         if isinstance(forward, types.FunctionType) and _is_user_function(forward):
-            return compiler.wrapper_for(forward)(fn, *args, **kwargs)
-    return target(*args, **kwargs)
+            return types.MethodType(compiler.wrapper_for(forward), fn)
+    return fn
 
 
 def call_ddp(compiler, ddp, args, kwargs):

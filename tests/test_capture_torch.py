@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from bytegraph.debug import records
 from helpers import assert_same, check, compile_counted
 
 
@@ -329,6 +330,63 @@ def test_inplace_method_on_input_mutates_input():
         return x + y
 
     check(f, t(3), t(3))
+
+
+def _linear_and_input():
+    torch.manual_seed(0)
+    return torch.nn.Linear(3, 3), torch.randn(2, 3, requires_grad=True)
+
+
+def _data_step(step, backend="aot_eager", graphs=1):
+    """``step(model, x)`` eager and compiled on equal copies: output, gradients and parameters
+    after a backward equal, in ``graphs`` graphs."""
+    (m1, x1), (m2, x2) = _linear_and_input(), _linear_and_input()
+    compiled, cnt = compile_counted(step)
+    expected, actual = step(m1, x1), compiled(m2, x2)
+    expected.sum().backward()
+    actual.sum().backward()
+    assert_same(expected, actual)
+    assert_same((x1.grad, [p.grad for p in m1.parameters()]), (x2.grad, [p.grad for p in m2.parameters()]),
+                what="gradients")
+    assert_same(list(m1.parameters()), list(m2.parameters()), what="parameters after the call")
+    assert cnt.frame_count == graphs, f"expected {graphs} graph(s), got {cnt.frame_count}"
+
+
+def test_tensor_data_read_has_no_autograd_history():
+    def step(m, x):
+        w = m.weight.data
+        # the bias gets no gradient through .data; the scale is a plain number in the graph
+        return m(x) * (w.max() - w.min()) + m.bias.data.sum() + x.data * 0
+
+    _data_step(step)
+
+
+def test_tensor_data_changed_in_place_as_ema_and_sgd_updates_do():
+    def step(m, x):
+        out = m(x)      # saved for backward: the weight as it is when backward runs (as eager)
+        m.weight.data.mul_(0.9).add_(x.data.sum(), alpha=0.1)
+        m.bias.data -= 0.5 * m.bias.data       # stores .data back: a no-op after the in-place op
+        with torch.no_grad():
+            m.weight.data.clamp_(-0.2, 0.2)
+        return out
+
+    _data_step(step)
+
+
+def test_tensor_data_set_to_another_tensor_breaks():
+    def step(m, x):
+        out = m(x)
+        m.weight.data = m.weight.data * 2      # the weight now shares the new tensor's storage
+        return out + m(x)
+
+    (m1, x1), (m2, x2) = _linear_and_input(), _linear_and_input()
+    compiled, _ = compile_counted(step)
+    expected = step(m1, x1)
+    actual = compiled(m2, x2)
+    assert_same(expected, actual)
+    assert_same(list(m1.parameters()), list(m2.parameters()), what="parameters after the call")
+    reasons = [r.break_reason for r in records.frames if r.break_reason]
+    assert any("setting Tensor.data to another tensor" in r for r in reasons), reasons
 
 
 def test_type_promotion():

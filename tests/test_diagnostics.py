@@ -11,6 +11,7 @@ import os
 import re
 import sys
 import textwrap
+import warnings
 from dataclasses import dataclass
 
 import pytest
@@ -497,6 +498,16 @@ def test_break_reasons_name_operators_as_users_call_them():
     reasons = [r.break_reason for r in records.frames if r.break_reason]
     assert reasons and reasons[0].startswith("torch.ops.aten.nonzero has an output whose shape depends on tensor data")
 
+    # torch.unique_consecutive is made by a factory in torch.functional (its qualified name is
+    # boolean_dispatch.<locals>.fn); BART's classification head calls it.
+    def g(x):
+        return torch.unique_consecutive(x).sum() + x.sum()
+
+    x = torch.tensor([1.0, 1.0, 3.0])
+    assert_same(g(x), bytegraph.compile(g, backend="eager")(x))
+    reasons = [r.break_reason for r in records.frames if r.break_reason]
+    assert reasons and reasons[-1].startswith("torch.unique_consecutive has an output whose shape depends on tensor data")
+
 
 def test_an_op_without_symbolic_size_support_breaks_with_a_short_reason(caplog):
     # torch's fake tensors log the meta function's traceback before raising; the break reason
@@ -514,3 +525,62 @@ def test_an_op_without_symbolic_size_support_breaks_with_a_short_reason(caplog):
                                       "expected to contain only concrete integers")
     assert "dynamic=False" in broken[0].hint
     assert not [r for r in caplog.records if "failed while attempting to run meta" in r.getMessage()]
+
+
+_test_log = logging.getLogger("bytegraph_tests.user_code")
+
+
+def logs_and_warns(x):
+    y = x + 1
+    _test_log.debug("debug %d", 1)
+    _test_log.log(logging.INFO, "info")
+    _test_log.warning("warning %s", "w")
+    return y * 2
+
+
+def test_log_calls_break_at_the_users_line_only_when_a_record_is_written(caplog):
+    from bytegraph.debug import records
+    x = torch.ones(2)
+    compiled, cnt = compile_counted(logs_and_warns)
+    with caplog.at_level(logging.ERROR, logger=_test_log.name):
+        # Nothing is written at ERROR: one graph, the logger's level guarded.
+        assert_same(logs_and_warns(x), compiled(x))
+        assert cnt.frame_count == 1 and not [r for r in records.frames if r.break_reason]
+        assert not caplog.records
+    with caplog.at_level(logging.INFO, logger=_test_log.name):
+        caplog.clear()
+        expected = logs_and_warns(x)
+        # Where a record says it was written (formats show it): the user's line, as in eager.
+        written = [(r.getMessage(), r.pathname, r.lineno, r.funcName) for r in caplog.records]
+        caplog.clear()
+        assert_same(expected, compiled(x))
+        assert [(r.getMessage(), r.pathname, r.lineno, r.funcName) for r in caplog.records] == written
+        assert [w[0] for w in written] == ["info", "warning w"] and written[0][3] == "logs_and_warns"
+    broken = [r for r in records.frames if r.break_reason]
+    assert [r.break_reason for r in broken] == ["logger.log() writes a log record, which a graph cannot",
+                                                "logger.warning() writes a log record, which a graph cannot"]
+    assert stack_of(broken[0].user_stack)[-1] == at(logs_and_warns, "_test_log.log(")
+
+
+def warns_twice(x):
+    warnings.warn("careful")
+    x = x + 1
+    warnings.warn("careful")
+    return x
+
+
+def test_warnings_warn_breaks_and_warns_from_the_users_line():
+    from bytegraph.debug import records
+
+    def shown(fn):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")    # once per place: each of the two lines
+            fn(torch.ones(2))
+        return [(str(w.message), w.filename, w.lineno) for w in caught]
+
+    expected = shown(warns_twice)
+    lines, first = inspect.getsourcelines(warns_twice)
+    assert [w[1:] for w in expected] == [(__file__, first + i) for i, text in enumerate(lines) if "careful" in text]
+    assert shown(bytegraph.compile(warns_twice, backend="eager")) == expected
+    reasons = [r.break_reason for r in records.frames if r.break_reason]
+    assert reasons == ["warnings.warn() shows a warning (filtered, once per place), which a graph cannot"] * 2

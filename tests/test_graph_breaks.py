@@ -15,6 +15,7 @@ Cases where bytegraph is correct but does worse than one would expect (more
 graphs than needed, a whole frame run eagerly) are marked ``# WORSE:``.
 """
 import logging
+import os
 import sys
 import time
 
@@ -239,20 +240,26 @@ def test_n_prints_records(capsys):
 _OPS = ["x = x + 1", "x = x * 2", "x = x.sin()", "x = torch.relu(x) - 0.5"]
 _BREAKS = ["print('value', x)", "bytegraph.graph_break()", "print('plain')"]
 _generated = {}
+_generated_dir = []
 
 
 def _generated_function(steps):
     """A module-level function made of ``steps`` (indices: >= 0 op, < 0 break), with real source."""
     if steps not in _generated:
+        import atexit
         import importlib.util
+        import shutil
         import tempfile
+        if not _generated_dir:    # one folder for all of them, removed when the run ends
+            _generated_dir.append(tempfile.mkdtemp(prefix="bg_generated_"))
+            atexit.register(shutil.rmtree, _generated_dir[0], True)
         body = [_OPS[s] if s >= 0 else _BREAKS[-s - 1] for s in steps]
         src = "import torch\nimport bytegraph\n\n\ndef generated(x):\n" + "".join(
             f"    {line}\n" for line in body) + "    return x\n"
-        path = tempfile.NamedTemporaryFile("w", suffix=".py", prefix="bg_generated_", delete=False)
-        with path:
-            path.write(src)
-        spec = importlib.util.spec_from_file_location(f"bg_generated_{len(_generated)}", path.name)
+        path = os.path.join(_generated_dir[0], f"bg_generated_{len(_generated)}.py")
+        with open(path, "w") as f:
+            f.write(src)
+        spec = importlib.util.spec_from_file_location(f"bg_generated_{len(_generated)}", path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         _generated[steps] = mod.generated

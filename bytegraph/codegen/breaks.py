@@ -17,7 +17,7 @@ from ..bytecode.versions import split_call_prefix
 from ..debug import debug_dir, logs
 from ..errors import Unsupported
 from ..null import NULL
-from ..residual import (AutocastExit, Continuation, GradModeExit, Routed, call_through,
+from ..residual import (AutocastExit, Continuation, GradModeExit, Routed, route,
                         resolve)
 from ..stacks import CUT_FROM
 from ..values.base import CellValue, ExitValue
@@ -90,7 +90,7 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
     stack = list(frame.stack)
     bound = {n: v for n, v in frame.locals.items()}
     ns = Namespace(fn.__globals__)
-    ns.ns.update({"__MethodType": types.MethodType, "__call_through": call_through, "__compiler": compiler, "__resolve": resolve,
+    ns.ns.update({"__MethodType": types.MethodType, "__route": route, "__compiler": compiler, "__resolve": resolve,
                   "__Continuation": Continuation, "__GradModeExit": GradModeExit, "__Routed": Routed,
                   "__AutocastExit": AutocastExit})
     graph = tx.graph.graph
@@ -224,7 +224,8 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
     else:
         body += step
     body += tail
-    run, src = emit(name, guard_params, body, ns)
+    line = ins.line if ins.line is not None else code.co_firstlineno
+    run, src = emit(name, guard_params, body, ns, stands_for=(CUT_FROM.get(code, code), line))
     return run, src, gm
 
 
@@ -333,7 +334,7 @@ def _call_step(frame, ins, stack, slot_expr):
         pos = f"({slot_expr(self_value)},) + tuple({slot_expr(args)})" if self_value is not None \
             else f"tuple({slot_expr(args)})"
         kw = f"dict({slot_expr(kwargs)})" if kwargs is not None else "{}"
-        return n_top + 2, f"__call_through(__compiler, {slot_expr(fn)}, {pos}, {kw})"
+        return n_top + 2, f"__route(__compiler, {slot_expr(fn)})(*{pos}, **{kw})"
     argc = ins.arg
     if ins.opname == "CALL_KW":
         kwnames = stack[-1].value
@@ -348,9 +349,8 @@ def _call_step(frame, ins, stack, slot_expr):
     if self_value is not None:
         args = [self_value] + args
     npos = len(args) - len(kwnames)
-    pos = ", ".join(slot_expr(a) for a in args[:npos])
-    kw = ", ".join(f"{k!r}: {slot_expr(a)}" for k, a in zip(kwnames, args[npos:]))
-    return consumed, f"__call_through(__compiler, {slot_expr(fn)}, ({pos}{',' if npos == 1 else ''}), {{{kw}}})"
+    operands = [slot_expr(a) for a in args[:npos]] + [f"{k}={slot_expr(a)}" for k, a in zip(kwnames, args[npos:])]
+    return consumed, f"__route(__compiler, {slot_expr(fn)})({', '.join(operands)})"
 
 
 def _resume_wrapper(compiler, fn, code, offset, layout, live):

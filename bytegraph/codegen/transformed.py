@@ -3,6 +3,7 @@
 It is generated Python source with a ``linecache`` entry, so tracebacks,
 ``inspect.getsource`` and ``pdb`` show real lines.
 """
+import ast
 import linecache
 
 import torch
@@ -210,13 +211,33 @@ def _kind(container):
     return type(container._value) if isinstance(container, ConstantValue) else type(container)
 
 
-def emit(name, params, body, ns):
-    """Define the generated function ``name`` with a linecache entry; return (function, source)."""
+def emit(name, params, body, ns, stands_for=None):
+    """Define the generated function ``name``; return (function, source).
+
+    Without ``stands_for`` its code is named ``<bytegraph name>`` (with a linecache entry, for
+    tracebacks and the debug tools). With ``stands_for = (code, lineno)`` it is compiled as if
+    every line were line ``lineno`` of the user's function ``code``: a step function standing for the user's frame at a graph break, so what the
+    native step calls sees that frame as its caller (the location ``warnings.warn`` and logging
+    report, tracebacks)."""
     src = f"def {name}({', '.join(params)}):\n" + "".join(f"    {line}\n" for line in body if line)
-    filename = f"<bytegraph {name}>"
-    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
-    exec(compile(src, filename, "exec"), ns.ns)
-    return ns.ns[name], src
+    if stands_for is None:
+        filename = f"<bytegraph {name}>"
+        linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+        exec(compile(src, filename, "exec"), ns.ns)
+        return ns.ns[name], src
+    code, lineno = stands_for
+    text = linecache.getline(code.co_filename, lineno).rstrip()
+    end = len(text.encode())       # columns count UTF-8 bytes
+    start = end - len(text.lstrip().encode())     # the whole line: tracebacks show it unmarked
+    tree = ast.parse(src)
+    for node in ast.walk(tree):
+        if "lineno" in node._attributes:
+            node.lineno = node.end_lineno = lineno
+            node.col_offset, node.end_col_offset = start, end
+    exec(compile(tree, code.co_filename, "exec"), ns.ns)
+    fn = ns.ns[name]
+    fn.__code__ = fn.__code__.replace(co_name=code.co_name, co_qualname=code.co_qualname)
+    return fn, src
 
 
 def replay_side_effects(tx, rb, live=()):

@@ -784,6 +784,10 @@ def _target_name(target):
     name = getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
     if name.startswith("_VariableFunctionsClass."):    # torch.lstm, not torch._VariableFunctionsClass.lstm
         name = name.split(".", 1)[1]
+    if "<locals>" in name:     # a function made by a factory: the name it was given
+        name = getattr(target, "__name__", name)
+    if mod.startswith("torch.") and getattr(torch, name, None) is target:
+        mod = "torch"          # torch.unique_consecutive, not torch.functional.unique_consecutive
     return f"{mod}.{name}" if mod else name
 
 

@@ -182,9 +182,20 @@ def _set_tensor_attr(frame, v, name, value):
                 raise Unsupported("assigning a .grad of another shape, dtype or device raises in eager")
         elif not (isinstance(value, ConstantValue) and value.value is None):
             raise Unsupported(f"assigning {describe(value)} to a tensor's .grad raises in eager")
+    elif name == "data":
+        if _is_data_of(value, v):
+            return     # ``t.data -= u``: the in-place op changed t's storage; storing it back is a no-op
+        raise Unsupported("setting Tensor.data to another tensor (the tensor then shares that tensor's "
+                          "storage) is not supported in a graph; change it in place (t.data.copy_(u))")
     elif hasattr(torch.Tensor, name) or name.startswith("__"):
         raise Unsupported(f"setting Tensor.{name} is not supported yet")
     frame.tx.attr_stores[_tensor_store_key(frame, v, name)] = (v, name, value)
+
+
+def _is_data_of(value, v):
+    node = getattr(value, "node", None)
+    return isinstance(value, TensorValue) and node is not None and node.op == "call_function" \
+        and node.target is torch._C._autograd._get_data_attr and node.args[0] is v.node
 
 
 def _tensor_store_key(frame, v, name):
@@ -221,7 +232,11 @@ def _tensor_attr(frame, v, name):
         return wrap(frame.tx, real.grad, AttrSource(v.source, "grad"))
     if name == "grad_fn" and not v.fake.requires_grad:
         return ConstantValue(None)   # a tensor that needs no grad has no history (guarded)
-    if name in ("data", "grad", "grad_fn", "_version", "untyped_storage"):
+    if name == "data":
+        # The same storage without autograd history, as ``_get_data_attr`` gives it in eager.
+        return frame.tx.graph.call("call_function", torch._C._autograd._get_data_attr, [v], {},
+                                   describe="Tensor.data")
+    if name in ("grad", "grad_fn", "_version", "untyped_storage"):
         raise Unsupported(f"Tensor.{name} is not supported in a graph yet")
     attr = getattr(torch.Tensor, name, None)
     if attr is None:
