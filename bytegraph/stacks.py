@@ -53,6 +53,14 @@ def _original_code(code):
     return CUT_FROM.get(code, code)
 
 
+def code_name(code):
+    """The name bytegraph gives ``code`` in its logs, files and generated names. A resume or
+    step function keeps the user's function's ``co_name`` (what its frames show: tracebacks, a
+    log record's function) and is told apart by its ``co_qualname``
+    (``resume_in_f_at_line_12``)."""
+    return code.co_qualname if code in CUT_FROM else code.co_name
+
+
 @lru_cache(maxsize=4096)
 def _positions(code):
     return tuple(code.co_positions())

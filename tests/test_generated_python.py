@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import functools
 import linecache
+import logging
 import math
 import os
 import random
@@ -57,7 +58,7 @@ FEATURES = (
     "tensors",      # tensor ops (also tensors in containers, .item(), branches on tensors)
     "exceptions",   # try/except/else/finally, raise of builtin exceptions caught or escaping
     "generators",   # generator functions consumed with for/list/next/sum
-    "print",
+    "print",        # print, and a logger's calls (written or not; where a record says it came from)
     "globals",      # module global list/dict mutation, `global` counter
     "inputs",       # mutation of an input list
     # families of past wrong results (issues 9 and 19):
@@ -623,6 +624,12 @@ class ProgramGen:
         if t and r.random() < 0.3:
             args.append(f"{t}.shape")
         chosen = r.sample(args, r.randint(1, min(3, len(args))))
+        if r.random() < 0.25:
+            # G_LOG writes INFO and above; each record keeps its line and function (compared)
+            level = r.choice(["debug", "info", "warning"])
+            self.emit(r.choice([f"G_LOG.{level}('gen %s', {chosen[0]})",
+                                f"G_LOG.log(logging.{level.upper()}, '%s|%s', {chosen[0]}, {chosen[-1]})"]))
+            return
         self.emit(r.choice([f"print({', '.join(chosen)})", f"print({', '.join(chosen)}, sep='|')",
                             f'print(f"{{{chosen[0]}}}!", end="")', f"print('%s' % ({chosen[0]},))"]))
 
@@ -1334,11 +1341,25 @@ def _fresh_state(ns):
     ns["G_OBJ"].a = 0
     ns["G_OBJ"].hist = []
     ns["G_IDS"].clear()
+    ns["G_LOGGED"].clear()
+
+
+class _RecordList(logging.Handler):
+    def __init__(self, records):
+        super().__init__()
+        self.records = records
+
+    def emit(self, record):
+        self.records.append((record.getMessage(), record.levelname, record.lineno, record.funcName))
 
 
 def _namespace(name):
     ns = {"__name__": name, "torch": torch, "math": math, "dataclasses": dataclasses, "functools": functools,
-          "G_LIST": [], "G_DICT": {}, "COUNTER": 0, "G_OBJ": types.SimpleNamespace(), "G_IDS": {}}
+          "G_LIST": [], "G_DICT": {}, "COUNTER": 0, "G_OBJ": types.SimpleNamespace(), "G_IDS": {},
+          "logging": logging, "G_LOGGED": []}
+    # Outside logging's registry (each program its own), writing INFO and above into G_LOGGED.
+    ns["G_LOG"] = logging.Logger(f"bytegraph_generated.{name}", logging.INFO)
+    ns["G_LOG"].addHandler(_RecordList(ns["G_LOGGED"]))
     ns.update(HELPERS)
     _fresh_state(ns)
     return ns
@@ -1357,7 +1378,8 @@ def _observe(ns, args):
     # G_IDS by which object each key is the id of (the ids themselves differ between runs)
     owners = {id(ns[k]): k for k in ("G_OBJ", "G_LIST", "G_DICT")}
     ids = sorted((owners.get(k, repr(k)), v) for k, v in ns["G_IDS"].items())
-    state = (list(ns["G_LIST"]), dict(ns["G_DICT"]), ns["COUNTER"], ns["G_OBJ"].a, list(ns["G_OBJ"].hist), ids)
+    state = (list(ns["G_LIST"]), dict(ns["G_DICT"]), ns["COUNTER"], ns["G_OBJ"].a, list(ns["G_OBJ"].hist), ids,
+             list(ns["G_LOGGED"]))
     grads = [a.grad for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
     return state + (grads,)
 

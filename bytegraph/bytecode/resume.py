@@ -138,9 +138,7 @@ def _set_parameters(bc, stack_layout, live, name):
     bc.posonlyargcount = 0
     bc.kwonlyargcount = 0
     bc.flags &= ~(CompilerFlags.VARARGS | CompilerFlags.VARKEYWORDS)
-    bc.name = name
-    if hasattr(bc, "qualname"):
-        bc.qualname = name
+    bc.qualname = name      # co_name stays the user's function's: what its frames show
 
 
 CLOSURE_PARAM = "__closure"   # the cells of the call, passed along by generated code

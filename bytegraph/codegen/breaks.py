@@ -19,7 +19,7 @@ from ..errors import Unsupported
 from ..null import NULL
 from ..residual import (AutocastExit, Continuation, GradModeExit, Routed, route,
                         resolve)
-from ..stacks import CUT_FROM
+from ..stacks import CUT_FROM, code_name
 from ..values.base import CellValue, ExitValue
 from ..trace.frame import PendingLocal
 from .rebuild import Namespace, Rebuilder
@@ -275,6 +275,7 @@ def _generic_step(fn, code, ins, stack, live_names, bound, slot_expr, rb, ns, co
     origin = info.name if info is not None else code.co_name
     step_name = f"step_in_{_clean(origin)}_at_line_{ins.line}"
     step = step_code(original, orig_offset, before, live_before, after, after_live, handover, step_name)
+    CUT_FROM[step] = original
     _log_code("STEP FUNCTION", step)
     debug_dir.generated_code("step function", step)
     routed = _callable_slot(ins, stack)
@@ -373,6 +374,6 @@ def _resume_wrapper(compiler, fn, code, offset, layout, live):
 
 def _log_code(what, code):
     if logs.enabled("bytecode"):
-        logs.get_logger("bytecode").debug("%s %s\n%s", what, code.co_name, dis.Bytecode(code).dis())
+        logs.get_logger("bytecode").debug("%s %s\n%s", what, code_name(code), dis.Bytecode(code).dis())
 def _clean(name):
     return "".join(c if c.isalnum() or c == "_" else "_" for c in name)

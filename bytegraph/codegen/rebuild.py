@@ -297,7 +297,7 @@ class Rebuilder:
             return self.temp(f"__exhausted_generator({code.co_name!r}, {code.co_qualname!r})")
         offset, stack, live = generator_state(v)
         layout = tuple(NULL_SLOT if x is NULL else f"__stack{i}" for i, x in enumerate(stack))
-        resumed, _ = resume_code(code, offset, layout, tuple(live), code.co_name)
+        resumed, _ = resume_code(code, offset, layout, tuple(live), code.co_qualname)
         resumed = resumed.replace(co_qualname=code.co_qualname)
         frame = v.frame
         args = [self.expr(x) for x in stack if x is not NULL]

@@ -39,7 +39,7 @@ import torch
 
 from ..config import DIRECTORY_SETTINGS, config, writable_dir_problem
 from ..errors import ConfigError
-from ..stacks import CUT_FROM, is_library
+from ..stacks import CUT_FROM, code_name, is_library
 from .counting import count_ops
 
 _lock = threading.Lock()
@@ -104,7 +104,7 @@ class FrameDump:
         code = fn.__code__
         self.run = run
         self.number = len(run.frames) + 1
-        self.folder_name = f"{self.number:03d}_{_clean(code.co_name)}"
+        self.folder_name = f"{self.number:03d}_{_clean(code_name(code))}"
         self.path = os.path.join(run.path, self.folder_name)
         make_setting_dir(self.path, "debug_dir")
         original = CUT_FROM.get(code, code)
@@ -115,7 +115,7 @@ class FrameDump:
             "filename": code.co_filename,
             "firstlineno": code.co_firstlineno,
             "resume_of": (getattr(original, "co_qualname", original.co_name) if original is not code else None),
-            "code_key": f"{original.co_filename}:{original.co_firstlineno}:{code.co_name}",
+            "code_key": f"{original.co_filename}:{original.co_firstlineno}:{code_name(code)}",
             "cache_entry": cache_entries + 1,   # this compile's entry is the n-th for its code object
             "recompile_reason": recompile_reason,
             "outcome": "compiling",
@@ -166,11 +166,12 @@ class FrameDump:
 
     def generated_code(self, kind, code):
         """A resume or step function made while generating this frame's code."""
-        name = f"{_clean(code.co_name)}.txt"
+        label = code_name(code)
+        name = f"{_clean(label)}.txt"
         if name in self.info["files"]:
             return
-        self.write(name, dis.Bytecode(code).dis(), f"dis listing of the {kind} {code.co_name}")
-        self.info["generated"].append({"kind": kind, "name": code.co_name, "file": name})
+        self.write(name, dis.Bytecode(code).dis(), f"dis listing of the {kind} {label}")
+        self.info["generated"].append({"kind": kind, "name": label, "file": name})
         self.save()
 
     def backend_output(self, kind, text):

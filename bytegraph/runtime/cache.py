@@ -11,6 +11,8 @@ turn, so a decorator used on a hundred modules costs one dict lookup per call, a
 import linecache
 from dataclasses import dataclass, field
 
+from ..stacks import code_name
+
 
 @dataclass
 class CacheEntry:
@@ -120,7 +122,8 @@ _generated = [0]
 
 def _generate(cache, what, body, ns):
     _generated[0] += 1
-    name = f"{what}_{cache.code.co_name if cache.code.co_name.isidentifier() else 'code'}_{_generated[0]}"
+    label = code_name(cache.code)
+    name = f"{what}_{label if label.isidentifier() else 'code'}_{_generated[0]}"
     src = f"def {name}({', '.join(cache.params)}):\n" + "\n".join(body) + "\n"
     filename = f"<bytegraph {name}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)

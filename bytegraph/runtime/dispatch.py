@@ -15,6 +15,7 @@ from ..backends.registry import replays_cuda_graphs
 from ..config import config
 from ..debug import debug_dir, logs, progress, records, timing
 from ..guards.builder import NDARRAY_MATCH, TENSOR_MATCH
+from ..stacks import code_name
 from ..trace.tracer import frame_params
 from .cache import CodeCache
 from .compile_frame import compile_frame, eager_entry
@@ -250,7 +251,7 @@ def _code_wrapper(code, fn_globals, cache, compiler):
     code's, then ``__closure`` when the code has free variables."""
     params = list(cache.params)
     args = ", ".join(params)
-    name = code.co_name if code.co_name.isidentifier() else "resume"
+    name = code_name(code) if code_name(code).isidentifier() else "resume"
     has_closure = bool(code.co_freevars)
     make = "__function(__closure)" if has_closure else "__fn"
     src = "\n".join(
