@@ -1,4 +1,4 @@
-"""What generated code calls at run time: continuations, grad-mode and autocast exits, call_through.
+"""What generated code calls at run time: continuations, grad-mode and autocast exits, route.
 
 ``trace`` (which puts ``set_autocast_state`` in graphs and meets the exits in the
 resume functions it traces) and ``codegen`` (which emits calls to all of these)
@@ -72,11 +72,6 @@ def has_hooks(m):
     return bool(m._forward_hooks or m._forward_pre_hooks or mm._global_forward_hooks
                 or mm._global_forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
                 or mm._global_backward_hooks or mm._global_backward_pre_hooks)
-
-
-def call_through(compiler, fn, args, kwargs):
-    """Call ``fn`` from residual code: user Python functions go through the compiler."""
-    return route(compiler, fn)(*args, **kwargs)
 
 
 def route(compiler, fn):
@@ -172,18 +167,6 @@ def is_fsdp_module(module):
     fsdp = sys.modules.get("torch.distributed.fsdp._fully_shard._fully_shard")
     cls = getattr(fsdp, "FSDPModule", None)
     return cls is not None and isinstance(module, cls)
-
-
-class Routed:
-    """A callable handed to native code in place of ``fn``: calls go through the compiler."""
-    __slots__ = ("compiler", "fn")
-
-    def __init__(self, compiler, fn):
-        self.compiler = compiler
-        self.fn = fn
-
-    def __call__(self, *args, **kwargs):
-        return call_through(self.compiler, self.fn, args, kwargs)
 
 
 def _is_disallowed(fn):

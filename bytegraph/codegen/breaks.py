@@ -17,7 +17,7 @@ from ..bytecode.versions import split_call_prefix
 from ..debug import debug_dir, logs
 from ..errors import Unsupported
 from ..null import NULL
-from ..residual import (AutocastExit, Continuation, GradModeExit, Routed, route,
+from ..residual import (AutocastExit, Continuation, GradModeExit, route,
                         resolve)
 from ..stacks import CUT_FROM, code_name
 from ..values.base import CellValue, ExitValue
@@ -91,7 +91,7 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
     bound = {n: v for n, v in frame.locals.items()}
     ns = Namespace(fn.__globals__)
     ns.ns.update({"__MethodType": types.MethodType, "__route": route, "__compiler": compiler, "__resolve": resolve,
-                  "__Continuation": Continuation, "__GradModeExit": GradModeExit, "__Routed": Routed,
+                  "__Continuation": Continuation, "__GradModeExit": GradModeExit,
                   "__AutocastExit": AutocastExit})
     graph = tx.graph.graph
 
@@ -279,7 +279,7 @@ def _generic_step(fn, code, ins, stack, live_names, bound, slot_expr, rb, ns, co
     _log_code("STEP FUNCTION", step)
     debug_dir.generated_code("step function", step)
     routed = _callable_slot(ins, stack)
-    args = [(f"__Routed(__compiler, {slot_expr(v)})" if i == routed else slot_expr(v))
+    args = [(f"__route(__compiler, {slot_expr(v)})" if i == routed else slot_expr(v))
             for i, v in enumerate(stack) if v is not NULL]
     args += [rb.expr(bound[n]) for n in live_before]
     if closure_names(code):
