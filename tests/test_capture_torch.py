@@ -389,6 +389,16 @@ def test_tensor_data_set_to_another_tensor_breaks():
     assert any("setting Tensor.data to another tensor" in r for r in reasons), reasons
 
 
+def test_python_number_types_as_dtypes():
+    # torch reads int/float/bool/complex as int64/float64/bool/complex128 (BigBird's QA head
+    # makes its mask with dtype=int)
+    def f(x):
+        m = torch.ones(x.shape, dtype=int) - (x > 0).long()
+        return m.to(float) + torch.zeros(2, 3, dtype=bool) + x.new_ones(3, dtype=complex).real, m.dtype
+
+    check(f, t(2, 3))
+
+
 def test_type_promotion():
     def f(i, h, d):
         return i + 1.5, i * h, h + d, i / 2, i // 2, (i > 1) + 1, i.sum(), torch.tensor(3) * h

@@ -726,6 +726,8 @@ def _unwrap(obj, node_of=None):
         return slice(a, b, c), slice(fa, fb, fc)
     if isinstance(obj, ObjectValue) and _is_plain_constant(obj.obj):
         return obj.obj, obj.obj
+    if isinstance(obj, ObjectValue) and type(obj.obj) is type and obj.obj in _PYTHON_DTYPES:
+        return _PYTHON_DTYPES[obj.obj], _PYTHON_DTYPES[obj.obj]
     if isinstance(obj, SubgraphValue):
         return node_of(obj), obj.gm
     if isinstance(obj, FloatTensorValue):
@@ -758,6 +760,11 @@ def _own_node(value):
 def _is_plain_constant(o):
     return isinstance(o, (torch.dtype, torch.device, torch.layout, torch.memory_format, type(None),
                           int, float, bool, str)) or o is Ellipsis
+
+
+# Python's number types stand for dtypes in torch's calls (``torch.ones(n, dtype=int)``); FX
+# cannot write a type into its code, so the graph gets the dtype torch reads them as.
+_PYTHON_DTYPES = {int: torch.int64, float: torch.float64, bool: torch.bool, complex: torch.complex128}
 
 
 # FakeTensorMode logs the traceback of an op whose meta function failed, then raises; the
