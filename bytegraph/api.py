@@ -52,7 +52,8 @@ def compile(model=None, *, fullgraph=False, dynamic=None, backend="inductor",
                             fullgraph=fullgraph, dynamic=dynamic,
                             backend_spec=(backend, mode, options) if isinstance(backend, str) else None)
         if isinstance(target, torch.nn.Module):
-            return OptimizedModule(target, compiler)
+            return OptimizedModule(target, compiler, dict(fullgraph=fullgraph, dynamic=dynamic, backend=backend,
+                                                          mode=mode, options=options))
         return compile_callable(target, compiler)
 
     if model is None:
@@ -164,16 +165,22 @@ class OptimizedModule(torch.nn.Module):
     natively around the compiled ``forward``).
     """
 
-    _own = frozenset({"_orig_mod", "_compiler", "_compiled_forward", "forward", "__call__",
+    _own = frozenset({"_orig_mod", "_compiler", "_compiled_forward", "_compile_args", "forward", "__call__",
                       "__class__", "__dict__", "__repr__", "_call_impl", "train", "eval",
                       "__getstate__", "__setstate__", "__reduce_ex__"})
     # Marks the class itself for values.builder, which unwraps such modules and cannot import api.
     _bytegraph_compiled_module = True
 
-    def __init__(self, mod, compiler):
+    def __init__(self, mod, compiler, compile_args=None):
         object.__setattr__(self, "_orig_mod", mod)
         object.__setattr__(self, "_compiler", compiler)
         object.__setattr__(self, "_compiled_forward", compile_callable(mod.forward, compiler))
+        object.__setattr__(self, "_compile_args", compile_args or {})
+
+    def __reduce_ex__(self, protocol):
+        # A copy (copy.deepcopy, pickle, torch.save) wraps a copy of the module, compiled anew
+        # with the same arguments: compiled code belongs to the objects it was traced on.
+        return (_compiled_module, (self._orig_mod, self._compile_args))
 
     def __getattribute__(self, name):
         if name in OptimizedModule._own or (name.startswith("__") and name.endswith("__")):
@@ -181,7 +188,11 @@ class OptimizedModule(torch.nn.Module):
         cls = type(self)
         if cls is not OptimizedModule and _defined_by_subclass(cls, name):
             return object.__getattribute__(self, name)
-        return getattr(object.__getattribute__(self, "_orig_mod"), name)
+        mod = object.__getattribute__(self, "_orig_mod")
+        value = getattr(mod, name)
+        if name in _RETURNS_MODULE and getattr(value, "__self__", None) is mod:
+            return _returning_wrapper(self, mod, value)
+        return value
 
     def __setattr__(self, name, value):
         if name == "__class__":
@@ -226,6 +237,25 @@ class OptimizedModule(torch.nn.Module):
 
     def __repr__(self):
         return f"OptimizedModule({self._orig_mod!r})"
+
+
+# nn.Module methods that return the module itself: through the wrapper they return the wrapper
+# (``model = bytegraph.compile(model).to(device)`` keeps the compiled model, as torch.compile's).
+_RETURNS_MODULE = frozenset({"to", "cuda", "cpu", "xpu", "mtia", "ipu", "type", "float", "double", "half",
+                             "bfloat16", "to_empty", "apply", "requires_grad_", "share_memory"})
+
+
+def _returning_wrapper(wrapper, mod, method):
+    @functools.wraps(method)
+    def call(*args, **kwargs):
+        out = method(*args, **kwargs)
+        return wrapper if out is mod else out
+    return call
+
+
+def _compiled_module(mod, compile_args):
+    """What a copied or unpickled ``OptimizedModule`` is made from."""
+    return compile(mod, **compile_args)
 
 
 # (derived class of OptimizedModule, class of a wrapped module) -> the same derivation of the latter

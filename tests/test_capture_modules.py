@@ -394,6 +394,43 @@ def test_wrapper_writes_and_load_state_dict_go_to_module():
     assert_same(other(x), compiled(x))
 
 
+def test_wrapper_copies_deepcopy_pickle_torch_save():
+    # An EMA copy of a compiled model (copy.deepcopy), a checkpoint of the whole object
+    # (torch.save): the copy wraps a copy of the module, compiled with the same arguments.
+    import copy
+    import io
+    import pickle
+    mod = MLP()
+    compiled = bytegraph.compile(mod, backend="eager", dynamic=False)
+    x = t(2, 8)
+    compiled(x)
+    buf = io.BytesIO()
+    torch.save(compiled, buf)
+    buf.seek(0)
+    copies = [copy.deepcopy(compiled), pickle.loads(pickle.dumps(compiled)), torch.load(buf, weights_only=False)]
+    with torch.no_grad():
+        mod.fc1.weight.add_(1.0)      # the copies keep the weights they were made with
+    for c in copies:
+        assert type(c) is type(compiled) and c._compile_args == compiled._compile_args
+        assert c.fc1.weight is not mod.fc1.weight
+        assert_same(c(x), c._orig_mod(x))
+        assert not torch.equal(c(x), compiled(x))
+    assert_same(compiled(x), mod(x))
+
+
+def test_wrapper_methods_returning_the_module_return_the_wrapper():
+    # model = bytegraph.compile(model).to(device) must stay compiled
+    mod = MLP()
+    cnt = CompileCounter()
+    compiled = bytegraph.compile(mod, backend=cnt)
+    assert compiled.to(torch.float64) is compiled and mod.fc1.weight.dtype == torch.float64
+    assert compiled.float() is compiled and compiled.cpu() is compiled and compiled.requires_grad_(True) is compiled
+    assert compiled.apply(lambda m: None) is compiled
+    x = t(2, 8)
+    assert_same(mod(x), compiled.double().float()(x))
+    assert cnt.frame_count == 1
+
+
 def test_wrapper_train_eval_forward_to_module():
     mod = Configurable()
     compiled = bytegraph.compile(mod, backend=CompileCounter())
