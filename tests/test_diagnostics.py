@@ -508,6 +508,14 @@ def test_break_reasons_name_operators_as_users_call_them():
     reasons = [r.break_reason for r in records.frames if r.break_reason]
     assert reasons and reasons[-1].startswith("torch.unique_consecutive has an output whose shape depends on tensor data")
 
+    # x[mask] is named by its syntax, not as operator.getitem
+    def h(x):
+        return x[x > 0].sum() + 1
+
+    assert_same(h(x), bytegraph.compile(h, backend="eager")(x))
+    reasons = [r.break_reason for r in records.frames if r.break_reason]
+    assert reasons[-1].startswith("indexing a tensor (t[index]) has an output whose shape depends on tensor data")
+
 
 def test_an_op_without_symbolic_size_support_breaks_with_a_short_reason(caplog):
     # torch's fake tensors log the meta function's traceback before raising; the break reason

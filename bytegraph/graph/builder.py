@@ -780,7 +780,13 @@ def _drop_meta_failure(record):
 logging.getLogger("torch._subclasses.fake_tensor").addFilter(_drop_meta_failure)
 
 
+# Operators named by the Python syntax that reaches them.
+_SYNTAX_NAMES = {operator.getitem: "indexing a tensor (t[index])", operator.setitem: "assigning into a tensor (t[index] = v)"}
+
+
 def _target_name(target):
+    if target is operator.getitem or target is operator.setitem:
+        return _SYNTAX_NAMES[target]
     if isinstance(target, str):
         return f"Tensor.{target}"
     if isinstance(target, (torch._ops.OpOverloadPacket, torch._ops.OpOverload)):
