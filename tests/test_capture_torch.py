@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import bytegraph
 from bytegraph.debug import records
 from helpers import assert_same, check, compile_counted
 
@@ -332,6 +333,38 @@ def test_inplace_method_on_input_mutates_input():
     check(f, t(3), t(3))
 
 
+def test_augmented_assignment_on_an_input_is_an_in_place_write():
+    # x += y writes x as x.add_(y) does: a graph traced for two tensors must not run on one
+    # passed twice (AOTAutograd functionalizes: 3 where eager gives 4), and a tensor formatted
+    # into text earlier must show its old value
+    def f(x, y):
+        x += y
+        return x + y
+
+    compiled = bytegraph.compile(f, backend="aot_eager")
+    compiled(torch.ones(2), torch.ones(2))
+    a, b = torch.ones(2), torch.ones(2)
+    assert_same(f(a, a), compiled(b, b))
+
+    def g(x):
+        text = f"x={x}"
+        x *= 3
+        return text, x
+
+    assert g(torch.ones(2))[0] == bytegraph.compile(g, backend="eager")(torch.ones(2))[0] == "x=tensor([1., 1.])"
+
+
+def test_inputs_sharing_storage_one_changed_in_place():
+    # AOTAutograd cannot functionalize t and t.detach() passed together when one is changed in
+    # place (torch.compile raises): the graph runs uncompiled
+    def f(a, b):
+        b.mul_(2)
+        return a * 3
+
+    a1, a2 = torch.ones(2, requires_grad=True), torch.ones(2, requires_grad=True)
+    assert_same(f(a1, a1.detach()), bytegraph.compile(f, backend="aot_eager")(a2, a2.detach()))
+
+
 def _linear_and_input():
     torch.manual_seed(0)
     return torch.nn.Linear(3, 3), torch.randn(2, 3, requires_grad=True)
@@ -363,14 +396,42 @@ def test_tensor_data_read_has_no_autograd_history():
 
 def test_tensor_data_changed_in_place_as_ema_and_sgd_updates_do():
     def step(m, x):
-        out = m(x)      # saved for backward: the weight as it is when backward runs (as eager)
+        # an EMA-style update, manual SGD (stores .data back: a no-op after the in-place op),
+        # clipping: one graph, the parameters' versions as eager leaves them
         m.weight.data.mul_(0.9).add_(x.data.sum(), alpha=0.1)
-        m.bias.data -= 0.5 * m.bias.data       # stores .data back: a no-op after the in-place op
+        m.bias.data -= 0.5 * m.bias.data
         with torch.no_grad():
             m.weight.data.clamp_(-0.2, 0.2)
-        return out
+        return x * 2
 
-    _data_step(step)
+    (m1, x1), (m2, x2) = _linear_and_input(), _linear_and_input()
+    compiled, cnt = compile_counted(step)
+    assert_same(step(m1, x1), compiled(m2, x2))
+    assert_same(list(m1.parameters()), list(m2.parameters()), what="parameters after the call")
+    assert [p._version for p in m1.parameters()] == [p._version for p in m2.parameters()]
+    assert cnt.frame_count == 1
+
+
+def test_tensor_data_changed_after_the_tensor_was_used():
+    def step(m, x):
+        out = m(x)      # saved for backward: the weight as it is when backward runs (as eager)
+        m.weight.data.mul_(0.5)      # breaks: the graph read the weight
+        return out + m(x)
+
+    _data_step(step, graphs=2)
+
+    def changes_a_computed_tensor(x):
+        y = x.tanh()          # saves y for backward
+        y.data.mul_(2)        # eager: backward sees the doubled y, no error; here: made natively
+        return y * 3
+
+    x1 = t(3).requires_grad_()
+    x2 = x1.detach().clone().requires_grad_()
+    compiled, _ = compile_counted(changes_a_computed_tensor)
+    expected, actual = changes_a_computed_tensor(x1), compiled(x2)
+    expected.sum().backward()
+    actual.sum().backward()
+    assert_same((expected, x1.grad), (actual, x2.grad))
 
 
 def test_tensor_data_set_to_another_tensor_breaks():

@@ -1005,7 +1005,14 @@ class ProgramGen:
         smaller = {"full": ["full", "row", "scalar"], "row": ["row", "scalar"], "scalar": ["scalar"]}[shape]
         other = self.tensor_expr(r.choice(smaller), 1)
         options = [f"{target}.add_({other})", f"{target}.mul_(0.5)", f"{target}.clamp_(-2.0, 2.0)",
-                   f"{target}.sub_({target}.mean())", f"{target}.copy_(({target} * 0.5 + {other}).tanh())"]
+                   f"{target}.sub_({target}.mean())", f"{target}.copy_(({target} * 0.5 + {other}).tanh())",
+                   f"{target}.data.mul_(0.5)", f"{target}.data -= {other} * 0.25",     # through .data
+                   f"{target} += {other}", f"{target} *= 0.5"]    # augmented assignment: in place
+        if shape == "full" and target in ("x0", "x1") and self.kind_of("x1") == "tensor:full":
+            # written by an augmented assignment, then the other argument read: wrong when a
+            # graph traced for two tensors runs on one passed twice (_SameTensorTwice)
+            other_arg = "x1" if target == "x0" else "x0"
+            options.append([f"{target} += {other_arg} * 0.5", f"{target} = {target} + {other_arg}"])
         if shape == "full":
             v = self.fresh("v")
             options += [f"{target}[{self.int_leaf()} % {self.shape[0]}] += 1",
@@ -1024,6 +1031,23 @@ class ProgramGen:
         else:
             for line in lines:
                 self.emit(line)
+
+    def stmt_data_update(self):
+        """An input that requires grad read or changed through ``.data`` (EMA and manual SGD
+        updates, weight clipping), before or after the autograd graph used it: backward sees the
+        changed values where eager's does."""
+        r = self.r
+        target = r.choice([n for n in ("x0", "w") if n in self.visible()])
+        other = self.tensor_expr("full", 1)
+        t = self.fresh("t")
+        stmt = r.choice([f"{target}.data.mul_(0.9).add_({other}.detach(), alpha=0.1)",
+                         f"{target}.data -= 0.1 * {target}.data.sign()",
+                         f"{target}.data.clamp_(-1.0, 1.0)",
+                         [f"{t} = {target}.data * 2 + {other}", f"{t}.add_(1)"]])
+        for line in (stmt if isinstance(stmt, list) else [stmt]):
+            self.emit(line)
+        if isinstance(stmt, list):
+            self.define(t, "tensor:full")
 
     def kind_of(self, name):
         for scope in reversed(self.scopes):
@@ -1259,6 +1283,8 @@ class ProgramGen:
             out.append((1, self.stmt_mask_assign))
         if self.on("grads") and self.depth < self.MAX_DEPTH:
             out.append((1, self.stmt_mode_block))
+        if self.on("grads"):
+            out.append((1, self.stmt_data_update))
         if self.on("shared"):
             out.append((3, self.stmt_shared))
         return out
@@ -1384,10 +1410,16 @@ def _observe(ns, args):
     return state + (grads,)
 
 
+class _SameTensorTwice(list):
+    """Arguments whose second tensor is the first one."""
+
+
 def _maker(ns, args, kwargs):
     def make():
         _fresh_state(ns)
-        fresh_args = _clone(args)
+        fresh_args = _clone(list(args))
+        if isinstance(args, _SameTensorTwice):
+            fresh_args[1] = fresh_args[0]
         return fresh_args, _clone(kwargs), lambda: _observe(ns, fresh_args)
     return make
 
@@ -1452,7 +1484,11 @@ def make_program(feature_set, seed):
             r = random.Random(sub_seed + 7)
             same_ints = ([_vary(a, r, True) for a in args], _vary(kwargs, r, True))
             other_ints = ([_vary(a, r, False) for a in args], _vary(kwargs, r, False))
-            return fn, ns, src, [(args, kwargs), same_ints, other_ints]
+            inputs = [(args, kwargs), same_ints, other_ints]
+            if "inplace" in features and args[0].shape == args[1].shape:
+                # the same tensor as x0 and x1: a graph traced for two tensors must not run on it
+                inputs.append((_SameTensorTwice(_vary(a, r, True) for a in args), _vary(kwargs, r, True)))
+            return fn, ns, src, inputs
     raise AssertionError(f"no valid program for seed {seed} in 20 attempts; last:\n{src}\n{exc}")
 
 
@@ -1464,7 +1500,7 @@ def compare(fn, makers, rtol=1e-4, atol=1e-5, backend=None, call_order=None):
     inputs (``makers[i]()`` makes the i-th; compiled calls take them in ``call_order``);
     True when the first call compiled the function as one graph with no break or
     fallback. A ``with_backward`` wrapper is compiled inside: its backward runs as a user's."""
-    call_order = call_order or ([0, 1, 0, 2] if len(makers) == 3 else [0] * 2)
+    call_order = call_order or ([0, 1, 0, 2, 3][:len(makers) + 1] if len(makers) >= 3 else [0] * 2)
     inner = getattr(fn, "__wrapped_generated__", None)
     expected = [run_observed(fn, make) for make in makers]
     compiled = bytegraph.compile(inner or fn, backend=CompileCounter(backend))
@@ -1501,7 +1537,7 @@ def compare_warm_start(src, inputs, backward, rtol=1e-4, atol=1e-5):
 
 
 def _compare_saved_then_loaded(fn, makers, cache_dir, rtol, atol):
-    call_order = [0, 1, 0, 2] if len(makers) == 3 else [0] * 2
+    call_order = [0, 1, 0, 2, 3][:len(makers) + 1] if len(makers) >= 3 else [0] * 2
     inner = getattr(fn, "__wrapped_generated__", None)
     expected = [run_observed(fn, make) for make in makers]
     with bytegraph.config.patch(persistent_cache=True, cache_dir=cache_dir):
@@ -1548,8 +1584,9 @@ def _cases():
 def run_seed(feature_set, seed):
     """Compare one generated program with eager; True when it compiled as one graph."""
     fn, ns, src, inputs = make_program(feature_set, seed)
-    # Gradients: every other seed through AOTAutograd (the rest through the graph as is).
-    backend = lookup_backend("aot_eager") if feature_set == "grads" and seed % 2 == 0 else None
+    # Gradients and in-place updates: every other seed through AOTAutograd, which functionalizes
+    # (the rest through the graph as is).
+    backend = lookup_backend("aot_eager") if feature_set in ("grads", "inplace") and seed % 2 == 0 else None
     try:
         one_graph = compare(fn, [_maker(ns, a, k) for a, k in inputs], backend=backend)
         if feature_set == "grads" and seed % 4 == 0:

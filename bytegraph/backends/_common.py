@@ -16,6 +16,7 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.utils import _pytree as pytree
 
 from ..errors import BackendError
+from ..inplace import is_inplace_operator
 
 
 # Set by the runtime at its import (runtime.compile_frame): a function (inner compiler, backend
@@ -78,12 +79,14 @@ def compile_failed(backend_name, exc):
     return err
 
 
-def data_dependent_cause(exc):
-    """The exception in ``exc``'s chain saying a size or value depends on tensor data, or None.
+def uncompilable_cause(exc):
+    """The exception in ``exc``'s chain saying why a correct graph cannot be compiled, or None:
 
-    The tracer breaks the graph before ops whose outputs (or, for ops with index or mask
-    arguments, gradients) depend on data; a backend that still meets one while tracing the
-    backward hits a case that check did not foresee.
+    * a size or value depends on tensor data: the tracer breaks the graph before ops whose
+      outputs (or, for ops with index or mask arguments, gradients) depend on data; a backend
+      that still meets one while tracing the backward hits a case that check did not foresee;
+    * AOTAutograd's limit on inputs sharing storage without being views of each other (``t``
+      and ``t.detach()`` passed together) when one of them is changed in place.
     """
     seen = set()
     while exc is not None and id(exc) not in seen:
@@ -91,13 +94,15 @@ def data_dependent_cause(exc):
         if isinstance(exc, (DataDependentOutputException, DynamicOutputShapeException,
                             GuardOnDataDependentSymNode)):
             return exc
+        if isinstance(exc, AssertionError) and "does not yet handle non-differentiable view input mutations" in str(exc):
+            return exc
         exc = exc.__cause__ or exc.__context__
     return None
 
 
 def run_uncompiled(backend_name, gm, exc, restore):
     """The graph's own ``forward`` (eager ops, eager autograd), for a graph the backend cannot
-    compile because of a data-dependent size: correct, only not compiled. Logged."""
+    compile (``uncompilable_cause``): correct, only not compiled. Logged."""
     # debug.logs' graph_breaks topic (backends sit beside debug, not above it)
     logging.getLogger("bytegraph.graph_breaks").debug(
         "backend %r cannot compile a graph (%s: %s); its ops run uncompiled",
@@ -136,7 +141,7 @@ def writes(node):
     target = node.target
     if getattr(target, "__name__", None) in _STATS_UPDATING:
         return True
-    if target is operator.setitem:
+    if target is operator.setitem or is_inplace_operator(target):
         return True
     name = target if isinstance(target, str) else getattr(target, "__name__", "")
     return name.endswith("_") and not name.endswith("__")
@@ -151,6 +156,7 @@ def written(node):
     else:
         name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
         if node.args and (node.target is operator.setitem or node.kwargs.get("inplace") is True
+                          or is_inplace_operator(node.target)
                           or (name.endswith("_") and not name.startswith("_fused"))):
             args = node.args[0]
         else:

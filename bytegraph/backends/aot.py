@@ -8,7 +8,7 @@ results and gradients should match eager up to rounding.
 """
 from ..errors import BackendError
 from . import grad_presence
-from ._common import (as_list, compile_failed, data_dependent_cause, flat_tuple_output, run_uncompiled, watched_inner,
+from ._common import (as_list, compile_failed, uncompilable_cause, flat_tuple_output, run_uncompiled, watched_inner,
                       with_restore)
 
 
@@ -78,7 +78,7 @@ def _aot(gm, example_inputs, fw_compiler, bw_compiler, name):
             keep_inference_input_mutations=True,
         )
     except Exception as exc:
-        cause = data_dependent_cause(exc)
+        cause = uncompilable_cause(exc)
         if cause is not None:
             return run_uncompiled(name, gm, cause, restore)
         raise compile_failed(name, exc) from exc

@@ -33,7 +33,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import grad_presence
-from ._common import as_list, compile_failed, data_dependent_cause, flat_tuple_output, run_uncompiled, with_restore
+from ._common import as_list, compile_failed, uncompilable_cause, flat_tuple_output, run_uncompiled, with_restore
 
 # Inductor's CUDA graph trees start a new generation (free the previous call's outputs for
 # reuse) only when a counter they read has moved since the last replay; torch.compile moves
@@ -89,7 +89,7 @@ def cudagraphs(gm, example_inputs):
             keep_inference_input_mutations=True,
         )
     except Exception as exc:
-        cause = data_dependent_cause(exc)
+        cause = uncompilable_cause(exc)
         if cause is not None:
             return run_uncompiled("cudagraphs", gm, cause, restore)
         raise compile_failed("cudagraphs", exc) from exc

@@ -10,7 +10,7 @@ from .lanes import compile_by_lanes
 from .regions import compile_by_regions, worth_sharing, worth_splitting
 from .subgraphs import compiling, with_shared_blocks
 from .cudagraphs import watch_static_inputs
-from ._common import (as_list, compile_failed, data_dependent_cause, flat_tuple_output, quiet_torch_imports,
+from ._common import (as_list, compile_failed, uncompilable_cause, flat_tuple_output, quiet_torch_imports,
                       run_uncompiled, watched_inner, with_restore)
 
 
@@ -115,7 +115,7 @@ def inductor_whole(gm, example_inputs, *, config_patches=None):
                               inner_compile=watched_inner(compile_fx_inner, "inductor"),
                               config_patches=config_patches or None)
     except Exception as exc:
-        cause = data_dependent_cause(exc)
+        cause = uncompilable_cause(exc)
         if cause is not None:
             return run_uncompiled("inductor", gm, cause, restore)
         raise compile_failed("inductor", exc) from exc

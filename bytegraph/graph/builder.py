@@ -21,6 +21,8 @@ from torch._subclasses.fake_tensor import (
 )
 
 from ..errors import Unsupported
+from ..guards.sources import AttrSource
+from ..inplace import is_inplace_operator
 from ..values import arrays
 from ..values.arrays import NdarrayValue
 from ..values.base import (ConstantValue, DictValue, FloatTensorValue, ListValue, ObjectValue, SliceValue,
@@ -74,6 +76,8 @@ class GraphBuilder:
         # Storages (of fake tensors) no op may mutate from here on: a tensor formatted into text
         # that is made after the graph. storage id -> why.
         self.no_mutation = {}
+        self.data_written = {}        # storage of t -> reason: t.data changed in place in this graph
+        self.data_inputs = {}         # source of t -> the value of t.data (one input however often read)
 
     # --- inputs -----------------------------------------------------------
 
@@ -273,6 +277,8 @@ class GraphBuilder:
             for n in used:
                 if n in self.frozen:
                     raise Unsupported(self.frozen[n])
+        if self.data_written or _mutates(target) or "out" in kwargs:
+            self._check_data_aliases(target, args, kwargs)
         if self.no_mutation and (_mutates(target) or "out" in kwargs):
             for fake in _tensors_of((fake_args, fake_kwargs)):
                 reason = self.no_mutation.get(fake.untyped_storage()._cdata)
@@ -311,6 +317,43 @@ class GraphBuilder:
             self.fake_seconds += time.perf_counter() - t0
         node = self.graph.create_node(kind, target, tuple(node_args), dict(node_kwargs))
         return self.wrap_result(node, result, fake_args, fake_kwargs, args, kwargs)
+
+    def _check_data_aliases(self, target, args, kwargs):
+        """``t.data`` changed in place (``trace.attrs._tensor_data``): the graph may not also read
+        ``t`` or a view of it. AOTAutograd refuses an input mutated through another input that
+        shares its storage without being a view of it, and a write it makes back would move
+        ``t``'s version (eager's does not: backward then raises where eager's runs)."""
+        if self.data_written:
+            for v in _tensor_values(args, kwargs).values():
+                if _is_data_input(v):
+                    continue
+                real = self.real_tensor(v) if v.node is not None else None
+                reason = self.data_written.get(_storage_key(real)) if real is not None else None
+                if reason is not None:
+                    raise Unsupported(reason)
+        if not (_mutates(target) or "out" in kwargs):
+            return
+        written = kwargs.get("out", args[0] if args else None)
+        for v in _tensor_values([written], {}).values():
+            if not _is_data_input(v):
+                continue
+            base = v.source.base.name()
+            reason = (f"{base} is read in a graph that changes {base}.data in place; the graph breaks between "
+                      "them (autograd must not see the change)")
+            key = _storage_key(self.real_tensor(v))
+            if self._reads_storage(key):
+                raise Unsupported(reason)
+            self.data_written[key] = reason
+
+    def _reads_storage(self, key):
+        """Does a node of the graph so far read an input or module state (other than a ``.data``
+        alias) over the storage ``key``?"""
+        for inp in self.inputs:
+            if inp.node.users and isinstance(inp.example, torch.Tensor) and not _is_data_source(inp.source) \
+                    and _storage_key(inp.example) == key:
+                return True
+        return any(n.op == "get_attr" and n.users and _storage_key(n.meta.get("real_tensor")) == key
+                   for n in self.graph.nodes)
 
     def keep_unchanged(self, value, reason):
         """No op of this graph may change ``value``'s storage any more (an in-place op breaks)."""
@@ -610,7 +653,7 @@ def _tensors_of(obj):
 
 
 def _mutates(target):
-    if target is operator.setitem or target is operator.delitem:
+    if target is operator.setitem or target is operator.delitem or is_inplace_operator(target):
         return True
     name = target if isinstance(target, str) else getattr(target, "__name__", "")
     return name.endswith("_") and not name.endswith("__") or name.startswith("_foreach")
@@ -661,6 +704,19 @@ def _holds_traced(obj, _seen=None):
     state = getattr(obj, "__dict__", None)
     return isinstance(state, dict) and not isinstance(obj, type) and any(
         _holds_traced(v, _seen) for v in state.values())
+
+
+def _storage_key(tensor):
+    return tensor.untyped_storage()._cdata if isinstance(tensor, torch.Tensor) else None
+
+
+def _is_data_source(source):
+    return isinstance(source, AttrSource) and source.attr == "data"
+
+
+def _is_data_input(value):
+    """Is ``value`` an input standing for ``t.data`` of a tensor from outside?"""
+    return value.source is not None and _is_data_source(value.source)
 
 
 def _tensor_values(args, kwargs):

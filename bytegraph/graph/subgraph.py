@@ -35,6 +35,11 @@ class SubgraphBuilder(GraphBuilder):
         # lifted; storages no op may mutate: fakes are shared).
         self.frozen = {}
         self.no_mutation = parent.no_mutation
+        self.data_written = parent.data_written
+        self.data_inputs = parent.data_inputs
+
+    def _reads_storage(self, key):
+        return self.parent._reads_storage(key)
 
     def placeholder(self, fake, name):
         """An explicit input of the body (an operand, a transformed argument)."""

@@ -192,10 +192,28 @@ def _set_tensor_attr(frame, v, name, value):
     frame.tx.attr_stores[_tensor_store_key(frame, v, name)] = (v, name, value)
 
 
+def _tensor_data(frame, v):
+    """``v.data``: the same storage without autograd history, and with a version counter of its
+    own, so changing it in place is hidden from autograd: backward uses the changed values and
+    no saved-tensor check fails. For a tensor from outside (an argument, a parameter) the graph
+    gets ``v.data`` made at each call as an input of its own, however often it is read; a change
+    written back to it leaves ``v``'s version as it was (``GraphBuilder._check_data_aliases``
+    keeps ``v`` itself out of a graph that changes it). Of a tensor computed in the graph, it
+    is made natively at a graph break: a graph has no such alias."""
+    real = frame.tx.graph.real_tensor(v) if v.source is not None else None
+    if real is None:
+        raise Unsupported("Tensor.data of a tensor computed in the compiled function is made natively at a "
+                          "graph break (a graph cannot give it a version counter of its own)",
+                          hint="use .detach() to read it in the graph")
+    known = frame.tx.graph.data_inputs.get(v.source)
+    if known is None:
+        known = frame.tx.graph.data_inputs[v.source] = wrap(frame.tx, real.data, AttrSource(v.source, "data"))
+    return known
+
+
 def _is_data_of(value, v):
-    node = getattr(value, "node", None)
-    return isinstance(value, TensorValue) and node is not None and node.op == "call_function" \
-        and node.target is torch._C._autograd._get_data_attr and node.args[0] is v.node
+    """Is ``value`` what reading ``v.data`` gave?"""
+    return isinstance(value, TensorValue) and v.source is not None and value.source == AttrSource(v.source, "data")
 
 
 def _tensor_store_key(frame, v, name):
@@ -233,9 +251,7 @@ def _tensor_attr(frame, v, name):
     if name == "grad_fn" and not v.fake.requires_grad:
         return ConstantValue(None)   # a tensor that needs no grad has no history (guarded)
     if name == "data":
-        # The same storage without autograd history, as ``_get_data_attr`` gives it in eager.
-        return frame.tx.graph.call("call_function", torch._C._autograd._get_data_attr, [v], {},
-                                   describe="Tensor.data")
+        return _tensor_data(frame, v)
     if name in ("grad", "grad_fn", "_version", "untyped_storage"):
         raise Unsupported(f"Tensor.{name} is not supported in a graph yet")
     attr = getattr(torch.Tensor, name, None)
