@@ -1004,10 +1004,13 @@ class ProgramGen:
         shape = kind.split(":")[1]
         smaller = {"full": ["full", "row", "scalar"], "row": ["row", "scalar"], "scalar": ["scalar"]}[shape]
         other = self.tensor_expr(r.choice(smaller), 1)
+        v0 = self.fresh("s")
         options = [f"{target}.add_({other})", f"{target}.mul_(0.5)", f"{target}.clamp_(-2.0, 2.0)",
                    f"{target}.sub_({target}.mean())", f"{target}.copy_(({target} * 0.5 + {other}).tanh())",
                    f"{target}.data.mul_(0.5)", f"{target}.data -= {other} * 0.25",     # through .data
-                   f"{target} += {other}", f"{target} *= 0.5"]    # augmented assignment: in place
+                   f"{target} += {other}", f"{target} *= 0.5",    # augmented assignment: in place
+                   f"torch.nn.functional.relu({target}, inplace=True)",
+                   [f"{v0} = f'{{{target}}}'", f"{target}.mul_(2)", f"G_LIST.append({v0})"]]   # text, then a write
         if shape == "full" and target in ("x0", "x1") and self.kind_of("x1") == "tensor:full":
             # written by an augmented assignment, then the other argument read: wrong when a
             # graph traced for two tensors runs on one passed twice (_SameTensorTwice)

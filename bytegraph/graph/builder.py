@@ -277,9 +277,10 @@ class GraphBuilder:
             for n in used:
                 if n in self.frozen:
                     raise Unsupported(self.frozen[n])
-        if self.data_written or _mutates(target) or "out" in kwargs:
-            self._check_data_aliases(target, args, kwargs)
-        if self.no_mutation and (_mutates(target) or "out" in kwargs):
+        writes = _writes_call(target, kwargs)
+        if self.data_written or writes:
+            self._check_data_aliases(writes, args, kwargs)
+        if self.no_mutation and writes:
             for fake in _tensors_of((fake_args, fake_kwargs)):
                 reason = self.no_mutation.get(fake.untyped_storage()._cdata)
                 if reason is not None:
@@ -318,7 +319,7 @@ class GraphBuilder:
         node = self.graph.create_node(kind, target, tuple(node_args), dict(node_kwargs))
         return self.wrap_result(node, result, fake_args, fake_kwargs, args, kwargs)
 
-    def _check_data_aliases(self, target, args, kwargs):
+    def _check_data_aliases(self, writes, args, kwargs):
         """``t.data`` changed in place (``trace.attrs._tensor_data``): the graph may not also read
         ``t`` or a view of it. AOTAutograd refuses an input mutated through another input that
         shares its storage without being a view of it, and a write it makes back would move
@@ -331,7 +332,7 @@ class GraphBuilder:
                 reason = self.data_written.get(_storage_key(real)) if real is not None else None
                 if reason is not None:
                     raise Unsupported(reason)
-        if not (_mutates(target) or "out" in kwargs):
+        if not writes:
             return
         written = kwargs.get("out", args[0] if args else None)
         for v in _tensor_values([written], {}).values():
@@ -650,6 +651,12 @@ def _tensors_of(obj):
     elif isinstance(obj, dict):
         for x in obj.values():
             yield from _tensors_of(x)
+
+
+def _writes_call(target, kwargs):
+    """Does a call of ``target`` with ``kwargs`` (values) write a tensor argument in place?"""
+    inplace = kwargs.get("inplace")
+    return _mutates(target) or "out" in kwargs or (isinstance(inplace, ConstantValue) and inplace.value is True)
 
 
 def _mutates(target):

@@ -207,9 +207,14 @@ class GuardSet:
 
 
 def storage_groups(tensors):
-    """For each tensor, the index of the first one sharing its storage's address (which inputs alias)."""
+    """For each tensor, the index of the first one sharing its storage's address (which inputs
+    alias); for one that shares it, with its storage offset too: AOTAutograd rebuilds inputs
+    that alias from one base with the offsets of the call it compiled for (the rows of a tensor
+    a loop iterates, each passed with the tensor to a graph that changes it)."""
     first = {}
-    return tuple(first.setdefault(t.untyped_storage().data_ptr(), i) for i, t in enumerate(tensors))
+    groups = [first.setdefault(t.untyped_storage().data_ptr(), i) for i, t in enumerate(tensors)]
+    shared = {g for i, g in enumerate(groups) if g != i}
+    return tuple((g, t.storage_offset()) if g in shared else g for g, t in zip(groups, tensors))
 
 
 # --- global state -----------------------------------------------------------
