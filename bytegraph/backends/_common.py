@@ -79,6 +79,9 @@ def compile_failed(backend_name, exc):
     return err
 
 
+_AOT_ALIASED_INPUTS = "does not yet handle non-differentiable view input mutations"
+
+
 def uncompilable_cause(exc):
     """The exception in ``exc``'s chain saying why a correct graph cannot be compiled, or None:
 
@@ -94,7 +97,7 @@ def uncompilable_cause(exc):
         if isinstance(exc, (DataDependentOutputException, DynamicOutputShapeException,
                             GuardOnDataDependentSymNode)):
             return exc
-        if isinstance(exc, AssertionError) and "does not yet handle non-differentiable view input mutations" in str(exc):
+        if isinstance(exc, AssertionError) and _AOT_ALIASED_INPUTS in str(exc):
             return exc
         exc = exc.__cause__ or exc.__context__
     return None

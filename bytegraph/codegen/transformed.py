@@ -216,9 +216,9 @@ def emit(name, params, body, ns, stands_for=None):
 
     Without ``stands_for`` its code is named ``<bytegraph name>`` (with a linecache entry, for
     tracebacks and the debug tools). With ``stands_for = (code, lineno)`` it is compiled as if
-    every line were line ``lineno`` of the user's function ``code``: a step function standing for the user's frame at a graph break, so what the
-    native step calls sees that frame as its caller (the location ``warnings.warn`` and logging
-    report, tracebacks)."""
+    every line were line ``lineno`` of the user's function ``code``: a step function standing
+    for the user's frame at a graph break, so what the native step calls sees that frame as its
+    caller (the location ``warnings.warn`` and logging report, tracebacks)."""
     src = f"def {name}({', '.join(params)}):\n" + "".join(f"    {line}\n" for line in body if line)
     if stands_for is None:
         filename = f"<bytegraph {name}>"
