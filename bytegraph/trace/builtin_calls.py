@@ -9,10 +9,8 @@ the functions they are given (``key=``, ``map``'s function) through ``call``.
 import contextlib
 import copy
 import inspect
-import logging
 import operator
 import types
-import warnings
 
 import torch
 
@@ -27,7 +25,7 @@ from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue
 from ..values.arrays import NdarrayValue
 from ..values.builder import wrap
 from . import attrs, distributed, generators, numpy_calls, operators, ops, with_blocks
-from .calls import TENSOR_DATA_HINT, call, call_python_function, fold, has_tensor
+from .calls import TENSOR_DATA_HINT, call, fold, has_tensor
 from .basics import no_attr_name
 from .exceptions import TracedRaise
 from .generators import check_unchanged, iterated_containers
@@ -503,43 +501,6 @@ def _print(frame, args, kwargs):
     raise Unsupported("print() cannot be put in a graph",
                       hint="print() runs eagerly, so the graph is split here (fullgraph=True refuses it); "
                            "remove it, or print outside the compiled function")
-
-
-_LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "warn": logging.WARNING,
-               "error": logging.ERROR, "exception": logging.ERROR, "critical": logging.CRITICAL,
-               "fatal": logging.CRITICAL, "log": None}
-
-
-def _logger_method(name):
-    method = getattr(logging.Logger, name)
-
-    def h(frame, args, kwargs):
-        logger = getattr(args[0], "obj", None) if args else None
-        level = _LOG_LEVELS[name]
-        if level is None and len(args) > 1 and operators.is_constant(args[1]):
-            level = operators.as_constant(args[1])
-        if isinstance(logger, logging.Logger) and isinstance(level, int) and not logger.isEnabledFor(level):
-            # Nothing is written: traced, reading the logger's level cache (guarded: a changed level
-            # clears it and compiles again), filled here for every level the trace may read (its
-            # first read keeps what it holds then).
-            for known in (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL):
-                logger.isEnabledFor(known)
-            return call_python_function(frame, wrap(frame.tx, method, None), args, kwargs)
-        raise Unsupported(f"logger.{name}() writes a log record, which a graph cannot",
-                          hint="it runs natively at a graph break (fullgraph=True refuses it); log outside the "
-                               "compiled function, or at a level the logger does not write, to keep one graph")
-    return h
-
-
-for _name in _LOG_LEVELS:
-    BUILTIN_HANDLERS[getattr(logging.Logger, _name)] = _logger_method(_name)
-
-
-@builtin(warnings.warn, warnings.warn_explicit)
-def _warn(frame, args, kwargs):
-    raise Unsupported("warnings.warn() shows a warning (filtered, once per place), which a graph cannot",
-                      hint="it runs natively at a graph break (fullgraph=True refuses it); warn outside the "
-                           "compiled function to keep one graph")
 
 
 # Builtins that must not run while tracing: what running them does, which a graph cannot.

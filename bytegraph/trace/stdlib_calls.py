@@ -8,8 +8,10 @@ import collections
 import copy
 import functools
 import itertools
+import logging
 import operator
 import types
+import warnings
 
 from ..errors import Unsupported
 from ..guards.builder import ID_MATCH
@@ -20,7 +22,7 @@ from ..values.base import (MUTABLE_CONSTANT_TYPES, ConstantValue, DefaultDictVal
 from ..values.builder import CONSTANT_TYPES, wrap
 from . import attrs, operators
 from .basics import deque_item, held_item
-from .calls import call, fold
+from .calls import call, call_python_function, fold
 from .iteration import iterate
 from .builtin_calls import BUILTIN_HANDLERS, builtin
 from .containers import call_method
@@ -376,3 +378,42 @@ def _copy(frame, args, kwargs):
     if operators.is_frame_mutable_constant(v):
         return ConstantValue(copy.copy(v.value))
     raise Unsupported(f"copy.copy() of {attrs.describe(v)} is not supported yet")
+
+
+# --- logging and warnings -------------------------------------------------------------
+
+_LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "warn": logging.WARNING,
+               "error": logging.ERROR, "exception": logging.ERROR, "critical": logging.CRITICAL,
+               "fatal": logging.CRITICAL, "log": None}
+
+
+def _logger_method(name):
+    method = getattr(logging.Logger, name)
+
+    def h(frame, args, kwargs):
+        logger = getattr(args[0], "obj", None) if args else None
+        level = _LOG_LEVELS[name]
+        if level is None and len(args) > 1 and operators.is_constant(args[1]):
+            level = operators.as_constant(args[1])
+        if isinstance(logger, logging.Logger) and isinstance(level, int) and not logger.isEnabledFor(level):
+            # Nothing is written: traced, reading the logger's level cache (guarded: a changed level
+            # clears it and compiles again), filled here for every level the trace may read (its
+            # first read keeps what it holds then).
+            for known in (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL):
+                logger.isEnabledFor(known)
+            return call_python_function(frame, wrap(frame.tx, method, None), args, kwargs)
+        raise Unsupported(f"logger.{name}() writes a log record, which a graph cannot",
+                          hint="it runs natively at a graph break (fullgraph=True refuses it); log outside the "
+                               "compiled function, or at a level the logger does not write, to keep one graph")
+    return h
+
+
+for _name in _LOG_LEVELS:
+    BUILTIN_HANDLERS[getattr(logging.Logger, _name)] = _logger_method(_name)
+
+
+@builtin(warnings.warn, warnings.warn_explicit)
+def _warn(frame, args, kwargs):
+    raise Unsupported("warnings.warn() shows a warning (filtered, once per place), which a graph cannot",
+                      hint="it runs natively at a graph break (fullgraph=True refuses it); warn outside the "
+                           "compiled function to keep one graph")
