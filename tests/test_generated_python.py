@@ -42,6 +42,8 @@ from helpers import assert_same_run, run_observed
 
 DEFAULT_SEEDS = 80
 N_SEEDS = int(os.environ.get("BYTEGRAPH_GEN_SEEDS", DEFAULT_SEEDS))
+# Sets whose programs are called more often run fewer seeds by default (the suite's time).
+FEWER_SEEDS = {"shapes": 30}
 
 FEATURES = (
     "arith",        # int/float/str/bool expressions and comparisons
@@ -69,6 +71,8 @@ FEATURES = (
     "grads",        # inputs that require grad; .grad compared (None vs tensor), aot_eager backend
     "shared",       # one code object, many functions: shared decorators, closure factories, lambdas
     "stale",        # a value read from module state, then a call that breaks changes that state
+    "shapes",       # tensor shapes that change between calls (sizes 1, growing, shrinking): sizes are
+                    # read from the tensors, never written as numbers; guards and dynamic shapes
 )
 
 FEATURE_SETS = {
@@ -82,7 +86,9 @@ FEATURE_SETS = {
     "inplace": {"arith", "if", "for", "while", "tensors", "inplace", "print", "nested"},
     "grads": {"arith", "if", "for", "tensors", "masks", "grads", "nested", "print"},
     "shared": {"arith", "if", "for", "tensors", "shared", "print", "containers", "nested"},
-    "all": set(FEATURES) - {"grads"},
+    "shapes": {"arith", "if", "for", "while", "tensors", "containers", "shapes", "print", "nested", "masks",
+               "comprehensions", "strings"},
+    "all": set(FEATURES) - {"grads", "shapes"},
 }
 
 # Seeds whose compiled run differs from eager because of a known bytegraph bug:
@@ -184,6 +190,17 @@ class ProgramGen:
 
     def on(self, feature):
         return feature in self.features
+
+    def dim(self, i, tensor):
+        """Size ``i`` of the program's full shape, as source: the number, or with ``shapes`` (sizes
+        that change between calls) read from ``tensor``, a tensor of that shape."""
+        return f"{tensor}.shape[{i}]" if self.on("shapes") else str(self.shape[i])
+
+    def first_half(self, doubled, shape):
+        """The first half of ``doubled`` (two tensors of ``shape`` concatenated), as source."""
+        if self.on("shapes"):
+            return f"{doubled}.chunk(2)[0]"
+        return f"{doubled}[:{self.shape[0] if shape == 'full' else self.shape[1]}]"
 
     def fresh(self, prefix):
         self.count += 1
@@ -422,7 +439,7 @@ class ProgramGen:
         elif shape == "row":
             full = self.pick_tensor("full")
             base = own if own and r.random() < 0.6 else r.choice(
-                [f"{full}.sum(0)", f"{full}[{self.int_leaf()} % {self.shape[0]}]", f"{full}.mean(dim=0)",
+                [f"{full}.sum(0)", f"{full}[{self.int_leaf()} % {self.dim(0, full)}]", f"{full}.mean(dim=0)",
                  f"{full}.amax(0)"])
         else:
             src = self.pick_tensor()
@@ -447,7 +464,7 @@ class ProgramGen:
             return r.choice([f"h_mix({base})", f"h_mix({base}, 2.0)", f"h_mix({base}, shift={self.int_leaf()})"])
         if choice == 5 and shape != "scalar":
             other = self.tensor_expr(shape, depth + 1)
-            return r.choice([f"torch.stack([{base}, {other}]).sum(0)", f"(torch.cat([{base}, {other}]) * 0.5)[:{self.shape[0] if shape == 'full' else self.shape[1]}]"])
+            return r.choice([f"torch.stack([{base}, {other}]).sum(0)", self.first_half(f"(torch.cat([{base}, {other}]) * 0.5)", shape)])
         return "(" + r.choice(UNARY).format(a=base) + ")"
 
     def expr(self, kind):
@@ -849,7 +866,7 @@ class ProgramGen:
         with self.block(f"for {i} in range({r.randint(1, 3)}):"):
             self.emit(f"{acc}.append({full} * {i} + {self.int_leaf()})")
         self.emit(r.choice([f"{t} = torch.stack({acc}).sum(0)", f"{t} = sum({acc})",
-                            f"{t} = torch.cat({acc}).reshape(-1, {self.shape[1]})[:{self.shape[0]}]"]))
+                            f"{t} = torch.cat({acc}).reshape(-1, {self.dim(1, full)})[:{self.dim(0, full)}]"]))
         self.define(t, "tensor:full")
 
     def stmt_tensor_groups(self):
@@ -1018,7 +1035,7 @@ class ProgramGen:
             options.append([f"{target} += {other_arg} * 0.5", f"{target} = {target} + {other_arg}"])
         if shape == "full":
             v = self.fresh("v")
-            options += [f"{target}[{self.int_leaf()} % {self.shape[0]}] += 1",
+            options += [f"{target}[{self.int_leaf()} % {self.dim(0, target)}] += 1",
                         [f"{v} = {target}[0]", f"{v}.add_(2)"],     # through a view
                         f"{target}[{target} > 1.0] = 0.0"]
         stmt = r.choice(options)
@@ -1454,6 +1471,29 @@ def _vary(value, r, keep_ints):
     return value
 
 
+def _reshaped(value, shape, r):
+    """``value`` with its tensors remade in ``shape`` (the program's full shape; a tensor of one
+    dimension gets its last size), values and other inputs as they were made."""
+    if isinstance(value, torch.Tensor):
+        g = torch.Generator().manual_seed(r.randrange(2 ** 31))
+        new = torch.randn(shape[2 - value.dim():], generator=g)
+        return new.requires_grad_(value.requires_grad)
+    return value
+
+
+def other_shapes(args, kwargs, r):
+    """Inputs for the ``shapes`` family: the first call's structure with other sizes (one more
+    row, sizes 1, both larger), each a (args, kwargs)."""
+    full = args[0].shape
+    return [([_reshaped(a, shape, r) for a in args], kwargs)
+            for shape in ((full[0] + 1, full[1]), (1, 1), (full[0] + 3, full[1] + 2))]
+
+
+# Compiled calls of a ``shapes`` program: the first inputs, other values, other ints, then
+# three other shapes (a second size makes sizes dynamic), and the first shape again.
+SHAPES_CALL_ORDER = (0, 1, 0, 2, 3, 4, 5, 3, 0)
+
+
 def with_backward(fn):
     """``fn`` followed by ``backward()`` of the sum of its outputs that require grad."""
     def run(*args, **kwargs):
@@ -1491,6 +1531,8 @@ def make_program(feature_set, seed):
             if "inplace" in features and args[0].shape == args[1].shape:
                 # the same tensor as x0 and x1: a graph traced for two tensors must not run on it
                 inputs.append((_SameTensorTwice(_vary(a, r, True) for a in args), _vary(kwargs, r, True)))
+            if "shapes" in features:
+                inputs += other_shapes(args, kwargs, r)
             return fn, ns, src, inputs
     raise AssertionError(f"no valid program for seed {seed} in 20 attempts; last:\n{src}\n{exc}")
 
@@ -1573,7 +1615,7 @@ def one_graph_summary(request):
 
 def _cases():
     for name in FEATURE_SETS:
-        for seed in range(N_SEEDS):
+        for seed in range(N_SEEDS if "BYTEGRAPH_GEN_SEEDS" in os.environ else FEWER_SEEDS.get(name, N_SEEDS)):
             marks = []
             if (name, seed) in KNOWN_MISMATCHES:
                 since, reason = KNOWN_MISMATCHES[(name, seed)]
@@ -1591,7 +1633,8 @@ def run_seed(feature_set, seed):
     # (the rest through the graph as is).
     backend = lookup_backend("aot_eager") if feature_set in ("grads", "inplace") and seed % 2 == 0 else None
     try:
-        one_graph = compare(fn, [_maker(ns, a, k) for a, k in inputs], backend=backend)
+        order = SHAPES_CALL_ORDER if feature_set == "shapes" else None
+        one_graph = compare(fn, [_maker(ns, a, k) for a, k in inputs], backend=backend, call_order=order)
         if feature_set == "grads" and seed % 4 == 0:
             # Every fourth: also saved to and loaded from the persistent cache.
             compare_warm_start(src, inputs, backward=True)
@@ -1617,7 +1660,7 @@ def test_generator_covers_its_features():
                    "def inner", "nonlocal ", ".item()", "+ None", "G_OBJ.", ".add_(", "[0]\n", " > 0] = ",
                    "nonzero()", "torch.unique(", "repeat_interleave(", "torch.no_grad()", "@functools.wraps",
                    "kwargs.pop(", "finally:", "locals()", "@mdeco", "make_scaler(", "lambda u, j=j",
-                   "lambda u: u +"]:
+                   "lambda u: u +", ".shape[0]]", ".chunk(2)[0]"]:
         assert needle in sources, f"no generated program uses {needle!r}"
 
 
