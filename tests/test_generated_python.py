@@ -43,7 +43,7 @@ from helpers import assert_same_run, run_observed
 DEFAULT_SEEDS = 80
 N_SEEDS = int(os.environ.get("BYTEGRAPH_GEN_SEEDS", DEFAULT_SEEDS))
 # Sets whose programs are called more often run fewer seeds by default (the suite's time).
-FEWER_SEEDS = {"shapes": 30}
+FEWER_SEEDS = {"shapes": 30, "moving": 30}
 
 FEATURES = (
     "arith",        # int/float/str/bool expressions and comparisons
@@ -71,6 +71,8 @@ FEATURES = (
     "grads",        # inputs that require grad; .grad compared (None vs tensor), aot_eager backend
     "shared",       # one code object, many functions: shared decorators, closure factories, lambdas
     "stale",        # a value read from module state, then a call that breaks changes that state
+    "moving",       # module and object state that differs between calls (attributes, flags, training,
+                    # hooks, a replaced parameter): what a trace read must be guarded
     "shapes",       # tensor shapes that change between calls (sizes 1, growing, shrinking): sizes are
                     # read from the tensors, never written as numbers; guards and dynamic shapes
 )
@@ -88,7 +90,9 @@ FEATURE_SETS = {
     "shared": {"arith", "if", "for", "tensors", "shared", "print", "containers", "nested"},
     "shapes": {"arith", "if", "for", "while", "tensors", "containers", "shapes", "print", "nested", "masks",
                "comprehensions", "strings"},
-    "all": set(FEATURES) - {"grads", "shapes"},
+    "moving": {"arith", "if", "for", "tensors", "containers", "moving", "print", "nested", "strings",
+               "globals", "stale"},
+    "all": set(FEATURES) - {"grads", "shapes", "moving"},
 }
 
 # Seeds whose compiled run differs from eager because of a known bytegraph bug:
@@ -691,6 +695,37 @@ class ProgramGen:
         self.define(n, "int")
         self.define(out, "tensor:full")
 
+    def stmt_moving(self):
+        """Read state that the test changes between calls (``MOVING``): attributes of G_OBJ, and
+        G_MOD, a module whose training flag, attributes, hooks and parameter change."""
+        r = self.r
+        t = self.pick("tensor:full")
+        if not t:
+            return
+        out, n = self.fresh("t"), self.fresh("n")
+        choice = r.randrange(7)
+        if choice == 0:
+            self.emit(f"{out} = G_MOD({self.tensor_expr('full', 1)})")
+        elif choice == 1:
+            self.emit(f"{out} = {t} * 1")
+            with self.block("if G_OBJ.on:"):
+                self.emit(f"{out} = {out} * G_OBJ.scale")
+        elif choice == 2:
+            self.emit(f"{n} = {self.int_expr()} + G_OBJ.a")
+            self.define(n, "int")
+            return
+        elif choice == 3:
+            self.emit(f"{out} = {t} + getattr(G_OBJ, 'extra', 0.5)")
+        elif choice == 4:
+            self.emit(f"{out} = {t} * (2 if G_MOD.training else 3) + len(G_OBJ.tags)")
+        elif choice == 5:
+            self.emit(f"{out} = {t} + G_MOD.w * G_MOD.shift")
+            with self.block("if hasattr(G_OBJ, 'extra'):"):
+                self.emit(f"print('extra', G_OBJ.extra, G_MOD.mode)")
+        else:
+            self.emit(f"{out} = G_MOD({t}) if G_OBJ.tags else {t} - 1")
+        self.define(out, "tensor:full")
+
     def stmt_input(self):
         r = self.r
         if "items" in self.frozen:
@@ -1055,7 +1090,10 @@ class ProgramGen:
     def stmt_data_update(self):
         """An input that requires grad read or changed through ``.data`` (EMA and manual SGD
         updates, weight clipping), before or after the autograd graph used it: backward sees the
-        changed values where eager's does."""
+        changed values where eager's does. Not after, under AOTAutograd (``functional``): what a
+        compiled backward keeps of an input (a mask of where ``clamp`` clipped, not the input as
+        eager's) cannot see a later write that autograd does not track either (torch.compile
+        fails to compile it)."""
         r = self.r
         target = r.choice([n for n in ("x0", "w") if n in self.visible()])
         other = self.tensor_expr("full", 1)
@@ -1279,6 +1317,8 @@ class ProgramGen:
             out.append((1, self.stmt_input))
         if self.on("stale"):
             out.append((1, self.stmt_stale))
+        if self.on("moving"):
+            out.append((3, self.stmt_moving))
         if top and self.on("closures"):
             out.append((1, self.stmt_closure))
         if top and self.on("generators"):
@@ -1303,7 +1343,7 @@ class ProgramGen:
             out.append((1, self.stmt_mask_assign))
         if self.on("grads") and self.depth < self.MAX_DEPTH:
             out.append((1, self.stmt_mode_block))
-        if self.on("grads"):
+        if self.on("grads") and not self.on("functional"):
             out.append((1, self.stmt_data_update))
         if self.on("shared"):
             out.append((3, self.stmt_shared))
@@ -1348,6 +1388,8 @@ class ProgramGen:
         if (self.on("containers") or self.on("comprehensions")) and r.random() < 0.5:
             self.emit(f"d0 = {self.dict_expr()}")
             self.define("d0", "dict")
+        if self.on("grads") and self.on("functional") and r.random() < 0.3:
+            self.stmt_data_update()     # before the autograd graph reads the input
         for _ in range(r.randint(4, 12)):
             self.one_statement()
         if self.on("exceptions") and r.random() < 0.15:
@@ -1378,7 +1420,52 @@ ACCEPTED_ESCAPES = (KeyError, ValueError, IndexError)
 RAISING_ESCAPES = ACCEPTED_ESCAPES + (TypeError, ZeroDivisionError, AttributeError, AssertionError)
 
 
-def _fresh_state(ns):
+class _StatefulModule(torch.nn.Module):
+    """G_MOD of the ``moving`` family: its forward reads what the calls change (MOVING)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.tensor(1.5))
+        self.shift = 0.25
+        self.mode = "add"
+
+    def forward(self, x):
+        y = x * self.w
+        y = y + self.shift if self.mode == "add" else y * self.shift
+        if self.training:
+            y = y - 1
+        return y
+
+
+# The state each input of a ``moving`` program sets before its call (index = the input's):
+# (G_OBJ.a, .scale, .on, .tags, .extra or None for none, G_MOD.training, .mode, .shift,
+#  a forward hook adding 1, G_MOD.w replaced by a new parameter of this value or None).
+MOVING = [(0, 1.0, True, ["a"], None, True, "add", 0.25, False, None),
+          (0, 1.0, True, ["a"], None, True, "add", 0.25, False, None),
+          (3, 0.5, False, [], None, False, "add", 0.25, False, None),
+          (0, 1.0, True, ["a"], None, True, "mul", 2.0, False, None),
+          (0, 1.0, True, ["a", "b"], 7, True, "add", 0.25, True, None),
+          (-2, 2.0, True, ["a"], None, True, "add", 0.25, False, 0.5)]
+MOVING_CALL_ORDER = (0, 1, 0, 2, 3, 4, 0, 5, 4, 0)
+
+
+def _set_moving(ns, variant):
+    a, scale, on, tags, extra, training, mode, shift, hook, new_w = MOVING[variant]
+    obj, mod = ns["G_OBJ"], ns["G_MOD"]
+    obj.a, obj.scale, obj.on, obj.tags = a, scale, on, list(tags)
+    if extra is not None:
+        obj.extra = extra
+    mod.train(training)
+    mod.mode, mod.shift = mode, shift
+    if ns["G_HOOK"] is not None:
+        ns["G_HOOK"].remove()
+        ns["G_HOOK"] = None
+    if hook:
+        ns["G_HOOK"] = mod.register_forward_hook(lambda m, args, out: out + 1)
+    mod.w = ns["G_W"] if new_w is None else torch.nn.Parameter(torch.tensor(new_w))
+
+
+def _fresh_state(ns, variant=0):
     ns["G_LIST"][:] = [1, 2]
     ns["G_DICT"].clear()
     ns["G_DICT"].update({"ab": 1})
@@ -1388,6 +1475,7 @@ def _fresh_state(ns):
     ns["G_OBJ"].hist = []
     ns["G_IDS"].clear()
     ns["G_LOGGED"].clear()
+    _set_moving(ns, variant)
 
 
 class _RecordList(logging.Handler):
@@ -1402,7 +1490,8 @@ class _RecordList(logging.Handler):
 def _namespace(name):
     ns = {"__name__": name, "torch": torch, "math": math, "dataclasses": dataclasses, "functools": functools,
           "G_LIST": [], "G_DICT": {}, "COUNTER": 0, "G_OBJ": types.SimpleNamespace(), "G_IDS": {},
-          "logging": logging, "G_LOGGED": []}
+          "logging": logging, "G_LOGGED": [], "G_MOD": _StatefulModule(), "G_HOOK": None}
+    ns["G_W"] = ns["G_MOD"].w
     # Outside logging's registry (each program its own), writing INFO and above into G_LOGGED.
     ns["G_LOG"] = logging.Logger(f"bytegraph_generated.{name}", logging.INFO)
     ns["G_LOG"].addHandler(_RecordList(ns["G_LOGGED"]))
@@ -1434,9 +1523,9 @@ class _SameTensorTwice(list):
     """Arguments whose second tensor is the first one."""
 
 
-def _maker(ns, args, kwargs):
+def _maker(ns, args, kwargs, variant=0):
     def make():
-        _fresh_state(ns)
+        _fresh_state(ns, variant)
         fresh_args = _clone(list(args))
         if isinstance(args, _SameTensorTwice):
             fresh_args[1] = fresh_args[0]
@@ -1506,11 +1595,17 @@ def with_backward(fn):
     return run
 
 
+def functionalized(feature_set, seed):
+    """Does this seed run through AOTAutograd (which functionalizes), not the graph as it is?
+    Every other seed of the sets about gradients and in-place updates."""
+    return feature_set in ("grads", "inplace") and seed % 2 == 0
+
+
 def make_program(feature_set, seed):
     """(fn, namespace, source, inputs) of the first valid program for this seed, where
     ``inputs`` is a list of (args, kwargs): the first call's inputs, then the same shapes
     with other values, then other ints and list lengths as well."""
-    features = FEATURE_SETS[feature_set]
+    features = FEATURE_SETS[feature_set] | ({"functional"} if functionalized(feature_set, seed) else set())
     accepted = RAISING_ESCAPES if "raising" in features else ACCEPTED_ESCAPES
     for attempt in range(20):
         sub_seed = seed * 1000 + attempt
@@ -1533,6 +1628,8 @@ def make_program(feature_set, seed):
                 inputs.append((_SameTensorTwice(_vary(a, r, True) for a in args), _vary(kwargs, r, True)))
             if "shapes" in features:
                 inputs += other_shapes(args, kwargs, r)
+            if "moving" in features:   # the first inputs again, under other state (MOVING)
+                inputs += [(args, kwargs)] * (len(MOVING) - len(inputs))
             return fn, ns, src, inputs
     raise AssertionError(f"no valid program for seed {seed} in 20 attempts; last:\n{src}\n{exc}")
 
@@ -1629,12 +1726,12 @@ def _cases():
 def run_seed(feature_set, seed):
     """Compare one generated program with eager; True when it compiled as one graph."""
     fn, ns, src, inputs = make_program(feature_set, seed)
-    # Gradients and in-place updates: every other seed through AOTAutograd, which functionalizes
-    # (the rest through the graph as is).
-    backend = lookup_backend("aot_eager") if feature_set in ("grads", "inplace") and seed % 2 == 0 else None
+    backend = lookup_backend("aot_eager") if functionalized(feature_set, seed) else None
     try:
-        order = SHAPES_CALL_ORDER if feature_set == "shapes" else None
-        one_graph = compare(fn, [_maker(ns, a, k) for a, k in inputs], backend=backend, call_order=order)
+        order = {"shapes": SHAPES_CALL_ORDER, "moving": MOVING_CALL_ORDER}.get(feature_set)
+        variants = feature_set == "moving"
+        makers = [_maker(ns, a, k, i if variants else 0) for i, (a, k) in enumerate(inputs)]
+        one_graph = compare(fn, makers, backend=backend, call_order=order)
         if feature_set == "grads" and seed % 4 == 0:
             # Every fourth: also saved to and loaded from the persistent cache.
             compare_warm_start(src, inputs, backward=True)
@@ -1660,7 +1757,7 @@ def test_generator_covers_its_features():
                    "def inner", "nonlocal ", ".item()", "+ None", "G_OBJ.", ".add_(", "[0]\n", " > 0] = ",
                    "nonzero()", "torch.unique(", "repeat_interleave(", "torch.no_grad()", "@functools.wraps",
                    "kwargs.pop(", "finally:", "locals()", "@mdeco", "make_scaler(", "lambda u, j=j",
-                   "lambda u: u +", ".shape[0]]", ".chunk(2)[0]"]:
+                   "lambda u: u +", ".shape[0]]", ".chunk(2)[0]", "G_MOD(", "G_OBJ.on"]:
         assert needle in sources, f"no generated program uses {needle!r}"
 
 

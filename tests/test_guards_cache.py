@@ -230,6 +230,39 @@ def test_attribute_change_on_object_is_seen():
     assert cnt.frame_count == 2
 
 
+@pytest.mark.parametrize("owner", ["namespace", "object", "module"])
+@pytest.mark.parametrize("probe", ["hasattr", "read alone in try"])
+def test_an_attribute_found_then_deleted_is_seen(owner, probe):
+    # The attribute's value is never used, only that it exists: that must be guarded (the
+    # generator's `moving` family found `if hasattr(o, 'extra'): print(o.extra)` raising).
+    import types
+    o = {"namespace": types.SimpleNamespace, "object": type("Obj", (), {}), "module": nn.Module}[owner]()
+
+    def has_extra():
+        if probe == "hasattr":
+            return hasattr(o, "extra")
+        try:
+            o.extra
+            return True
+        except AttributeError:
+            return False
+
+    def f(x):
+        if has_extra():
+            print("extra", o.extra)
+            return x + 1
+        return x - 1
+
+    compiled = bytegraph.compile(f, backend="eager")
+    x = t(3)
+    for extra in (None, 7, None, 8):
+        if extra is None:
+            o.__dict__.pop("extra", None)
+        else:
+            o.extra = extra
+        assert_same(f(x), compiled(x))
+
+
 class DropBN(nn.Module):
     def __init__(self):
         super().__init__()

@@ -40,6 +40,7 @@ NOT_ALIAS = "NOT_ALIAS"   # two sources named different objects when traced (`is
 STORAGE_SHARED = "STORAGE_SHARED"   # two tensor inputs of a graph that mutates: share storage or not
 STORAGE_GROUPS = "STORAGE_GROUPS"   # tensor inputs of a graph that mutates: which of them share storage
 MISSING_ATTR = "MISSING_ATTR"   # the object had no attribute ``expected`` (hasattr, except AttributeError)
+HAS_ATTR = "HAS_ATTR"   # the object had the attribute ``expected`` (hasattr), whatever its value
 NDARRAY_MATCH = "NDARRAY_MATCH"   # an np.ndarray traced as a tensor: exact type, dtype, shape, strides, writeable
 ARRAYS_APART = "ARRAYS_APART"   # an array and another array or tensor a mutating graph reads do not overlap in memory
 GLOBAL_HOOKS = "GLOBAL_HOOKS"   # no global module hooks (a submodule's call was traced without them)
@@ -407,6 +408,8 @@ class _Emitter:
                      f"f'{who} has hooks now; they were not traced'")]
         if g.kind == MISSING_ATTR:
             return [(f"not hasattr({e}, {g.expected!r})", f"f'{who}.{g.expected} exists now'")]
+        if g.kind == HAS_ATTR:
+            return [(f"hasattr({e}, {g.expected!r})", f"f'{who}.{g.expected} no longer exists'")]
         if g.kind == LENGTH_MATCH:
             return [(f"len({e}) == {g.expected}", f"f'length of {who} changed: {g.expected} -> {{len({e})}}'")]
         if g.kind == DICT_KEYS:

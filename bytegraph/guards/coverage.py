@@ -12,7 +12,7 @@ module's own state, which bumps the epoch (``stamps``). That holds when:
   NOT_ALIAS between fixed sources), the value of an immutable constant (CONSTANT_MATCH), the
   type of a module or of an instance of a builtin type (TYPE_MATCH), the keys of a stamped
   table (DICT_KEYS on ``_modules``/``_parameters``/``_buffers``), the hooks of a module whose
-  hook tables are stamped (NO_HOOKS).
+  hook tables are stamped (NO_HOOKS), the presence of a module's own attribute (HAS_ATTR).
 
 Anything else (tensors' metadata, contents of plain lists/dicts held by modules, attributes of
 plain objects, globals, closure cells, arguments, shapes, global state) is checked on every
@@ -34,6 +34,14 @@ def _data_descriptor(cls, name):
             t = type(klass.__dict__[name])
             return hasattr(t, "__get__") and (hasattr(t, "__set__") or hasattr(t, "__delete__"))
     return False
+
+
+def _own_attribute(m, name):
+    """Is ``name`` one of module ``m``'s own attributes, parameters, buffers or submodules?"""
+    d = m.__dict__
+    if name in d:
+        return not _data_descriptor(type(m), name)
+    return any(name in d.get(table, ()) for table in ("_parameters", "_buffers", "_modules"))
 
 
 class Coverage:
@@ -111,6 +119,10 @@ class Coverage:
             return False
         if kind == "ID_MATCH":
             return True
+        if kind == "HAS_ATTR":
+            # A module's own attribute goes away only through its (stamped) __delattr__.
+            return isinstance(value, torch.nn.Module) and _own_attribute(value, g.expected) \
+                and self._watch_if(value)
         if kind in ("ALIAS", "NOT_ALIAS"):
             return self.fixed(g.expected)
         if kind == "CONSTANT_MATCH":

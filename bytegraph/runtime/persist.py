@@ -307,7 +307,8 @@ def _guard_out(guard):
             exp = ("ref", _ref(expected))
     elif kind == g.TYPE_MATCH:
         exp = ("ref", _ref(expected))
-    elif kind in (g.CONSTANT_MATCH, g.GLOBAL_STATE, g.LENGTH_MATCH, g.MISSING_ATTR, g.STATE_MATCH):
+    elif kind in (g.CONSTANT_MATCH, g.GLOBAL_STATE, g.LENGTH_MATCH, g.MISSING_ATTR, g.HAS_ATTR,
+                  g.STATE_MATCH):
         exp = ("value", _value(expected))
     elif kind == g.DICT_KEYS:
         exp = ("value", _value(list(expected)))
@@ -615,6 +616,8 @@ def _holds(guard, resolve):
         return not (obj._forward_hooks or obj._forward_pre_hooks or obj._backward_hooks or obj._backward_pre_hooks)
     if kind == g.MISSING_ATTR:
         return not hasattr(obj, expected)
+    if kind == g.HAS_ATTR:
+        return hasattr(obj, expected)
     if kind in (g.ALIAS, g.NOT_ALIAS):
         return (obj is resolve(expected)) == (kind == g.ALIAS)
     if kind == g.STATE_MATCH:

@@ -450,6 +450,8 @@ def _guard_holds(kind, source, expected, objmap, known):
         return not (obj._forward_hooks or obj._forward_pre_hooks or obj._backward_hooks or obj._backward_pre_hooks)
     if kind == "MISSING_ATTR":
         return not hasattr(obj, expected)
+    if kind == "HAS_ATTR":
+        return hasattr(obj, expected)
     if kind in ("ALIAS", "NOT_ALIAS"):
         found, other = _resolve(expected, objmap, known)
         return found and ((obj is other) == (kind == "ALIAS"))

@@ -135,6 +135,9 @@ def _hasattr(frame, args, kwargs):
         if not issubclass(e.value.cls, AttributeError):
             raise
         return ConstantValue(False)
+    if isinstance(obj, ObjectValue) and obj.source is not None:
+        # The value read is dropped, so nothing else guards that it is still there.
+        frame.tx.guards.add(g.HAS_ATTR, obj.source, name)
     return ConstantValue(True)
 
 

@@ -10,6 +10,7 @@ import operator
 
 from ..errors import Unsupported
 from ..null import NULL
+from ..guards.builder import HAS_ATTR
 from ..guards.sources import AttrSource, GlobalSource, ItemSource, ObjectSource
 from ..values.base import (CellValue, ConstantValue, ContextManagerValue, DictValue,
                            ExceptionValue, ExitValue, FormattedTextValue, FunctionValue, GeneratorValue, IteratorValue,
@@ -240,7 +241,11 @@ def import_from(f, ins):
 
 @handler("POP_TOP")
 def pop_top(f, ins):
-    f.pop()
+    v = f.pop()
+    if isinstance(v, ConstantValue) and v._pending_guard is not None and isinstance(v.source, AttrSource):
+        # An attribute read for its side effect (`obj.attr` alone, in a `try` catching
+        # AttributeError): its value needs no guard, but that it is there does.
+        f.tx.guards.add(HAS_ATTR, v.source.base, v.source.attr)
 
 
 @handler("PUSH_NULL")
