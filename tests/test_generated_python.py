@@ -703,9 +703,15 @@ class ProgramGen:
         if not t:
             return
         out, n = self.fresh("t"), self.fresh("n")
-        choice = r.randrange(7)
+        choice = r.randrange(8)
         if choice == 0:
             self.emit(f"{out} = G_MOD({self.tensor_expr('full', 1)})")
+        elif choice == 7:    # only whether it is there (the value read is dropped)
+            with self.block("try:"):
+                self.emit(r.choice(["G_OBJ.extra", "G_MOD.mode"]))
+                self.emit(f"{out} = {t} + 1")
+            with self.block("except AttributeError:"):
+                self.emit(f"{out} = {t} - 1")
         elif choice == 1:
             self.emit(f"{out} = {t} * 1")
             with self.block("if G_OBJ.on:"):
