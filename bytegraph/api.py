@@ -165,7 +165,8 @@ class OptimizedModule(torch.nn.Module):
     natively around the compiled ``forward``).
     """
 
-    _own = frozenset({"_orig_mod", "_compiler", "_compiled_forward", "_compile_args", "forward", "__call__",
+    _own = frozenset({"_orig_mod", "_compiler", "_compiled_forward", "_forward_set", "_current_forward",
+                      "_compile_args", "forward", "__call__",
                       "__class__", "__dict__", "__repr__", "_call_impl", "train", "eval",
                       "__getstate__", "__setstate__", "__reduce_ex__"})
     # Marks the class itself for values.builder, which unwraps such modules and cannot import api.
@@ -175,7 +176,18 @@ class OptimizedModule(torch.nn.Module):
         object.__setattr__(self, "_orig_mod", mod)
         object.__setattr__(self, "_compiler", compiler)
         object.__setattr__(self, "_compiled_forward", compile_callable(mod.forward, compiler))
+        object.__setattr__(self, "_forward_set", mod.__dict__.get("forward"))
         object.__setattr__(self, "_compile_args", compile_args or {})
+
+    def _current_forward(self):
+        """The compiled forward of the module's forward now: one set on the instance later
+        (``m.forward = f``, as libraries' hooks do) is compiled and called in its place."""
+        mod = self._orig_mod
+        now = mod.__dict__.get("forward")
+        if now is not self._forward_set:
+            object.__setattr__(self, "_compiled_forward", compile_callable(mod.forward, self._compiler))
+            object.__setattr__(self, "_forward_set", now)
+        return self._compiled_forward
 
     def __reduce_ex__(self, protocol):
         # A copy (copy.deepcopy, pickle, torch.save) wraps a copy of the module, compiled anew
@@ -209,19 +221,20 @@ class OptimizedModule(torch.nn.Module):
     def forward(self, *args, **kwargs):
         if isinstance(self._orig_mod, DistributedDataParallel):
             return call_ddp(self._compiler, self._orig_mod, args, kwargs)
-        return self._compiled_forward(*args, **kwargs)
+        return self._current_forward()(*args, **kwargs)
 
     def __call__(self, *args, **kwargs):
         mod = self._orig_mod
         if isinstance(mod, DistributedDataParallel):
             # DDP's own forward runs natively around the module it wraps, which is compiled.
             return call_ddp(self._compiler, mod, args, kwargs)
+        forward = self._current_forward()
         if not has_hooks(mod):
-            return self._compiled_forward(*args, **kwargs)
+            return forward(*args, **kwargs)
         if has_unsupported_hooks(mod) or is_fsdp_module(mod) or is_fsdp_module(self):
             # FSDP2's hooks gather and free the module's DTensor parameters: they run natively.
             # Global or backward hooks: run them natively around the compiled forward.
-            return _call_with_hooks(mod, self._compiled_forward, args, kwargs)
+            return _call_with_hooks(mod, forward, args, kwargs)
         # The module's own forward (pre-)hooks are traced with its forward.
         compiler = self._compiler
         if compiler.marks_invocations:

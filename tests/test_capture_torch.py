@@ -583,3 +583,21 @@ def test_autocast_does_not_leak_out_of_block():
 
     _, out = check(f, t(2, 2), t(2, 2))
     assert out[:2] == (torch.bfloat16, torch.float32)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_negative_constant_raised_to_a_power(backend):
+    # fx prints operator.pow(-2.0, x) as `-2.0 ** x`, which is -(2.0 ** x).
+    def powers(x, s, n):
+        return (-2.0) ** x + s ** x + x * (-1) ** n + (-0.0) ** x
+
+    def by_size(x):
+        return x * ((-2) ** x.shape[0])
+
+    x = torch.arange(4.0)
+    compiled = bytegraph.compile(powers, backend=backend)
+    for s, n in ((-2.0, 3), (-3.0, 4)):
+        assert_same(powers(x, s, n), compiled(x, s, n))
+    compiled = bytegraph.compile(by_size, backend=backend, dynamic=True)
+    for n in (3, 4, 5):
+        assert_same(by_size(torch.ones(n)), compiled(torch.ones(n)))

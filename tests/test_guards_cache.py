@@ -263,6 +263,54 @@ def test_an_attribute_found_then_deleted_is_seen(owner, probe):
         assert_same(f(x), compiled(x))
 
 
+def test_layers_appended_after_compiling_are_run():
+    class Stack(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([nn.Linear(2, 2)])
+            self.scales = nn.ParameterList([nn.Parameter(torch.ones(2))])
+            self.heads = nn.ModuleDict({"a": nn.Linear(2, 2)})
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            for p in self.scales:
+                x = x * p
+            for name in self.heads:
+                x = self.heads[name](x)
+            return x
+
+    torch.manual_seed(0)
+    m = Stack()
+    compiled = bytegraph.compile(m, backend="eager")
+    x = t(1, 2)
+    assert_same(m(x), compiled(x))
+    m.layers.append(nn.Linear(2, 2))
+    assert_same(m(x), compiled(x))
+    m.scales.append(nn.Parameter(torch.full((2,), 3.0)))
+    assert_same(m(x), compiled(x))
+    m.heads["b"] = nn.Linear(2, 2)
+    assert_same(m(x), compiled(x))
+
+
+@pytest.mark.parametrize("which", ["submodule", "compiled module"])
+def test_a_forward_set_on_the_instance_is_run(which):
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+
+        def forward(self, x):
+            return self.lin(x)
+
+    m = M()
+    compiled = bytegraph.compile(m, backend="eager")
+    x = t(1, 2)
+    assert_same(m(x), compiled(x))
+    (m.lin if which == "submodule" else m).forward = lambda x: x * 3
+    assert_same(x * 3, compiled(x))
+
+
 class DropBN(nn.Module):
     def __init__(self):
         super().__init__()

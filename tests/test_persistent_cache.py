@@ -97,6 +97,33 @@ def test_not_loaded_when_a_guard_fails(cache, cache_log):
     assert loaded_from_disk(cache_log)
 
 
+def apply_fn(x, fn):
+    return fn(x)
+
+
+class Stack(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(2, 2) for _ in range(n)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_a_saved_entry_is_not_loaded_for_other_objects(cache):
+    # An identity guard read back from disk must compare the object there now: a function
+    # passed as an argument, and the layers a ModuleList holds (its keys are guarded).
+    x = torch.ones(1, 2)
+    compiled = bytegraph.compile(apply_fn, backend="eager")
+    assert_same(torch.sin(x), compiled(x, torch.sin))
+    assert_same(torch.cos(x), compiled(x, torch.cos))
+    for n in (1, 2, 3):
+        torch.manual_seed(n)
+        run(Stack(n), x)
+
+
 def autocast_and_no_grad_with_a_break(a):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         with torch.no_grad():

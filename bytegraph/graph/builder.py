@@ -28,6 +28,7 @@ from ..values.arrays import NdarrayValue
 from ..values.base import (ConstantValue, DictValue, FloatTensorValue, ListValue, ObjectValue, SliceValue,
                            SubgraphValue, SymValue, TensorValue, TupleValue)
 from . import scalars
+from .printing import printable
 from .shapes import Shapes
 
 
@@ -173,7 +174,7 @@ class GraphBuilder:
         node_args, example_args = _unwrap(args, self.node_of)
         result = target(*example_args)
         if isinstance(result, torch.SymInt):
-            node = self.graph.create_node("call_function", target, tuple(node_args), {})
+            node = self.graph.create_node("call_function", printable(target, node_args), tuple(node_args), {})
             node.meta["example_value"] = result
             return SymValue(node, result)
         if isinstance(result, torch.SymBool):
@@ -316,6 +317,8 @@ class GraphBuilder:
         finally:
             _quiet_meta_failures[0] -= 1
             self.fake_seconds += time.perf_counter() - t0
+        if kind == "call_function":
+            target = printable(target, node_args)
         node = self.graph.create_node(kind, target, tuple(node_args), dict(node_kwargs))
         return self.wrap_result(node, result, fake_args, fake_kwargs, args, kwargs)
 

@@ -41,6 +41,7 @@ STORAGE_SHARED = "STORAGE_SHARED"   # two tensor inputs of a graph that mutates:
 STORAGE_GROUPS = "STORAGE_GROUPS"   # tensor inputs of a graph that mutates: which of them share storage
 MISSING_ATTR = "MISSING_ATTR"   # the object had no attribute ``expected`` (hasattr, except AttributeError)
 HAS_ATTR = "HAS_ATTR"   # the object had the attribute ``expected`` (hasattr), whatever its value
+NOT_OWN_ATTR = "NOT_OWN_ATTR"   # ``expected`` was not in the object's own __dict__ (its class's was used)
 NDARRAY_MATCH = "NDARRAY_MATCH"   # an np.ndarray traced as a tensor: exact type, dtype, shape, strides, writeable
 ARRAYS_APART = "ARRAYS_APART"   # an array and another array or tensor a mutating graph reads do not overlap in memory
 GLOBAL_HOOKS = "GLOBAL_HOOKS"   # no global module hooks (a submodule's call was traced without them)
@@ -410,6 +411,9 @@ class _Emitter:
             return [(f"not hasattr({e}, {g.expected!r})", f"f'{who}.{g.expected} exists now'")]
         if g.kind == HAS_ATTR:
             return [(f"hasattr({e}, {g.expected!r})", f"f'{who}.{g.expected} no longer exists'")]
+        if g.kind == NOT_OWN_ATTR:
+            return [(f"{g.expected!r} not in {e}.__dict__",
+                     f"f'{who}.{g.expected} was set on the object itself; its class\\'s was traced'")]
         if g.kind == LENGTH_MATCH:
             return [(f"len({e}) == {g.expected}", f"f'length of {who} changed: {g.expected} -> {{len({e})}}'")]
         if g.kind == DICT_KEYS:

@@ -12,7 +12,8 @@ module's own state, which bumps the epoch (``stamps``). That holds when:
   NOT_ALIAS between fixed sources), the value of an immutable constant (CONSTANT_MATCH), the
   type of a module or of an instance of a builtin type (TYPE_MATCH), the keys of a stamped
   table (DICT_KEYS on ``_modules``/``_parameters``/``_buffers``), the hooks of a module whose
-  hook tables are stamped (NO_HOOKS), the presence of a module's own attribute (HAS_ATTR).
+  hook tables are stamped (NO_HOOKS), the presence of a module's own attribute (HAS_ATTR) or its absence
+  from the instance (NOT_OWN_ATTR).
 
 Anything else (tensors' metadata, contents of plain lists/dicts held by modules, attributes of
 plain objects, globals, closure cells, arguments, shapes, global state) is checked on every
@@ -119,6 +120,9 @@ class Coverage:
             return False
         if kind == "ID_MATCH":
             return True
+        if kind == "NOT_OWN_ATTR":
+            # Setting it on a module goes through its (stamped) __setattr__.
+            return isinstance(value, torch.nn.Module) and self._watch_if(value)
         if kind == "HAS_ATTR":
             # A module's own attribute goes away only through its (stamped) __delattr__.
             return isinstance(value, torch.nn.Module) and _own_attribute(value, g.expected) \

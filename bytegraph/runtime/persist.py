@@ -307,7 +307,7 @@ def _guard_out(guard):
             exp = ("ref", _ref(expected))
     elif kind == g.TYPE_MATCH:
         exp = ("ref", _ref(expected))
-    elif kind in (g.CONSTANT_MATCH, g.GLOBAL_STATE, g.LENGTH_MATCH, g.MISSING_ATTR, g.HAS_ATTR,
+    elif kind in (g.CONSTANT_MATCH, g.GLOBAL_STATE, g.LENGTH_MATCH, g.MISSING_ATTR, g.HAS_ATTR, g.NOT_OWN_ATTR,
                   g.STATE_MATCH):
         exp = ("value", _value(expected))
     elif kind == g.DICT_KEYS:
@@ -618,6 +618,8 @@ def _holds(guard, resolve):
         return not hasattr(obj, expected)
     if kind == g.HAS_ATTR:
         return hasattr(obj, expected)
+    if kind == g.NOT_OWN_ATTR:
+        return expected not in obj.__dict__
     if kind in (g.ALIAS, g.NOT_ALIAS):
         return (obj is resolve(expected)) == (kind == g.ALIAS)
     if kind == g.STATE_MATCH:
@@ -653,7 +655,10 @@ def _expected_in(kind, source, exp, resolve):
             if not isinstance(obj, types.CodeType) or _code_hash(obj) != exp[1]:
                 raise NotPortable(f"{source.name()} is other code now")
             return obj
-        return _deref(exp[1])
+        expected = _deref(exp[1])
+        if obj is not expected:
+            raise NotPortable(f"{source.name()} is another object now")
+        return expected
     if tag == "ref":
         return _deref(exp[1])
     if tag == "value":

@@ -452,6 +452,8 @@ def _guard_holds(kind, source, expected, objmap, known):
         return not hasattr(obj, expected)
     if kind == "HAS_ATTR":
         return hasattr(obj, expected)
+    if kind == "NOT_OWN_ATTR":
+        return expected not in obj.__dict__
     if kind in ("ALIAS", "NOT_ALIAS"):
         found, other = _resolve(expected, objmap, known)
         return found and ((obj is other) == (kind == "ALIAS"))

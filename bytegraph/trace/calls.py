@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .. import control
 from ..errors import Unsupported
-from ..guards.builder import DICT_KEYS, GLOBAL_HOOKS, NO_HOOKS
+from ..guards.builder import DICT_KEYS, GLOBAL_HOOKS, NO_HOOKS, NOT_OWN_ATTR
 from ..guards.sources import AttrSource, DefaultSource, ItemSource, MappingGetSource, WeakRefCallSource
 from ..values.base import (BoundMethodValue, ConstantValue, DictValue, ExitValue, FunctionValue,
                            IteratorValue, ListValue, MethodOfValue, ObjectValue, PartialValue,
@@ -333,6 +333,9 @@ def _trace_forward(frame, mv, args, kwargs):
     if forward is not None:
         return call(frame, wrap(frame.tx, forward, AttrSource(mv.source, "forward") if mv.source else None),
                     args, kwargs)
+    if mv.source is not None:
+        # `m.forward = ...` later (a monkeypatch, a library's hook) must not find this trace.
+        frame.tx.guards.add(NOT_OWN_ATTR, mv.source, "forward")
     fwd, _ = protocols._lookup_static(type(m), "forward")
     if fwd is torch.nn.Module.forward:
         raise Unsupported(f"{type(m).__name__} has no forward()")

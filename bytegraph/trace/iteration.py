@@ -4,7 +4,8 @@ import enum
 import torch
 
 from ..errors import Unsupported
-from ..guards.sources import ModuleEntrySource
+from ..guards.builder import DICT_KEYS
+from ..guards.sources import AttrSource, ModuleEntrySource
 from ..values.base import (ConstantValue, DictValue, DictViewValue, IteratorValue, ListValue,
                            ObjectValue, TensorValue, TupleValue)
 from ..values.builder import wrap
@@ -48,6 +49,11 @@ def iterate(frame, v):
         return [wrap(frame.tx, member, None) for member in v.obj]   # fixed with the class
     if isinstance(v, ObjectValue):
         m = v.obj
+        table = "_parameters" if isinstance(m, torch.nn.ParameterList) else "_modules"
+        if v.source is not None and isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict,
+                                                   torch.nn.ParameterList)):
+            # The entries iterated: `append`, `insert` and `extend` change them.
+            frame.tx.guards.add(DICT_KEYS, AttrSource(v.source, table), list(m.__dict__[table]))
         if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)):
             return [wrap(frame.tx, sub, ModuleEntrySource(v.source, "_modules", k) if v.source else None)
                     for k, sub in m._modules.items() if sub is not None]
