@@ -601,3 +601,25 @@ def test_a_negative_constant_raised_to_a_power(backend):
     compiled = bytegraph.compile(by_size, backend=backend, dynamic=True)
     for n in (3, 4, 5):
         assert_same(by_size(torch.ones(n)), compiled(torch.ones(n)))
+
+
+def test_arguments_named_like_what_graph_code_uses():
+    # A graph input keeps its argument's name in the graph's forward, where `self`, `inf`,
+    # `torch` and `device` already mean something.
+    import torch as T
+
+    def named_inf(inf):
+        return inf.clamp(max=float("inf")) + float("inf")
+
+    def named_self(self):
+        return self * 2
+
+    def named_torch(torch):
+        return T.relu(torch)
+
+    def named_device(device):
+        return device.to(T.device("cpu")) + 1
+
+    x = T.tensor([1.0, -2.0])
+    for fn in (named_inf, named_self, named_torch, named_device):
+        assert_same(fn(x), bytegraph.compile(fn, backend="eager")(x))

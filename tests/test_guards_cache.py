@@ -311,6 +311,18 @@ def test_a_forward_set_on_the_instance_is_run(which):
     assert_same(x * 3, compiled(x))
 
 
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_autocast_dtype_change_recompiles(backend):
+    def f(x):
+        return x @ x
+
+    compiled = bytegraph.compile(f, backend=backend)
+    x = t(3, 3)
+    for dtype in (torch.bfloat16, torch.float16, torch.bfloat16):
+        with torch.autocast("cpu", dtype=dtype):
+            assert_same(f(x), compiled(x))
+
+
 class DropBN(nn.Module):
     def __init__(self):
         super().__init__()

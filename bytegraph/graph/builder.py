@@ -870,8 +870,16 @@ def _target_name(target):
     return f"{mod}.{name}" if mod else name
 
 
+# Names fx's printed code uses for itself (the forward's `self`, globals it imports): a
+# placeholder keeps its name as the forward's parameter, which would hide them.
+_PRINTER_NAMES = {"self", "inf", "nan", "NoneType", "torch", "device", "fx_pytree", "pytree", "math",
+                  "getattr", "operator", "builtins"}
+
+
 def _identifier(text):
     name = re.sub(r"\W+", "_", text).strip("_") or "x"
     if name[0].isdigit():
         name = "_" + name
+    if name in _PRINTER_NAMES:
+        name += "_"
     return name.lower() if name.startswith("global_") else name

@@ -222,14 +222,20 @@ def storage_groups(tensors):
 # --- global state -----------------------------------------------------------
 
 def global_state_snapshot():
-    """(detail, expression, current value) for every piece of global state a graph depends on."""
-    return [
+    """(detail, expression, current value) for every piece of global state a graph depends on.
+    An autocast's dtype only while that autocast is on (the guard that it is on fails first)."""
+    state = [
         ("grad mode", "_is_grad_enabled()", torch.is_grad_enabled()),
         ("default dtype", "_get_default_dtype()", torch.get_default_dtype()),
         ("autocast (cpu)", "_autocast_enabled('cpu')", torch.is_autocast_enabled("cpu")),
         ("autocast (cuda)", "_autocast_enabled('cuda')", torch.is_autocast_enabled("cuda")),
         ("inference mode", "_inference_mode()", torch.is_inference_mode_enabled()),
     ]
+    for device in ("cpu", "cuda"):
+        if torch.is_autocast_enabled(device):
+            state.append((f"autocast dtype ({device})", f"_autocast_dtype('{device}')",
+                          torch.get_autocast_dtype(device)))
+    return state
 
 
 def process_group_state():
@@ -261,7 +267,7 @@ class _Emitter:
             "G": None, "B": builtins.__dict__, "torch": torch,
             "_is_grad_enabled": torch.is_grad_enabled,
             "_get_default_dtype": torch.get_default_dtype,
-            "_autocast_enabled": torch.is_autocast_enabled,
+            "_autocast_enabled": torch.is_autocast_enabled, "_autocast_dtype": torch.get_autocast_dtype,
             "_inference_mode": torch.is_inference_mode_enabled,
             "_default_device": default_device, "_ndarray": np.ndarray, "_memory_apart": memory_apart,
             "_mm": _mm, "_process_group_state": process_group_state,
