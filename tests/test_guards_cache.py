@@ -323,6 +323,43 @@ def test_autocast_dtype_change_recompiles(backend):
             assert_same(f(x), compiled(x))
 
 
+def test_a_float_zero_changing_sign_recompiles():
+    import math
+
+    def f(x, s, pair):
+        return x + math.copysign(1.0, s) + x * s + math.copysign(1.0, pair[0])
+
+    compiled = bytegraph.compile(f, backend="eager")
+    x = t(2)
+    for s in (0.0, -0.0, 0.0):
+        out, expected = compiled(x, s, (s,)), f(x, s, (s,))
+        assert_same(expected, out)
+        assert_same(1 / expected, 1 / out)
+
+
+def test_an_attribute_set_on_the_object_over_its_class_or_getattr_is_seen():
+    class Defaults:
+        def __getattr__(self, name):
+            return 3.0
+
+    class Helper:
+        def scale(self, x):
+            return x * 3
+
+    cfg, helper = Defaults(), Helper()
+
+    def f(x):
+        return x * cfg.scale + helper.scale(x)
+
+    compiled = bytegraph.compile(f, backend="eager")
+    x = t(2)
+    assert_same(f(x), compiled(x))
+    cfg.scale = 11.0
+    assert_same(f(x), compiled(x))
+    helper.scale = lambda x: x * 7
+    assert_same(f(x), compiled(x))
+
+
 class DropBN(nn.Module):
     def __init__(self):
         super().__init__()

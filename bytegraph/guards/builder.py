@@ -52,6 +52,20 @@ GLOBAL_HOOKS = "GLOBAL_HOOKS"   # no global module hooks (a submodule's call was
 _PLAIN_KEY_TYPES = (str, int, bool, float, bytes, type(None), torch.device, torch.dtype)
 
 
+def _has_float_zero(v):
+    """Is ``v`` a float zero, or a tuple holding one (whose sign ``==`` does not see)?"""
+    if type(v) is float:
+        return v == 0.0
+    return type(v) is tuple and any(_has_float_zero(x) for x in v)
+
+
+def same_constant(obj, expected):
+    """What a CONSTANT_MATCH guard checks: the same type and value (a zero's sign too)."""
+    if type(obj) is not type(expected) or (obj == expected) is not True:
+        return False
+    return not _has_float_zero(expected) or repr(obj) == repr(expected)
+
+
 def plain_key(k):
     """A dict key whose equality is a plain yes/no on its value: strings, numbers, devices and
     dtypes (GradScaler keeps its per-device tensors under torch.device keys), enum members,
@@ -363,6 +377,9 @@ class _Emitter:
                 cond = f"{e} is {v!r}"
             else:
                 cond = f"type({e}) is {self.const(type(v))} and {e} == {self.const(v)}"
+                if _has_float_zero(v):
+                    # -0.0 == 0.0, but 1 / x, copysign and atan2 tell them apart
+                    cond += f" and repr({e}) == {repr(v)!r}"
             return [(cond, f"f'{who} changed: {v!r} -> {{{e}!r}}'")]
         if g.kind == ALIAS:
             other = self.render(g.expected)

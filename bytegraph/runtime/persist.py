@@ -607,7 +607,7 @@ def _holds(guard, resolve):
         plain = stamps.PLAIN.get(type(obj), type(obj))
         return type(obj) is expected or plain is stamps.PLAIN.get(expected, expected)
     if kind == g.CONSTANT_MATCH:
-        return type(obj) is type(expected) and (obj == expected) is True
+        return g.same_constant(obj, expected)
     if kind == g.LENGTH_MATCH:
         return len(obj) == expected
     if kind == g.DICT_KEYS:

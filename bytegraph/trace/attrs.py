@@ -7,7 +7,7 @@ import torch
 from ..errors import Unsupported
 from ..guards import builder as g
 from ..guards import stamps
-from ..guards.builder import MISSING_ATTR
+from ..guards.builder import MISSING_ATTR, NOT_OWN_ATTR
 from ..guards.sources import AttrSource, ItemSource, ModuleEntrySource, RawItemSource
 from ..values.base import (BoundMethodValue, ConstantValue, ContextManagerValue, DictValue,
                            ExceptionValue, FunctionValue, GeneratorValue, ListValue, MethodOfValue,
@@ -406,6 +406,10 @@ def _object_attr(frame, v, name):
                 if value is None:
                     return ConstantValue(None)
                 return wrap(tx, value, esrc)
+    if src is not None and isinstance(inst_dict, dict) and (found or _lookup_static(cls, "__getattr__")[1]):
+        # The class's attribute (or its __getattr__) answered: one set on the object later
+        # (`obj.method = f`, `cfg.scale = 2.0` past a __getattr__ default) would answer instead.
+        tx.guards.add(NOT_OWN_ATTR, src, name)
     if found:
         if isinstance(class_attr, types.FunctionType):
             return BoundMethodValue(wrap(tx, class_attr, None), v)

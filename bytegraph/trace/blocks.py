@@ -37,6 +37,7 @@ import torch
 
 from ..config import config
 from ..residual import set_autocast_state
+from ..guards.builder import same_constant
 from ..guards.sources import AttrSource, DefaultSource, ItemSource, ModuleEntrySource, Source
 from ..values.base import (ConstantValue, DictValue, ListValue, ObjectValue, SymValue, TensorValue,
                            TupleValue)
@@ -441,7 +442,7 @@ def _guard_holds(kind, source, expected, objmap, known):
     if kind == "TYPE_MATCH":
         return type(obj) is expected
     if kind == "CONSTANT_MATCH":
-        return type(obj) is type(expected) and obj == expected
+        return same_constant(obj, expected)
     if kind == "LENGTH_MATCH":
         return len(obj) == expected
     if kind == "DICT_KEYS":
