@@ -360,6 +360,20 @@ def test_an_attribute_set_on_the_object_over_its_class_or_getattr_is_seen():
     assert_same(f(x), compiled(x))
 
 
+def test_a_question_about_torch_state_is_asked_again_on_every_call():
+    def f(x):
+        return x * 2 if torch.are_deterministic_algorithms_enabled() else x * 3
+
+    compiled = bytegraph.compile(f, backend="eager")
+    x = t(2)
+    try:
+        for on in (False, True, False):
+            torch.use_deterministic_algorithms(on)
+            assert_same(f(x), compiled(x))
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
 class DropBN(nn.Module):
     def __init__(self):
         super().__init__()

@@ -4,6 +4,7 @@ import types
 import torch
 
 from ..errors import Unsupported
+from ..guards.builder import GLOBAL_STATE
 from ..residual import set_autocast_state
 from ..values.base import ConstantValue, ContextManagerValue, PrivateObjectValue, TensorValue
 from . import attrs, numpy_calls, operators, ops
@@ -73,7 +74,41 @@ def torch_call(frame, fn, args, kwargs):
         if not args or not isinstance(args[0], TensorValue):
             raise Unsupported(f"Tensor.{name} called on {attrs.describe(args[0]) if args else 'nothing'}")
         return ops.tensor_method(frame, args[0], name, args[1:], kwargs)
+    if not args and not kwargs:
+        state = _state_query(fn)
+        if state is not None:
+            return state(frame)
     return frame.tx.graph.call("call_function", fn, args, kwargs)
+
+
+_STATE_VALUE_TYPES = (bool, int, float, str, type(None), torch.dtype, torch.device)
+
+
+def _state_query(fn):
+    """For a torch builtin taking no arguments (``torch._C._get_deterministic_algorithms``,
+    ``torch.get_num_threads``: a question about process state), a function making its answer a
+    constant guarded on every call; None for anything else."""
+    owner = getattr(fn, "__self__", None)
+    if not isinstance(fn, types.BuiltinFunctionType) or not isinstance(owner, types.ModuleType):
+        return None
+    path = f"{owner.__name__}.{fn.__name__}"
+    if not path.startswith("torch.") or _resolve(path) is not fn:
+        return None
+
+    def answer(frame):
+        value = fn()
+        if type(value) not in _STATE_VALUE_TYPES:
+            return frame.tx.graph.call("call_function", fn, [], {})
+        frame.tx.guards.add(GLOBAL_STATE, None, (f"{path}()", value), f"{path}()")
+        return ConstantValue(value)
+    return answer
+
+
+def _resolve(path):
+    obj = torch
+    for part in path.split(".")[1:]:
+        obj = getattr(obj, part, None)
+    return obj
 
 
 # --- global-state context managers ---------------------------------------------------------
