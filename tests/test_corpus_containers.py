@@ -651,6 +651,13 @@ def list_sort_key_len(x):
     return x * len(words[0]), words
 
 
+def ordered_dict_popitem_either_end(x):
+    od = collections.OrderedDict(a=1, b=2, c=3)
+    first = od.popitem(last=False)
+    last = od.popitem()
+    return x * first[1] + last[1], list(od)
+
+
 CASES = [
     list_append_extend, list_pop_remove, list_index_count, list_sort_reverse, list_slicing_assign,
     list_copy_clear, list_mul_concat, list_negative_index_and_in, list_equality, list_del_item_and_iadd,
@@ -678,6 +685,7 @@ CASES = [
     dict_get_with_tensor_default,
     nested_dict_update,
     list_sort_key_len,
+    ordered_dict_popitem_either_end,
 ]
 
 

@@ -374,6 +374,27 @@ def test_a_question_about_torch_state_is_asked_again_on_every_call():
         torch.use_deterministic_algorithms(False)
 
 
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_torch_function_mode_entered_or_left_recompiles(backend):
+    from torch.overrides import TorchFunctionMode
+
+    class AddIsMul(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func in (torch.add, torch.Tensor.add, torch.Tensor.__add__):
+                func = torch.mul
+            return func(*args, **(kwargs or {}))
+
+    def f(x):
+        return x + 3
+
+    compiled = bytegraph.compile(f, backend=backend)
+    x = torch.full((2,), 2.0)
+    assert_same(f(x), compiled(x))
+    with AddIsMul():
+        assert_same(f(x), compiled(x))
+    assert_same(f(x), compiled(x))
+
+
 class DropBN(nn.Module):
     def __init__(self):
         super().__init__()

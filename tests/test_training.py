@@ -7,6 +7,7 @@ import torch
 import bytegraph
 from bytegraph.demo.models import MLP, GPTConfig, TinyGPT
 from bytegraph.testing import CompileCounter
+from helpers import assert_same
 
 
 def _step(model, inputs, loss_fn):
@@ -111,3 +112,21 @@ def test_first_graph_of_the_process_compiled_under_no_grad():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                        env=dict(__import__("os").environ, PYTHONPATH=str(__import__("pathlib").Path(__file__).resolve().parent.parent)))
     assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-3000:]
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_an_input_made_differentiable_in_place(backend):
+    # AOTAutograd's backward fails on an input that does not require grad written in place
+    # with one that does (torch.compile too): that graph runs uncompiled, with eager's gradients.
+    def f(x, w):
+        x.mul_(w)
+        return x
+
+    w = torch.tensor([4.0, 5.0, 6.0], requires_grad=True)
+    w2 = w.detach().clone().requires_grad_()
+    expected = f(torch.tensor([1.0, 2.0, 3.0]), w)
+    expected.sum().backward()
+    out = bytegraph.compile(f, backend=backend)(torch.tensor([1.0, 2.0, 3.0]), w2)
+    out.sum().backward()
+    assert_same(expected, out)
+    assert_same(w.grad, w2.grad)

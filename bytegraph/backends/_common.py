@@ -9,6 +9,7 @@ import logging
 import operator
 import warnings
 
+import torch
 import torch.fx as fx
 
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
@@ -100,6 +101,24 @@ def uncompilable_cause(exc):
         if isinstance(exc, AssertionError) and _AOT_ALIASED_INPUTS in str(exc):
             return exc
         exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def input_made_differentiable(gm, example_inputs):
+    """A reason AOTAutograd cannot compile ``gm`` correctly, or None: an input that does not
+    require grad written in place with a value that does (``x.mul_(w)``). AOTAutograd's
+    backward then reads a copy of the input its own write-back has changed, and fails."""
+    inputs = {p: x for p, x in zip((n for n in gm.graph.nodes if n.op == "placeholder"), example_inputs)}
+    for n in gm.graph.nodes:
+        if not writes(n):
+            continue
+        targets = [t for t in written(n) if t in inputs and isinstance(inputs[t], torch.Tensor)
+                   and not inputs[t].requires_grad]
+        if targets and any(isinstance(v, torch.Tensor) and v.requires_grad
+                           for a in n.all_input_nodes if a not in targets
+                           for v in [a.meta.get("example_value")]):
+            return RuntimeError(f"{n.format_node()}: an input that does not require grad is written in place "
+                                "with a value that does")
     return None
 
 

@@ -8,8 +8,8 @@ results and gradients should match eager up to rounding.
 """
 from ..errors import BackendError
 from . import grad_presence
-from ._common import (as_list, compile_failed, uncompilable_cause, flat_tuple_output, run_uncompiled, watched_inner,
-                      with_restore)
+from ._common import (as_list, compile_failed, uncompilable_cause, flat_tuple_output, input_made_differentiable,
+                      run_uncompiled, watched_inner, with_restore)
 
 
 def _boxed_nop(fx_graph, example_inputs):
@@ -67,6 +67,9 @@ def _aot(gm, example_inputs, fw_compiler, bw_compiler, name):
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     restore = flat_tuple_output(gm)
+    cause = input_made_differentiable(gm, example_inputs)
+    if cause is not None:
+        return run_uncompiled(name, gm, cause, restore)
     grads = grad_presence.plan(gm)
     try:
         compiled = aot_module_simplified(

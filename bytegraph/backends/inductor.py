@@ -10,8 +10,8 @@ from .lanes import compile_by_lanes
 from .regions import compile_by_regions, worth_sharing, worth_splitting
 from .subgraphs import compiling, with_shared_blocks
 from .cudagraphs import watch_static_inputs
-from ._common import (as_list, compile_failed, uncompilable_cause, flat_tuple_output, quiet_torch_imports,
-                      run_uncompiled, watched_inner, with_restore)
+from ._common import (as_list, compile_failed, uncompilable_cause, flat_tuple_output, input_made_differentiable,
+                      quiet_torch_imports, run_uncompiled, watched_inner, with_restore)
 
 
 def mark_parameters_static(gm):
@@ -108,6 +108,9 @@ def inductor_whole(gm, example_inputs, *, config_patches=None):
         from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
     restore = flat_tuple_output(gm)
+    cause = input_made_differentiable(gm, example_inputs)
+    if cause is not None:
+        return run_uncompiled("inductor", gm, cause, restore)
     grads = grad_presence.plan(gm)
     mark_parameters_static(gm)
     try:

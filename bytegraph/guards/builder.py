@@ -244,6 +244,9 @@ def global_state_snapshot():
         ("autocast (cpu)", "_autocast_enabled('cpu')", torch.is_autocast_enabled("cpu")),
         ("autocast (cuda)", "_autocast_enabled('cuda')", torch.is_autocast_enabled("cuda")),
         ("inference mode", "_inference_mode()", torch.is_inference_mode_enabled()),
+        # A TorchFunctionMode entered around the call (set_default_device enters one): what a
+        # backend like AOTAutograd traced under it, or without it, is not what runs now.
+        ("torch function modes", "_function_modes()", torch._C._len_torch_function_stack()),
     ]
     for device in ("cpu", "cuda"):
         if torch.is_autocast_enabled(device):
@@ -283,6 +286,7 @@ class _Emitter:
             "_get_default_dtype": torch.get_default_dtype,
             "_autocast_enabled": torch.is_autocast_enabled, "_autocast_dtype": torch.get_autocast_dtype,
             "_inference_mode": torch.is_inference_mode_enabled,
+            "_function_modes": torch._C._len_torch_function_stack,
             "_default_device": default_device, "_ndarray": np.ndarray, "_memory_apart": memory_apart,
             "_mm": _mm, "_process_group_state": process_group_state,
         }

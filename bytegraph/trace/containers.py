@@ -191,7 +191,16 @@ def _dict_method(frame, d, name, args, kwargs):
     if name == "popitem":
         if not items:
             raise PythonError("KeyError: 'popitem(): dictionary is empty'", KeyError("popitem(): dictionary is empty"))
-        k, v = items.popitem()
+        last = True
+        if (args or kwargs) and issubclass(d.cls, collections.OrderedDict):
+            last = operators.as_constant(kwargs.get("last", args[0] if args else ConstantValue(True)))
+        elif args or kwargs:
+            raise Unsupported("dict.popitem() with arguments")
+        if last:
+            k, v = items.popitem()
+        else:   # OrderedDict.popitem(last=False): the first item
+            k = next(iter(items))
+            v = items.pop(k)
         return TupleValue([ConstantValue(k) if isinstance(k, (str, int)) else ObjectValue(k), v])
     if name == "clear":
         items.clear()
