@@ -395,6 +395,21 @@ def test_a_torch_function_mode_entered_or_left_recompiles(backend):
     assert_same(f(x), compiled(x))
 
 
+def test_the_default_device_for_factories_is_guarded():
+    def f(x):
+        return torch.ones(2) * x.sum()
+
+    compiled = bytegraph.compile(f, backend="aot_eager")
+    x = t(2)
+    assert_same(f(x), compiled(x))
+    try:
+        torch.set_default_device("meta")
+        assert compiled(x).device.type == "meta"
+    finally:
+        torch.set_default_device(None)
+    assert_same(f(x), compiled(x))
+
+
 class DropBN(nn.Module):
     def __init__(self):
         super().__init__()

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch.nn.modules import module as _mm
+from torch.utils._device import DeviceContext
 import torch.distributed as dist
 
 from . import coverage, stamps
@@ -135,6 +136,20 @@ def memory_apart(x, y):
     return a is None or b is None or a[1] <= b[0] or b[1] <= a[0]
 
 
+def function_modes():
+    """The TorchFunctionModes entered around a call, as what a graph traced under them depends
+    on: the types of the modes other than a device context (``with torch.device(...)``,
+    ``set_default_device``), then the default device unless it is the CPU (so a device context
+    naming the CPU is the same as none)."""
+    n = torch._C._len_torch_function_stack()
+    if not n:
+        return ()
+    modes = [torch._C._get_function_stack_at(i) for i in range(n)]
+    kinds = tuple(type(m) for m in modes if not isinstance(m, DeviceContext))
+    device = torch.get_default_device()
+    return kinds if device == _CPU else kinds + (str(device),)
+
+
 def default_device():
     """``torch.get_default_device()``, cheaply when no torch function mode is active."""
     if not torch._C._len_torch_function_stack():
@@ -244,9 +259,9 @@ def global_state_snapshot():
         ("autocast (cpu)", "_autocast_enabled('cpu')", torch.is_autocast_enabled("cpu")),
         ("autocast (cuda)", "_autocast_enabled('cuda')", torch.is_autocast_enabled("cuda")),
         ("inference mode", "_inference_mode()", torch.is_inference_mode_enabled()),
-        # A TorchFunctionMode entered around the call (set_default_device enters one): what a
-        # backend like AOTAutograd traced under it, or without it, is not what runs now.
-        ("torch function modes", "_function_modes()", torch._C._len_torch_function_stack()),
+        # A TorchFunctionMode entered around the call: what a backend like AOTAutograd traced
+        # under it, or without it, is not what runs now; factories follow the default device.
+        ("torch function modes", "_function_modes()", function_modes()),
     ]
     for device in ("cpu", "cuda"):
         if torch.is_autocast_enabled(device):
@@ -286,7 +301,7 @@ class _Emitter:
             "_get_default_dtype": torch.get_default_dtype,
             "_autocast_enabled": torch.is_autocast_enabled, "_autocast_dtype": torch.get_autocast_dtype,
             "_inference_mode": torch.is_inference_mode_enabled,
-            "_function_modes": torch._C._len_torch_function_stack,
+            "_function_modes": function_modes,
             "_default_device": default_device, "_ndarray": np.ndarray, "_memory_apart": memory_apart,
             "_mm": _mm, "_process_group_state": process_group_state,
         }
