@@ -658,6 +658,12 @@ def ordered_dict_popitem_either_end(x):
     return x * first[1] + last[1], list(od)
 
 
+def class_of_containers(x):
+    d = collections.defaultdict(list)
+    d["k"].append(1)
+    return x + 1, [1].__class__ is list, {}.__class__ is dict, (1,).__class__ is tuple, d.default_factory is list
+
+
 CASES = [
     list_append_extend, list_pop_remove, list_index_count, list_sort_reverse, list_slicing_assign,
     list_copy_clear, list_mul_concat, list_negative_index_and_in, list_equality, list_del_item_and_iadd,
@@ -686,6 +692,7 @@ CASES = [
     nested_dict_update,
     list_sort_key_len,
     ordered_dict_popitem_either_end,
+    class_of_containers,
 ]
 
 

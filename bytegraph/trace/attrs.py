@@ -9,7 +9,7 @@ from ..guards import builder as g
 from ..guards import stamps
 from ..guards.builder import MISSING_ATTR, NOT_OWN_ATTR
 from ..guards.sources import AttrSource, ItemSource, ModuleEntrySource, RawItemSource
-from ..values.base import (BoundMethodValue, ConstantValue, ContextManagerValue, DictValue,
+from ..values.base import (BoundMethodValue, ConstantValue, ContextManagerValue, DefaultDictValue, DictValue,
                            ExceptionValue, FunctionValue, GeneratorValue, ListValue, MethodOfValue,
                            ObjectValue, PartialValue, PrivateObjectValue, SuperValue, TensorMethodValue, TensorValue,
                            TupleValue, UserObjectValue)
@@ -71,6 +71,10 @@ def _get_attr(frame, v, name):
             if found and _defined_in_python_class(v.cls, name):
                 return _class_attribute(frame, v.cls, name, v)[0]
     if isinstance(v, (ListValue, DictValue, TupleValue)):
+        if name == "__class__":
+            return wrap(frame.tx, v.python_type(), None)   # its type is fixed (guarded if from outside)
+        if name == "default_factory" and isinstance(v, DefaultDictValue):
+            return v.factory
         if hasattr(v.python_type(), name):
             return MethodOfValue(v, name)
     if isinstance(v, FunctionValue):
