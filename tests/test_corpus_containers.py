@@ -664,6 +664,11 @@ def class_of_containers(x):
     return x + 1, [1].__class__ is list, {}.__class__ is dict, (1,).__class__ is tuple, d.default_factory is list
 
 
+def ordered_dict_equality_keeps_order(x):
+    a, b = collections.OrderedDict(a=1, b=2), collections.OrderedDict(b=2, a=1)
+    return x + 1, a == b, a != b, a == dict(b), [a] == [b]
+
+
 CASES = [
     list_append_extend, list_pop_remove, list_index_count, list_sort_reverse, list_slicing_assign,
     list_copy_clear, list_mul_concat, list_negative_index_and_in, list_equality, list_del_item_and_iadd,
@@ -693,6 +698,7 @@ CASES = [
     list_sort_key_len,
     ordered_dict_popitem_either_end,
     class_of_containers,
+    ordered_dict_equality_keeps_order,
 ]
 
 

@@ -87,7 +87,9 @@ def as_constant(v):
     if isinstance(v, ListValue):
         return [as_constant(i) for i in v.items]
     if isinstance(v, DictValue):
-        return {k: as_constant(i) for k, i in v.items.items()}
+        items = {k: as_constant(i) for k, i in v.items.items()}
+        # An OrderedDict compares its order too.
+        return collections.OrderedDict(items) if issubclass(v.cls, collections.OrderedDict) else items
     if isinstance(v, SliceValue):
         return slice(as_constant(v.start), as_constant(v.stop), as_constant(v.step))
     if isinstance(v, ObjectValue) and isinstance(v.obj, (type, torch.finfo, torch.iinfo, enum.Enum)):
