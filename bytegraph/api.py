@@ -165,7 +165,7 @@ class OptimizedModule(torch.nn.Module):
     natively around the compiled ``forward``).
     """
 
-    _own = frozenset({"_orig_mod", "_compiler", "_compiled_forward", "_forward_set", "_current_forward",
+    _own = frozenset({"_orig_mod", "_compiler", "_compiled_forward", "_forward_state", "_forward_changed",
                       "_compile_args", "forward", "__call__",
                       "__class__", "__dict__", "__repr__", "_call_impl", "train", "eval",
                       "__getstate__", "__setstate__", "__reduce_ex__"})
@@ -175,19 +175,21 @@ class OptimizedModule(torch.nn.Module):
     def __init__(self, mod, compiler, compile_args=None):
         object.__setattr__(self, "_orig_mod", mod)
         object.__setattr__(self, "_compiler", compiler)
-        object.__setattr__(self, "_compiled_forward", compile_callable(mod.forward, compiler))
-        object.__setattr__(self, "_forward_set", mod.__dict__.get("forward"))
+        # (the forward set on the module instance when compiled, or None; its compiled forward)
+        object.__setattr__(self, "_forward_state", (mod.__dict__.get("forward"),
+                                                    compile_callable(mod.forward, compiler)))
         object.__setattr__(self, "_compile_args", compile_args or {})
 
-    def _current_forward(self):
-        """The compiled forward of the module's forward now: one set on the instance later
-        (``m.forward = f``, as libraries' hooks do) is compiled and called in its place."""
-        mod = self._orig_mod
-        now = mod.__dict__.get("forward")
-        if now is not self._forward_set:
-            object.__setattr__(self, "_compiled_forward", compile_callable(mod.forward, self._compiler))
-            object.__setattr__(self, "_forward_set", now)
-        return self._compiled_forward
+    @property
+    def _compiled_forward(self):
+        return self._forward_state[1]
+
+    def _forward_changed(self, mod):
+        """A forward set on the module instance since compiling (``m.forward = f``, as
+        libraries' hooks do), compiled: it is what runs from now on."""
+        compiled = compile_callable(mod.forward, self._compiler)
+        object.__setattr__(self, "_forward_state", (mod.__dict__.get("forward"), compiled))
+        return compiled
 
     def __reduce_ex__(self, protocol):
         # A copy (copy.deepcopy, pickle, torch.save) wraps a copy of the module, compiled anew
@@ -221,14 +223,20 @@ class OptimizedModule(torch.nn.Module):
     def forward(self, *args, **kwargs):
         if isinstance(self._orig_mod, DistributedDataParallel):
             return call_ddp(self._compiler, self._orig_mod, args, kwargs)
-        return self._current_forward()(*args, **kwargs)
+        mod = self._orig_mod
+        set_then, forward = self._forward_state
+        if mod.__dict__.get("forward") is not set_then:
+            forward = self._forward_changed(mod)
+        return forward(*args, **kwargs)
 
     def __call__(self, *args, **kwargs):
         mod = self._orig_mod
         if isinstance(mod, DistributedDataParallel):
             # DDP's own forward runs natively around the module it wraps, which is compiled.
             return call_ddp(self._compiler, mod, args, kwargs)
-        forward = self._current_forward()
+        set_then, forward = self._forward_state
+        if mod.__dict__.get("forward") is not set_then:
+            forward = self._forward_changed(mod)
         if not has_hooks(mod):
             return forward(*args, **kwargs)
         if has_unsupported_hooks(mod) or is_fsdp_module(mod) or is_fsdp_module(self):

@@ -273,8 +273,8 @@ def test_backend_failure_on_data_dependent_backward_runs_the_graph_uncompiled(mo
     """Without the tracer's backward check, AOTAutograd meets the data-dependent backward
     itself; the graph then runs uncompiled, with eager's results."""
     from bytegraph.backends import _common
-    from bytegraph.graph import builder
-    monkeypatch.setattr(builder._BackwardCheck, "needed", classmethod(lambda cls, *a: None))
+    from bytegraph.graph import data_dependent
+    monkeypatch.setattr(data_dependent.BackwardCheck, "needed", classmethod(lambda cls, *a: None))
     monkeypatch.setattr("bytegraph.backends.aot.run_uncompiled", _common.run_uncompiled)
     cnt = check_fn(f_mask_write_tensor, (_x(), _w()), "aot_eager")
     assert cnt.frame_count == 1

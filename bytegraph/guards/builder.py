@@ -60,11 +60,32 @@ def _has_float_zero(v):
     return type(v) is tuple and any(_has_float_zero(x) for x in v)
 
 
-def same_constant(obj, expected):
+def _same_constant(obj, expected):
     """What a CONSTANT_MATCH guard checks: the same type and value (a zero's sign too)."""
     if type(obj) is not type(expected) or (obj == expected) is not True:
         return False
     return not _has_float_zero(expected) or repr(obj) == repr(expected)
+
+
+def value_holds(kind, obj, expected):
+    """Does a guard of ``kind`` that checks only its object's value hold on ``obj``? None for
+    the other kinds. The checks a compiled guard function makes, for code that checks guards
+    one by one (a replayed block's, a loaded cache entry's)."""
+    if kind == CONSTANT_MATCH:
+        return _same_constant(obj, expected)
+    if kind == LENGTH_MATCH:
+        return len(obj) == expected
+    if kind == DICT_KEYS:
+        return list(obj) == list(expected)
+    if kind == NO_HOOKS:
+        return not (obj._forward_hooks or obj._forward_pre_hooks or obj._backward_hooks or obj._backward_pre_hooks)
+    if kind == MISSING_ATTR:
+        return not hasattr(obj, expected)
+    if kind == HAS_ATTR:
+        return hasattr(obj, expected)
+    if kind == NOT_OWN_ATTR:
+        return expected not in obj.__dict__
+    return None
 
 
 def plain_key(k):
@@ -261,7 +282,7 @@ def global_state_snapshot():
         ("inference mode", "_inference_mode()", torch.is_inference_mode_enabled()),
         # A TorchFunctionMode entered around the call: what a backend like AOTAutograd traced
         # under it, or without it, is not what runs now; factories follow the default device.
-        ("torch function modes", "_function_modes()", function_modes()),
+        ("torch function modes", "(_function_modes() if _mode_count() else ())", function_modes()),
     ]
     for device in ("cpu", "cuda"):
         if torch.is_autocast_enabled(device):
@@ -301,7 +322,7 @@ class _Emitter:
             "_get_default_dtype": torch.get_default_dtype,
             "_autocast_enabled": torch.is_autocast_enabled, "_autocast_dtype": torch.get_autocast_dtype,
             "_inference_mode": torch.is_inference_mode_enabled,
-            "_function_modes": function_modes,
+            "_function_modes": function_modes, "_mode_count": torch._C._len_torch_function_stack,
             "_default_device": default_device, "_ndarray": np.ndarray, "_memory_apart": memory_apart,
             "_mm": _mm, "_process_group_state": process_group_state,
         }

@@ -606,20 +606,9 @@ def _holds(guard, resolve):
     if kind == g.TYPE_MATCH:
         plain = stamps.PLAIN.get(type(obj), type(obj))
         return type(obj) is expected or plain is stamps.PLAIN.get(expected, expected)
-    if kind == g.CONSTANT_MATCH:
-        return g.same_constant(obj, expected)
-    if kind == g.LENGTH_MATCH:
-        return len(obj) == expected
-    if kind == g.DICT_KEYS:
-        return list(obj) == list(expected)
-    if kind == g.NO_HOOKS:
-        return not (obj._forward_hooks or obj._forward_pre_hooks or obj._backward_hooks or obj._backward_pre_hooks)
-    if kind == g.MISSING_ATTR:
-        return not hasattr(obj, expected)
-    if kind == g.HAS_ATTR:
-        return hasattr(obj, expected)
-    if kind == g.NOT_OWN_ATTR:
-        return expected not in obj.__dict__
+    holds = g.value_holds(kind, obj, expected)
+    if holds is not None:
+        return holds
     if kind in (g.ALIAS, g.NOT_ALIAS):
         return (obj is resolve(expected)) == (kind == g.ALIAS)
     if kind == g.STATE_MATCH:

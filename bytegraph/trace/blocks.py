@@ -37,7 +37,7 @@ import torch
 
 from ..config import config
 from ..residual import set_autocast_state
-from ..guards.builder import same_constant
+from ..guards.builder import value_holds
 from ..guards.sources import AttrSource, DefaultSource, ItemSource, ModuleEntrySource, Source
 from ..values.base import (ConstantValue, DictValue, ListValue, ObjectValue, SymValue, TensorValue,
                            TupleValue)
@@ -441,20 +441,9 @@ def _guard_holds(kind, source, expected, objmap, known):
         return obj is expected
     if kind == "TYPE_MATCH":
         return type(obj) is expected
-    if kind == "CONSTANT_MATCH":
-        return same_constant(obj, expected)
-    if kind == "LENGTH_MATCH":
-        return len(obj) == expected
-    if kind == "DICT_KEYS":
-        return list(obj) == list(expected)
-    if kind == "NO_HOOKS":
-        return not (obj._forward_hooks or obj._forward_pre_hooks or obj._backward_hooks or obj._backward_pre_hooks)
-    if kind == "MISSING_ATTR":
-        return not hasattr(obj, expected)
-    if kind == "HAS_ATTR":
-        return hasattr(obj, expected)
-    if kind == "NOT_OWN_ATTR":
-        return expected not in obj.__dict__
+    holds = value_holds(kind, obj, expected)
+    if holds is not None:
+        return holds
     if kind in ("ALIAS", "NOT_ALIAS"):
         found, other = _resolve(expected, objmap, known)
         return found and ((obj is other) == (kind == "ALIAS"))

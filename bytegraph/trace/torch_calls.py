@@ -1,4 +1,5 @@
 """torch functions, tensor-method descriptors and torch's global-state context managers."""
+import operator
 import types
 
 import torch
@@ -74,41 +75,32 @@ def torch_call(frame, fn, args, kwargs):
         if not args or not isinstance(args[0], TensorValue):
             raise Unsupported(f"Tensor.{name} called on {attrs.describe(args[0]) if args else 'nothing'}")
         return ops.tensor_method(frame, args[0], name, args[1:], kwargs)
-    if not args and not kwargs:
-        state = _state_query(fn)
-        if state is not None:
-            return state(frame)
+    path = _state_query_path(fn) if not args and not kwargs else None
+    if path is not None:
+        value = fn()
+        if type(value) in _STATE_VALUE_TYPES:
+            frame.tx.guards.add(GLOBAL_STATE, None, (f"{path}()", value), f"{path}()")
+            return ConstantValue(value)
     return frame.tx.graph.call("call_function", fn, args, kwargs)
 
 
 _STATE_VALUE_TYPES = (bool, int, float, str, type(None), torch.dtype, torch.device)
 
 
-def _state_query(fn):
-    """For a torch builtin taking no arguments (``torch._C._get_deterministic_algorithms``,
-    ``torch.get_num_threads``: a question about process state), a function making its answer a
-    constant guarded on every call; None for anything else."""
+def _state_query_path(fn):
+    """For a torch builtin called with no arguments (``torch._C._get_deterministic_algorithms``,
+    ``torch.get_num_threads``: a question about process state), its dotted path from ``torch``,
+    which the guard that asks it again per call is written with; None for anything else."""
     owner = getattr(fn, "__self__", None)
-    if not isinstance(fn, types.BuiltinFunctionType) or not isinstance(owner, types.ModuleType):
+    if not isinstance(fn, types.BuiltinFunctionType) or not isinstance(owner, types.ModuleType) \
+            or not owner.__name__.startswith("torch."):
         return None
     path = f"{owner.__name__}.{fn.__name__}"
-    if not path.startswith("torch.") or _resolve(path) is not fn:
+    try:
+        reached = operator.attrgetter(path[len("torch."):])(torch)   # as the guard will read it
+    except AttributeError:
         return None
-
-    def answer(frame):
-        value = fn()
-        if type(value) not in _STATE_VALUE_TYPES:
-            return frame.tx.graph.call("call_function", fn, [], {})
-        frame.tx.guards.add(GLOBAL_STATE, None, (f"{path}()", value), f"{path}()")
-        return ConstantValue(value)
-    return answer
-
-
-def _resolve(path):
-    obj = torch
-    for part in path.split(".")[1:]:
-        obj = getattr(obj, part, None)
-    return obj
+    return path if reached is fn else None
 
 
 # --- global-state context managers ---------------------------------------------------------
