@@ -141,6 +141,13 @@ def h_check(k):
     return k + 1
 
 
+def h_check_loud(k):
+    """h_check behind a graph break: a call to it in ``lst.append(...)`` breaks with a method
+    pair on the stack, and may raise into the caller's handler."""
+    print("check", k)
+    return h_check(k)
+
+
 def h_lookup(d, key):
     return d[key]
 
@@ -156,7 +163,7 @@ def h_shift_state(obj, d, lst, t):
 
 
 HELPERS = {f.__name__: f for f in (h_add, h_mix, h_join, h_stats, h_pick, h_count_up, h_scaled, h_check,
-                                     h_lookup, h_shift_state)}
+                                     h_check_loud, h_lookup, h_shift_state)}
 
 UNARY = ["torch.relu({a})", "{a}.sin()", "{a}.abs()", "torch.tanh({a})", "-{a}", "{a} * 0.5",
          "torch.sigmoid({a})", "{a}.clamp(-1.0, 1.0)", "{a}.cos() + 1"]
@@ -756,6 +763,10 @@ class ProgramGen:
         if self.on("helpers"):
             options += [(f"{self.fresh('n')} = h_check({a})", "ValueError"),
                         (f"{self.fresh('n')} = h_lookup({{'ab': 1}}, {self.str_leaf()})", "KeyError")]
+        target = self.mutable("list")
+        if target:   # a break under a method call that may raise into a handler (in a loop too)
+            options.append((r.choice([f"{target}.append(h_check_loud({a}))",
+                                      f"{target}.insert(0, h_check_loud({a}) * 2)"]), "ValueError"))
         return r.choice(options)
 
     def stmt_try(self):
@@ -1023,6 +1034,23 @@ class ProgramGen:
             cond = self.bool_expr()          # keep the rest of the program reachable
         with self.block(f"if {cond}:"):
             self.emit(stmt)
+
+    def stmt_try_in_loop(self):
+        """A loop whose body breaks inside ``try`` under a method call (``acc.append(h(...))``)
+        and sometimes raises into the handler; the next iteration comes back to the same call."""
+        r = self.r
+        acc, i, e = self.fresh("acc"), self.fresh("i"), self.fresh("e")
+        self.emit(f"{acc} = []")
+        with self.block(f"for {i} in range({r.randint(2, 5)}):"):
+            with self.block("try:"):
+                call = f"h_check_loud({i} + {self.int_leaf()})"
+                t = self.pick_tensor()
+                self.emit(r.choice([f"{acc}.append({call})", f"{acc}.append({call} * {t}.shape[0])",
+                                    f"{acc}.insert(0, ({call}, {i}))", f"G_OBJ.hist.append({call})"]))
+            with self.block(f"except ValueError as {e}:"):
+                self.emit(r.choice([f"{acc}.append(str({e}))", f"{acc}.append({i})", "continue",
+                                    f"print('caught', {i})"]))
+        self.emit(f"G_OBJ.hist.append(repr({acc}))")
 
     def stmt_tensor_try(self):
         """try/except where the raise depends on a tensor condition."""
@@ -1343,6 +1371,7 @@ class ProgramGen:
             out.append((1, self.stmt_raise_after_effects))
             if self.depth < self.MAX_DEPTH:
                 out.append((2, self.stmt_tensor_try))
+                out.append((1, self.stmt_try_in_loop))
         if self.on("inplace"):
             out.append((3, self.stmt_inplace))
         if self.on("masks"):

@@ -1897,3 +1897,36 @@ def test_values_read_before_a_breaking_call_keep_what_was_read(fn, make):
     compiled, _ = compile_counted(fn)
     for i in range(3):
         assert_same_run(expected, run_observed(compiled, make), f"(call {i + 1})")
+
+
+def _breaks_then_raises():
+    print("breaks")
+    raise ValueError("from a step")
+
+
+def _breaks_then_returns():
+    print("breaks")
+    return 3.0
+
+
+def method_call_around_a_step_that_raises_in_a_loop(x, fns):
+    # The break is inside ``r.append(fn() ...)``: the step function that runs ``fn()`` holds
+    # ``r.append`` as a method pair; after the handler, the loop comes back to the same call.
+    r = []
+    for fn in fns:
+        try:
+            r.append(fn() * x)
+        except ValueError as e:
+            r.append(str(e))
+    r.append(x.sum())
+    return r
+
+
+@pytest.mark.parametrize("order", ["raises_first", "returns_first", "alternating"])
+def test_a_step_that_raises_in_a_loop_with_a_method_call_on_the_stack(capsys, order):
+    fns = {"raises_first": [_breaks_then_raises, _breaks_then_returns, _breaks_then_returns],
+           "returns_first": [_breaks_then_returns, _breaks_then_raises, _breaks_then_returns],
+           "alternating": [_breaks_then_raises, _breaks_then_returns, _breaks_then_raises,
+                           _breaks_then_returns]}[order]
+    run_diff(method_call_around_a_step_that_raises_in_a_loop, t(3), fns, capsys=capsys,
+             check_recompile=False)

@@ -147,7 +147,7 @@ CLOSURE_PARAM = "__closure"   # the cells of the call, passed along by generated
 def step_code(code, offset, stack_layout, live, after_layout, after_live, handover, name):
     """Code that runs one instruction natively, then hands over to ``handover``.
 
-    It starts like a resume function at ``offset``; right after that single
+    It starts like a resume function at ``offset``; right after a copy of that single
     instruction it jumps to a tail placed after all exception ranges, which
     stores the stack (laid out as ``after_layout``) and returns
     ``handover(*stack, *after_live)``. The instruction runs inside the original
@@ -167,11 +167,18 @@ def step_code(code, offset, stack_layout, live, after_layout, after_live, handov
     while pos + 1 < len(bc) and isinstance(bc[pos + 1], Instr) and id(bc[pos + 1]) in origins \
             and _origin(origins, bc[pos + 1]) is None:
         pos += 1   # the second half of a split superinstruction runs too
-    bc.insert(pos + 1, Instr("JUMP_FORWARD", tail, lineno=lineno))
     # A CALL's KW_NAMES/PRECALL run with it (else its keywords would be lost).
     while first > 0 and isinstance(bc[first - 1], Instr) and bc[first - 1].name in versions.CALL_SETUP:
         first -= 1
-    bc.insert(first, start)
+    # The step runs a copy of the instruction, inside the same exception ranges, that alone
+    # leads to the hand-over. When it raises, the handler and everything after it run the
+    # original code natively to the end: a loop that comes back to the instruction must not
+    # hand over, as CPython's own stack there (a LOAD_METHOD pair, say) is not the layout the
+    # resume function was made for.
+    copies = [x.copy() for x in bc[first:pos + 1] if isinstance(x, Instr)]
+    skip = Label()
+    bc[first:first] = [Instr("JUMP_FORWARD", skip, lineno=lineno), start, *copies,
+                       Instr("JUMP_FORWARD", tail, lineno=lineno), skip]
     _enter_at(bc, start, stack_layout, lineno)
     # A NULL cannot be popped; storing it into a spare local is safe (the local becomes unbound).
     if handover is None:
