@@ -710,7 +710,7 @@ class ProgramGen:
         if not t:
             return
         out, n = self.fresh("t"), self.fresh("n")
-        choice = r.randrange(8)
+        choice = r.randrange(9)
         if choice == 0:
             self.emit(f"{out} = G_MOD({self.tensor_expr('full', 1)})")
         elif choice == 7:    # only whether it is there (the value read is dropped)
@@ -735,6 +735,10 @@ class ProgramGen:
             self.emit(f"{out} = {t} + G_MOD.w * G_MOD.shift")
             with self.block("if hasattr(G_OBJ, 'extra'):"):
                 self.emit(f"print('extra', G_OBJ.extra, G_MOD.mode)")
+        elif choice == 8:    # two names probed on one object, present on different calls
+            first, second = r.sample(["extra", "flag", "a"], 2)
+            self.emit(f"{out} = {t} + (1 if hasattr(G_OBJ, {first!r}) else 0)"
+                      f" + (10 if hasattr(G_OBJ, {second!r}) else 0)")
         else:
             self.emit(f"{out} = G_MOD({t}) if G_OBJ.tags else {t} - 1")
         self.define(out, "tensor:full")
@@ -1490,6 +1494,8 @@ def _set_moving(ns, variant):
     obj.a, obj.scale, obj.on, obj.tags = a, scale, on, list(tags)
     if extra is not None:
         obj.extra = extra
+    if variant % 2:
+        obj.flag = variant   # a second attribute present on other calls than ``extra``
     mod.train(training)
     mod.mode, mod.shift = mode, shift
     if ns["G_HOOK"] is not None:

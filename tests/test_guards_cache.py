@@ -263,6 +263,44 @@ def test_an_attribute_found_then_deleted_is_seen(owner, probe):
         assert_same(f(x), compiled(x))
 
 
+@pytest.mark.parametrize("probe", ["hasattr", "getattr default", "class answer"])
+def test_each_attribute_name_of_one_object_is_guarded(probe):
+    # Guards on an attribute's presence on one object, one per name: the second name's guard
+    # was once dropped as a duplicate of the first's.
+    class Obj:
+        a = 1.0
+        b = 2.0
+
+    o = Obj()
+
+    def read(name):
+        if probe == "hasattr":
+            return 10.0 if hasattr(o, name) else 0.0
+        if probe == "getattr default":
+            return getattr(o, name, 0.5)
+        return getattr(o, name)
+
+    names = ("a", "b") if probe == "class answer" else ("c", "d")
+
+    def f(x):
+        return x + read(names[0]) + 100 * read(names[1])
+
+    compiled = bytegraph.compile(f, backend="eager")
+    x = t(3)
+    for changed in (None, names[1], names[0], None):
+        for n in names:
+            o.__dict__.pop(n, None)
+        if probe != "class answer":
+            for n in names:
+                setattr(o, n, 3.0)
+        if changed is not None:
+            if probe == "class answer":
+                setattr(o, changed, 7.0)       # the object's own value over its class's
+            else:
+                delattr(o, changed)
+        assert_same(f(x), compiled(x))
+
+
 def test_layers_appended_after_compiling_are_run():
     class Stack(nn.Module):
         def __init__(self):

@@ -47,6 +47,8 @@ NDARRAY_MATCH = "NDARRAY_MATCH"   # an np.ndarray traced as a tensor: exact type
 ARRAYS_APART = "ARRAYS_APART"   # an array and another array or tensor a mutating graph reads do not overlap in memory
 GLOBAL_HOOKS = "GLOBAL_HOOKS"   # no global module hooks (a submodule's call was traced without them)
 
+_NAMED_KINDS = (MISSING_ATTR, HAS_ATTR, NOT_OWN_ATTR)   # ``expected`` is an attribute name
+
 
 # Dict keys a DICT_KEYS guard compares by value (as the dict's own lookups do); any other key
 # is compared by identity.
@@ -246,7 +248,8 @@ class GuardSet:
             # trace.blocks records what a module's forward added, to add it again for a copy.
             for r in self.recorders:
                 r.on_guard(kind, source, expected, detail, dynamic_dims)
-        key = (kind, source, detail)
+        # One source can carry several of the attribute-name kinds, one per name.
+        key = (kind, source, detail, expected if kind in _NAMED_KINDS else None)
         if key not in self._guards:
             meta = TensorMeta(expected) if kind == ID_MATCH and isinstance(expected, torch.Tensor) else None
             self._guards[key] = Guard(kind, source, expected, detail, tuple(dynamic_dims), meta)
