@@ -175,20 +175,21 @@ class OptimizedModule(torch.nn.Module):
     def __init__(self, mod, compiler, compile_args=None):
         object.__setattr__(self, "_orig_mod", mod)
         object.__setattr__(self, "_compiler", compiler)
-        # (the forward set on the module instance when compiled, or None; its compiled forward)
-        object.__setattr__(self, "_forward_state", (mod.__dict__.get("forward"),
+        # (the forward set on the module instance when compiled, or None; its class's forward;
+        # the compiled forward)
+        object.__setattr__(self, "_forward_state", (mod.__dict__.get("forward"), type(mod).forward,
                                                     compile_callable(mod.forward, compiler)))
         object.__setattr__(self, "_compile_args", compile_args or {})
 
     @property
     def _compiled_forward(self):
-        return self._forward_state[1]
+        return self._forward_state[2]
 
     def _forward_changed(self, mod):
         """A forward set on the module instance since compiling (``m.forward = f``, as
-        libraries' hooks do), compiled: it is what runs from now on."""
+        libraries' hooks do) or on its class, compiled: it is what runs from now on."""
         compiled = compile_callable(mod.forward, self._compiler)
-        object.__setattr__(self, "_forward_state", (mod.__dict__.get("forward"), compiled))
+        object.__setattr__(self, "_forward_state", (mod.__dict__.get("forward"), type(mod).forward, compiled))
         return compiled
 
     def __reduce_ex__(self, protocol):
@@ -224,8 +225,8 @@ class OptimizedModule(torch.nn.Module):
         if isinstance(self._orig_mod, DistributedDataParallel):
             return call_ddp(self._compiler, self._orig_mod, args, kwargs)
         mod = self._orig_mod
-        set_then, forward = self._forward_state
-        if mod.__dict__.get("forward") is not set_then:
+        set_then, class_then, forward = self._forward_state
+        if mod.__dict__.get("forward") is not set_then or type(mod).forward is not class_then:
             forward = self._forward_changed(mod)
         return forward(*args, **kwargs)
 
@@ -234,8 +235,8 @@ class OptimizedModule(torch.nn.Module):
         if isinstance(mod, DistributedDataParallel):
             # DDP's own forward runs natively around the module it wraps, which is compiled.
             return call_ddp(self._compiler, mod, args, kwargs)
-        set_then, forward = self._forward_state
-        if mod.__dict__.get("forward") is not set_then:
+        set_then, class_then, forward = self._forward_state
+        if mod.__dict__.get("forward") is not set_then or type(mod).forward is not class_then:
             forward = self._forward_changed(mod)
         if not has_hooks(mod):
             return forward(*args, **kwargs)

@@ -1473,7 +1473,14 @@ class _StatefulModule(torch.nn.Module):
         y = y + self.shift if self.mode == "add" else y * self.shift
         if self.training:
             y = y - 1
-        return y
+        return self.adjust(y)
+
+    def adjust(self, y):      # replaced on the class on some calls (_set_moving)
+        return y + 0.5
+
+
+def _adjust_times(self, y):
+    return y * 3
 
 
 # The state each input of a ``moving`` program sets before its call (index = the input's):
@@ -1496,6 +1503,10 @@ def _set_moving(ns, variant):
         obj.extra = extra
     if variant % 2:
         obj.flag = variant   # a second attribute present on other calls than ``extra``
+    if variant in (1, 4):
+        type(mod).adjust = _adjust_times       # a method replaced on the class
+    else:
+        type(mod).__dict__.get("adjust") and delattr(type(mod), "adjust")   # the base's again
     mod.train(training)
     mod.mode, mod.shift = mode, shift
     if ns["G_HOOK"] is not None:
@@ -1531,7 +1542,9 @@ class _RecordList(logging.Handler):
 def _namespace(name):
     ns = {"__name__": name, "torch": torch, "math": math, "dataclasses": dataclasses, "functools": functools,
           "G_LIST": [], "G_DICT": {}, "COUNTER": 0, "G_OBJ": types.SimpleNamespace(), "G_IDS": {},
-          "logging": logging, "G_LOGGED": [], "G_MOD": _StatefulModule(), "G_HOOK": None}
+          "logging": logging, "G_LOGGED": [], "G_HOOK": None,
+          # a class of its own: _set_moving replaces a method on it
+          "G_MOD": type("StatefulModule", (_StatefulModule,), {})()}
     ns["G_W"] = ns["G_MOD"].w
     # Outside logging's registry (each program its own), writing INFO and above into G_LOGGED.
     ns["G_LOG"] = logging.Logger(f"bytegraph_generated.{name}", logging.INFO)

@@ -301,6 +301,57 @@ def test_each_attribute_name_of_one_object_is_guarded(probe):
         assert_same(f(x), compiled(x))
 
 
+@pytest.mark.parametrize("patch", ["module method", "object method", "base shadowed", "staticmethod",
+                                   "classmethod", "submodule forward", "compiled module forward"])
+def test_a_method_replaced_on_the_class_after_compiling_is_run(patch):
+    # The trace calls the method it found on the class; replacing it there (or shadowing a
+    # base's in a subclass) afterwards must run the new one, as eager does.
+    class Base:
+        def helper(self, x):
+            return x + 1
+
+    class Helper(Base):
+        @staticmethod
+        def scale(x):
+            return x * 2
+
+        @classmethod
+        def offset(cls, x):
+            return x - 3
+
+    class Inner(nn.Module):
+        def forward(self, x):
+            return x * 5
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.h = Helper()
+            self.inner = Inner()
+
+        def twice(self, x):
+            return x * 2
+
+        def forward(self, x):
+            return self.twice(x) + self.h.helper(x) + self.h.scale(x) + Helper.offset(x) + self.inner(x)
+
+    m = M()
+    compiled = bytegraph.compile(m, backend="eager")
+    x = t(3)
+    assert_same(m(x), compiled(x))
+    owner, name, new = {
+        "module method": (M, "twice", lambda self, x: x * 7),
+        "object method": (Base, "helper", lambda self, x: x + 11),
+        "base shadowed": (Helper, "helper", lambda self, x: x - 100),
+        "staticmethod": (Helper, "scale", staticmethod(lambda x: x * 13)),
+        "classmethod": (Helper, "offset", classmethod(lambda cls, x: x + 17)),
+        "submodule forward": (Inner, "forward", lambda self, x: x * 19),
+        "compiled module forward": (M, "forward", lambda self, x: x * 23),
+    }[patch]
+    setattr(owner, name, new)
+    assert_same(m(x), compiled(x))
+
+
 def test_layers_appended_after_compiling_are_run():
     class Stack(nn.Module):
         def __init__(self):

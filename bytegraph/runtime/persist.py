@@ -238,6 +238,8 @@ def _source_out(s):
     if isinstance(s, DefaultSource):
         return ("default", _source_out(s.base), s.index, s.kw)
     if isinstance(s, ObjectSource):
+        if isinstance(s.obj, type):
+            return ("class", _ref(s.obj), s.label)
         module = _globals_module(s.obj)
         if module is None:
             raise NotPortable(f"source {s.name()} is not portable")
@@ -277,6 +279,8 @@ def _source_in(t):
         if module is None:
             raise NotPortable(f"module {t[1]} is not imported")
         return ObjectSource(module.__dict__, t[2])
+    if kind == "class":
+        return ObjectSource(_deref(t[1]), t[2])
     raise NotPortable(f"unknown source kind {kind!r}")
 
 

@@ -8,7 +8,7 @@ from ..errors import Unsupported
 from ..guards import builder as g
 from ..guards import stamps
 from ..guards.builder import MISSING_ATTR, NOT_OWN_ATTR
-from ..guards.sources import AttrSource, ItemSource, ModuleEntrySource, RawItemSource
+from ..guards.sources import AttrSource, ItemSource, ModuleEntrySource, ObjectSource, RawItemSource
 from ..values.base import (BoundMethodValue, ConstantValue, ContextManagerValue, DefaultDictValue, DictValue,
                            ExceptionValue, FunctionValue, GeneratorValue, ListValue, MethodOfValue,
                            ObjectValue, PartialValue, PrivateObjectValue, SuperValue, TensorMethodValue, TensorValue,
@@ -415,6 +415,7 @@ def _object_attr(frame, v, name):
         # (`obj.method = f`, `cfg.scale = 2.0` past a __getattr__ default) would answer instead.
         tx.guards.add(NOT_OWN_ATTR, src, name)
     if found:
+        guard_class_method(tx, cls, name, class_attr)
         if isinstance(class_attr, types.FunctionType):
             return BoundMethodValue(wrap(tx, class_attr, None), v)
         if isinstance(class_attr, staticmethod):
@@ -438,11 +439,31 @@ def _defined_in_python_class(cls, name):
     return False
 
 
+def guard_class_method(tx, cls, name, attr):
+    """Guard that ``cls.name`` still finds ``attr``, a function (plain, static or class method)
+    the trace used in place of looking it up: ``Model.helper = f`` after compiling, on the class
+    or on a base, must not run the old one. torch's and Python's own classes are taken as fixed.
+    Classes are few next to instances, so this costs the same at any depth."""
+    module = getattr(cls, "__module__", None) or ""
+    if module == "builtins" or module == "torch" or module.startswith("torch."):
+        return
+    if type(cls).__getattribute__ is not type.__getattribute__ or "__getattr__" in type(cls).__dict__:
+        return     # a metaclass answering attribute reads itself: its answer is not cached here
+    where = AttrSource(ObjectSource(cls, cls.__qualname__), name)
+    if isinstance(attr, types.FunctionType):
+        tx.guards.add(g.ID_MATCH, where, attr)
+    elif isinstance(attr, staticmethod):
+        tx.guards.add(g.ID_MATCH, where, attr.__func__)
+    elif isinstance(attr, classmethod):
+        tx.guards.add(g.ID_MATCH, AttrSource(where, "__func__"), attr.__func__)
+
+
 def _class_attribute(frame, cls, name, self_value):
     """A class attribute looked up for an instance: methods bind, properties run."""
     attr, found = _lookup_static(cls, name)
     if not found:
         return None, False
+    guard_class_method(frame.tx, cls, name, attr)
     if isinstance(attr, types.FunctionType):
         return BoundMethodValue(wrap(frame.tx, attr, None), self_value), True
     if isinstance(attr, property):

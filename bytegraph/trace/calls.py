@@ -337,6 +337,7 @@ def _trace_forward(frame, mv, args, kwargs):
         # `m.forward = ...` later (a monkeypatch, a library's hook) must not find this trace.
         frame.tx.guards.add(NOT_OWN_ATTR, mv.source, "forward")
     fwd, _ = protocols._lookup_static(type(m), "forward")
+    attrs.guard_class_method(frame.tx, type(m), "forward", fwd)
     if fwd is torch.nn.Module.forward:
         raise Unsupported(f"{type(m).__name__} has no forward()")
     if isinstance(fwd, staticmethod):
