@@ -81,6 +81,7 @@ def compile_failed(backend_name, exc):
 
 
 _AOT_ALIASED_INPUTS = "does not yet handle non-differentiable view input mutations"
+_AOT_AUTOCAST_LEFT = "does not support tracing graphs that mutate the autocast state"
 
 
 def uncompilable_cause(exc):
@@ -90,7 +91,9 @@ def uncompilable_cause(exc):
       outputs (or, for ops with index or mask arguments, gradients) depend on data; a backend
       that still meets one while tracing the backward hits a case that check did not foresee;
     * AOTAutograd's limit on inputs sharing storage without being views of each other (``t``
-      and ``t.detach()`` passed together) when one of them is changed in place.
+      and ``t.detach()`` passed together) when one of them is changed in place;
+    * AOTAutograd before torch 2.13 refusing a graph that leaves autocast changed (a resume
+      function's graph that ends a ``with torch.autocast`` block begun before it).
     """
     seen = set()
     while exc is not None and id(exc) not in seen:
@@ -99,6 +102,8 @@ def uncompilable_cause(exc):
                             GuardOnDataDependentSymNode)):
             return exc
         if isinstance(exc, AssertionError) and _AOT_ALIASED_INPUTS in str(exc):
+            return exc
+        if isinstance(exc, RuntimeError) and _AOT_AUTOCAST_LEFT in str(exc):
             return exc
         exc = exc.__cause__ or exc.__context__
     return None
