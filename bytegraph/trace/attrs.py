@@ -34,8 +34,9 @@ def get_attr(frame, v, name):
     try:
         return _get_attr(frame, v, name)
     except MissingAttribute:
-        # The trace goes on knowing the attribute is missing (hasattr, except AttributeError).
-        if isinstance(v, ObjectValue) and v.source is not None:
+        # The trace goes on knowing the attribute is missing (hasattr, except AttributeError);
+        # not when the trace itself deleted it (the object had it when called).
+        if isinstance(v, ObjectValue) and v.source is not None and (id(v.obj), name) not in frame.tx.attr_stores:
             frame.tx.guards.add(MISSING_ATTR, v.source, name)
         raise
 
