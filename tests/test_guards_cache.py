@@ -352,6 +352,37 @@ def test_a_method_replaced_on_the_class_after_compiling_is_run(patch):
     assert_same(m(x), compiled(x))
 
 
+@pytest.mark.parametrize("change", ["set then hasattr", "deleted then getattr default", "deleted then hasattr"])
+def test_an_attribute_the_trace_changes_then_probes_compiles_once(change):
+    # Whether the object has the attribute is the trace's own doing here, not a fact about the
+    # object passed in: guarding it on the input failed on every later call.
+    class Rec:
+        def __init__(self):
+            self.meta = 1
+
+    def f(rec, x):
+        if change == "set then hasattr":
+            rec.extra = 2
+            return x + (1 if hasattr(rec, "extra") else 0)
+        del rec.meta
+        if change == "deleted then hasattr":
+            return x + (1 if hasattr(rec, "meta") else 0)
+        return x + getattr(rec, "meta", 5)
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = bytegraph.compile(f, backend=backend)
+    for _ in range(3):
+        r1, r2, x = Rec(), Rec(), t(3)
+        assert_same(f(r1, x), compiled(r2, x))
+        assert vars(r1) == vars(r2)
+    assert len(graphs) == 1
+
+
 def test_layers_appended_after_compiling_are_run():
     class Stack(nn.Module):
         def __init__(self):

@@ -135,8 +135,9 @@ def _hasattr(frame, args, kwargs):
         if not issubclass(e.value.cls, AttributeError):
             raise
         return ConstantValue(False)
-    if isinstance(obj, ObjectValue) and obj.source is not None:
-        # The value read is dropped, so nothing else guards that it is still there.
+    if isinstance(obj, ObjectValue) and obj.source is not None and (id(obj.obj), name) not in frame.tx.attr_stores:
+        # The value read is dropped, so nothing else guards that it is still there (unless the
+        # trace set it itself).
         frame.tx.guards.add(g.HAS_ATTR, obj.source, name)
     return ConstantValue(True)
 
