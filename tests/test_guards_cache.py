@@ -383,6 +383,41 @@ def test_an_attribute_the_trace_changes_then_probes_compiles_once(change):
     assert len(graphs) == 1
 
 
+@pytest.mark.parametrize("name", ["__call__", "__add__", "__len__", "__enter__"])
+def test_a_special_method_replaced_on_the_class_after_compiling_is_run(name):
+    # Special methods are looked up on the class too; the persistent cache (on by default) must
+    # not bring back the entry traced with the old one either.
+    class Op:
+        def __call__(self, x):
+            return x + 1
+
+        def __add__(self, other):
+            return other * 2
+
+        def __len__(self):
+            return 3
+
+        def __enter__(self):
+            return 4
+
+        def __exit__(self, *exc):
+            return False
+
+    op = Op()
+
+    def f(x):
+        with op as k:
+            return op(x) + (op + x) + len(op) + k
+
+    compiled = bytegraph.compile(f, backend="eager")
+    x = t(3)
+    assert_same(f(x), compiled(x))
+    new = {"__call__": lambda self, x: x + 100, "__add__": lambda self, other: other * 200,
+           "__len__": lambda self: 3000, "__enter__": lambda self: 40000}[name]
+    setattr(Op, name, new)
+    assert_same(f(x), compiled(x))
+
+
 def test_layers_appended_after_compiling_are_run():
     class Stack(nn.Module):
         def __init__(self):

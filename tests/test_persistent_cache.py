@@ -124,6 +124,33 @@ def test_a_saved_entry_is_not_loaded_for_other_objects(cache):
         run(Stack(n), x)
 
 
+class Scaler:
+    def __call__(self, x):
+        return x * 2
+
+
+SCALER = Scaler()
+
+
+def apply_scaler(x):
+    return SCALER(x) + 1
+
+
+def test_a_saved_entry_is_not_loaded_after_a_method_is_replaced(cache):
+    # The entry names Scaler.__call__ by reference, which finds the new function once the class
+    # has another; its code tells them apart (this process loads what it saved, too).
+    x = torch.ones(2)
+    original = Scaler.__call__
+    compiled = bytegraph.compile(apply_scaler, backend="eager")
+    try:
+        assert_same(apply_scaler(x), compiled(x))
+        Scaler.__call__ = lambda self, x: x * 7
+        assert_same(apply_scaler(x), compiled(x))
+    finally:
+        Scaler.__call__ = original
+    assert_same(apply_scaler(x), compiled(x))
+
+
 def autocast_and_no_grad_with_a_break(a):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         with torch.no_grad():

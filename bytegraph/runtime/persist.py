@@ -307,6 +307,12 @@ def _guard_out(guard):
             exp = ("tensor", _meta_out(expected))
         elif isinstance(expected, types.CodeType):
             exp = ("code", _code_hash(expected))
+        elif isinstance(expected, types.FunctionType):
+            # Named by reference, a function is whatever the name holds when read back: in this
+            # process that can be another function (``A.helper = f`` after saving). Its code and
+            # defaults say whether it is still the one traced.
+            exp = ("function", _ref(expected), _code_hash(expected.__code__),
+                   _value((expected.__defaults__, expected.__kwdefaults__)))
         else:
             exp = ("ref", _ref(expected))
     elif kind == g.TYPE_MATCH:
@@ -649,6 +655,10 @@ def _expected_in(kind, source, exp, resolve):
                 raise NotPortable(f"{source.name()} is other code now")
             return obj
         expected = _deref(exp[1])
+        if tag == "function" and not (isinstance(expected, types.FunctionType)
+                                      and _code_hash(expected.__code__) == exp[2]
+                                      and (expected.__defaults__, expected.__kwdefaults__) == pickle.loads(exp[3])):
+            raise NotPortable(f"{source.name()} is another function now")
         if obj is not expected:
             raise NotPortable(f"{source.name()} is another object now")
         return expected

@@ -8,7 +8,7 @@ from ..errors import Unsupported
 from ..guards import builder as g
 from ..guards import stamps
 from ..guards.builder import MISSING_ATTR, NOT_OWN_ATTR
-from ..guards.sources import AttrSource, ItemSource, ModuleEntrySource, ObjectSource, RawItemSource
+from ..guards.sources import AttrSource, ItemSource, ModuleEntrySource, RawItemSource
 from ..values.base import (BoundMethodValue, ConstantValue, ContextManagerValue, DefaultDictValue, DictValue,
                            ExceptionValue, FunctionValue, GeneratorValue, ListValue, MethodOfValue,
                            ObjectValue, PartialValue, PrivateObjectValue, SuperValue, TensorMethodValue, TensorValue,
@@ -19,7 +19,7 @@ from . import exceptions, numpy_calls, ops
 from .basics import as_constant, describe, no_attr_name
 from .context import DELETED
 from .exceptions import MissingAttribute, set_attr as set_exception_attr, super_attr
-from .protocols import _lookup_static
+from .protocols import _lookup_static, guard_class_method
 
 
 # Tensor attributes answered from the fake tensor (fixed by the tensor's guard).
@@ -438,25 +438,6 @@ def _defined_in_python_class(cls, name):
         if name in klass.__dict__:
             return klass.__module__ != "builtins"
     return False
-
-
-def guard_class_method(tx, cls, name, attr):
-    """Guard that ``cls.name`` still finds ``attr``, a function (plain, static or class method)
-    the trace used in place of looking it up: ``Model.helper = f`` after compiling, on the class
-    or on a base, must not run the old one. torch's and Python's own classes are taken as fixed.
-    Classes are few next to instances, so this costs the same at any depth."""
-    module = getattr(cls, "__module__", None) or ""
-    if module == "builtins" or module == "torch" or module.startswith("torch."):
-        return
-    if type(cls).__getattribute__ is not type.__getattribute__ or "__getattr__" in type(cls).__dict__:
-        return     # a metaclass answering attribute reads itself: its answer is not cached here
-    where = AttrSource(ObjectSource(cls, cls.__qualname__), name)
-    if isinstance(attr, types.FunctionType):
-        tx.guards.add(g.ID_MATCH, where, attr)
-    elif isinstance(attr, staticmethod):
-        tx.guards.add(g.ID_MATCH, where, attr.__func__)
-    elif isinstance(attr, classmethod):
-        tx.guards.add(g.ID_MATCH, AttrSource(where, "__func__"), attr.__func__)
 
 
 def _class_attribute(frame, cls, name, self_value):

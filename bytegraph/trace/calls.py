@@ -146,6 +146,7 @@ def _call_object(frame, fv, args, kwargs):
         return fold(frame, obj, args, kwargs)
     call_attr = getattr(type(obj), "__call__", None)
     if isinstance(call_attr, types.FunctionType):
+        protocols.guard_class_method(tx, type(obj), "__call__", call_attr)
         return call(frame, wrap(tx, call_attr, None), [fv] + args, kwargs)
     if isinstance(obj, (types.BuiltinFunctionType, types.BuiltinMethodType)):
         hint = ("bytegraph does not know what this builtin does; without fullgraph=True it runs eagerly at "
@@ -337,7 +338,7 @@ def _trace_forward(frame, mv, args, kwargs):
         # `m.forward = ...` later (a monkeypatch, a library's hook) must not find this trace.
         frame.tx.guards.add(NOT_OWN_ATTR, mv.source, "forward")
     fwd, _ = protocols._lookup_static(type(m), "forward")
-    attrs.guard_class_method(frame.tx, type(m), "forward", fwd)
+    protocols.guard_class_method(frame.tx, type(m), "forward", fwd)
     if fwd is torch.nn.Module.forward:
         raise Unsupported(f"{type(m).__name__} has no forward()")
     if isinstance(fwd, staticmethod):

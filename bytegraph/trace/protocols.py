@@ -12,6 +12,8 @@ import types
 import numpy as np
 import torch
 
+from ..guards.builder import ID_MATCH
+from ..guards.sources import AttrSource, ObjectSource
 from ..values.base import ConstantValue, ObjectValue, UserObjectValue
 from ..values.builder import wrap
 from . import ops
@@ -27,6 +29,25 @@ def _lookup_static(cls, name):
         if name in klass.__dict__:
             return klass.__dict__[name], True
     return None, False
+
+
+def guard_class_method(tx, cls, name, attr):
+    """Guard that ``cls.name`` still finds ``attr``, a function (plain, static or class method)
+    the trace used in place of looking it up: ``Model.helper = f`` after compiling, on the class
+    or on a base, must not run the old one. torch's and Python's own classes are taken as fixed.
+    Classes are few next to instances, so this costs the same at any depth."""
+    module = getattr(cls, "__module__", None) or ""
+    if module == "builtins" or module == "torch" or module.startswith("torch."):
+        return
+    if type(cls).__getattribute__ is not type.__getattribute__ or "__getattr__" in type(cls).__dict__:
+        return     # a metaclass answering attribute reads itself: its answer is not cached here
+    where = AttrSource(ObjectSource(cls, cls.__qualname__), name)
+    if isinstance(attr, types.FunctionType):
+        tx.guards.add(ID_MATCH, where, attr)
+    elif isinstance(attr, staticmethod):
+        tx.guards.add(ID_MATCH, where, attr.__func__)
+    elif isinstance(attr, classmethod):
+        tx.guards.add(ID_MATCH, AttrSource(where, "__func__"), attr.__func__)
 
 
 def python_special_method(v, name):
@@ -55,7 +76,7 @@ def has_special_method(v, name):
 def call_special_method(frame, v, name, args, kwargs=None):
     """Inline ``type(v).name(v, *args)``; the method must exist (see ``python_special_method``)."""
     fn = python_special_method(v, name)
-    # No guard on the function: it is fixed by the class, which is guarded (or made here).
+    guard_class_method(frame.tx, v.cls if isinstance(v, UserObjectValue) else type(v.obj), name, fn)
     return ops.call(frame, wrap(frame.tx, fn, None), [v] + list(args), kwargs or {})
 
 

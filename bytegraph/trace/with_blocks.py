@@ -13,7 +13,7 @@ from ..errors import Unsupported
 from ..values.base import (BoundMethodValue, ConstantValue, DictValue, ExceptionValue, GeneratorValue,
                            ObjectValue, TracebackValue, TracerCallableValue, TupleValue, UserObjectValue)
 from ..values.builder import wrap
-from . import attrs, calls
+from . import attrs, calls, protocols
 from .exceptions import TracedRaise, new, raise_new
 from .generators import resume
 
@@ -35,6 +35,7 @@ def enter(frame, mgr):
         method, found = attrs._lookup_static(cls, name)
         if not found or not isinstance(method, types.FunctionType):
             raise Unsupported(f"with-block on a {cls.__qualname__} object: {name} is not Python code")
+        protocols.guard_class_method(frame.tx, cls, name, method)
         methods.append(BoundMethodValue(wrap(frame.tx, method, None), mgr))
     enter_method, exit_method = methods
     return exit_method, calls.call(frame, enter_method, [], {})
