@@ -36,18 +36,18 @@ def guard_class_method(tx, cls, name, attr):
     the trace used in place of looking it up: ``Model.helper = f`` after compiling, on the class
     or on a base, must not run the old one. torch's and Python's own classes are taken as fixed.
     Classes are few next to instances, so this costs the same at any depth."""
+    if not isinstance(attr, (types.FunctionType, staticmethod, classmethod)):
+        return     # a class constant is guarded where it is read, through the instance
     module = getattr(cls, "__module__", None) or ""
     if module == "builtins" or module == "torch" or module.startswith("torch."):
         return
     if type(cls).__getattribute__ is not type.__getattribute__ or "__getattr__" in type(cls).__dict__:
         return     # a metaclass answering attribute reads itself: its answer is not cached here
     where = AttrSource(ObjectSource(cls, cls.__qualname__), name)
-    if isinstance(attr, types.FunctionType):
-        tx.guards.add(ID_MATCH, where, attr)
-    elif isinstance(attr, staticmethod):
-        tx.guards.add(ID_MATCH, where, attr.__func__)
-    elif isinstance(attr, classmethod):
+    if isinstance(attr, classmethod):
         tx.guards.add(ID_MATCH, AttrSource(where, "__func__"), attr.__func__)
+    else:
+        tx.guards.add(ID_MATCH, where, attr.__func__ if isinstance(attr, staticmethod) else attr)
 
 
 def python_special_method(v, name):
