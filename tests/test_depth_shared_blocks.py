@@ -3,6 +3,7 @@ becomes an ``invoke_subgraph`` call of one module per distinct block, inside one
 and gradients are eager's, and a block a shared module could not stand in for stays inline."""
 import pytest
 import torch
+from torch._subclasses import FakeTensorMode
 
 import bytegraph
 from bytegraph.backends import inductor as inductor_backend
@@ -121,6 +122,45 @@ def test_a_training_step_entering_autocast_itself_differentiates_blocks_at_its_d
     assert torch.equal(loss, expected)
     for (n, p), q in zip(model.named_parameters(), reference.parameters()):
         assert torch.equal(p.grad, q.grad), n
+
+
+def test_a_training_graph_works_out_each_blocks_schema_once_whatever_its_depth(monkeypatch):
+    # torch checks a block for input writes on every invoke_subgraph call autograd records, by
+    # tracing it again; under `compiling` that is done once per block and operand metadata.
+    traced = []
+    generate = type(INVOKE).gen_schema
+
+    def counting(self, subgraph, identifier, *operands):
+        traced.append(identifier)
+        return generate(self, subgraph, identifier, *operands)
+    monkeypatch.setattr(type(INVOKE), "gen_schema", counting)
+
+    def run(layers):
+        model, reference = gpt(layers), gpt(layers)
+
+        def backend(gm, example_inputs):
+            # As Inductor's compile_fx runs AOTAutograd: in a tracing context, where torch
+            # keeps the forward and backward graphs it splits each block into.
+            copy = with_shared_blocks(gm)
+            fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+            with compiling(copy), torch._guards.tracing(torch._guards.TracingContext(fake_mode)):
+                return aot_eager(copy, example_inputs)
+
+        x = torch.randint(0, 64, (2, 8))
+        out = bytegraph.compile(model, backend=backend)(x)
+        expected = reference(x)
+        assert_same(expected, out, atol=1e-5)
+        out.square().mean().backward()
+        expected.square().mean().backward()
+        for (n, p), q in zip(model.named_parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=n)
+        assert "gen_schema" not in vars(INVOKE)      # nothing kept past the compile
+        count = len(traced)
+        traced.clear()
+        return count
+
+    shallow, deep = run(2), run(6)
+    assert 0 < shallow == deep
 
 
 def test_blocks_under_autocast_of_two_dtypes_are_not_shared():

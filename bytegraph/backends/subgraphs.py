@@ -117,20 +117,68 @@ def _autocast_dtypes(chosen, states):
 
 @contextlib.contextmanager
 def compiling(shared):
-    """The state to compile a graph from ``with_shared_blocks`` under: autocast's dtype set to
-    the one its blocks run under. AOTAutograd traces a shared block's backward after the
-    graph's ``with torch.autocast`` has ended, with autocast switched on as the block's forward
-    had it but at the dtype set then; outside a ``with`` block that is autocast's default
-    (float16 on a GPU), and a bfloat16 block was differentiated as a float16 one."""
+    """The state to compile a graph from ``with_shared_blocks`` under:
+
+    * autocast's dtype set to the one its blocks run under. AOTAutograd traces a shared block's
+      backward after the graph's ``with torch.autocast`` has ended, with autocast switched on as
+      the block's forward had it but at the dtype set then; outside a ``with`` block that is
+      autocast's default (float16 on a GPU), and a bfloat16 block was differentiated as a
+      float16 one;
+    * the schema of each shared block worked out once (``_schemas_once``)."""
     dtypes = shared.meta.get("bytegraph_autocast_dtypes") or {}
     saved = {device: torch.get_autocast_dtype(device) for device in dtypes}
     try:
         for device, dtype in dtypes.items():
             torch.set_autocast_dtype(device, dtype)
-        yield
+        with _schemas_once():
+            yield
     finally:
         for device, dtype in saved.items():
             torch.set_autocast_dtype(device, dtype)
+
+
+def _operand_key(value):
+    if isinstance(value, torch.Tensor):
+        return (type(value), tuple(value.shape), value.stride(), value.dtype, value.device, value.requires_grad)
+    return None
+
+
+# The identifiers of our blocks, and of the forward and backward graphs torch splits them into
+# for a training graph (``fw_<identifier>``, ``bw_<identifier>_<n>``).
+_OUR_IDENTIFIERS = tuple(prefix + SUBGRAPH_PREFIX for prefix in ("", "fw_", "bw_"))
+
+
+@contextlib.contextmanager
+def _schemas_once():
+    """``invoke_subgraph`` called where autograd records it (a training graph) works out the
+    block's schema to refuse blocks that write their inputs, and again for its forward and
+    backward graphs when AOTAutograd functionalizes the joint trace; torch 2.11 keeps none of
+    them and traces the block's graphs again for every layer (GPT-2 small, 12 layers: ~2.5 s
+    of a 15 s first call on an H200). Within one compile of a graph made here, one identifier
+    names one graph, so a schema depends only on the identifier and its operands' metadata
+    and aliasing: it is worked out once for each and kept until the compile ends (the same
+    identifiers name other graphs in other compiles). Other calls go to torch's own method."""
+    invoke = torch.ops.higher_order.invoke_subgraph
+    if "gen_schema" in vars(invoke):       # already inside one such compile
+        yield
+        return
+    generate = invoke.gen_schema
+    memo = {}
+
+    def gen_schema(subgraph, identifier, *operands):
+        metas = tuple(map(_operand_key, operands))
+        if not (isinstance(identifier, str) and identifier.startswith(_OUR_IDENTIFIERS)) or None in metas:
+            return generate(subgraph, identifier, *operands)
+        ids = [id(o) for o in operands]
+        key = (identifier, metas, tuple(map(ids.index, ids)))
+        if key not in memo:
+            memo[key] = generate(subgraph, identifier, *operands)
+        return memo[key]
+    invoke.gen_schema = gen_schema
+    try:
+        yield
+    finally:
+        del invoke.gen_schema
 
 
 def with_shared_blocks(gm):
