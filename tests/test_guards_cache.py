@@ -835,3 +835,117 @@ def test_backend_output_is_used():
     assert_same(x + 1, compiled(x))
     compiled(t(2))
     assert len(calls) == 2
+
+
+@pytest.mark.parametrize("change", [
+    "function defaults", "function kwdefaults", "function code", "method defaults", "staticmethod defaults",
+    "classmethod defaults", "super method", "property getter", "property setter", "__call__ defaults",
+    "submodule forward defaults"])
+def test_a_function_changed_in_place_after_compiling_is_run_as_it_is_now(change):
+    # The function object stays, its defaults or code change (IPython's autoreload sets
+    # `__code__` on an edit), or a class gets another property: eager runs what is there now.
+    def helper(x, k=2, *, m=1):
+        return x * k + m
+
+    class Base:
+        def method(self, x, k=1):
+            return x * k
+
+        @staticmethod
+        def static(x, k=2):
+            return x + k
+
+        @classmethod
+        def klass(cls, x, k=3):
+            return x - k
+
+        @property
+        def prop(self):
+            return 3.0
+
+    class Obj(Base):
+        def __init__(self):
+            self._v = 0.0
+
+        def method(self, x, k=1):
+            return super().method(x, k) + 1
+
+        @property
+        def v(self):
+            return self._v
+
+        @v.setter
+        def v(self, value):
+            self._v = value * 2
+
+        def __call__(self, x, k=2):
+            return x * k
+
+    class Inner(nn.Module):
+        def forward(self, x, k=2):
+            return x * k
+
+    obj, inner = Obj(), Inner()
+
+    def f(x):
+        obj.v = 3.0
+        return (helper(x) + obj.method(x) + obj.static(x) + obj.klass(x) + obj.prop + obj.v
+                + obj(x) + inner(x))
+
+    compiled = bytegraph.compile(f, backend="eager")
+    x = t(3)
+    assert_same(f(x), compiled(x))
+
+    def other(x, k=5, *, m=7):
+        return x - k * m
+    if change == "function defaults":
+        helper.__defaults__ = (4,)
+    elif change == "function kwdefaults":
+        helper.__kwdefaults__ = {"m": 10}
+    elif change == "function code":
+        helper.__code__ = other.__code__
+    elif change == "method defaults":
+        Obj.method.__defaults__ = (5,)
+    elif change == "staticmethod defaults":
+        Base.static.__defaults__ = (20,)
+    elif change == "classmethod defaults":
+        Base.klass.__func__.__defaults__ = (30,)
+    elif change == "super method":
+        Base.method = lambda self, x, k=1: x * 100
+    elif change == "property getter":
+        Base.prop = property(lambda self: 10.0)
+    elif change == "property setter":
+        Obj.v = property(Obj.v.fget, lambda self, value: setattr(self, "_v", value * 10))
+    elif change == "__call__ defaults":
+        Obj.__call__.__defaults__ = (7,)
+    else:
+        Inner.forward.__defaults__ = (9,)
+    assert_same(f(x), compiled(x))
+
+
+@pytest.mark.parametrize("kind", ["function", "module forward"])
+def test_defaults_of_the_compiled_function_are_read_when_it_is_called(kind):
+    # The compiled wrapper has the function's parameters; one left to its default gets the
+    # default the function has at the call, as calling the function itself does.
+    def f(x, k=2, *, m=1):
+        return x * k + m
+
+    class M(nn.Module):
+        def forward(self, x, k=2, *, m=1):
+            return x * k + m
+
+    target = f if kind == "function" else M()
+    compiled = bytegraph.compile(target, backend="eager")
+    x = t(3)
+    fn = f if kind == "function" else M.forward
+    assert_same(target(x), compiled(x))
+    fn.__defaults__ = (5,)
+    assert_same(target(x), compiled(x))
+    fn.__kwdefaults__ = {"m": 3}
+    assert_same(target(x), compiled(x))
+    assert_same(target(x, 4, m=2), compiled(x, 4, m=2))
+    fn.__defaults__ = None      # k is required now
+    with pytest.raises(TypeError):
+        target(x)
+    with pytest.raises(TypeError, match="'k'"):
+        compiled(x)

@@ -19,7 +19,7 @@ from ..stacks import code_name
 from ..trace.tracer import frame_params
 from .cache import CodeCache
 from .compile_frame import compile_frame, eager_entry
-from .signature import _signature_parts
+from .signature import UNSET, _signature_parts, default_now, default_reads, kwdefault_now
 
 _compilers = weakref.WeakSet()
 frozen = [False]    # True inside bytegraph.run(...): use cached code only, never compile
@@ -88,7 +88,7 @@ class Compiler:
         make = cache.wrapper_factories.get(shape)
         if make is None:
             make = cache.wrapper_factories[shape] = _wrapper_factory(fn, cache, self, marks)
-        wrapper = make(fn, fn.__closure__, **defaults)
+        wrapper = make(fn, fn.__closure__)
         wrapper.__name__ = fn.__name__
         wrapper.__qualname__ = fn.__qualname__
         wrapper.__doc__ = fn.__doc__
@@ -224,13 +224,15 @@ def _dispatch_lines(args):
 
 def _wrapper_factory(fn, cache, compiler, marks_invocation=False):
     """A function making wrappers for functions with ``fn``'s code: compiled once per code,
-    called once per function object with its own closure and defaults."""
+    called once per function object with its own closure. A parameter left to its default gets
+    the function's default at call time (``signature.default_reads``)."""
     params, passthrough, original, ns = _signature_parts(fn)
     args = ", ".join(passthrough)
     name = fn.__name__ if fn.__name__.isidentifier() else "compiled_fn"
-    factory_params = ["__fn", "__closure"] + list(ns)
+    params = [p.split("=", 1)[0] + "=__UNSET" if "=" in p else p for p in params]
     src = "\n".join(
-        [f"def __make({', '.join(factory_params)}):", f"    def {name}({', '.join(params)}):"]
+        ["def __make(__fn, __closure):", f"    def {name}({', '.join(params)}):"]
+        + ["        " + line for line in default_reads(fn)]
         + (["        __new_invocation()"] if marks_invocation else [])
         + ["    " + line for line in _dispatch_lines(args)]
         + [f"        __run = __miss(__fn, __cache, ({args}{',' if passthrough else ''}))",
@@ -239,7 +241,8 @@ def _wrapper_factory(fn, cache, compiler, marks_invocation=False):
            f"        return __run({args})",
            f"    return {name}", ""])
     namespace = {"__entries": cache.dispatch, "__miss": compiler.miss, "__cache": cache,
-                 "__new_invocation": new_invocation}
+                 "__new_invocation": new_invocation, "__UNSET": UNSET, "__default_now": default_now,
+                 "__kwdefault_now": kwdefault_now}
     filename = f"<bytegraph dispatch {fn.__qualname__}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     exec(compile(src, filename, "exec"), namespace)

@@ -2,8 +2,48 @@
 compile_frame generate with the same parameters as the function."""
 
 
+class _Unset:
+    """The value a wrapper's parameter has when the caller left it to its default."""
+
+    def __repr__(self):
+        return "<default>"
+
+
+UNSET = _Unset()
+
+
+def default_now(fn, index, name):
+    """Positional parameter ``name``'s default as ``fn`` has it now: item ``index`` (counted from
+    the end, as Python lines defaults up with the last parameters) of ``fn.__defaults__``."""
+    defaults = fn.__defaults__ or ()
+    if -index > len(defaults):
+        raise TypeError(f"{fn.__qualname__}() missing 1 required positional argument: {name!r}")
+    return defaults[index]
+
+
+def kwdefault_now(fn, name):
+    kwdefaults = fn.__kwdefaults__ or {}
+    if name not in kwdefaults:
+        raise TypeError(f"{fn.__qualname__}() missing 1 required keyword-only argument: {name!r}")
+    return kwdefaults[name]
+
+
+def default_reads(fn):
+    """Lines a wrapper with ``fn``'s parameters (defaults spelled ``UNSET``: ``_signature_parts``)
+    starts with: each parameter the caller left to its default gets the default ``fn`` has
+    *now*, as calling ``fn`` would (``fn.__defaults__`` may be set after the wrapper is made)."""
+    code = fn.__code__
+    names, nargs = code.co_varnames, code.co_argcount
+    lines = [f"if {names[i]} is __UNSET: {names[i]} = __default_now(__fn, {i - nargs}, {names[i]!r})"
+             for i in range(nargs - len(fn.__defaults__ or ()), nargs)]
+    lines += [f"if {name} is __UNSET: {name} = __kwdefault_now(__fn, {name!r})"
+              for name in names[nargs:nargs + code.co_kwonlyargcount] if name in (fn.__kwdefaults__ or {})]
+    return lines
+
+
 def _signature_parts(fn):
-    """(parameter list text, call-argument text, call-original text, defaults namespace)."""
+    """(parameter list text, call-argument text, call-original text, defaults namespace).
+    A parameter with a default is spelled ``name=__dN`` (``__kw_name``), named in the namespace."""
     code = fn.__code__
     names = code.co_varnames
     nargs, nposonly, nkwonly = code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount

@@ -389,7 +389,8 @@ def _object_attr(frame, v, name):
         return MethodOfValue(_dict_view(frame, v), name)
     if found and _is_data_descriptor(class_attr):
         if isinstance(class_attr, property):
-            return ops.call(frame, wrap(tx, class_attr.fget, None), [v], {})
+            fsrc = guard_class_method(tx, cls, name, class_attr)
+            return ops.call(frame, wrap(tx, class_attr.fget, fsrc and AttrSource(fsrc, "fget")), [v], {})
         return wrap(tx, getattr(obj, name), asrc)
     inst_dict = getattr(obj, "__dict__", None)
     if inst_dict is not None and name in inst_dict:
@@ -416,13 +417,13 @@ def _object_attr(frame, v, name):
         # (`obj.method = f`, `cfg.scale = 2.0` past a __getattr__ default) would answer instead.
         tx.guards.add(NOT_OWN_ATTR, src, name)
     if found:
-        guard_class_method(tx, cls, name, class_attr)
+        fsrc = guard_class_method(tx, cls, name, class_attr)
         if isinstance(class_attr, types.FunctionType):
-            return BoundMethodValue(wrap(tx, class_attr, None), v)
+            return BoundMethodValue(wrap(tx, class_attr, fsrc), v)
         if isinstance(class_attr, staticmethod):
-            return wrap(tx, class_attr.__func__, None)
+            return wrap(tx, class_attr.__func__, fsrc)
         if isinstance(class_attr, classmethod):
-            return BoundMethodValue(wrap(tx, class_attr.__func__, None), wrap(tx, cls, None))
+            return BoundMethodValue(wrap(tx, class_attr.__func__, fsrc), wrap(tx, cls, None))
         if hasattr(type(class_attr), "__get__") and not isinstance(class_attr, CONSTANT_TYPES):
             return wrap(tx, getattr(obj, name), asrc)
         return wrap(tx, class_attr, asrc if not cls.__module__.startswith("torch.") else None)
@@ -445,17 +446,17 @@ def _class_attribute(frame, cls, name, self_value):
     attr, found = _lookup_static(cls, name)
     if not found:
         return None, False
-    guard_class_method(frame.tx, cls, name, attr)
+    fsrc = guard_class_method(frame.tx, cls, name, attr)
     if isinstance(attr, types.FunctionType):
-        return BoundMethodValue(wrap(frame.tx, attr, None), self_value), True
+        return BoundMethodValue(wrap(frame.tx, attr, fsrc), self_value), True
     if isinstance(attr, property):
         if attr.fget is None:
             raise MissingAttribute(f"property {name!r} of {cls.__qualname__} has no getter")
-        return ops.call(frame, wrap(frame.tx, attr.fget, None), [self_value], {}), True
+        return ops.call(frame, wrap(frame.tx, attr.fget, fsrc and AttrSource(fsrc, "fget")), [self_value], {}), True
     if isinstance(attr, staticmethod):
-        return wrap(frame.tx, attr.__func__, None), True
+        return wrap(frame.tx, attr.__func__, fsrc), True
     if isinstance(attr, classmethod):
-        return BoundMethodValue(wrap(frame.tx, attr.__func__, None), wrap(frame.tx, cls, None)), True
+        return BoundMethodValue(wrap(frame.tx, attr.__func__, fsrc), wrap(frame.tx, cls, None)), True
     if hasattr(type(attr), "__get__") and not isinstance(attr, CONSTANT_TYPES):
         raise Unsupported(f"descriptor {type(attr).__name__} for {cls.__qualname__}.{name} is not supported yet")
     return wrap(frame.tx, attr, None), True
@@ -512,14 +513,15 @@ def _super_attr(frame, sv, name):
             if klass in (dict, OrderedDict) and isinstance(sv.obj, UserObjectValue) \
                     and sv.obj.dict_items is not None:
                 return dict_method(frame, sv.obj, name)
+            fsrc = guard_class_method(frame.tx, klass, name, attr)
             if isinstance(attr, types.FunctionType):
-                return BoundMethodValue(wrap(frame.tx, attr, None), sv.obj)
+                return BoundMethodValue(wrap(frame.tx, attr, fsrc), sv.obj)
             if isinstance(attr, classmethod):
-                return BoundMethodValue(wrap(frame.tx, attr.__func__, None), wrap(frame.tx, obj_type, None))
+                return BoundMethodValue(wrap(frame.tx, attr.__func__, fsrc), wrap(frame.tx, obj_type, None))
             if isinstance(attr, staticmethod):
-                return wrap(frame.tx, attr.__func__, None)
+                return wrap(frame.tx, attr.__func__, fsrc)
             if isinstance(attr, property) and attr.fget is not None:
-                return ops.call(frame, wrap(frame.tx, attr.fget, None), [sv.obj], {})
+                return ops.call(frame, wrap(frame.tx, attr.fget, fsrc and AttrSource(fsrc, "fget")), [sv.obj], {})
             if klass is dict and name in _DICT_READS and isinstance(sv.obj, ObjectValue) \
                     and sv.obj.source is not None:
                 # dict's own read methods on a dict subclass that exists outside the trace:
@@ -679,7 +681,9 @@ def descriptor_store(frame, obj, cls, name, value, delete=False):
         fn = attr.fdel if delete else attr.fset
         if fn is None:
             raise Unsupported(f"property {name!r} of {cls.__qualname__} has no {what} (eager raises AttributeError)")
-        ops.call(frame, wrap(frame.tx, fn, None), [obj] + ([] if delete else [value]), {})
+        fsrc = guard_class_method(frame.tx, cls, name, attr)
+        fsrc = fsrc and AttrSource(fsrc, "fdel" if delete else "fset")
+        ops.call(frame, wrap(frame.tx, fn, fsrc), [obj] + ([] if delete else [value]), {})
         return True
     method = getattr(type(attr), "__delete__" if delete else "__set__", None)
     if isinstance(method, types.FunctionType):

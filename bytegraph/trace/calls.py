@@ -17,14 +17,14 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .. import control
 from ..errors import Unsupported
-from ..guards.builder import DICT_KEYS, GLOBAL_HOOKS, NO_HOOKS, NOT_OWN_ATTR
+from ..guards.builder import DICT_KEYS, GLOBAL_HOOKS, ID_MATCH, NO_HOOKS, NOT_OWN_ATTR
 from ..guards.sources import AttrSource, DefaultSource, ItemSource, MappingGetSource, WeakRefCallSource
 from ..values.base import (BoundMethodValue, ConstantValue, DictValue, ExitValue, FunctionValue,
                            IteratorValue, ListValue, MethodOfValue, ObjectValue, PartialValue,
                            PrivateObjectValue, RealCell, TensorMethodValue, TensorValue, TracerCallableValue,
                            TupleValue, UserObjectValue)
 from ..residual import has_hooks, is_fsdp_module
-from ..values.builder import CONSTANT_TYPES, wrap
+from ..values.builder import CONSTANT_TYPES, TRUSTED_MODULE_PREFIXES, wrap
 from ..values.arrays import NdarrayMethodValue
 from . import attrs, blocks, distributed, generators, higher_order, numpy_calls, operators, ops, protocols, torch_wrappers
 from .basics import note_process_local, refuse_traced_ids
@@ -146,8 +146,8 @@ def _call_object(frame, fv, args, kwargs):
         return fold(frame, obj, args, kwargs)
     call_attr = getattr(type(obj), "__call__", None)
     if isinstance(call_attr, types.FunctionType):
-        protocols.guard_class_method(tx, type(obj), "__call__", call_attr)
-        return call(frame, wrap(tx, call_attr, None), [fv] + args, kwargs)
+        src = protocols.guard_class_method(tx, type(obj), "__call__", call_attr)
+        return call(frame, wrap(tx, call_attr, src), [fv] + args, kwargs)
     if isinstance(obj, (types.BuiltinFunctionType, types.BuiltinMethodType)):
         hint = ("bytegraph does not know what this builtin does; without fullgraph=True it runs eagerly at "
                 "a graph break; move the call out of the compiled function to keep one graph")
@@ -260,6 +260,11 @@ def call_python_function(frame, fv, args, kwargs):
     torch_wrappers.make_optimizer_state(frame, fn, args, kwargs)
     tx = frame.tx
     src = fv.source
+    if src is not None and "<locals>" not in fn.__qualname__ \
+            and (fn.__module__ or "").split(".")[0] not in TRUSTED_MODULE_PREFIXES:
+        # The same function with other code (`f.__code__ = g.__code__`, as IPython's autoreload
+        # does on an edit) must not run the traced code. Nested functions have this guard already.
+        tx.guards.add(ID_MATCH, AttrSource(src, "__code__"), fn.__code__)
     defaults = [wrap(tx, d, DefaultSource(src, i) if src else None)
                 for i, d in enumerate(fn.__defaults__ or ())]
     kwdefaults = {k: wrap(tx, d, DefaultSource(src, k, kw=True) if src else None)
@@ -338,14 +343,14 @@ def _trace_forward(frame, mv, args, kwargs):
         # `m.forward = ...` later (a monkeypatch, a library's hook) must not find this trace.
         frame.tx.guards.add(NOT_OWN_ATTR, mv.source, "forward")
     fwd, _ = protocols._lookup_static(type(m), "forward")
-    protocols.guard_class_method(frame.tx, type(m), "forward", fwd)
+    src = protocols.guard_class_method(frame.tx, type(m), "forward", fwd)
     if fwd is torch.nn.Module.forward:
         raise Unsupported(f"{type(m).__name__} has no forward()")
     if isinstance(fwd, staticmethod):
-        return call(frame, wrap(frame.tx, fwd.__func__, None), args, kwargs)
+        return call(frame, wrap(frame.tx, fwd.__func__, src), args, kwargs)
     if isinstance(fwd, classmethod):
-        return call(frame, wrap(frame.tx, fwd.__func__, None), [wrap(frame.tx, type(m), None)] + args, kwargs)
-    return call(frame, wrap(frame.tx, fwd, None), [mv] + args, kwargs)
+        return call(frame, wrap(frame.tx, fwd.__func__, src), [wrap(frame.tx, type(m), None)] + args, kwargs)
+    return call(frame, wrap(frame.tx, fwd, src), [mv] + args, kwargs)
 
 
 def _call_class(frame, cls, args, kwargs):

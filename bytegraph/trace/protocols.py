@@ -33,21 +33,25 @@ def _lookup_static(cls, name):
 
 def guard_class_method(tx, cls, name, attr):
     """Guard that ``cls.name`` still finds ``attr``, a function (plain, static or class method)
-    the trace used in place of looking it up: ``Model.helper = f`` after compiling, on the class
+    or a property the trace used in place of looking it up: ``Model.helper = f`` after compiling, on the class
     or on a base, must not run the old one. torch's and Python's own classes are taken as fixed.
-    Classes are few next to instances, so this costs the same at any depth."""
-    if not isinstance(attr, (types.FunctionType, staticmethod, classmethod)):
-        return     # a class constant is guarded where it is read, through the instance
+    Classes are few next to instances, so this costs the same at any depth.
+
+    Returns the source of the function (None where nothing is guarded): a value of it made
+    with that source (``wrap(tx, fn, source)``) has its defaults and code guarded as the trace
+    uses them (``Model.helper.__defaults__ = (3,)`` after compiling)."""
+    if not isinstance(attr, (types.FunctionType, staticmethod, classmethod, property)):
+        return None   # a class constant is guarded where it is read, through the instance
     module = getattr(cls, "__module__", None) or ""
     if module == "builtins" or module == "torch" or module.startswith("torch."):
-        return
+        return None
     if type(cls).__getattribute__ is not type.__getattribute__ or "__getattr__" in type(cls).__dict__:
-        return     # a metaclass answering attribute reads itself: its answer is not cached here
+        return None   # a metaclass answering attribute reads itself: its answer is not cached here
     where = AttrSource(ObjectSource(cls, cls.__qualname__), name)
     if isinstance(attr, classmethod):
-        tx.guards.add(ID_MATCH, AttrSource(where, "__func__"), attr.__func__)
-    else:
-        tx.guards.add(ID_MATCH, where, attr.__func__ if isinstance(attr, staticmethod) else attr)
+        where = AttrSource(where, "__func__")
+    tx.guards.add(ID_MATCH, where, attr.__func__ if isinstance(attr, (staticmethod, classmethod)) else attr)
+    return where
 
 
 def python_special_method(v, name):
@@ -76,8 +80,8 @@ def has_special_method(v, name):
 def call_special_method(frame, v, name, args, kwargs=None):
     """Inline ``type(v).name(v, *args)``; the method must exist (see ``python_special_method``)."""
     fn = python_special_method(v, name)
-    guard_class_method(frame.tx, v.cls if isinstance(v, UserObjectValue) else type(v.obj), name, fn)
-    return ops.call(frame, wrap(frame.tx, fn, None), [v] + list(args), kwargs or {})
+    src = guard_class_method(frame.tx, v.cls if isinstance(v, UserObjectValue) else type(v.obj), name, fn)
+    return ops.call(frame, wrap(frame.tx, fn, src), [v] + list(args), kwargs or {})
 
 
 def is_not_implemented(v):

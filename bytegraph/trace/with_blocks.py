@@ -35,8 +35,8 @@ def enter(frame, mgr):
         method, found = attrs._lookup_static(cls, name)
         if not found or not isinstance(method, types.FunctionType):
             raise Unsupported(f"with-block on a {cls.__qualname__} object: {name} is not Python code")
-        protocols.guard_class_method(frame.tx, cls, name, method)
-        methods.append(BoundMethodValue(wrap(frame.tx, method, None), mgr))
+        src = protocols.guard_class_method(frame.tx, cls, name, method)
+        methods.append(BoundMethodValue(wrap(frame.tx, method, src), mgr))
     enter_method, exit_method = methods
     return exit_method, calls.call(frame, enter_method, [], {})
 
