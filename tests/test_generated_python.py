@@ -91,7 +91,7 @@ FEATURE_SETS = {
     "shapes": {"arith", "if", "for", "while", "tensors", "containers", "shapes", "print", "nested", "masks",
                "comprehensions", "strings"},
     "moving": {"arith", "if", "for", "tensors", "containers", "moving", "print", "nested", "strings",
-               "globals", "stale"},
+               "globals", "stale", "helpers"},
     "all": set(FEATURES) - {"grads", "shapes", "moving"},
 }
 
@@ -1473,14 +1473,25 @@ class _StatefulModule(torch.nn.Module):
         y = y + self.shift if self.mode == "add" else y * self.shift
         if self.training:
             y = y - 1
-        return self.adjust(y)
+        return self.adjust(y) + self.gain
 
-    def adjust(self, y):      # replaced on the class on some calls (_set_moving)
-        return y + 0.5
+    def adjust(self, y, k=0.5):      # replaced on the class, or its default changed, on some calls
+        return y + k
+
+    @property
+    def gain(self):                  # another property on the program's subclass on some calls
+        return 0.0
 
 
 def _adjust_times(self, y):
     return y * 3
+
+
+def _h_add_other(a, b=2, *rest, scale=1):
+    return (a - b + sum(rest)) * scale
+
+
+_H_ADD_CODE = h_add.__code__
 
 
 # The state each input of a ``moving`` program sets before its call (index = the input's):
@@ -1507,6 +1518,16 @@ def _set_moving(ns, variant):
         type(mod).adjust = _adjust_times       # a method replaced on the class
     else:
         type(mod).__dict__.get("adjust") and delattr(type(mod), "adjust")   # the base's again
+    # Functions changed in place: defaults (of a method and of a helper), a helper's code (as
+    # IPython's autoreload does), a property on the class.
+    _StatefulModule.adjust.__defaults__ = (1.5,) if variant in (2, 5) else (0.5,)
+    h_mix.__defaults__ = (2.0,) if variant in (3, 5) else (1.0,)
+    h_mix.__kwdefaults__ = {"shift": 1} if variant == 2 else {"shift": 0}
+    h_add.__code__ = _h_add_other.__code__ if variant == 4 else _H_ADD_CODE
+    if variant == 3:
+        type(mod).gain = property(lambda self: 2.0)
+    else:
+        type(mod).__dict__.get("gain") and delattr(type(mod), "gain")
     mod.train(training)
     mod.mode, mod.shift = mode, shift
     if ns["G_HOOK"] is not None:
