@@ -138,7 +138,9 @@ def compiling(shared):
 
 
 def _operand_key(value):
-    if isinstance(value, torch.Tensor):
+    """What a block's schema may depend on in an operand; None where that is not known for sure
+    (not a tensor, symbolic sizes): the schema is then worked out as torch does."""
+    if isinstance(value, torch.Tensor) and _static(value):
         return (type(value), tuple(value.shape), value.stride(), value.dtype, value.device, value.requires_grad)
     return None
 
