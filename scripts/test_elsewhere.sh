@@ -14,4 +14,6 @@ for arg in "$@"; do
 done
 [[ ${#paths[@]} -gt 0 ]] || set -- tests "$@"
 "$PY" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__)'
+# Without pytest-xdist there (the GPU machine), one process: pyproject's addopts ask for -n.
+"$PY" -c 'import xdist' 2>/dev/null || set -- -o addopts=-q "$@"
 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m pytest -p no:cacheprovider "$@"

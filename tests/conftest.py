@@ -8,6 +8,12 @@ sys.path.insert(0, os.path.dirname(__file__))  # so that `from helpers import ch
 
 import bytegraph  # noqa: E402
 
+# Under pytest-xdist (pyproject's addopts), the workers share the cores rather than each
+# starting one torch thread per core.
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _workers > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _workers))
+
 
 @pytest.fixture(autouse=True)
 def fresh_bytegraph():
