@@ -1121,3 +1121,77 @@ def test_requires_grad_errors_run_eagerly():
     check_program(f, lambda: ((t(3).requires_grad_(),), {}, None), graphs=1, fullgraph=False)
     with pytest.raises(bytegraph.errors.Unsupported, match="not a leaf"):
         bytegraph.compile(f, fullgraph=True)(t(3).requires_grad_())
+
+
+# ------------------------------------------------------------------ an object's tables read after changes
+
+class _Counting(torch.nn.Module):
+    """A module that changes itself in forward: a counter, a lazily registered buffer, a buffer
+    given a new tensor, a plain attribute written through __dict__."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("scale", torch.ones(3))
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls % 3 == 0:
+            self.register_buffer("extra", torch.ones(3) * self.calls)   # a cache grown in forward
+        if hasattr(self, "extra"):
+            x = x + self.extra
+        if self.calls == 4:
+            self.__dict__["calls_seen"] = self.calls
+        self.scale = self.scale * 2
+        state = vars(self)
+        total = sum(b.sum() for b in self.buffers())
+        return x * state["calls"] + total + getattr(self, "calls_seen", 0) + self._buffers["scale"]
+
+
+def test_a_module_that_registers_and_replaces_its_state_in_forward_reads_it_back_as_eager_does():
+    eager, m = _Counting(), _Counting()
+    compiled = bytegraph.compile(m, backend="eager")
+    for i in range(7):
+        x = t(3)
+        assert same(compiled(x), eager(x)), f"call {i}"
+        assert m.calls == eager.calls and same(m.scale, eager.scale)
+        assert same(getattr(m, "extra", None), getattr(eager, "extra", None))
+    assert "calls_seen" in vars(m)
+
+
+class _Plain:
+    def __init__(self):
+        self.k, self.n = 1, 0
+
+
+def dict_read_after_stores(x, o):
+    before = dict(vars(o))
+    o.n += 1
+    o.k = o.n * 2
+    if o.n == 2:
+        o.z = 5
+    seen = (o.__dict__["k"], vars(o).get("k"), "z" in o.__dict__, sorted(vars(o)), list(o.__dict__.items()))
+    if o.n == 3:
+        del o.z
+    return x + o.__dict__["k"] + len(vars(o)), before, seen, hasattr(o, "z")
+
+
+def test_an_objects_dict_read_after_attribute_stores_shows_them():
+    eager_o, o = _Plain(), _Plain()
+    compiled = bytegraph.compile(dict_read_after_stores, backend="eager")
+    for i in range(4):
+        expected, actual = dict_read_after_stores(t(2), eager_o), compiled(t(2), o)
+        assert same(expected[0], actual[0]) and expected[1:] == actual[1:], f"call {i}"
+        assert vars(o) == vars(eager_o)
+
+
+def test_deepcopy_after_changes_copies_the_changed_object():
+    import copy
+
+    def f(x, o):
+        o.k += 1
+        return x + copy.deepcopy(o).k
+    eager_o, o = _Plain(), _Plain()
+    compiled = bytegraph.compile(f, backend="eager")
+    for _ in range(3):
+        assert same(compiled(t(2), o), f(t(2), eager_o))

@@ -710,9 +710,12 @@ class ProgramGen:
         if not t:
             return
         out, n = self.fresh("t"), self.fresh("n")
-        choice = r.randrange(9)
+        choice = r.randrange(10)
         if choice == 0:
             self.emit(f"{out} = G_MOD({self.tensor_expr('full', 1)})")
+        elif choice == 9:    # the object changed here, then read back through its __dict__
+            self.emit(f"G_OBJ.a = G_OBJ.a + {self.int_expr()}")
+            self.emit(f"{out} = {t} + vars(G_OBJ)['a'] + len(G_OBJ.__dict__)")
         elif choice == 7:    # only whether it is there (the value read is dropped)
             with self.block("try:"):
                 self.emit(r.choice(["G_OBJ.extra", "G_MOD.mode"]))
@@ -1469,7 +1472,13 @@ class _StatefulModule(torch.nn.Module):
         self.mode = "add"
 
     def forward(self, x):
-        y = x * self.w
+        # State changed by forward itself and read back: a counter, and a buffer registered
+        # anew every third call (a cache grown in forward).
+        self.calls = self.__dict__.get("calls", 0) + 1
+        if self.calls % 3 == 1:
+            self.register_buffer("cache", x.detach().sum() + self.calls, persistent=False)
+        cache = self.cache if hasattr(self, "cache") else 0.0
+        y = x * self.w + cache * 0.01 + vars(self)["calls"] * 0.001
         y = y + self.shift if self.mode == "add" else y * self.shift
         if self.training:
             y = y - 1
@@ -1536,6 +1545,12 @@ def _set_moving(ns, variant):
     if hook:
         ns["G_HOOK"] = mod.register_forward_hook(lambda m, args, out: out + 1)
     mod.w = ns["G_W"] if new_w is None else torch.nn.Parameter(torch.tensor(new_w))
+    # What forward changes itself: its counter starts from the input's number; its cache is
+    # gone, or (input 2) one set here.
+    mod.calls = variant
+    mod._buffers.pop("cache", None)
+    if variant == 2:
+        mod.register_buffer("cache", torch.tensor(5.0), persistent=False)
 
 
 def _fresh_state(ns, variant=0):
@@ -1589,7 +1604,7 @@ def _observe(ns, args):
     owners = {id(ns[k]): k for k in ("G_OBJ", "G_LIST", "G_DICT")}
     ids = sorted((owners.get(k, repr(k)), v) for k, v in ns["G_IDS"].items())
     state = (list(ns["G_LIST"]), dict(ns["G_DICT"]), ns["COUNTER"], ns["G_OBJ"].a, list(ns["G_OBJ"].hist), ids,
-             list(ns["G_LOGGED"]))
+             list(ns["G_LOGGED"]), ns["G_MOD"].__dict__.get("calls"))
     grads = [a.grad for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
     return state + (grads,)
 

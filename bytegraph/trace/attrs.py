@@ -343,6 +343,46 @@ def _object_attr(frame, v, name):
         if pending[2] is DELETED:
             raise MissingAttribute(f"{no_attr_name(type(obj))} object has no attribute {name!r} (deleted)")
         return pending[2]
+    if name == "__dict__" or (name in stamps.STATE_TABLES and isinstance(obj, torch.nn.Module)):
+        table = _object_attr_read(frame, v, name)
+        if isinstance(table, DictValue):
+            for (owner, key), (_, _, value) in list(tx.attr_stores.items()):
+                if owner == id(obj) and _table_of(obj, key) == name:
+                    _set_item(table, key, value)
+        return table
+    return _object_attr_read(frame, v, name)
+
+
+def _table_of(obj, name):
+    """The dict of ``obj`` that ``obj.name = value`` writes to: its ``__dict__``, or for an
+    ``nn.Module`` the ``_parameters``/``_buffers``/``_modules`` table that has ``name``."""
+    if isinstance(obj, torch.nn.Module):
+        for table in stamps.STATE_TABLES:
+            if name in obj.__dict__.get(table, ()):
+                return table
+    return "__dict__"
+
+
+def _set_item(table, key, value):
+    if value is DELETED:
+        table.items.pop(key, None)
+    else:
+        table.items[key] = value
+
+
+def _note_store(tx, obj, name, value):
+    """``obj.name = value`` (or ``del``, ``value`` DELETED) is recorded to be done after the graph:
+    a dict the trace already read for ``obj.__dict__`` (or a module's table) shows it from now on."""
+    table = _table_of(obj, name)
+    real = obj.__dict__ if table == "__dict__" else obj.__dict__.get(table)
+    memo = tx.memo.get(id(real))
+    if memo is not None and memo[0] is real and isinstance(memo[1], DictValue):
+        _set_item(memo[1], name, value)
+
+
+def _object_attr_read(frame, v, name):
+    tx = frame.tx
+    obj, src = v.obj, v.source
     asrc = AttrSource(src, name) if src is not None else None
     if isinstance(obj, types.ModuleType):
         try:
@@ -664,6 +704,7 @@ def set_attr(frame, obj, name, value, plain=False):
         return
     if isinstance(obj, ObjectValue) and obj.source is not None and _replayable_store(obj.obj, name, value, plain):
         frame.tx.attr_stores[(id(obj.obj), name)] = (obj, name, value)
+        _note_store(frame.tx, obj.obj, name, value)
         return
     raise Unsupported(f"setting attribute {name!r} on {describe(obj)} (a side effect) is not supported yet",
                       hint="side effects on objects that exist outside the compiled function run eagerly")
@@ -742,6 +783,7 @@ def del_attr(frame, obj, name):
             and (name in getattr(obj.obj, "__dict__", {}) or (id(obj.obj), name) in tx.attr_stores):
         get_attr(frame, obj, name)   # it must exist (guarded), or raise as in eager
         tx.attr_stores.pop((id(obj.obj), name), None)
+        _note_store(tx, obj.obj, name, DELETED)
         if name in obj.obj.__dict__:
             # The replayed `del` needs the attribute on entry: guard that it is there.
             tx.guards.add(g.TYPE_MATCH, AttrSource(obj.source, name), type(obj.obj.__dict__[name]))

@@ -432,11 +432,39 @@ def _deepcopy(frame, args, kwargs):
         if not plain:
             raise Unsupported(f"copy.deepcopy() of {attrs.describe(v)}: its state is not plain data",
                               hint="copy it outside the compiled function")
+        if _changed_by_trace(frame.tx, v.obj):
+            # The copy is taken now, of the object as it was: changes the trace has yet to make
+            # (to it, or to what it holds) would be missing from it.
+            raise Unsupported(f"copy.deepcopy() of {attrs.describe(v)} after the compiled function changed "
+                              "objects that exist outside it", hint="copy it before making the changes")
         frame.tx.guards.add(g.STATE_MATCH, v.source, snapshot)
         return PrivateObjectValue(copy.deepcopy(v.obj))
     if operators.is_constant(v) and not holds_values(operators.as_constant(v)):
         return operators.constant_value(copy.deepcopy(operators.as_constant(v)))
     raise Unsupported(f"copy.deepcopy() of {attrs.describe(v)} is not supported yet")
+
+
+def _changed_by_trace(tx, obj):
+    """Does the trace have changes pending to ``obj`` or to anything its state holds?"""
+    changed = {key[0] for key in tx.attr_stores} | {key[0] for key in tx.item_stores}
+    changed.update(id(tx.guards.objects.get(v.source)) for v in tx.mutated.values())
+    if not changed:
+        return False
+    seen = set()
+
+    def visit(x, depth):
+        if id(x) in seen or depth > 20:
+            return False
+        seen.add(id(x))
+        if id(x) in changed:
+            return True
+        if isinstance(x, dict):
+            return any(visit(v, depth + 1) for v in x.values())
+        if isinstance(x, (list, tuple, set, frozenset)):
+            return any(visit(v, depth + 1) for v in x)
+        state = getattr(x, "__dict__", None)
+        return isinstance(state, dict) and not isinstance(x, type) and visit(state, depth + 1)
+    return visit(obj, 0)
 
 
 def _has_no_tensors(x, depth=0):
@@ -740,10 +768,13 @@ def _module_members(table, named):
         for prefix, m, src in modules:
             _guard_table(frame, m, src, table)
             for k, v in m.__dict__[table].items():
-                if v is None or id(v) in seen:
+                pending = frame.tx.attr_stores.get((id(m), k))
+                if pending is not None:
+                    v = pending[2]   # a buffer given a new tensor earlier in the trace
+                if v is None or v is attrs.DELETED or id(v) in seen:
                     continue
                 seen.add(id(v))
-                value = wrap(frame.tx, v, ModuleEntrySource(src, table, k))
+                value = v if pending is not None else wrap(frame.tx, v, ModuleEntrySource(src, table, k))
                 name = prefix + ("." if prefix else "") + k
                 out.append(TupleValue([ConstantValue(name), value]) if named else value)
         return IteratorValue(out)

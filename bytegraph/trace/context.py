@@ -7,7 +7,8 @@ from ..stacks import frame_summary
 from ..errors import Unsupported
 from ..graph.builder import GraphBuilder
 from ..guards.builder import GuardSet, add_global_state_guards
-from ..guards.sources import LocalSource
+from ..guards import stamps
+from ..guards.sources import AttrSource, ItemSource, LocalSource
 from ..residual import set_autocast_state
 
 # The value of a global the trace deleted (``del`` / ``global x; del x``).
@@ -95,6 +96,7 @@ class TraceContext:
     def mark_mutated(self, value, what="changing"):
         """``value`` is changed in place by the trace; a real container is updated after the graph."""
         if value.source is not None:
+            _refuse_object_tables(value.source, self.guards.objects, what)
             self.mutated.setdefault(id(value), value)
             self.effects_recorded += 1
         elif id(value) in self.existing_containers:
@@ -105,6 +107,7 @@ class TraceContext:
     def record_item_store(self, mapping, key, value):
         """``mapping[key] = value`` (``DELETED``: ``del``) on a real mapping read through a source
         whose own ``__setitem__`` is replayed after the graph (``os.environ``)."""
+        _refuse_object_tables(mapping.source, self.guards.objects, "changing")
         self.item_stores.pop((id(mapping.obj), key), None)   # keep program order
         self.item_stores[(id(mapping.obj), key)] = (mapping, key, value)
         self.effects_recorded += 1
@@ -160,3 +163,25 @@ class TraceContext:
     def user_stack(self, snapshot=None):
         """FrameSummary list for the active frames (or a snapshot of them), outermost first."""
         return [frame_summary(code, ins) for code, ins in (snapshot or self.stack_snapshot())]
+
+
+def _refuse_object_tables(source, objects, what):
+    """Changing an existing object's ``__dict__``, or one of ``nn.Module``'s tables (``_buffers``,
+    ``_forward_hooks``...) of a module that exists outside the compiled function, is not traced:
+    replayed after the graph, it would leave the trace reading the object as it was (a buffer
+    registered in forward, then read)."""
+    if isinstance(source, AttrSource) and source.attr == "__dict__":
+        # Attribute reads go to the object's real __dict__ while tracing: keep them true.
+        raise Unsupported(f"{what} the __dict__ of an object that exists outside the compiled function",
+                          hint="set the attribute with obj.name = value instead")
+    if isinstance(source, AttrSource):
+        owner, table = source.base, source.attr               # module._buffers
+    elif isinstance(source, ItemSource) and isinstance(source.base, AttrSource) \
+            and source.base.attr == "__dict__":
+        owner, table = source.base.base, source.index         # module.__dict__['_buffers']
+    else:
+        return
+    if table in stamps.TABLES and isinstance(objects.get(owner), torch.nn.Module):
+        raise Unsupported(f"{what} {table} of a module that exists outside the compiled function "
+                          "(registering a parameter, buffer, submodule or hook) changes the module's "
+                          "structure", hint="register it in __init__, or before calling the compiled function")
