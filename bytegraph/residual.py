@@ -29,6 +29,13 @@ class Continuation:
         self.args = args
 
 
+class GraphRaised(Exception):
+    """The compiled graph at the start of a transformed function raised before anything of the
+    frame took effect; the function's wrapper runs the frame natively instead, so the exception
+    comes from the same line as in eager, after the same side effects (``codegen.transformed``
+    raises this only for graphs that change nothing while they run)."""
+
+
 def resolve(fn, args):
     result = fn(*args)
     while type(result) is Continuation:

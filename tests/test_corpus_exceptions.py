@@ -788,3 +788,38 @@ def test_lru_cached_function_raising_inside_try():
     for k in (1, 3):
         check_program(f, lambda k=k: ((X.clone(), k), {}, None))
     assert not fallback_reasons()
+
+
+# ------------------------------------------------------------------ a graph that fails at run time
+
+LOG = []
+
+
+class _Holder:
+    pass
+
+
+def effects_then_failing_op(x, items, holder):
+    """Effects (traced, done after the graph) before an op whose failure only the data shows."""
+    items.append(len(items))
+    LOG.append("before")
+    holder.seen = 1
+    y = torch.linalg.cholesky(x @ x.mT - 0.5 * torch.eye(3))   # not positive definite for small x
+    return y.sum() + 1
+
+
+def failing_index(x, idx, items):
+    items.append(1)
+    return torch.index_select(x, 0, idx) * 2
+
+
+@pytest.mark.parametrize("failing", [True, False])
+def test_effects_before_an_op_that_fails_at_run_time_happen_as_in_eager(failing):
+    def make():
+        LOG.clear()
+        x = torch.eye(3) * (0.1 if failing else 2.0)
+        holder = _Holder()
+        return (x, [5], holder), {}, lambda: (list(LOG), getattr(holder, "seen", None))
+    check_program(effects_then_failing_op, make)
+    idx = torch.tensor([7 if failing else 1])
+    check_program(failing_index, lambda: ((torch.ones(3, 2), idx, []), {}, None))

@@ -97,7 +97,11 @@ FEATURE_SETS = {
 
 # Seeds whose compiled run differs from eager because of a known bytegraph bug:
 # (feature set, seed) -> (first Python version affected, reason). Strict xfails there.
-KNOWN_MISMATCHES = {}
+KNOWN_MISMATCHES = {
+    ("all", 5): ((3, 11), "a graph that changes an input in place (x0.add_) and then fails at run time "
+                          "(index_select out of range) cannot be rerun natively: the attribute and list "
+                          "changes traced before the failing op are lost"),
+}
 # Seeds that crash the interpreter or fail only depending on which tests ran before
 # (so cannot run as strict xfails): skipped from that Python version on.
 KNOWN_UNSTABLE = {}
@@ -1033,7 +1037,10 @@ class ProgramGen:
         raising = [f"{self.fresh('t')} = {t} + None", 'raise ValueError("gen after effects")',
                    f"{self.fresh('n')} = int('x' + str({self.int_leaf()}))",
                    f"{self.fresh('n')} = [1, 2][{self.int_leaf()} % 2 + 2]",
-                   f"{self.fresh('n')} = {self.int_leaf()} // 0", f"G_OBJ.missing_method({self.int_leaf()})"]
+                   f"{self.fresh('n')} = {self.int_leaf()} // 0", f"G_OBJ.missing_method({self.int_leaf()})",
+                   # an op in the graph that fails at run time, for some data only
+                   f"{self.fresh('t')} = torch.index_select({t}.flatten(), 0, "
+                   f"({t}.abs().sum() * {r.choice([1, 3])}).long().reshape(1)) * 2"]
         stmt = r.choice(raising)
         cond = r.choice([self.bool_expr(), f"{self.pick_tensor()}.sum() > {r.choice(['0', '1', '-1'])}",
                          "True"])

@@ -14,6 +14,7 @@ from ..guards import builder as g
 from ..errors import Unsupported
 from ..guards.sources import AttrSource, ClosureSource, GlobalSource
 from ..debug.counting import count_ops
+from ..residual import GraphRaised
 from ..trace.context import DELETED
 from ..values.base import ConstantValue, DictValue, IteratorValue, ListValue, TensorValue, holds_values
 from ..values import arrays
@@ -52,11 +53,46 @@ def finish_graph(tx, ns, live_values, compile_graph):
         return f"__scalar({ns.source(i.source)})" if i.scalar else ns.source(i.source)
     args = ", ".join(arg(i) for i in tx.graph.inputs)
     call = [f"__out = __compiled_fn({args})"]
+    if not lines and restartable(gm):
+        # Side effects traced before an op that fails at run time (a singular matrix, an index
+        # out of range) come after the graph: on an exception, the wrapper runs the frame natively.
+        ns.ns["__GraphRaised"] = GraphRaised
+        call = ["try:", "    " + call[0], "except Exception as __e:", "    raise __GraphRaised() from __e"]
     kept = _stored_outputs(tx, outputs)
     if kept:
         ns.ns["__own_memory"] = own_memory
         call.append(f"__out = __own_memory(__out, {kept!r})")
     return lines + call + state_lines + write_back, exprs, gm
+
+
+# Graph nodes that must not run twice: random numbers (the generator moves on), grad mode and
+# autocast switches, collectives (other processes wait for each one).
+_NOT_TWICE = ("rand", "dropout", "bernoulli", "multinomial", "normal", "poisson", "uniform", "exponential",
+              "cauchy", "geometric", "gumbel", "seed", "rng", "grad_enabled", "autocast", "all_reduce",
+              "all_gather", "reduce_scatter", "broadcast", "all_to_all", "wait_tensor", "barrier")
+
+
+def restartable(gm):
+    """Can ``gm`` be run again after it raised, with nothing left of the failed run: it writes
+    no tensor it was given in place, draws no random numbers, switches no global state, calls
+    no collective?"""
+    given = [n for n in gm.graph.nodes if n.op in ("placeholder", "get_attr")]
+    for m in gm.modules():
+        if not isinstance(m, torch.fx.GraphModule):
+            continue
+        for node in m.graph.nodes:
+            if node.op == "call_module" and not isinstance(m.get_submodule(node.target), torch.fx.GraphModule):
+                return False   # a module called as a leaf: what it does is not in the graph
+            if node.op not in ("call_function", "call_method"):
+                continue
+            if is_state_node(node) or writes(node) and (m is not gm or _mutates_inputs(gm, given, [node], unknown=True)):
+                return False
+            target = node.target
+            name = (target if isinstance(target, str)
+                    else f"{getattr(target, '__module__', '')}.{getattr(target, '__name__', '')}").lower()
+            if any(word in name for word in _NOT_TWICE) or "distributed" in name or "c10d" in name:
+                return False
+    return True
 
 
 def _stored_outputs(tx, outputs):
@@ -163,19 +199,21 @@ def guard_input_aliasing(tx, gm):
         tx.guards.add(g.STORAGE_GROUPS, None, ([i.source for i in tensors], groups), detail="input storage")
 
 
-def _mutates_inputs(gm, placeholders):
-    """Does a node that mutates write to (a view of) one of ``placeholders``?"""
+def _mutates_inputs(gm, placeholders, nodes=None, unknown=False):
+    """Does a node that mutates (of ``nodes``, by default all of ``gm``'s) write to (a view of)
+    one of ``placeholders``? ``unknown``: what a written value is unknown counts as yes."""
     storages = set()
     for p in placeholders:
         fake = p.meta.get("example_value")
         if isinstance(fake, torch.Tensor):
             storages.add(fake.untyped_storage()._cdata)
-    for node in gm.graph.nodes:
+    for node in gm.graph.nodes if nodes is None else nodes:
         if not writes(node):
             continue
         for arg in written(node):
             fake = arg.meta.get("example_value")
-            if isinstance(fake, torch.Tensor) and fake.untyped_storage()._cdata in storages:
+            if isinstance(fake, torch.Tensor) and fake.untyped_storage()._cdata in storages \
+                    or unknown and not isinstance(fake, torch.Tensor):
                 return True
     return False
 

@@ -15,6 +15,7 @@ from ..backends.registry import replays_cuda_graphs
 from ..config import config
 from ..debug import debug_dir, logs, progress, records, timing
 from ..guards.builder import NDARRAY_MATCH, TENSOR_MATCH
+from ..residual import GraphRaised
 from ..stacks import code_name
 from ..trace.tracer import frame_params
 from .cache import CodeCache
@@ -230,17 +231,22 @@ def _wrapper_factory(fn, cache, compiler, marks_invocation=False):
     args = ", ".join(passthrough)
     name = fn.__name__ if fn.__name__.isidentifier() else "compiled_fn"
     params = [p.split("=", 1)[0] + "=__UNSET" if "=" in p else p for p in params]
+    native = f"return __fn({', '.join(original)})"
     src = "\n".join(
         ["def __make(__fn, __closure):", f"    def {name}({', '.join(params)}):"]
         + ["        " + line for line in default_reads(fn)]
         + (["        __new_invocation()"] if marks_invocation else [])
-        + ["    " + line for line in _dispatch_lines(args)]
-        + [f"        __run = __miss(__fn, __cache, ({args}{',' if passthrough else ''}))",
-           "        if __run is None:",
-           f"            return __fn({', '.join(original)})",
-           f"        return __run({args})",
+        + ["        try:"]
+        + ["        " + line for line in _dispatch_lines(args)]
+        + [f"            __run = __miss(__fn, __cache, ({args}{',' if passthrough else ''}))",
+           "            if __run is None:",
+           f"                {native}",
+           f"            return __run({args})",
+           "        except __GraphRaised:",
+           f"            {native}",
            f"    return {name}", ""])
     namespace = {"__entries": cache.dispatch, "__miss": compiler.miss, "__cache": cache,
+                 "__GraphRaised": GraphRaised,
                  "__new_invocation": new_invocation, "__UNSET": UNSET, "__default_now": default_now,
                  "__kwdefault_now": kwdefault_now}
     filename = f"<bytegraph dispatch {fn.__qualname__}>"
@@ -257,19 +263,22 @@ def _code_wrapper(code, fn_globals, cache, compiler):
     name = code_name(code) if code_name(code).isidentifier() else "resume"
     has_closure = bool(code.co_freevars)
     make = "__function(__closure)" if has_closure else "__fn"
+    native = f"return {make}({', '.join(params[:len(params) - has_closure])})"
     src = "\n".join(
-        [f"def {name}({args}):"] + _dispatch_lines(args)
-        + [f"    __f = {make}",
-           f"    __run = __miss(__f, __cache, ({args}{',' if params else ''}))",
-           "    if __run is None:",
-           f"        return __f({', '.join(params[:len(params) - has_closure])})",
-           f"    return __run({args})", ""])
+        [f"def {name}({args}):", "    try:"] + ["    " + line for line in _dispatch_lines(args)]
+        + [f"        __f = {make}",
+           f"        __run = __miss(__f, __cache, ({args}{',' if params else ''}))",
+           "        if __run is None:",
+           f"            {native}",
+           f"        return __run({args})",
+           "    except __GraphRaised:",
+           f"        {native}", ""])
 
     def function(closure):
         return types.FunctionType(code, fn_globals, code.co_name, None, closure)
 
     namespace = {"__entries": cache.dispatch, "__miss": compiler.miss, "__cache": cache,
-                 "__function": function, "__fn": None if has_closure else function(None)}
+                 "__GraphRaised": GraphRaised, "__function": function, "__fn": None if has_closure else function(None)}
     filename = f"<bytegraph dispatch {code.co_qualname}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     exec(compile(src, filename, "exec"), namespace)
