@@ -18,7 +18,12 @@ import torch
 from torch.nn.modules import module as mm
 from torch.nn.parallel import DistributedDataParallel
 
+from .debug import logs
+from .errors import BackendError
 from .control import disallowed_in_graph, fused_optimizer_step, is_disabled, torch_disabled_target
+
+
+_log_breaks = logs.get_logger("graph_breaks")
 
 
 class Continuation:
@@ -34,6 +39,17 @@ class GraphRaised(Exception):
     frame took effect; the function's wrapper runs the frame natively instead, so the exception
     comes from the same line as in eager, after the same side effects (``codegen.transformed``
     raises this only for graphs that change nothing while they run)."""
+
+
+def graph_raised(exc):
+    """What a transformed function raises when its graph raised ``exc``:
+    ``GraphRaised``, except for the reports of bytegraph's own checks (a backend's results that
+    differ from eager, a failure the minifier wrote a repro for), which the user is to see."""
+    if isinstance(exc, BackendError) or getattr(exc, "_bytegraph_reported", False):
+        raise exc
+    _log_breaks.debug("a compiled graph raised %s: %s; its frame runs natively from its start",
+                      type(exc).__name__, exc)
+    raise GraphRaised() from exc
 
 
 def resolve(fn, args):

@@ -823,3 +823,34 @@ def test_effects_before_an_op_that_fails_at_run_time_happen_as_in_eager(failing)
     check_program(effects_then_failing_op, make)
     idx = torch.tensor([7 if failing else 1])
     check_program(failing_index, lambda: ((torch.ones(3, 2), idx, []), {}, None))
+
+
+def caught_run_time_failure(x, items):
+    items.append(1)
+    try:
+        y = torch.linalg.cholesky(x)
+    except RuntimeError:          # eager lands here for a matrix that is not positive definite
+        items.append("fallback")
+        y = x * 2
+    return y + 1
+
+
+@pytest.mark.parametrize("scale", [1.0, -1.0])
+def test_a_run_time_failure_inside_try_is_caught_by_the_users_handler(scale):
+    check_program(caught_run_time_failure, lambda: ((torch.eye(2) * scale, []), {}, None))
+
+
+def failing_under_no_grad(x, items):
+    items.append(1)
+    try:
+        with torch.no_grad():
+            y = torch.linalg.cholesky(x) + 1
+    except RuntimeError:
+        y = x * 2
+    return y, torch.is_grad_enabled()
+
+
+@pytest.mark.parametrize("scale", [1.0, -1.0])
+def test_a_run_time_failure_inside_a_no_grad_block_leaves_grad_mode_as_eager_does(scale):
+    check_program(failing_under_no_grad, lambda: ((torch.eye(2) * scale, []), {}, None))
+    assert torch.is_grad_enabled()

@@ -774,6 +774,10 @@ class ProgramGen:
         if self.on("helpers"):
             options += [(f"{self.fresh('n')} = h_check({a})", "ValueError"),
                         (f"{self.fresh('n')} = h_lookup({{'ab': 1}}, {self.str_leaf()})", "KeyError")]
+        t = self.pick_tensor() if self.on("tensors") else None
+        if t:        # an op in the graph that fails at run time for some data only
+            options.append((f"{self.fresh('t')} = torch.index_select({t}.flatten(), 0, "
+                            f"({t}.abs().sum() * {r.choice([1, 3])}).long().reshape(1)) + 1", "IndexError"))
         target = self.mutable("list")
         if target:   # a break under a method call that may raise into a handler (in a loop too)
             options.append((r.choice([f"{target}.append(h_check_loud({a}))",

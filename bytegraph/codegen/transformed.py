@@ -14,7 +14,7 @@ from ..guards import builder as g
 from ..errors import Unsupported
 from ..guards.sources import AttrSource, ClosureSource, GlobalSource
 from ..debug.counting import count_ops
-from ..residual import GraphRaised
+from ..residual import graph_raised
 from ..trace.context import DELETED
 from ..values.base import ConstantValue, DictValue, IteratorValue, ListValue, TensorValue, holds_values
 from ..values import arrays
@@ -56,8 +56,10 @@ def finish_graph(tx, ns, live_values, compile_graph):
     if not lines and restartable(gm):
         # Side effects traced before an op that fails at run time (a singular matrix, an index
         # out of range) come after the graph: on an exception, the wrapper runs the frame natively.
-        ns.ns["__GraphRaised"] = GraphRaised
-        call = ["try:", "    " + call[0], "except Exception as __e:", "    raise __GraphRaised() from __e"]
+        call = ["try:", "    " + call[0], "except Exception as __e:",
+                # (a grad-mode block the graph was inside when it failed is left)
+                f"    {ns.ref(torch._C._set_grad_enabled, 'set_grad_enabled')}({tx.entry_grad_mode!r})",
+                f"    {ns.ref(graph_raised, 'graph_raised')}(__e)"]
     kept = _stored_outputs(tx, outputs)
     if kept:
         ns.ns["__own_memory"] = own_memory
@@ -65,16 +67,17 @@ def finish_graph(tx, ns, live_values, compile_graph):
     return lines + call + state_lines + write_back, exprs, gm
 
 
-# Graph nodes that must not run twice: random numbers (the generator moves on), grad mode and
-# autocast switches, collectives (other processes wait for each one).
+# Graph nodes that must not run twice: random numbers (the generator moves on), autocast
+# switches, collectives (other processes wait for each one). (Grad mode is set back to the
+# frame's on entry before it runs again.)
 _NOT_TWICE = ("rand", "dropout", "bernoulli", "multinomial", "normal", "poisson", "uniform", "exponential",
-              "cauchy", "geometric", "gumbel", "seed", "rng", "grad_enabled", "autocast", "all_reduce",
-              "all_gather", "reduce_scatter", "broadcast", "all_to_all", "wait_tensor", "barrier")
+              "cauchy", "geometric", "gumbel", "seed", "rng", "autocast", "all_reduce", "all_gather",
+              "reduce_scatter", "broadcast", "all_to_all", "wait_tensor", "barrier")
 
 
 def restartable(gm):
     """Can ``gm`` be run again after it raised, with nothing left of the failed run: it writes
-    no tensor it was given in place, draws no random numbers, switches no global state, calls
+    no tensor it was given in place, draws no random numbers, switches no autocast state, calls
     no collective?"""
     given = [n for n in gm.graph.nodes if n.op in ("placeholder", "get_attr")]
     for m in gm.modules():
@@ -85,7 +88,8 @@ def restartable(gm):
                 return False   # a module called as a leaf: what it does is not in the graph
             if node.op not in ("call_function", "call_method"):
                 continue
-            if is_state_node(node) or writes(node) and (m is not gm or _mutates_inputs(gm, given, [node], unknown=True)):
+            if is_state_node(node) and node.target is not torch._C._set_grad_enabled \
+                    or writes(node) and (m is not gm or _mutates_inputs(gm, given, [node], unknown=True)):
                 return False
             target = node.target
             name = (target if isinstance(target, str)

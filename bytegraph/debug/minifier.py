@@ -241,6 +241,7 @@ def _handle(fail, exc):
     log.debug("%s", note)
     if exc is not None:
         exc.add_note(note)
+        exc._bytegraph_reported = True   # not to be hidden by running the frame natively
     return path
 
 
