@@ -447,7 +447,7 @@ def _deepcopy(frame, args, kwargs):
 def _changed_by_trace(tx, obj):
     """Does the trace have changes pending to ``obj`` or to anything its state holds?"""
     changed = {key[0] for key in tx.attr_stores} | {key[0] for key in tx.item_stores}
-    changed.update(id(tx.guards.objects.get(v.source)) for v in tx.mutated.values())
+    changed.update(id(tx.guards.objects[v.source]) for v in tx.mutated.values() if v.source in tx.guards.objects)
     if not changed:
         return False
     seen = set()
