@@ -52,6 +52,19 @@ def graph_raised(exc):
     raise GraphRaised() from exc
 
 
+def copy_inputs(tensors):
+    """Copies of the inputs a graph writes in place before an op that may fail (``graph_raised``
+    then puts them back before the frame runs natively)."""
+    with torch.no_grad():
+        return [t.clone() for t in tensors]
+
+
+def put_inputs_back(tensors, copies):
+    with torch.no_grad():
+        for t, c in zip(tensors, copies):
+            t.copy_(c)
+
+
 def resolve(fn, args):
     result = fn(*args)
     while type(result) is Continuation:

@@ -854,3 +854,62 @@ def failing_under_no_grad(x, items):
 def test_a_run_time_failure_inside_a_no_grad_block_leaves_grad_mode_as_eager_does(scale):
     check_program(failing_under_no_grad, lambda: ((torch.eye(2) * scale, []), {}, None))
     assert torch.is_grad_enabled()
+
+
+def writes_input_then_fails(x, items, idx):
+    items.append(1)
+    try:
+        row = x[0]
+        row.add_(2)           # the graph changes its input, then an index may be out of range
+        y = torch.index_select(x.flatten(), 0, idx) + 1
+        label = "ok"
+    except IndexError as e:
+        label = type(e).__name__
+        y = x * 3
+    return y, label
+
+
+@pytest.mark.parametrize("index", [1, 100])
+def test_an_input_written_before_a_failing_op_is_written_once(index):
+    # Rerunning natively from an input the failed graph already changed would add 2 twice.
+    check_program(writes_input_then_fails,
+                  lambda: ((torch.ones(2, 3), [], torch.tensor([index])), {}, None))
+
+
+def _graph_of(fn, *args):
+    from bytegraph.codegen.transformed import restart_plan
+    seen = []
+
+    def keep(gm, example_inputs):
+        seen.append(restart_plan(gm))
+        return gm.forward
+    bytegraph.compile(fn, backend=keep)(*args)
+    return seen
+
+
+def test_inputs_are_copied_only_where_a_write_comes_before_an_op_that_may_fail():
+    idx = torch.tensor([1])
+
+    def index_after_write(x, i):
+        x.mul_(2)
+        return x[i] + 1
+
+    def index_before_write(x, i):
+        y = x[i] + 1
+        x.mul_(2)
+        return y
+
+    def write_only(x, i):
+        x.mul_(2)
+        return x.relu() / 3
+
+    def sizes_written(x, i):
+        x.unsqueeze_(0)
+        return x[0, i]
+
+    plan, = _graph_of(index_after_write, torch.ones(3), idx)
+    assert [n.op for n in plan] == ["placeholder"]
+    # A write with nothing after it that is expected to fail: no copy on every call, no rerun.
+    assert _graph_of(index_before_write, torch.ones(3), idx) == [None]
+    assert _graph_of(write_only, torch.ones(3), idx) == [None]
+    assert _graph_of(sizes_written, torch.ones(3), idx) == [None]

@@ -97,11 +97,7 @@ FEATURE_SETS = {
 
 # Seeds whose compiled run differs from eager because of a known bytegraph bug:
 # (feature set, seed) -> (first Python version affected, reason). Strict xfails there.
-KNOWN_MISMATCHES = {
-    ("all", 5): ((3, 11), "a graph that changes an input in place (x0.add_) and then fails at run time "
-                          "(index_select out of range) cannot be rerun natively: the attribute and list "
-                          "changes traced before the failing op are lost"),
-}
+KNOWN_MISMATCHES = {}
 # Seeds that crash the interpreter or fail only depending on which tests ran before
 # (so cannot run as strict xfails): skipped from that Python version on.
 KNOWN_UNSTABLE = {}

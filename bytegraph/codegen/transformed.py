@@ -7,6 +7,7 @@ import ast
 import linecache
 
 import torch
+import torch.fx as fx
 
 from ..backends._common import writes, written
 from ..backends.regions import is_state_node
@@ -14,7 +15,7 @@ from ..guards import builder as g
 from ..errors import Unsupported
 from ..guards.sources import AttrSource, ClosureSource, GlobalSource
 from ..debug.counting import count_ops
-from ..residual import graph_raised
+from ..residual import copy_inputs, graph_raised, put_inputs_back
 from ..trace.context import DELETED
 from ..values.base import ConstantValue, DictValue, IteratorValue, ListValue, TensorValue, holds_values
 from ..values import arrays
@@ -53,10 +54,16 @@ def finish_graph(tx, ns, live_values, compile_graph):
         return f"__scalar({ns.source(i.source)})" if i.scalar else ns.source(i.source)
     args = ", ".join(arg(i) for i in tx.graph.inputs)
     call = [f"__out = __compiled_fn({args})"]
-    if not lines and restartable(gm):
+    copied = restart_plan(gm) if not lines else None
+    if copied is not None:
         # Side effects traced before an op that fails at run time (a singular matrix, an index
-        # out of range) come after the graph: on an exception, the wrapper runs the frame natively.
-        call = ["try:", "    " + call[0], "except Exception as __e:",
+        # out of range) come after the graph: on an exception, the wrapper runs the frame natively,
+        # from inputs as they were (those the graph writes before such an op are copied first).
+        exprs_of = {i.node: arg(i) for i in tx.graph.inputs}
+        written = "(" + "".join(f"{exprs_of[n]}, " for n in copied) + ")"
+        before = [f"__saved = {ns.ref(copy_inputs, 'copy_inputs')}({written})"] if copied else []
+        put_back = [f"    {ns.ref(put_inputs_back, 'put_inputs_back')}({written}, __saved)"] if copied else []
+        call = before + ["try:", "    " + call[0], "except Exception as __e:"] + put_back + [
                 # (a grad-mode block the graph was inside when it failed is left)
                 f"    {ns.ref(torch._C._set_grad_enabled, 'set_grad_enabled')}({tx.entry_grad_mode!r})",
                 f"    {ns.ref(graph_raised, 'graph_raised')}(__e)"]
@@ -75,28 +82,94 @@ _NOT_TWICE = ("rand", "dropout", "bernoulli", "multinomial", "normal", "poisson"
               "reduce_scatter", "broadcast", "all_to_all", "wait_tensor", "barrier")
 
 
-def restartable(gm):
-    """Can ``gm`` be run again after it raised, with nothing left of the failed run: it writes
-    no tensor it was given in place, draws no random numbers, switches no autocast state, calls
-    no collective?"""
+def restart_plan(gm):
+    """Can ``gm`` be run again after it raised, with nothing left of the failed run? A list of
+    the placeholders to copy before each call and put back after a failure when it can (empty
+    when it writes no input in place); None when it cannot: it writes module state, an input
+    that needs grad or an input's sizes in place, draws random numbers, switches autocast state,
+    calls a collective, or writes an input with no op after the write whose failure is expected
+    (copying inputs costs on every call, so only a graph with an op that fails on values after a
+    write, ``_FAILING_ON_VALUES``, pays it)."""
     given = [n for n in gm.graph.nodes if n.op in ("placeholder", "get_attr")]
+    copied = {}
+    failing_after_write = False
     for m in gm.modules():
         if not isinstance(m, torch.fx.GraphModule):
             continue
         for node in m.graph.nodes:
             if node.op == "call_module" and not isinstance(m.get_submodule(node.target), torch.fx.GraphModule):
-                return False   # a module called as a leaf: what it does is not in the graph
+                return None   # a module called as a leaf: what it does is not in the graph
             if node.op not in ("call_function", "call_method"):
                 continue
-            if is_state_node(node) and node.target is not torch._C._set_grad_enabled \
-                    or writes(node) and (m is not gm or _mutates_inputs(gm, given, [node], unknown=True)):
-                return False
-            target = node.target
-            name = (target if isinstance(target, str)
-                    else f"{getattr(target, '__module__', '')}.{getattr(target, '__name__', '')}").lower()
+            if is_state_node(node) and node.target is not torch._C._set_grad_enabled:
+                return None
+            name = _target_name(node.target)
             if any(word in name for word in _NOT_TWICE) or "distributed" in name or "c10d" in name:
-                return False
-    return True
+                return None
+            if m is gm and copied and _may_fail_on_values(node, name, gm):
+                failing_after_write = True
+            if not writes(node):
+                continue
+            if m is not gm:
+                return None
+            for n in _written_inputs(gm, node, given):
+                if n is None or n.op != "placeholder" or name.split(".")[-1] in _METADATA_WRITERS:
+                    return None
+                fake = n.meta.get("example_value")
+                if not isinstance(fake, torch.Tensor) or fake.requires_grad:
+                    return None
+                copied[n] = True
+    if copied and not failing_after_write:
+        return None
+    return list(copied)
+
+
+def _target_name(target):
+    return (target if isinstance(target, str)
+            else f"{getattr(target, '__module__', '')}.{getattr(target, '__name__', '')}").lower()
+
+
+def _written_inputs(gm, node, given):
+    """The placeholders and get_attr nodes over whose storage ``node`` writes; None for a
+    written value whose storage is unknown."""
+    by_storage = {}
+    for p in given:
+        fake = p.meta.get("example_value")
+        if isinstance(fake, torch.Tensor):
+            by_storage.setdefault(fake.untyped_storage()._cdata, []).append(p)
+    found = []
+    for arg in written(node):
+        fake = arg.meta.get("example_value")
+        if not isinstance(fake, torch.Tensor):
+            return [None]
+        found += by_storage.get(fake.untyped_storage()._cdata, [])
+    return found
+
+
+# Ops whose failure depends on the values they are given, not only on shapes and dtypes (which
+# the trace checked): indices out of range, singular or indefinite matrices, class targets.
+_FAILING_ON_VALUES = ("index", "gather", "scatter", "take", "embedding", "nll_loss", "cross_entropy",
+                      "one_hot", "bincount", "linalg", "inverse", "cholesky", "solve", "_assert", "histc",
+                      "repeat_interleave", "unpool", "ctc_loss")
+# In-place ops that change a tensor's sizes or strides, which copying values back does not undo.
+_METADATA_WRITERS = {"resize_", "resize_as_", "set_", "as_strided_", "t_", "transpose_", "squeeze_",
+                     "unsqueeze_", "swapdims_", "swapaxes_", "detach_", "requires_grad_"}
+
+
+def _may_fail_on_values(node, name, gm):
+    short = name.rsplit(".", 1)[-1]
+    if short in ("getitem", "setitem"):     # with a tensor of indices
+        index = []
+        fx.node.map_arg(node.args[1:2], index.append)
+        return any(isinstance(n.meta.get("example_value"), torch.Tensor) for n in index)
+    if any(word in short for word in ("div", "remainder", "fmod")):   # integers by zero
+        out = node.meta.get("example_value")
+        return isinstance(out, torch.Tensor) and not (out.is_floating_point() or out.is_complex())
+    if short in ("lu", "put", "put_") or any(word in name for word in _FAILING_ON_VALUES):
+        return True
+    # A higher-order op's body (checkpoint, cond, a traced function): anything may be inside.
+    return any(a.op == "get_attr" and isinstance(getattr(gm, a.target, None), torch.fx.GraphModule)
+               for a in node.all_input_nodes)
 
 
 def _stored_outputs(tx, outputs):
