@@ -913,3 +913,36 @@ def test_inputs_are_copied_only_where_a_write_comes_before_an_op_that_may_fail()
     assert _graph_of(index_before_write, torch.ones(3), idx) == [None]
     assert _graph_of(write_only, torch.ones(3), idx) == [None]
     assert _graph_of(sizes_written, torch.ones(3), idx) == [None]
+
+
+class _CountingLookup(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(3))
+        self.emb = nn.Embedding(5, 2)
+
+    def forward(self, idx, items):
+        items.append(1)
+        try:
+            self.count.add_(1)        # module state changed in place before the lookup
+            y = self.emb(idx).sum()
+        except IndexError:
+            y = torch.tensor(-1.0)
+        return y
+
+
+@pytest.mark.parametrize("index", [1, 9])
+def test_module_state_written_before_a_failing_op_is_written_once(index):
+    torch.manual_seed(0)
+    eager = _CountingLookup()
+    compiled_module = _CountingLookup()
+    compiled_module.load_state_dict(eager.state_dict())
+    compiled = bytegraph.compile(compiled_module, backend="eager")
+    idx = torch.tensor([index])
+    for _ in range(2):
+        eager_items, compiled_items = [], []
+        with torch.no_grad():
+            expected = eager(idx, eager_items)
+            actual = compiled(idx, compiled_items)
+        assert torch.equal(expected, actual) and eager_items == compiled_items
+        assert torch.equal(eager.count, compiled_module.count)

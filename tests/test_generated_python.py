@@ -1026,6 +1026,8 @@ class ProgramGen:
         t = self.pick_tensor("full")
         if self.on("inplace") and t in ("x0", "x1") and not self.on("grads"):
             options.append(f"{t}.add_(1)")
+        if self.on("inplace") and self.on("tensors"):
+            options.append(f"G_MOD.steps.add_({self.int_leaf()})")     # module state changed in place
         return r.choice(options)
 
     def stmt_raise_after_effects(self):
@@ -1477,6 +1479,7 @@ class _StatefulModule(torch.nn.Module):
         self.w = torch.nn.Parameter(torch.tensor(1.5))
         self.shift = 0.25
         self.mode = "add"
+        self.register_buffer("steps", torch.zeros(2))   # written in place by effect statements
 
     def forward(self, x):
         # State changed by forward itself and read back: a counter, and a buffer registered
@@ -1570,6 +1573,7 @@ def _fresh_state(ns, variant=0):
     ns["G_OBJ"].hist = []
     ns["G_IDS"].clear()
     ns["G_LOGGED"].clear()
+    ns["G_MOD"].steps.zero_()
     _set_moving(ns, variant)
 
 
@@ -1611,7 +1615,7 @@ def _observe(ns, args):
     owners = {id(ns[k]): k for k in ("G_OBJ", "G_LIST", "G_DICT")}
     ids = sorted((owners.get(k, repr(k)), v) for k, v in ns["G_IDS"].items())
     state = (list(ns["G_LIST"]), dict(ns["G_DICT"]), ns["COUNTER"], ns["G_OBJ"].a, list(ns["G_OBJ"].hist), ids,
-             list(ns["G_LOGGED"]), ns["G_MOD"].__dict__.get("calls"))
+             list(ns["G_LOGGED"]), ns["G_MOD"].__dict__.get("calls"), ns["G_MOD"].steps.tolist())
     grads = [a.grad for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
     return state + (grads,)
 

@@ -60,7 +60,8 @@ def finish_graph(tx, ns, live_values, compile_graph):
         # out of range) come after the graph: on an exception, the wrapper runs the frame natively,
         # from inputs as they were (those the graph writes before such an op are copied first).
         exprs_of = {i.node: arg(i) for i in tx.graph.inputs}
-        written = "(" + "".join(f"{exprs_of[n]}, " for n in copied) + ")"
+        written = "(" + "".join(f"{exprs_of[n]}, " if n.op == "placeholder"
+                                else f"{ns.ref(n.meta['real_tensor'], 'state')}, " for n in copied) + ")"
         before = [f"__saved = {ns.ref(copy_inputs, 'copy_inputs')}({written})"] if copied else []
         put_back = [f"    {ns.ref(put_inputs_back, 'put_inputs_back')}({written}, __saved)"] if copied else []
         call = before + ["try:", "    " + call[0], "except Exception as __e:"] + put_back + [
@@ -84,12 +85,12 @@ _NOT_TWICE = ("rand", "dropout", "bernoulli", "multinomial", "normal", "poisson"
 
 def restart_plan(gm):
     """Can ``gm`` be run again after it raised, with nothing left of the failed run? A list of
-    the placeholders to copy before each call and put back after a failure when it can (empty
-    when it writes no input in place); None when it cannot: it writes module state, an input
-    that needs grad or an input's sizes in place, draws random numbers, switches autocast state,
-    calls a collective, or writes an input with no op after the write whose failure is expected
-    (copying inputs costs on every call, so only a graph with an op that fails on values after a
-    write, ``_FAILING_ON_VALUES``, pays it)."""
+    the placeholder and get_attr nodes to copy before each call and put back after a failure
+    when it can (empty when it writes none in place); None when it cannot: it writes a tensor
+    given to it that needs grad, or its sizes, draws random numbers, switches autocast state,
+    calls a collective, or writes a tensor given to it with no op after the write whose failure
+    is expected (copying costs on every call, so only a graph with an op that fails on values
+    after a write, ``_FAILING_ON_VALUES``, pays it)."""
     given = [n for n in gm.graph.nodes if n.op in ("placeholder", "get_attr")]
     copied = {}
     failing_after_write = False
@@ -113,7 +114,8 @@ def restart_plan(gm):
             if m is not gm:
                 return None
             for n in _written_inputs(gm, node, given):
-                if n is None or n.op != "placeholder" or name.split(".")[-1] in _METADATA_WRITERS:
+                if n is None or name.split(".")[-1] in _METADATA_WRITERS \
+                        or n.op == "get_attr" and not isinstance(n.meta.get("real_tensor"), torch.Tensor):
                     return None
                 fake = n.meta.get("example_value")
                 if not isinstance(fake, torch.Tensor) or fake.requires_grad:
