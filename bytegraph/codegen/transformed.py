@@ -88,12 +88,12 @@ def restart_plan(gm):
     the placeholder and get_attr nodes to copy before each call and put back after a failure
     when it can (empty when it writes none in place); None when it cannot: it writes a tensor
     given to it that needs grad, or its sizes, draws random numbers, switches autocast state,
-    calls a collective, or writes a tensor given to it with no op after the write whose failure
-    is expected (copying costs on every call, so only a graph with an op that fails on values
-    after a write, ``_FAILING_ON_VALUES``, pays it)."""
+    calls a collective, or writes a tensor given to it and has no op whose failure is expected
+    (copying costs on every call: only a graph with an op that fails on values,
+    ``_FAILING_ON_VALUES``, pays it; an op before the write fails as well as one after it)."""
     given = [n for n in gm.graph.nodes if n.op in ("placeholder", "get_attr")]
     copied = {}
-    failing_after_write = False
+    may_fail = False
     for m in gm.modules():
         if not isinstance(m, torch.fx.GraphModule):
             continue
@@ -107,8 +107,8 @@ def restart_plan(gm):
             name = _target_name(node.target)
             if any(word in name for word in _NOT_TWICE) or "distributed" in name or "c10d" in name:
                 return None
-            if m is gm and copied and _may_fail_on_values(node, name, gm):
-                failing_after_write = True
+            if m is gm and not may_fail:
+                may_fail = _may_fail_on_values(node, name, gm)
             if not writes(node):
                 continue
             if m is not gm:
@@ -121,7 +121,7 @@ def restart_plan(gm):
                 if not isinstance(fake, torch.Tensor) or fake.requires_grad:
                     return None
                 copied[n] = True
-    if copied and not failing_after_write:
+    if copied and not may_fail:
         return None
     return list(copied)
 
