@@ -946,3 +946,11 @@ def test_module_state_written_before_a_failing_op_is_written_once(index):
             actual = compiled(idx, compiled_items)
         assert torch.equal(expected, actual) and eager_items == compiled_items
         assert torch.equal(eager.count, compiled_module.count)
+
+
+def test_batch_norm_statistics_are_not_copied_on_every_call():
+    bn = nn.BatchNorm1d(3)
+
+    def step(x, target):
+        return nn.functional.cross_entropy(bn(x), target)
+    assert _graph_of(step, torch.randn(4, 3), torch.tensor([0, 1, 2, 0])) == [None]

@@ -9,7 +9,7 @@ import linecache
 import torch
 import torch.fx as fx
 
-from ..backends._common import writes, written
+from ..backends._common import _STATS_UPDATING, writes, written
 from ..backends.regions import is_state_node
 from ..guards import builder as g
 from ..errors import Unsupported
@@ -87,8 +87,9 @@ def restart_plan(gm):
     """Can ``gm`` be run again after it raised, with nothing left of the failed run? A list of
     the placeholder and get_attr nodes to copy before each call and put back after a failure
     when it can (empty when it writes none in place); None when it cannot: it writes a tensor
-    given to it that needs grad, or its sizes, draws random numbers, switches autocast state,
-    calls a collective, or writes a tensor given to it and has no op whose failure is expected
+    given to it that needs grad, or its sizes, or running statistics (batch norm in training),
+    draws random numbers, switches autocast state, calls a collective, or writes a tensor given
+    to it and has no op whose failure is expected
     (copying costs on every call: only a graph with an op that fails on values,
     ``_FAILING_ON_VALUES``, pays it; an op before the write fails as well as one after it)."""
     given = [n for n in gm.graph.nodes if n.op in ("placeholder", "get_attr")]
@@ -111,7 +112,9 @@ def restart_plan(gm):
                 may_fail = _may_fail_on_values(node, name, gm)
             if not writes(node):
                 continue
-            if m is not gm:
+            if m is not gm or getattr(node.target, "__name__", None) in _STATS_UPDATING:
+                # (a normalization layer's running statistics: a copy of every layer's on every
+                # training step would cost a CNN ~5 µs a tensor; such a graph is not rerun)
                 return None
             for n in _written_inputs(gm, node, given):
                 if n is None or name.split(".")[-1] in _METADATA_WRITERS \
