@@ -158,6 +158,11 @@ def quiet_torch_imports():
 _STATS_UPDATING = {"batch_norm", "instance_norm"}
 
 
+def updates_running_stats(node):
+    """Does ``node`` update a normalization layer's running statistics (in training)?"""
+    return getattr(node.target, "__name__", None) in _STATS_UPDATING
+
+
 def writes(node):
     """May the graph node ``node`` write a tensor in place (``x.add_(y)``, ``x[i] = v``,
     ``inplace=True``, ``out=``, running statistics)?"""
@@ -166,7 +171,7 @@ def writes(node):
     if "out" in node.kwargs or node.kwargs.get("inplace") is True:
         return True
     target = node.target
-    if getattr(target, "__name__", None) in _STATS_UPDATING:
+    if updates_running_stats(node):
         return True
     if target is operator.setitem or is_inplace_operator(target):
         return True

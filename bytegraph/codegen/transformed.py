@@ -9,7 +9,7 @@ import linecache
 import torch
 import torch.fx as fx
 
-from ..backends._common import _STATS_UPDATING, writes, written
+from ..backends._common import updates_running_stats, writes, written
 from ..backends.regions import is_state_node
 from ..guards import builder as g
 from ..errors import Unsupported
@@ -60,10 +60,10 @@ def finish_graph(tx, ns, live_values, compile_graph):
         # out of range) come after the graph: on an exception, the wrapper runs the frame natively,
         # from inputs as they were (those the graph writes before such an op are copied first).
         exprs_of = {i.node: arg(i) for i in tx.graph.inputs}
-        written = "(" + "".join(f"{exprs_of[n]}, " if n.op == "placeholder"
+        tensors = "(" + "".join(f"{exprs_of[n]}, " if n.op == "placeholder"
                                 else f"{ns.ref(n.meta['real_tensor'], 'state')}, " for n in copied) + ")"
-        before = [f"__saved = {ns.ref(copy_inputs, 'copy_inputs')}({written})"] if copied else []
-        put_back = [f"    {ns.ref(put_inputs_back, 'put_inputs_back')}({written}, __saved)"] if copied else []
+        before = [f"__saved = {ns.ref(copy_inputs, 'copy_inputs')}({tensors})"] if copied else []
+        put_back = [f"    {ns.ref(put_inputs_back, 'put_inputs_back')}({tensors}, __saved)"] if copied else []
         call = before + ["try:", "    " + call[0], "except Exception as __e:"] + put_back + [
                 # (a grad-mode block the graph was inside when it failed is left)
                 f"    {ns.ref(torch._C._set_grad_enabled, 'set_grad_enabled')}({tx.entry_grad_mode!r})",
@@ -84,14 +84,15 @@ _NOT_TWICE = ("rand", "dropout", "bernoulli", "multinomial", "normal", "poisson"
 
 
 def restart_plan(gm):
-    """Can ``gm`` be run again after it raised, with nothing left of the failed run? A list of
-    the placeholder and get_attr nodes to copy before each call and put back after a failure
-    when it can (empty when it writes none in place); None when it cannot: it writes a tensor
-    given to it that needs grad, or its sizes, or running statistics (batch norm in training),
-    draws random numbers, switches autocast state, calls a collective, or writes a tensor given
-    to it and has no op whose failure is expected
-    (copying costs on every call: only a graph with an op that fails on values,
-    ``_FAILING_ON_VALUES``, pays it; an op before the write fails as well as one after it)."""
+    """Can ``gm`` be run again after it raised, with nothing left of the failed run?
+
+    A list of the placeholder and get_attr nodes to copy before each call and put back after a
+    failure when it can (empty when it writes none of them in place). None when it cannot: it
+    writes such a tensor that needs grad, its sizes, or running statistics (batch norm in
+    training); draws random numbers, switches autocast state or calls a collective; or writes
+    such a tensor and has no op expected to fail (``_may_fail_on_values``; an op before the
+    write counts as well as one after it). Copying costs on every call, so only a graph with
+    such an op pays it (an optimizer step writes every parameter and has none)."""
     given = [n for n in gm.graph.nodes if n.op in ("placeholder", "get_attr")]
     copied = {}
     may_fail = False
@@ -112,12 +113,12 @@ def restart_plan(gm):
                 may_fail = _may_fail_on_values(node, name, gm)
             if not writes(node):
                 continue
-            if m is not gm or getattr(node.target, "__name__", None) in _STATS_UPDATING:
+            if m is not gm or updates_running_stats(node):
                 # (a normalization layer's running statistics: a copy of every layer's on every
                 # training step would cost a CNN ~5 µs a tensor; such a graph is not rerun)
                 return None
             for n in _written_inputs(gm, node, given):
-                if n is None or name.split(".")[-1] in _METADATA_WRITERS \
+                if n is None or name.rsplit(".", 1)[-1] in _METADATA_WRITERS \
                         or n.op == "get_attr" and not isinstance(n.meta.get("real_tensor"), torch.Tensor):
                     return None
                 fake = n.meta.get("example_value")
@@ -162,6 +163,8 @@ _METADATA_WRITERS = {"resize_", "resize_as_", "set_", "as_strided_", "t_", "tran
 
 
 def _may_fail_on_values(node, name, gm):
+    """May ``node`` (its target's lower-case ``name``) raise for some values of tensors whose
+    shapes and dtypes the trace has checked?"""
     short = name.rsplit(".", 1)[-1]
     if short in ("getitem", "setitem"):     # with a tensor of indices
         index = []
