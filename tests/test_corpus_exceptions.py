@@ -954,3 +954,41 @@ def test_batch_norm_statistics_are_not_copied_on_every_call():
     def step(x, target):
         return nn.functional.cross_entropy(bn(x), target)
     assert _graph_of(step, torch.randn(4, 3), torch.tensor([0, 1, 2, 0])) == [None]
+
+
+class _LookupWithDropout(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(5, 4)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, idx, items):
+        items.append(len(items))
+        try:
+            y = self.drop(self.emb(idx)).sum()
+        except IndexError:
+            y = torch.tensor(-1.0)
+        return y
+
+
+@pytest.mark.parametrize("index", [1, 9])
+def test_a_dropout_that_draws_nothing_does_not_stop_a_rerun(index):
+    # In eval mode (or with p=0) dropout draws no random numbers: the graph can run again.
+    torch.manual_seed(0)
+    module = _LookupWithDropout().eval()
+    compiled = bytegraph.compile(module, backend="eager")
+    idx = torch.tensor([index])
+    for _ in range(2):
+        eager_items, compiled_items = [], []
+        assert torch.equal(module(idx, eager_items), compiled(idx, compiled_items))
+        assert eager_items == compiled_items
+
+
+def test_a_graph_drawing_random_numbers_is_not_rerun():
+    drop = nn.Dropout(0.5)
+
+    def step(x, idx):
+        return drop(x)[idx]
+    assert _graph_of(step, torch.ones(4), torch.tensor([1])) == [None]
+    drop.eval()
+    assert _graph_of(step, torch.ones(4), torch.tensor([1])) == [[]]

@@ -158,6 +158,31 @@ def quiet_torch_imports():
 _STATS_UPDATING = {"batch_norm", "instance_norm"}
 
 
+_RANDOM = ("rand", "normal", "bernoulli", "dropout", "multinomial", "uniform", "exponential", "poisson",
+           "cauchy", "geometric", "log_normal", "random")
+
+
+def is_random(n):
+    """Is ``n`` an op that may draw random numbers (by its name)?"""
+    name = n.target if n.op == "call_method" else getattr(n.target, "__name__", "")
+    return isinstance(name, str) and any(word in name for word in _RANDOM)
+
+
+def draws_random(n):
+    """Does ``n`` draw random numbers? A dropout of probability 0 or outside training does not."""
+    if n.target is torch.nn.functional.scaled_dot_product_attention:
+        p = n.kwargs.get("dropout_p", n.args[4] if len(n.args) > 4 else 0.0)
+        return not (type(p) in (int, float) and p == 0)
+    if not is_random(n):
+        return False
+    name = n.target if n.op == "call_method" else getattr(n.target, "__name__", "")
+    if "dropout" in name and n.op == "call_function":
+        p = n.kwargs.get("p", n.args[1] if len(n.args) > 1 else 0.5)
+        training = n.kwargs.get("training", n.args[2] if len(n.args) > 2 else True)
+        return not (training is False or (type(p) in (int, float) and p == 0))
+    return True
+
+
 def updates_running_stats(node):
     """Does ``node`` update a normalization layer's running statistics (in training)?"""
     return getattr(node.target, "__name__", None) in _STATS_UPDATING

@@ -28,7 +28,7 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..config import config
-from ._common import writes, written
+from ._common import is_random, writes, written
 from .regions import is_state_node, meta_key, part_caller
 
 # Fewer lanes than this: compiled whole (nothing to gain).
@@ -53,15 +53,6 @@ def _nodes_in(a):
     found = []
     fx.node.map_arg(a, found.append)
     return found
-
-
-_RANDOM = ("rand", "normal", "bernoulli", "dropout", "multinomial", "uniform", "exponential", "poisson",
-           "cauchy", "geometric", "log_normal", "random")
-
-
-def _is_random(n):
-    name = n.target if n.op == "call_method" else getattr(n.target, "__name__", "")
-    return isinstance(name, str) and any(word in name for word in _RANDOM)
 
 
 def _all(length):
@@ -102,7 +93,7 @@ class _Lanes:
                     if isinstance(item, fx.Node) and item.op in ("placeholder", "get_attr"):
                         if lane.setdefault(item, (length_of[n], i)) != (length_of[n], i):
                             return         # one tensor in two lanes
-        if any(n.op in ("call_function", "call_method") and _is_random(n) for n in nodes):
+        if any(n.op in ("call_function", "call_method") and is_random(n) for n in nodes):
             return           # chunks would draw random numbers in another order
         for n in nodes:
             if n.op in ("placeholder", "get_attr"):

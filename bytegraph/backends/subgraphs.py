@@ -26,8 +26,7 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..config import config
-from ._common import writes
-from .lanes import _is_random
+from ._common import draws_random, writes
 from .regions import _GlobalStates, _flat, _parts, _Part, _static, is_state_node
 
 SUBGRAPH_PREFIX = "bytegraph_block_"
@@ -37,21 +36,6 @@ def _storage(value):
     return StorageWeakRef(value.untyped_storage()) if isinstance(value, torch.Tensor) else None
 
 
-def _draws_random(n):
-    """Does ``n`` draw random numbers? A dropout of probability 0 or outside training does not."""
-    if n.target is torch.nn.functional.scaled_dot_product_attention:
-        p = n.kwargs.get("dropout_p", n.args[4] if len(n.args) > 4 else 0.0)
-        return not (type(p) in (int, float) and p == 0)
-    if not _is_random(n):
-        return False
-    name = n.target if n.op == "call_method" else getattr(n.target, "__name__", "")
-    if "dropout" in name and n.op == "call_function":
-        p = n.kwargs.get("p", n.args[1] if len(n.args) > 1 else 0.5)
-        training = n.kwargs.get("training", n.args[2] if len(n.args) > 2 else True)
-        return not (training is False or (type(p) in (int, float) and p == 0))
-    return True
-
-
 def _shareable(part):
     """Can a shared subgraph stand in for ``part`` exactly?"""
     if part.state_nodes or not part.outputs:
@@ -59,7 +43,7 @@ def _shareable(part):
     for n in part.nodes:
         if n.op == "get_attr":
             continue
-        if n.op not in ("call_function", "call_method") or writes(n) or _draws_random(n):
+        if n.op not in ("call_function", "call_method") or writes(n) or draws_random(n):
             return False
         if not all(_static(v) for v in _flat(n.meta.get("example_value")) if v is not None):
             return False

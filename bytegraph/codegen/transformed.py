@@ -9,7 +9,7 @@ import linecache
 import torch
 import torch.fx as fx
 
-from ..backends._common import updates_running_stats, writes, written
+from ..backends._common import draws_random, is_random, updates_running_stats, writes, written
 from ..backends.regions import is_state_node
 from ..guards import builder as g
 from ..errors import Unsupported
@@ -75,12 +75,11 @@ def finish_graph(tx, ns, live_values, compile_graph):
     return lines + call + state_lines + write_back, exprs, gm
 
 
-# Graph nodes that must not run twice: random numbers (the generator moves on), autocast
-# switches, collectives (other processes wait for each one). (Grad mode is set back to the
-# frame's on entry before it runs again.)
-_NOT_TWICE = ("rand", "dropout", "bernoulli", "multinomial", "normal", "poisson", "uniform", "exponential",
-              "cauchy", "geometric", "gumbel", "seed", "rng", "autocast", "all_reduce", "all_gather",
-              "reduce_scatter", "broadcast", "all_to_all", "wait_tensor", "barrier")
+# Graph nodes that must not run twice (besides those drawing random numbers, ``draws_random``:
+# the generator moves on): autocast switches, seeding, collectives (other processes wait for each
+# one). (Grad mode is set back to the frame's on entry before it runs again.)
+_NOT_TWICE = ("seed", "rng", "autocast", "all_reduce", "all_gather", "reduce_scatter", "broadcast",
+              "all_to_all", "wait_tensor", "barrier")
 
 
 def restart_plan(gm):
@@ -96,6 +95,7 @@ def restart_plan(gm):
     given = [n for n in gm.graph.nodes if n.op in ("placeholder", "get_attr")]
     copied = {}
     may_fail = False
+    seen = {}     # (op, target) -> _traits (a graph calls a few targets many times)
     for m in gm.modules():
         if not isinstance(m, torch.fx.GraphModule):
             continue
@@ -106,8 +106,14 @@ def restart_plan(gm):
                 continue
             if is_state_node(node) and node.target is not torch._C._set_grad_enabled:
                 return None
-            name = _target_name(node.target)
-            if any(word in name for word in _NOT_TWICE) or "distributed" in name or "c10d" in name:
+            try:
+                traits = seen.get((node.op, node.target))
+                if traits is None:
+                    traits = seen[node.op, node.target] = _traits(node)
+            except TypeError:    # an unhashable target
+                traits = _traits(node)
+            name, never_twice, maybe_random = traits
+            if never_twice or maybe_random and draws_random(node):
                 return None
             if m is gm and not may_fail:
                 may_fail = _may_fail_on_values(node, name, gm)
@@ -128,6 +134,15 @@ def restart_plan(gm):
     if copied and not may_fail:
         return None
     return list(copied)
+
+
+def _traits(node):
+    """What ``restart_plan`` needs of a node that depends on its target alone: (its lower-case
+    name, must not run twice, may draw random numbers)."""
+    name = _target_name(node.target)
+    never_twice = any(word in name for word in _NOT_TWICE) or "distributed" in name or "c10d" in name
+    maybe_random = is_random(node) or node.target is torch.nn.functional.scaled_dot_product_attention
+    return name, never_twice, maybe_random
 
 
 def _target_name(target):
