@@ -381,3 +381,46 @@ class Pyramid(nn.Module):
 
 def test_blocks_of_one_class_with_other_submodules_are_not_copied_from_each_other():
     same_either_way(Pyramid, seq_inputs)
+
+
+
+CALLS = 0
+
+
+class _CountsCalls(nn.Module):
+    """A block whose forward stores to its own attribute on every call."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        self.calls = self.__dict__.get("calls", 0) + 1
+        return self.lin(x) + self.calls
+
+
+class _CountsCallsGlobally(_CountsCalls):
+    def forward(self, x):
+        global CALLS
+        CALLS += 1
+        return self.lin(x) + CALLS
+
+
+@pytest.mark.parametrize("cls", [_CountsCalls, _CountsCallsGlobally])
+def test_a_block_storing_again_to_what_an_earlier_call_stored_is_traced_each_time(cls):
+    # From the second call on, each call overwrites the store the one before made (no new key
+    # among the pending stores), yet a copy of one would drop the next call's store.
+    global CALLS
+    shared = cls()
+
+    def run(x):
+        for _ in range(3):
+            x = shared(x)
+        return x
+    x = torch.randn(2, 4)
+    CALLS, shared.calls = 0, 0
+    expected = run(x)
+    expected_state = (CALLS, shared.calls)
+    CALLS, shared.calls = 0, 0
+    actual = bytegraph.compile(run, backend="eager")(x)
+    assert torch.allclose(expected, actual) and (CALLS, shared.calls) == expected_state

@@ -19,6 +19,24 @@ INSTRUCTION_BUDGET = 200_000
 MAX_INLINE_DEPTH = 48
 
 
+class Stores(dict):
+    """Pending stores keyed by what they change; ``made`` counts every store put in, so code
+    that stores again to an attribute, global or cell stored earlier in the trace still shows
+    as having changed something (``effect_count``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.made = 0
+
+    def __setitem__(self, key, value):
+        self.made += 1
+        super().__setitem__(key, value)
+
+    def pop(self, *args):
+        self.made += 1
+        return super().pop(*args)
+
+
 class TraceContext:
     def __init__(self, options, fn_globals, auto_dynamic=None, auto_dynamic_scalars=None):
         self.options = options
@@ -36,11 +54,11 @@ class TraceContext:
         self.outer_handled = []        # handled exceptions of the callers of running generators
         # Side effects on state that exists before the call: the trace works on symbolic
         # copies, the transformed function does them for real after the graph (codegen).
-        self.attr_stores = {}          # (id(obj), name) -> (ObjectValue, name, value): replayed after the graph
+        self.attr_stores = Stores()    # (id(obj), name) -> (ObjectValue, name, value): replayed after the graph
         self.mutated = {}              # id(value) -> List/Dict/ConstantValue(set) read from a source and changed
         self.existing_containers = {}  # id(value) -> value: containers wrapped from real objects
-        self.global_stores = {}        # (id(globals dict), name) -> (target source, value or DELETED)
-        self.cell_stores = {}          # id(real cell) -> (RealCell, value)
+        self.global_stores = Stores()  # (id(globals dict), name) -> (target source, value or DELETED)
+        self.cell_stores = Stores()    # id(real cell) -> (RealCell, value)
         self.item_stores = {}          # (id(mapping), key) -> (ObjectValue, key, value or DELETED): os.environ
         self.effects_recorded = 0      # changes to state outside the trace so far (all kinds above but attrs)
         self.entry_grad_mode = torch.is_grad_enabled()
@@ -86,7 +104,7 @@ class TraceContext:
 
     def effect_count(self):
         """How many side effects the trace has recorded so far (to tell whether code made any)."""
-        return len(self.attr_stores) + self.effects_recorded
+        return self.attr_stores.made + self.global_stores.made + self.cell_stores.made + self.effects_recorded
 
     def is_trusted_source(self, source):
         return False

@@ -161,7 +161,7 @@ def _changed(snapshot):
 
 
 def _effect_marks(tx):
-    return (len(tx.attr_stores), tx.effects_recorded, len(tx.global_stores), len(tx.cell_stores))
+    return tx.effect_count()
 
 
 def trace_body(frame, sub, fn, args, kwargs, what, grad_mode=None, own=()):
