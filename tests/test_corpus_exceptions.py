@@ -990,3 +990,7 @@ def test_a_graph_drawing_random_numbers_is_not_rerun():
     assert _graph_of(step, torch.ones(4), torch.tensor([1])) == [None]
     drop.eval()
     assert _graph_of(step, torch.ones(4), torch.tensor([1])) == [[]]
+
+    def gumbel(x, idx):
+        return nn.functional.gumbel_softmax(x)[idx]
+    assert _graph_of(gumbel, torch.ones(4), torch.tensor([1])) == [None]

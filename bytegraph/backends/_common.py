@@ -159,7 +159,7 @@ _STATS_UPDATING = {"batch_norm", "instance_norm"}
 
 
 _RANDOM = ("rand", "normal", "bernoulli", "dropout", "multinomial", "uniform", "exponential", "poisson",
-           "cauchy", "geometric", "log_normal", "random")
+           "cauchy", "geometric", "log_normal", "random", "gumbel")
 
 
 def is_random(n):

@@ -92,7 +92,7 @@ def restart_plan(gm):
     such a tensor and has no op expected to fail (``_may_fail_on_values``; an op before the
     write counts as well as one after it). Copying costs on every call, so only a graph with
     such an op pays it (an optimizer step writes every parameter and has none)."""
-    given = [n for n in gm.graph.nodes if n.op in ("placeholder", "get_attr")]
+    given = None    # storage -> the placeholder and get_attr nodes over it (at the first write)
     copied = {}
     may_fail = False
     seen = {}     # (op, target) -> _traits (a graph calls a few targets many times)
@@ -123,7 +123,9 @@ def restart_plan(gm):
                 # (a normalization layer's running statistics: a copy of every layer's on every
                 # training step would cost a CNN ~5 µs a tensor; such a graph is not rerun)
                 return None
-            for n in _written_inputs(gm, node, given):
+            if given is None:
+                given = _given_by_storage(gm)
+            for n in _written_inputs(node, given):
                 if n is None or name.rsplit(".", 1)[-1] in _METADATA_WRITERS \
                         or n.op == "get_attr" and not isinstance(n.meta.get("real_tensor"), torch.Tensor):
                     return None
@@ -150,20 +152,24 @@ def _target_name(target):
             else f"{getattr(target, '__module__', '')}.{getattr(target, '__name__', '')}").lower()
 
 
-def _written_inputs(gm, node, given):
-    """The placeholders and get_attr nodes over whose storage ``node`` writes; None for a
-    written value whose storage is unknown."""
-    by_storage = {}
-    for p in given:
-        fake = p.meta.get("example_value")
+def _given_by_storage(gm):
+    given = {}
+    for n in gm.graph.nodes:
+        fake = n.meta.get("example_value") if n.op in ("placeholder", "get_attr") else None
         if isinstance(fake, torch.Tensor):
-            by_storage.setdefault(fake.untyped_storage()._cdata, []).append(p)
+            given.setdefault(fake.untyped_storage()._cdata, []).append(n)
+    return given
+
+
+def _written_inputs(node, given):
+    """The nodes of ``given`` (storage -> placeholder and get_attr nodes) over whose storage
+    ``node`` writes; None for a written value whose storage is unknown."""
     found = []
     for arg in written(node):
         fake = arg.meta.get("example_value")
         if not isinstance(fake, torch.Tensor):
             return [None]
-        found += by_storage.get(fake.untyped_storage()._cdata, [])
+        found += given.get(fake.untyped_storage()._cdata, [])
     return found
 
 
