@@ -114,7 +114,7 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
     live_values += [frame.cells[n].contents for n in code.co_cellvars
                     if isinstance(frame.cells.get(n), CellValue) and frame.cells[n].contents is not None]
     lines, tensor_exprs, gm = finish_graph(tx, ns, live_values + side_effect_values(tx), compile_graph)
-    rb = Rebuilder(ns, tensor_exprs)
+    rb = Rebuilder(ns, tensor_exprs, tx.guards)
     # Side effects traced before the break happen now, before the native step.
     rb.lines.extend(replay_side_effects(tx, rb, [v for v in live_values
                                                  if v is not NULL and not isinstance(v, ExitValue)]))

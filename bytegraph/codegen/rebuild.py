@@ -19,6 +19,8 @@ from ..bytecode.resume import NULL_SLOT, resume_code
 from ..errors import Unsupported
 from ..bytecode.resume import CLOSURE_PARAM
 from ..null import NULL
+from ..datamodel import class_attr
+from ..guards.builder import HAS_ATTR
 from ..guards.sources import AttrSource, ClosureSource, ObjectSource
 from ..trace.exceptions import rebuild_expr, values_inside
 from ..trace.frame import PendingLocal
@@ -58,9 +60,10 @@ class Namespace:
 class Rebuilder:
     """Emits Python that rebuilds values, each symbolic container exactly once."""
 
-    def __init__(self, ns, tensor_exprs):
+    def __init__(self, ns, tensor_exprs, guards=None):
         self.ns = ns
         self.tensor_exprs = tensor_exprs
+        self.guards = guards   # where a value re-read through its source adds what that read needs
         self._mutable_copies = {}   # id(real set/deque/Counter) -> its copy, made once
         self.lines = []
         self._done = {}
@@ -154,6 +157,10 @@ class Rebuilder:
             return f"{self.expr(v.array)}.{v.name}"
         if isinstance(v, ConstantValue):
             if v.source is not None:
+                if v._pending_guard is not None and isinstance(v.source, AttrSource) and self.guards is not None:
+                    # A constant passed along unguarded is re-read here: whatever its value now,
+                    # the attribute must still be there (`del obj.attr` between calls).
+                    self.guards.add(HAS_ATTR, v.source.base, v.source.attr)
                 return self.ns.source(v.source)
             c = v.value
             if c is None or isinstance(c, (bool, str)) or type(c) is int:
@@ -446,8 +453,12 @@ def new_object(cls, attrs, dict_items=None):
         store = next(b for b in cls.__mro__ if b.__module__ in ("builtins", "collections")).__setitem__
         for key, value in dict_items:
             store(obj, key, value)
+    own = getattr(obj, "__dict__", None)
     for name, value in attrs.items():
-        object.__setattr__(obj, name, value)
+        if own is not None and not isinstance(class_attr(cls, name), types.MemberDescriptorType):
+            own[name] = value   # the instance's own entry, past any descriptor of the class
+        else:
+            object.__setattr__(obj, name, value)   # a __slots__ member
     return obj
 
 

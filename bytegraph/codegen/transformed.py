@@ -5,6 +5,7 @@ It is generated Python source with a ``linecache`` entry, so tracebacks,
 """
 import ast
 import linecache
+import types
 
 import torch
 import torch.fx as fx
@@ -17,7 +18,7 @@ from ..guards.sources import AttrSource, ClosureSource, GlobalSource
 from ..debug.counting import count_ops
 from ..residual import copy_inputs, graph_raised, put_inputs_back
 from ..trace.context import DELETED
-from ..values.base import ConstantValue, DictValue, IteratorValue, ListValue, TensorValue, holds_values
+from ..values.base import ConstantValue, DictValue, IteratorValue, ListValue, ObjectValue, TensorValue, holds_values
 from ..values import arrays
 from .rebuild import Namespace, Rebuilder, array_input_name, graph_value_exprs, tensors_in
 
@@ -384,6 +385,14 @@ def emit(name, params, body, ns, stands_for=None):
     return fn, src
 
 
+def _setattr_traced(obj):
+    """Is ``obj`` an object whose class's Python ``__setattr__`` the trace runs on stores
+    (``trace.attrs.set_attr``; modules' stores are replayed through their hook instead)?"""
+    if not isinstance(obj, ObjectValue) or isinstance(obj.obj, (torch.nn.Module, type, types.ModuleType)):
+        return False
+    return isinstance(type(obj.obj).__setattr__, types.FunctionType)
+
+
 def replay_side_effects(tx, rb, live=()):
     """Lines doing, for real, the side effects the trace recorded.
 
@@ -444,7 +453,14 @@ def replay_side_effects(tx, rb, live=()):
         else:
             lines += [f"{target}.clear()", f"{target}.update({contents[key]})"]
     for obj, name, value in tx.attr_stores.values():
-        lines.append(f"del {rb.expr(obj)}.{name}" if value is DELETED else f"{rb.expr(obj)}.{name} = {rb.expr(value)}")
+        if value is DELETED:
+            lines.append(f"del {rb.expr(obj)}.{name}")
+        elif _setattr_traced(obj):
+            # The trace ran the class's own __setattr__ and recorded the plain store it ended
+            # with: do that store, not the hook a second time.
+            lines.append(f"{ns.ref(object.__setattr__, 'object_setattr')}({rb.expr(obj)}, {name!r}, {rb.expr(value)})")
+        else:
+            lines.append(f"{rb.expr(obj)}.{name} = {rb.expr(value)}")
     for source, value in tx.global_stores.values():
         if value is DELETED:
             # The trace checked that the name exists (it may have been made by this trace).
@@ -494,7 +510,7 @@ def generate(name, params, tx, returned, fn_globals, compile_graph):
     """(function, source, graph or None) for a frame traced to its return."""
     ns = Namespace(fn_globals)
     lines, exprs, gm = finish_graph(tx, ns, [returned] + side_effect_values(tx), compile_graph)
-    rb = Rebuilder(ns, exprs)
+    rb = Rebuilder(ns, exprs, tx.guards)
     effects = replay_side_effects(tx, rb, [returned])
     result = rb.expr(returned)
     run, src = emit(name, params, lines + effects + rb.lines + [f"return {result}"], ns)

@@ -15,13 +15,12 @@ import types
 import torch
 
 from .. import control
+from ..datamodel import is_callable_type
 from ..errors import Unsupported
 from ..guards import builder as g
 from ..guards.sources import AttrSource, ModuleEntrySource, RawAttrSource
-from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, DictViewValue,
-                           FunctionValue, IteratorValue, ListValue, MethodOfValue,
-                           ObjectValue, PrivateObjectValue, SuperValue, SymValue, TensorMethodValue,
-                           TensorValue, TracedId, TupleValue, UserObjectValue, holds_values)
+from ..values.base import (BoundMethodValue, CellValue, ConstantValue, ContextManagerValue, DictValue, DictViewValue,
+                           IteratorValue, ListValue, ObjectValue, PrivateObjectValue, SuperValue, SymValue, TensorValue, TracedId, TupleValue, UserObjectValue, holds_values)
 from ..values.arrays import NdarrayValue
 from ..values.builder import wrap
 from . import attrs, distributed, generators, numpy_calls, operators, ops, with_blocks
@@ -239,10 +238,15 @@ def _slice(frame, args, kwargs):
 
 @builtin(callable)
 def _callable(frame, args, kwargs):
+    """``callable(v)``: whether ``type(v)`` has ``__call__``, as CPython asks it."""
     v = args[0]
-    if isinstance(v, (ObjectValue, ConstantValue)):
-        return ConstantValue(callable(v.obj if isinstance(v, ObjectValue) else v.value))
-    return ConstantValue(isinstance(v, (FunctionValue, BoundMethodValue, TensorMethodValue, MethodOfValue)))
+    if isinstance(v, ObjectValue):
+        return ConstantValue(callable(v.obj))
+    if isinstance(v, ConstantValue):
+        return ConstantValue(callable(v.value))
+    if isinstance(v, ContextManagerValue):
+        raise Unsupported("callable() of a torch context manager made in the compiled function is not supported yet")
+    return ConstantValue(is_callable_type(operators.python_type(v)))
 
 
 def _min_max(fn):

@@ -16,6 +16,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from .. import control
+from ..datamodel import class_lookup
 from ..errors import Unsupported
 from ..guards.builder import DICT_KEYS, GLOBAL_HOOKS, ID_MATCH, NO_HOOKS, NOT_OWN_ATTR
 from ..guards.sources import AttrSource, DefaultSource, ItemSource, MappingGetSource, WeakRefCallSource
@@ -342,7 +343,7 @@ def _trace_forward(frame, mv, args, kwargs):
     if mv.source is not None:
         # `m.forward = ...` later (a monkeypatch, a library's hook) must not find this trace.
         frame.tx.guards.add(NOT_OWN_ATTR, mv.source, "forward")
-    fwd, _ = protocols._lookup_static(type(m), "forward")
+    fwd, _ = class_lookup(type(m), "forward")
     src = protocols.guard_class_method(frame.tx, type(m), "forward", fwd)
     if fwd is torch.nn.Module.forward:
         raise Unsupported(f"{type(m).__name__} has no forward()")

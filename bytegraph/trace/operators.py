@@ -5,6 +5,7 @@ import operator
 import numpy as np
 import torch
 
+from ..datamodel import class_lookup
 from ..errors import Unsupported
 from ..null import NULL
 from ..guards.builder import NOT_ALIAS
@@ -614,7 +615,7 @@ def text_of(frame, v, fn):
             method = protocols.python_special_method(v, name)
             if method is not None:
                 return _checked_text(frame, protocols.call_special_method(frame, v, name, []), name)
-            if protocols._lookup_static(cls, name)[0] is not getattr(object, name):
+            if class_lookup(cls, name)[0] is not getattr(object, name):
                 break   # a C method other than object's: not known here
         raise Unsupported(f"{fn.__name__}() of {attrs.describe(v)} (no __str__/__repr__ written in Python; "
                           "the default one shows its address) is not supported yet")
@@ -656,7 +657,7 @@ def format_of(frame, v, spec):
     if method is not None:
         return _checked_text(frame, protocols.call_special_method(frame, v, "__format__", [spec]), "__format__")
     cls = python_type(v) if isinstance(v, (UserObjectValue, ObjectValue, ExceptionValue)) else None
-    if cls is not None and protocols._lookup_static(cls, "__format__")[0] is object.__format__:
+    if cls is not None and class_lookup(cls, "__format__")[0] is object.__format__:
         text = as_constant(spec)
         if text:
             raise_new(TypeError, f"unsupported format string passed to {cls.__name__}.__format__")
