@@ -83,7 +83,7 @@ class Meta(type):
     tag = "meta"
 
     def __instancecheck__(cls, inst):
-        return hasattr(inst, "a")
+        return hasattr(inst, "gx") or getattr(inst, "s1", 0) == 1
 
 
 class HasLen(abc.ABC):
@@ -184,18 +184,28 @@ class _Gen:
     def plain_classes(self):
         r = self.r
         self.meta = r.random() < 0.25
-        self.slots = r.random() < 0.2
+        # __slots__ on A: with a __dict__ too ("dict"), or none at all on A and B ("only"),
+        # where instances can hold nothing but the slot members.
+        self.slots = r.choice([None, None, None, "dict", "only"])
         for cls, base in (("A", "object"), ("B", "A")):
             header = f"class {cls}({base}"
             if cls == "A" and self.meta:
                 header += ", metaclass=Meta"
             self.emit(header + "):")
             if cls == "A" and self.slots:
-                self.emit("__slots__ = ('s1', '__dict__')", 1)
+                self.emit("__slots__ = ('s1', '__dict__')" if self.slots == "dict" else "__slots__ = ('s1', 's2')", 1)
+            if cls == "B" and self.slots == "only":
+                self.emit("__slots__ = ('s3',)", 1)
             for name in NAMES:
                 if name == "gx":
                     continue
-                self.class_member(cls, name, r.choice(CLASS_KINDS), r.randint(1, 9))
+                kinds = [k for k in CLASS_KINDS if k not in ("cached", "property_set", "data_desc")] \
+                    if self.slots == "only" else CLASS_KINDS   # those keep state in the instance's __dict__
+                self.class_member(cls, name, r.choice(kinds), r.randint(1, 9))
+            if cls == "B" and r.random() < 0.5:
+                target = r.choice(NAMES)
+                self.emit(f"def sup(self):\n    v = super().{target}\n"
+                          f"    return v() if callable(v) and not isinstance(v, type) else v", 1)
             if cls == "A" and r.random() < 0.5:
                 self.emit("def __getattr__(self, name):\n    if name.startswith('g'):\n"
                           "        return ('ga', name)\n    raise AttributeError(name)", 1)
@@ -218,7 +228,11 @@ class _Gen:
             stores = ["pass"]
             if cls == "A" and self.slots:
                 stores.append("self.s1 = k")
+            if cls == "B" and self.slots == "only" and r.random() < 0.5:
+                stores.append("self.s3 = k * 2")
             for name in NAMES:
+                if self.slots == "only":
+                    break
                 kind = r.choice(INSTANCE_KINDS)
                 line = self.instance_store(name, kind, r.randint(1, 9))
                 if line:
@@ -247,6 +261,7 @@ class _Gen:
                 kinds[(cls, name)] = kind
             if cls == "M":
                 self.emit("def __init__(self):\n    super().__init__()", 1)
+                self.emit(f"self.blocks = nn.ModuleList([Sub(2)] * {r.randint(0, 2)})", 2)
                 for name in MODULE_NAMES:
                     reg = r.choice(["none", "param", "buffer", "linear", "relu", "sub", "int", "tensor",
                                     "register_module"])
@@ -314,7 +329,24 @@ class _Gen:
         ]
         if self.meta:
             options += [f"out.append(isinstance({target}, A))", "out.append(A.tag)", "out.append(B.tag)",
-                        f"out.append(getattr({target}, 'tag', 'no tag'))"]
+                        f"out.append(getattr({target}, 'tag', 'no tag'))", "out.append(isinstance(m, A))",
+                        "out.append(isinstance(42, (A, str)))", "out.append(isinstance(x, A))"]
+        if self.slots:
+            sn = r.choice(["s1", "s2", "s3"])
+            options += [f"out.append(getattr({target}, {sn!r}, 'unset'))", f"{target}.{sn} = {k}\nout.append({target}.{sn})",
+                        f"del {target}.{sn}\nout.append(hasattr({target}, {sn!r}))"]
+        options += [
+            f"out.append({target}.sup())",
+            f"object.__setattr__({target}, {n!r}, {k})\nout.append(getattr({target}, {n!r}))",
+            # the module and tensors: protocol builtins and lookups answer as Python does there too
+            f"out.append(hasattr(m, {r.choice(MODULE_NAMES)!r}))",
+            f"out.append(callable(getattr(m, {r.choice(MODULE_NAMES)!r}, None)))",
+            f"out.append(type(getattr(m, {r.choice(MODULE_NAMES)!r}, None)))",
+            "out.append((len(m.blocks), bool(m.blocks), callable(m), isinstance(m.blocks, nn.Module)))",
+            "out.append([type(b) for b in m.blocks])",
+            "out.append((callable(x), hasattr(x, 'shape'), hasattr(x, 'tag'), len(x), isinstance(x, nn.Parameter)))",
+            f"out.append(isinstance(getattr(m, {r.choice(MODULE_NAMES)!r}, None), (nn.Parameter, nn.Module, int)))",
+        ]
         body = r.choice(options)
         return "try:\n" + "\n".join("    " + ln for ln in body.splitlines()) + \
             "\nexcept (AttributeError, TypeError) as e:\n    out.append(type(e).__name__)"
@@ -399,10 +431,11 @@ def normalize(v, depth=0):
 
 def observe(obj, m):
     """The state a user can see on the objects afterwards."""
-    own = normalize(dict(vars(obj)))
+    own = normalize(dict(getattr(obj, "__dict__", {})))
+    slots = [normalize(getattr(obj, n, "unset")) for n in ("s1", "s2", "s3") if hasattr(type(obj), n)]
     state = [(k, normalize(v)) for k, v in m.state_dict().items()]
     plain = normalize({k: v for k, v in vars(m).items() if not k.startswith("_")})
-    return own, state, plain, normalize(getattr(obj, "s1", None)) if hasattr(type(obj), "s1") else None
+    return own, slots, state, plain
 
 
 def first_difference(a, b, path="result"):

@@ -310,8 +310,8 @@ def _object_attr(frame, v, name):
     if name == "__dict__" or (name in stamps.STATE_TABLES and isinstance(obj, torch.nn.Module)):
         table = _object_attr_read(frame, v, name)
         if isinstance(table, DictValue):
-            for (owner, key), (_, _, value) in list(tx.attr_stores.items()):
-                if owner == id(obj) and _table_of(obj, key) == name:
+            for store_key, (_, key, value) in list(tx.attr_stores.items()):
+                if store_key[0] == id(obj) and _table_of(obj, key) == name:
                     _set_item(table, key, value)
         return table
     return _object_attr_read(frame, v, name)
@@ -355,16 +355,19 @@ def _object_attr_read(frame, v, name):
             raise MissingAttribute(f"module {obj.__name__!r} has no attribute {name!r}") from None
         return wrap(tx, value, None if is_trusted_module(obj) else asrc)
     if isinstance(obj, type):
+        trusted = obj.__module__.split(".")[0] in ("torch", "builtins", "collections", "typing", "enum")
+        # A class read without a source (`type(obj)`) is guarded through the class itself: its
+        # attributes can change between calls (`Model.scale = 2`).
+        csrc = src or (None if trusted else ObjectSource(obj, obj.__qualname__))
         try:
             value = getattr(obj, name)
         except AttributeError:
+            if csrc is not None and src is None:
+                tx.guards.add(MISSING_ATTR, csrc, name)
             raise MissingAttribute(f"type object {no_attr_name(obj)} has no attribute {name!r}") from None
-        trusted = obj.__module__.split(".")[0] in ("torch", "builtins", "collections", "typing", "enum")
         if trusted:
             return wrap(tx, value, None)
-        # A class read without a source (`type(obj)`) is guarded through the class itself: its
-        # attributes can change between calls (`Model.scale = 2`).
-        return wrap(tx, value, asrc or AttrSource(ObjectSource(obj, obj.__qualname__), name))
+        return wrap(tx, value, AttrSource(csrc, name))
     cls = type(obj)
     if cls is types.MappingProxyType and name in _DICT_READS:
         return MethodOfValue(proxy_dict(frame, v), name)
@@ -532,6 +535,7 @@ def set_attr(frame, obj, name, value, plain=False):
             return
         if descriptor_store(frame, obj, obj.cls, name, value):
             return
+        _refuse_without_dict(obj.cls, name, delete=False)
         obj.attrs[name] = value   # a __slots__ member is stored like an attribute
         return
     if isinstance(obj, PrivateObjectValue):
@@ -558,11 +562,38 @@ def set_attr(frame, obj, name, value, plain=False):
             and descriptor_store(frame, obj, type(obj.obj), name, value):
         return
     if isinstance(obj, ObjectValue) and obj.source is not None and _replayable_store(obj.obj, name, value, plain):
-        frame.tx.attr_stores[(id(obj.obj), name)] = (obj, name, value)
+        stores, key = frame.tx.attr_stores, (id(obj.obj), name)
+        earlier = stores.get(key)
+        if earlier is not None and earlier[2] is DELETED and name in getattr(obj.obj, "__dict__", {}):
+            # Deleted, then stored again: both are done (the entry moves to the end of the
+            # object's __dict__, as in eager).
+            del stores[key]
+            stores[key + ("deleted first",)] = earlier
+        stores[key] = (obj, name, value)
         _note_store(frame.tx, obj.obj, name, value)
         return
     raise Unsupported(f"setting attribute {name!r} on {describe(obj)} (a side effect) is not supported yet",
                       hint="side effects on objects that exist outside the compiled function run eagerly")
+
+
+def _refuse_without_dict(cls, name, delete):
+    """Objects of a class whose instances have no ``__dict__`` (``__slots__`` all the way up) hold
+    nothing but their slot members: storing or deleting another name raises AttributeError
+    (CPython's own, got from the same operation on a blank object of the class); so does
+    deleting an unset slot member."""
+    attr, found = class_lookup(cls, name)
+    if class_lookup(cls, "__dict__")[1] and not isinstance(attr, types.MemberDescriptorType):
+        return
+    if isinstance(attr, types.MemberDescriptorType) and not delete:
+        return
+    blank = cls.__new__(cls)   # object.__new__ or dict.__new__: objects made in the trace have no other
+    try:
+        if delete:
+            object.__delattr__(blank, name)
+        else:
+            object.__setattr__(blank, name, None)
+    except AttributeError as e:
+        exceptions.raise_new(AttributeError, str(e))
 
 
 def descriptor_store(frame, obj, cls, name, value, delete=False):
@@ -619,6 +650,7 @@ def del_attr(frame, obj, name):
         if descriptor_store(frame, obj, obj.cls, name, None, delete=True):
             return
         if name not in obj.attrs:
+            _refuse_without_dict(obj.cls, name, delete=True)
             raise MissingAttribute(f"{no_attr_name(obj.cls)} object has no attribute {name!r}")
         del obj.attrs[name]
         return
@@ -641,8 +673,12 @@ def del_attr(frame, obj, name):
             and type(obj.obj).__delattr__ is object.__delattr__ and type(obj.obj).__setattr__ is object.__setattr__ \
             and not hasattr(type(obj.obj), name) \
             and (name in getattr(obj.obj, "__dict__", {}) or (id(obj.obj), name) in tx.attr_stores):
-        get_attr(frame, obj, name)   # it must exist (guarded), or raise as in eager
-        tx.attr_stores.pop((id(obj.obj), name), None)
+        key = (id(obj.obj), name)
+        earlier = tx.attr_stores.get(key)
+        if earlier is not None and earlier[2] is DELETED:
+            raise MissingAttribute(f"{no_attr_name(type(obj.obj))} object has no attribute {name!r}")
+        tx.attr_stores.pop(key, None)
+        tx.attr_stores.pop(key + ("deleted first",), None)
         _note_store(tx, obj.obj, name, DELETED)
         if name in obj.obj.__dict__:
             # The replayed `del` needs the attribute on entry: guard that it is there.

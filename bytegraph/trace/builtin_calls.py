@@ -6,6 +6,7 @@
 Most handlers compute on values (iterate, compare, fold constants) and trace
 the functions they are given (``key=``, ``map``'s function) through ``call``.
 """
+import abc
 import contextlib
 import copy
 import inspect
@@ -15,7 +16,7 @@ import types
 import torch
 
 from .. import control
-from ..datamodel import is_callable_type
+from ..datamodel import class_attr, is_callable_type
 from ..errors import Unsupported
 from ..guards import builder as g
 from ..guards.sources import AttrSource, ModuleEntrySource, RawAttrSource
@@ -29,6 +30,7 @@ from .basics import no_attr_name
 from .exceptions import TracedRaise
 from .generators import check_unchanged, iterated_containers
 from .iteration import iterate
+from .protocols import guard_class_method
 
 
 # --- builtins --------------------------------------------------------------------------
@@ -73,11 +75,43 @@ def _isinstance(frame, args, kwargs):
     cls = operators.as_constant(classes) if not isinstance(classes, ObjectValue) else classes.obj
     if isinstance(classes, TupleValue):
         cls = tuple(c.obj if isinstance(c, ObjectValue) else operators.as_constant(c) for c in classes.items)
+    return ConstantValue(_is_instance(frame, v, cls))
+
+
+def _is_instance(frame, v, cls):
+    """``isinstance(v, cls)`` as CPython decides it: the exact type, each class of a tuple, then
+    the metaclass's ``__instancecheck__`` (traced when it is user Python code, which may look
+    at the object itself), else the subclass relation of the object's type."""
     t = operators.python_type(v)
+    if t is cls:
+        return True
+    if isinstance(cls, tuple):
+        return any(_is_instance(frame, v, c) for c in cls)
+    if not isinstance(cls, type):
+        raise Unsupported(f"isinstance() arg 2 must be a type, a tuple of types or a union, not {type(cls).__name__}")
+    meta = type(cls)
+    check = class_attr(meta, "__instancecheck__")
+    module = (meta.__module__ or "").split(".")[0]
     try:
-        return ConstantValue(issubclass(t, cls))
+        nominal = issubclass(t, cls)
     except TypeError as e:
         raise Unsupported(f"isinstance(): {e}") from e
+    if meta is type or isinstance(meta, abc.ABCMeta) and check is abc.ABCMeta.__instancecheck__ \
+            or module in ("torch", "builtins", "abc"):
+        # type's check and ABCMeta's (registered and __subclasshook__ classes included) come to
+        # the subclass relation; torch's metaclasses are taken as that too.
+        return nominal
+    if module == "typing":
+        if nominal:
+            return True
+        raise Unsupported(f"isinstance() against {cls.__qualname__} (a typing.Protocol) checks the object's "
+                          "own attributes, which is not traced yet")
+    if not isinstance(check, types.FunctionType):
+        raise Unsupported(f"isinstance() through {meta.__qualname__}.__instancecheck__ (not Python code) "
+                          "is not supported yet")
+    src = guard_class_method(frame.tx, meta, "__instancecheck__", check)
+    answer = call(frame, wrap(frame.tx, check, src), [wrap(frame.tx, cls, None), v], {})
+    return operators.truth(frame, answer)
 
 
 @builtin(issubclass)

@@ -195,13 +195,13 @@ class ExistingInstance(Instance):
         return None
 
     def custom_getattribute(self, frame, name, hook):
+        if isinstance(hook, types.FunctionType) and any(key[0] == id(self.obj) for key in frame.tx.attr_stores):
+            # The trace changed the object: its __getattribute__ is traced, over the changed state
+            # (object.__getattribute__ inside it sees the stores).
+            src = guard_class_method(frame.tx, self.cls, "__getattribute__", hook)
+            return ops.call(frame, BoundMethodValue(wrap(frame.tx, hook, src), self.value), [ConstantValue(name)], {})
         # Read through the object's own __getattribute__ (a config mapping aliases); the guard
-        # re-reads it the same way on every call. What this trace stored is what it reads back.
-        pending = frame.tx.attr_stores.get((id(self.obj), name))
-        if pending is not None:
-            if pending[2] is DELETED:
-                raise MissingAttribute(self.missing(name))
-            return pending[2]
+        # re-reads it the same way on every call.
         return self._read(frame, name)
 
 
@@ -307,6 +307,9 @@ def getattr_hook(frame, inst, name, hook):
         inst.class_answered(frame, name)
         return entry
     inst.class_answered(frame, name)
+    # A class attribute of that name set later would answer before __getattr__ (modules' tables
+    # are left unguarded here: a guard per submodule read would cost every call of a deep model).
+    guard_class_entry(frame, inst.cls, name, MISSING)
     if not isinstance(hook, types.FunctionType):
         return inst.native(frame, name, hook)
     src = guard_class_method(frame.tx, inst.cls, "__getattr__", hook)
