@@ -20,8 +20,8 @@ from ..errors import Unsupported
 from ..bytecode.resume import CLOSURE_PARAM
 from ..null import NULL
 from ..datamodel import class_attr
-from ..guards.builder import HAS_ATTR
-from ..guards.sources import AttrSource, ClosureSource, ObjectSource
+from ..guards.builder import HAS_ATTR, TYPE_MATCH
+from ..guards.sources import AttrSource, ClosureSource, ObjectSource, RawAttrSource
 from ..trace.exceptions import rebuild_expr, values_inside
 from ..trace.frame import PendingLocal
 from ..values import arrays
@@ -157,10 +157,14 @@ class Rebuilder:
             return f"{self.expr(v.array)}.{v.name}"
         if isinstance(v, ConstantValue):
             if v.source is not None:
-                if v._pending_guard is not None and isinstance(v.source, AttrSource) and self.guards is not None:
+                if v._pending_guard is not None and self.guards is not None:
                     # A constant passed along unguarded is re-read here: whatever its value now,
                     # the attribute must still be there (`del obj.attr` between calls).
-                    self.guards.add(HAS_ATTR, v.source.base, v.source.attr)
+                    if isinstance(v.source, AttrSource):
+                        self.guards.add(HAS_ATTR, v.source.base, v.source.attr)
+                    elif isinstance(v.source, RawAttrSource):
+                        # (hasattr would ask the class's __getattr__): a read that fails misses.
+                        self.guards.add(TYPE_MATCH, v.source, type(v._value))
                 return self.ns.source(v.source)
             c = v.value
             if c is None or isinstance(c, (bool, str)) or type(c) is int:

@@ -20,7 +20,8 @@ from . import exceptions, lookup, numpy_calls, ops
 from .basics import as_constant, describe, no_attr_name
 from .context import DELETED
 from .exceptions import MissingAttribute, set_attr as set_exception_attr, super_attr
-from .lookup import _DICT_READS, defined_by_dict as _defined_by_dict, dict_method, private_value  # noqa: F401
+from .lookup import (_DICT_READS, defined_by_dict as _defined_by_dict, dict_method, note_store as _note_store,  # noqa: F401
+                     private_value, set_item as _set_item, table_of as _table_of)
 from .protocols import guard_class_method
 
 
@@ -315,33 +316,6 @@ def _object_attr(frame, v, name):
                     _set_item(table, key, value)
         return table
     return _object_attr_read(frame, v, name)
-
-
-def _table_of(obj, name):
-    """The dict of ``obj`` that ``obj.name = value`` writes to: its ``__dict__``, or for an
-    ``nn.Module`` the ``_parameters``/``_buffers``/``_modules`` table that has ``name``."""
-    if isinstance(obj, torch.nn.Module):
-        for table in stamps.STATE_TABLES:
-            if name in obj.__dict__.get(table, ()):
-                return table
-    return "__dict__"
-
-
-def _set_item(table, key, value):
-    if value is DELETED:
-        table.items.pop(key, None)
-    else:
-        table.items[key] = value
-
-
-def _note_store(tx, obj, name, value):
-    """``obj.name = value`` (or ``del``, ``value`` DELETED) is recorded to be done after the graph:
-    a dict the trace already read for ``obj.__dict__`` (or a module's table) shows it from now on."""
-    table = _table_of(obj, name)
-    real = obj.__dict__ if table == "__dict__" else obj.__dict__.get(table)
-    memo = tx.memo.get(id(real))
-    if memo is not None and memo[0] is real and isinstance(memo[1], DictValue):
-        _set_item(memo[1], name, value)
 
 
 def _object_attr_read(frame, v, name):

@@ -20,6 +20,7 @@ depended on is guarded: a function or descriptor found on the class by identity 
 class, and the instance's not having an attribute of its own where the class answered.
 """
 import collections
+import functools
 import types
 from collections import OrderedDict
 
@@ -32,7 +33,7 @@ from ..guards import stamps
 from ..guards.sources import AttrSource, ClassEntrySource, ModuleEntrySource, ObjectSource, RawAttrSource
 from ..values.base import BoundMethodValue, ConstantValue, DictValue, MethodOfValue, ObjectValue, PrivateObjectValue
 from ..values.builder import CONSTANT_TYPES, wrap
-from . import ops
+from . import exceptions, ops
 from .basics import MissingAttribute, no_attr_name
 from .context import DELETED
 from .exceptions import TracedRaise
@@ -82,6 +83,10 @@ class Instance:
         """``nn.Module.__getattr__``: the parameter, buffer or submodule ``name``, or None."""
         return None
 
+    def cache(self, frame, name, value):
+        """``obj.__dict__[name] = value`` (what ``functools.cached_property`` does)."""
+        raise Unsupported(f"caching a cached_property on {self.cls.__qualname__} objects is not supported yet")
+
     def custom_getattribute(self, frame, name, hook):
         """``obj.name`` through a ``__getattribute__`` the class defines."""
         raise Unsupported(f"reading attributes of {self.cls.__qualname__} objects made inside the compiled "
@@ -111,6 +116,12 @@ class TracedInstance(Instance):
         if value is None:
             raise MissingAttribute(self.missing(name))
         return value
+
+    def cache(self, frame, name, value):
+        if not class_lookup(self.cls, "__dict__")[1]:
+            exceptions.raise_new(TypeError, f"No '__dict__' attribute on {self.cls.__name__!r} instance to cache "
+                                            f"{name!r} property.")
+        self.value.attrs[name] = value
 
     def native(self, frame, name, attr):
         v = self.value
@@ -164,6 +175,15 @@ class ExistingInstance(Instance):
 
     def slot(self, frame, name):
         return self._read(frame, name)
+
+    def cache(self, frame, name, value):
+        if self.source is None or not isinstance(getattr(self.obj, "__dict__", None), dict) \
+                or isinstance(self.obj, (type, types.ModuleType)):
+            super().cache(frame, name, value)
+        # Recorded like a plain attribute store, done after the graph (object.__setattr__ where
+        # the class has its own __setattr__: codegen.transformed).
+        frame.tx.attr_stores[(id(self.obj), name)] = (self.value, name, value)
+        note_store(frame.tx, self.obj, name, value)
 
     def native(self, frame, name, attr):
         return self._read(frame, name)
@@ -309,7 +329,7 @@ def getattr_hook(frame, inst, name, hook):
     inst.class_answered(frame, name)
     # A class attribute of that name set later would answer before __getattr__ (modules' tables
     # are left unguarded here: a guard per submodule read would cost every call of a deep model).
-    guard_class_entry(frame, inst.cls, name, MISSING)
+    guard_class_entry(frame, inst.cls, name, class_attr(inst.cls, name))
     if not isinstance(hook, types.FunctionType):
         return inst.native(frame, name, hook)
     src = guard_class_method(frame.tx, inst.cls, "__getattr__", hook)
@@ -333,6 +353,8 @@ def bind(frame, inst, name, attr, cls=None):
         if attr.fget is None:
             raise MissingAttribute(f"property {name!r} of {no_attr_name(inst.cls)} object has no getter")
         return ops.call(frame, wrap(tx, attr.fget, fsrc and AttrSource(fsrc, "fget")), [inst.value], {})
+    if isinstance(attr, functools.cached_property):
+        return cached_property_value(frame, inst, name, attr, cls)
     if has_python_get(attr):
         # A descriptor written in Python (functools.cached_property, a validating field):
         # its __get__ is traced, on the descriptor object found on the class.
@@ -385,6 +407,53 @@ def private_value(frame, value, owner):
         raise Unsupported(f"a {type(value).__name__} inside an object made while tracing is not supported yet")
     return PrivateObjectValue(value)
 
+
+
+# --- the instance's own __dict__, as the trace has changed it -------------------------------
+
+def table_of(obj, name):
+    """The dict of ``obj`` that ``obj.name = value`` writes to: its ``__dict__``, or for an
+    ``nn.Module`` the ``_parameters``/``_buffers``/``_modules`` table that has ``name``."""
+    if isinstance(obj, torch.nn.Module):
+        for table in stamps.STATE_TABLES:
+            if name in obj.__dict__.get(table, ()):
+                return table
+    return "__dict__"
+
+
+def set_item(table, key, value):
+    if value is DELETED:
+        table.items.pop(key, None)
+    else:
+        table.items[key] = value
+
+
+def note_store(tx, obj, name, value):
+    """``obj.name = value`` (or ``del``, ``value`` DELETED) is recorded to be done after the graph:
+    a dict the trace already read for ``obj.__dict__`` (or a module's table) shows it from now on."""
+    table = table_of(obj, name)
+    real = obj.__dict__ if table == "__dict__" else obj.__dict__.get(table)
+    memo = tx.memo.get(id(real))
+    if memo is not None and memo[0] is real and isinstance(memo[1], DictValue):
+        set_item(memo[1], name, value)
+
+
+# --- functools.cached_property ----------------------------------------------------------------
+
+def cached_property_value(frame, inst, name, attr, cls):
+    """``obj.name`` for a ``functools.cached_property``: the value cached in the instance's own
+    ``__dict__``, else its function traced and the value stored there as the descriptor does,
+    past any ``__setattr__``."""
+    tx = frame.tx
+    descriptor_source(tx, cls, name, attr)
+    if attr.attrname is None:
+        exceptions.raise_new(TypeError, "Cannot use cached_property instance without calling __set_name__ on it.")
+    cached = inst.own(frame, attr.attrname)   # (super().name does not look there first)
+    if cached is not None:
+        return cached
+    value = ops.call(frame, wrap(tx, attr.func, None), [inst.value], {})
+    inst.cache(frame, attr.attrname, value)
+    return value
 
 
 # --- objects of dict subclasses made in the trace -------------------------------------------
