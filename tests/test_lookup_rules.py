@@ -287,6 +287,39 @@ def test_an_attribute_deleted_between_calls_is_not_read_back():
     assert compiled(torch.ones(1), o)[1] == "missing"
 
 
+class _Doubler:
+    def val(self, t):
+        return t * 2
+
+
+class _SuperAfterBreak(_Doubler):
+    def val(self, t):
+        u = t + 1
+        print("a graph break")       # the rest runs in code copied from this method
+        w = super().val(u * 3)       # zero-argument super() there: its arguments made explicit
+        return w + len(str(super()))
+
+
+def test_zero_argument_super_after_a_graph_break():
+    # CPython finds super()'s arguments in the running frame (its first local); code copied
+    # from the middle of a method took other parameters first ('super' object has no attribute).
+    def f(x, obj):
+        return obj.val(x)
+
+    def make():
+        return (torch.arange(3.0), _SuperAfterBreak()), {}, None
+
+    expected = run_observed(f, make)
+    compiled, _ = compile_counted(f)
+    for i in range(2):
+        assert_same_run(expected, run_observed(compiled, make), f"(call {i + 1})")
+    with bytegraph.config.patch(cache_size_limit=1):
+        bytegraph.reset()
+        compiled, _ = compile_counted(f)
+        for i in range(3):   # the copied code also runs natively, once its cache is full
+            assert_same_run(expected, run_observed(compiled, make), f"(call {i + 1}, native)")
+
+
 @pytest.mark.parametrize("seed", range(int(__import__("os").environ.get("BYTEGRAPH_LOOKUP_SEEDS", 60))))
 def test_generated_lookup_programs(seed):
     generated_lookup.run_seed(seed)
