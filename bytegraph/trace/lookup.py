@@ -324,7 +324,7 @@ def getattr_hook(frame, inst, name, hook):
         entry = inst.module_entry(frame, name)
         if entry is None:
             raise MissingAttribute(f"{inst.cls.__name__!r} object has no attribute {name!r}")
-        inst.class_answered(frame, name)
+        # (No NOT_OWN_ATTR guard: nn.Module.__setattr__ keeps a name in one table or __dict__.)
         return entry
     inst.class_answered(frame, name)
     # A class attribute of that name set later would answer before __getattr__ (modules' tables
