@@ -19,7 +19,7 @@ from .. import control
 from ..errors import Unsupported
 from ..guards.builder import DICT_KEYS, GLOBAL_HOOKS, ID_MATCH, NO_HOOKS, NOT_OWN_ATTR
 from ..guards.sources import AttrSource, DefaultSource, ItemSource, MappingGetSource, WeakRefCallSource
-from ..values.base import (BoundMethodValue, ConstantValue, DictValue, ExitValue, FunctionValue,
+from ..values.base import (BoundMethodValue, ConstantValue, ContextManagerValue, DictValue, ExitValue, FunctionValue,
                            IteratorValue, ListValue, MethodOfValue, ObjectValue, PartialValue,
                            PrivateObjectValue, RealCell, TensorMethodValue, TensorValue, TracerCallableValue,
                            TupleValue, UserObjectValue)
@@ -33,7 +33,7 @@ from .frame import inline_call
 from .basics import type_name
 from .hooks import call_with_hooks
 from .state import is_compiling
-from .torch_calls import apply_state, call_torch_class, current_state, is_graph_function, torch_call
+from .torch_calls import apply_state, call_torch_class, current_state, decorate, is_graph_function, torch_call
 
 
 def call(frame, fn, args, kwargs):
@@ -58,6 +58,8 @@ def call(frame, fn, args, kwargs):
         return ConstantValue(None)
     if isinstance(fn, TracerCallableValue):
         return fn.impl(frame, list(args), kwargs)
+    if isinstance(fn, ContextManagerValue):
+        return decorate(frame, fn, list(args), kwargs)
     if isinstance(fn, ObjectValue):
         return _call_object(frame, fn, list(args), kwargs)
     if isinstance(fn, ConstantValue) and callable(fn.value):

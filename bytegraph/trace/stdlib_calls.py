@@ -14,7 +14,7 @@ import types
 import warnings
 
 from ..errors import Unsupported
-from ..guards.builder import ID_MATCH
+from ..guards.builder import DICT_KEYS, ID_MATCH, LENGTH_MATCH
 from ..guards.sources import AttrSource, ItemSource
 from ..values.base import (MUTABLE_CONSTANT_TYPES, ConstantValue, DefaultDictValue, DictValue,
                            IteratorValue, ListValue, ObjectValue, PartialValue, PrivateObjectValue,
@@ -62,6 +62,10 @@ def call_stdlib_object(frame, fv, args, kwargs):
     obj = fv.obj
     src = fv.source
     if isinstance(obj, functools.partial):
+        if src is not None:
+            # Its identity is not guarded (values.builder): how many arguments it holds is.
+            frame.tx.guards.add(LENGTH_MATCH, AttrSource(src, "args"), len(obj.args))
+            frame.tx.guards.add(DICT_KEYS, AttrSource(src, "keywords"), list(obj.keywords))
         func = wrap(frame.tx, obj.func, AttrSource(src, "func") if src else None)
         pargs = [wrap(frame.tx, a, ItemSource(AttrSource(src, "args"), i) if src else None)
                  for i, a in enumerate(obj.args)]

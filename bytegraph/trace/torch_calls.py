@@ -3,11 +3,14 @@ import operator
 import types
 
 import torch
+import torch.amp.autocast_mode
+import torch.utils._contextlib
 
 from ..errors import Unsupported
 from ..guards.builder import GLOBAL_STATE
 from ..residual import set_autocast_state
-from ..values.base import ConstantValue, ContextManagerValue, PrivateObjectValue, TensorValue
+from ..values.base import ConstantValue, ContextManagerValue, ObjectValue, PrivateObjectValue, TensorValue
+from ..values.builder import wrap
 from . import attrs, numpy_calls, operators, ops
 
 # Python modules of torch whose functions go into the graph as one node each.
@@ -190,6 +193,55 @@ def _autocast(frame, cls, args, kwargs):
     if cache is None:
         cache = torch.is_autocast_cache_enabled()
     return ContextManagerValue("autocast", (device_type, dtype, enabled, cache))
+
+
+def manager_of(frame, v):
+    """The ContextManagerValue for a ``with`` on ``v`` when ``v`` is a real ``torch.autocast`` object
+    made before the call (the one ``@torch.autocast(...)`` keeps for the function it decorates), or
+    None. Its settings are read as guarded attributes; the block then becomes the graph's
+    ``_enter_autocast``/``_exit_autocast`` nodes, as one made in the trace does (its Python
+    ``__enter__`` switches autocast through calls that cannot be traced)."""
+    if not isinstance(v, ObjectValue) or not isinstance(v.obj, torch.amp.autocast):
+        return None
+    read = [operators.as_constant(attrs.get_attr(frame, v, name))
+            for name in ("device", "fast_dtype", "_enabled", "_cache_enabled")]
+    return ContextManagerValue("autocast", tuple(read))
+
+
+# What each kind of manager made in the trace is made by again, for each call of a function it
+# decorates (torch's ``clone``): the class and the arguments it keeps.
+_FACTORIES = {("grad", (False,)): (torch.no_grad, ()), ("grad", (True,)): (torch.enable_grad, ())}
+
+
+def _clone_of(cls, *args):
+    """What torch's decorator calls to make the manager again for each call (torch passes the
+    manager's bound ``clone``); traced, so it is a function made in the frame."""
+    def clone():
+        return cls(*args)
+    return clone
+
+
+def decorate(frame, mgr, args, kwargs):
+    """``torch.no_grad()(f)``, ``torch.autocast(...)(f)``...: a manager made in the trace used as a
+    decorator (``@torch.no_grad()`` on a nested function). torch's own decorator code is traced, so
+    the result is the function eager makes: each call enters the block around ``f``."""
+    if len(args) != 1 or kwargs:
+        raise Unsupported(f"calling a torch {mgr.kind} context manager with {len(args)} arguments "
+                          "is not supported yet")
+    tx = frame.tx
+    if mgr.kind == "autocast":
+        return ops.call(frame, wrap(tx, torch.amp.autocast_mode.autocast_decorator, None), [mgr, args[0]], {})
+    if mgr.kind == "set_grad":
+        # torch.set_grad_enabled(mode) switched grad mode when it was made; used as a decorator it
+        # switches back at once, and each call of the function makes it again.
+        apply_state(frame, mgr, entering=False)
+        cls, cls_args = torch.set_grad_enabled, mgr.args
+    elif (mgr.kind, mgr.args) in _FACTORIES:
+        cls, cls_args = _FACTORIES[mgr.kind, mgr.args]
+    else:
+        raise Unsupported(f"a torch {mgr.kind} context manager used as a decorator is not supported yet")
+    factory = ops.call(frame, wrap(tx, _clone_of, None), [wrap(tx, cls, None)] + [ConstantValue(a) for a in cls_args], {})
+    return ops.call(frame, wrap(tx, torch.utils._contextlib.context_decorator, None), [factory, args[0]], {})
 
 
 def current_state(mgr):
