@@ -720,6 +720,12 @@ def _is_grad_enabled(frame, args, kwargs):
     return ConstantValue(torch.is_grad_enabled())
 
 
+@builtin(torch.is_inference_mode_enabled)
+def _is_inference_mode_enabled(frame, args, kwargs):
+    # The state on entry is guarded; inside a block the trace entered, the block's.
+    return ConstantValue(torch.is_inference_mode_enabled())
+
+
 @builtin(torch.get_default_dtype)
 def _get_default_dtype(frame, args, kwargs):
     return ConstantValue(torch.get_default_dtype())

@@ -589,14 +589,11 @@ def tensor_method(frame, tensor, name, args, kwargs):
 
 # --- with-blocks over torch global state --------------------------------------------
 
-INFERENCE_MODE_HINT = ("tensors made in inference mode cannot be traced with the rest of the graph; the block's "
-                       "body is compiled as a graph of its own (no change needed)")
+INFERENCE_MODE_HINT = ("a graph break inside the block entered it again natively, so it is left natively too "
+                       "(no change needed; without the break inside, the whole block is in the graph)")
 
 
 def enter_context(frame, mgr):
-    if mgr.kind == "inference_mode":
-        raise Unsupported("entering torch.inference_mode(): the block is entered natively at a graph break",
-                          hint=INFERENCE_MODE_HINT)
     if mgr.kind == "set_grad":
         # set_grad_enabled took effect when it was made; entering does nothing more.
         return

@@ -200,10 +200,22 @@ def _defaultdict(frame, args, kwargs):
     return out
 
 
-@builtin(dict.fromkeys)
-def _dict_fromkeys(frame, args, kwargs):
-    value = args[1] if len(args) > 1 else ConstantValue(None)
-    return DictValue({operators.key_of(k): value for k in iterate(frame, args[0])})
+def _fromkeys(cls):
+    """``cls.fromkeys(keys, value=None)`` for dict, OrderedDict and defaultdict (no factory):
+    every key maps to the one ``value`` object, as in eager."""
+    def h(frame, args, kwargs):
+        if kwargs or not 1 <= len(args) <= 2:
+            raise Unsupported(f"{cls.__name__}.fromkeys() with these arguments is not supported yet")
+        value = args[1] if len(args) > 1 else ConstantValue(None)
+        items = {operators.key_of(k): value for k in iterate(frame, args[0])}
+        if cls is collections.defaultdict:
+            return DefaultDictValue(items, ConstantValue(None))
+        return DictValue(items, cls=cls)
+    return h
+
+
+for _cls in (dict, collections.OrderedDict, collections.defaultdict):
+    BUILTIN_HANDLERS[_cls.fromkeys] = _fromkeys(_cls)
 
 
 @builtin(collections.namedtuple)

@@ -8,7 +8,7 @@ import torch.utils._contextlib
 
 from ..errors import Unsupported
 from ..guards.builder import GLOBAL_STATE
-from ..residual import set_autocast_state
+from ..residual import enter_inference_mode, exit_inference_mode, set_autocast_state
 from ..values.base import ConstantValue, ContextManagerValue, ObjectValue, PrivateObjectValue, TensorValue
 from ..values.builder import wrap
 from . import attrs, numpy_calls, operators, ops
@@ -137,11 +137,8 @@ def call_torch_class(frame, cls, args, kwargs):
         apply_state(frame, mgr, entering=True)
         return mgr
     if cls is torch.inference_mode:
-        mode = operators.as_constant(args[0]) if args else True
-        if mode and not torch.is_inference_mode_enabled():
-            # Entered natively at a graph break; its body is compiled as a graph of its own.
-            return ContextManagerValue("inference_mode", (True,))
-        return ContextManagerValue("noop", ())
+        mode = operators.as_constant(args[0] if args else kwargs.get("mode", ConstantValue(True)))
+        return ContextManagerValue("inference_mode", (bool(mode),))
     if cls is torch.autograd.profiler.record_function:
         # A profiler range: nothing for the graph to compute. (A profiler running at run time
         # does not see the range, as under torch.compile.)
@@ -210,7 +207,9 @@ def manager_of(frame, v):
 
 # What each kind of manager made in the trace is made by again, for each call of a function it
 # decorates (torch's ``clone``): the class and the arguments it keeps.
-_FACTORIES = {("grad", (False,)): (torch.no_grad, ()), ("grad", (True,)): (torch.enable_grad, ())}
+_FACTORIES = {("grad", (False,)): (torch.no_grad, ()), ("grad", (True,)): (torch.enable_grad, ()),
+              ("inference_mode", (True,)): (torch.inference_mode, (True,)),
+              ("inference_mode", (False,)): (torch.inference_mode, (False,))}
 
 
 def _clone_of(cls, *args):
@@ -286,6 +285,26 @@ def apply_state(frame, mgr, entering):
         graph.create_node("call_function", set_autocast_state, (device_type,) + tuple(mgr.saved), {})
         set_autocast_state(device_type, *mgr.saved)
         tx.state_changes.append(("autocast_state", (device_type, now)))
+        return
+    if mgr.kind == "inference_mode":
+        # In the graph as torch's own enter/exit functions; done here too, so the fake tensors made
+        # inside are inference tensors and what eager refuses with them (saving one for backward,
+        # an in-place change outside the block) fails while tracing as it fails in eager.
+        if entering:
+            mode = mgr.args[0]
+            if mode == torch.is_inference_mode_enabled():
+                mgr.saved = None      # already in that mode: torch's block does nothing either
+                return
+            node = graph.create_node("call_function", enter_inference_mode, (mode,), {})
+            real = torch._C._InferenceMode(mode)
+            real.__enter__()
+            mgr.saved = (node, real)
+            tx.state_changes.append(("inference_mode", real))
+        elif mgr.saved is not None:
+            node, real = mgr.saved
+            graph.create_node("call_function", exit_inference_mode, (node,), {})
+            real.__exit__(None, None, None)
+            tx.state_changes.remove(("inference_mode", real))
         return
     if mgr.kind == "noop":
         return
