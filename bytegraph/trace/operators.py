@@ -219,6 +219,8 @@ def _compare_special(frame, op, a, b):
 def is_same(a, b):
     if a is b:
         return True
+    if getattr(a, "selected", None) is not None or getattr(b, "selected", None) is not None:
+        raise Unsupported("whether the tensor max()/min() chose is this object depends on the tensors' data")
     if isinstance(a, ConstantValue) and isinstance(b, ConstantValue):
         return a.value is b.value
     if isinstance(a, ObjectValue) and isinstance(b, ObjectValue):

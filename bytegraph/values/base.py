@@ -76,15 +76,22 @@ def constant(value):
 
 
 class TensorValue(Value):
-    """A tensor produced by (or fed into) the graph: an FX node and its fake tensor."""
+    """A tensor produced by (or fed into) the graph: an FX node and its fake tensor.
 
-    __slots__ = ("node", "fake", "cls")
+    ``selected``: where Python picks one of several tensor objects by their data (``max(a, b)``
+    of one-element tensors), the graph computes the pick as a new tensor (``torch.where``) and
+    this is ``(first, [(cond, item), ...])``: the object eager has is ``item`` for the last
+    true ``cond``, else ``first``. Outside the graph it is that object again (codegen/rebuild.py),
+    so code after the graph sees eager's object; inside, asking for its identity breaks."""
+
+    __slots__ = ("node", "fake", "cls", "selected")
 
     def __init__(self, node, fake, source=None, cls=torch.Tensor):
         super().__init__(source)
         self.node = node
         self.fake = fake
         self.cls = cls
+        self.selected = None
 
     def python_type(self):
         return self.cls
