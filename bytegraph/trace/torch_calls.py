@@ -239,7 +239,8 @@ def decorate(frame, mgr, args, kwargs):
         cls, cls_args = _FACTORIES[mgr.kind, mgr.args]
     else:
         raise Unsupported(f"a torch {mgr.kind} context manager used as a decorator is not supported yet")
-    factory = ops.call(frame, wrap(tx, _clone_of, None), [wrap(tx, cls, None)] + [ConstantValue(a) for a in cls_args], {})
+    factory = ops.call(frame, wrap(tx, _clone_of, None),
+                       [wrap(tx, cls, None)] + [ConstantValue(a) for a in cls_args], {})
     return ops.call(frame, wrap(tx, torch.utils._contextlib.context_decorator, None), [factory, args[0]], {})
 
 
@@ -287,9 +288,9 @@ def apply_state(frame, mgr, entering):
         tx.state_changes.append(("autocast_state", (device_type, now)))
         return
     if mgr.kind == "inference_mode":
-        # In the graph as torch's own enter/exit functions; done here too, so the fake tensors made
-        # inside are inference tensors and what eager refuses with them (saving one for backward,
-        # an in-place change outside the block) fails while tracing as it fails in eager.
+        # In the graph as residual.enter/exit_inference_mode nodes; done here too, so the fake
+        # tensors made inside are inference tensors and what eager refuses with them (saving one
+        # for backward, an in-place change outside the block) fails while tracing as in eager.
         if entering:
             mode = mgr.args[0]
             if mode == torch.is_inference_mode_enabled():
