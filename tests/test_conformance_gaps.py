@@ -412,6 +412,25 @@ def test_partial_arguments_with_other_contents_recompile():
     run_calls(f, calls, graphs=4, torch_graphs=False)
 
 
+def test_objects_passed_in_kept_as_dict_keys_are_the_callers():
+    # Partials (and functions made by the caller) are guarded by type and contents, not identity:
+    # a dict made in the trace with one as its key must hold the object of this call.
+    def make(k):
+        def scale(x):
+            return x * k
+        return scale
+
+    def f(x, p, g):
+        table = {p: 1, g: 2}
+        return table, p(x) + g(x)
+    compiled, cnt = compile_counted(f)
+    for _ in range(3):
+        p, g = functools.partial(affine, w=2.0), make(3.0)
+        table, out = compiled(randn(3), p, g)
+        assert list(table) == [p, g] and list(table)[0] is p and list(table)[1] is g
+    assert cnt.frame_count == 3       # the keys are the trace's: one graph per pair of objects
+
+
 # --- a module whose forward branches on tensor data ----------------------------------------------------
 
 class Gate(nn.Module):

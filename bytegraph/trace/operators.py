@@ -43,6 +43,7 @@ COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operato
 def key_of(v):
     """A dict key: constants by value, objects by identity (module state tensors too)."""
     if isinstance(v, ObjectValue):
+        v.pin_identity()     # a dict made in the trace keeps this very object as its key
         return v.obj
     if isinstance(v, TensorValue) and v.node.op == "get_attr":
         # Identity-guarded (parameters, optimizer state): the real tensor is the key.

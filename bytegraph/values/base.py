@@ -247,14 +247,22 @@ class ObjectValue(Value):
     """A real, pre-existing Python object: a module, function, class, nn.Module, user object.
 
     Reads go to the real object (with guards on its source); it is never
-    mutated while tracing.
+    mutated while tracing. ``pin``: for an object read through a source, what guards which
+    object it is (``pin_identity``): most objects are guarded by their type and what is read of
+    them, not by their identity.
     """
 
-    __slots__ = ("obj",)
+    __slots__ = ("obj", "pin")
 
     def __init__(self, obj, source=None):
         super().__init__(source)
         self.obj = obj
+        self.pin = None
+
+    def pin_identity(self):
+        """The trace relies on which object this is (a dict key made of it): guard that."""
+        if self.pin is not None:
+            self.pin()
 
     def python_type(self):
         return type(self.obj)

@@ -90,6 +90,8 @@ def _wrap_memo(tx, obj, source):
     value = _wrap(tx, obj, source)
     if not isinstance(obj, CONSTANT_TYPES):
         tx.memo[id(obj)] = (obj, value)
+    if source is not None and type(value) is ObjectValue:
+        value.pin = functools.partial(tx.guards.add, g.ID_MATCH, source, obj)
     return value
 
 
