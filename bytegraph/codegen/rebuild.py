@@ -142,6 +142,13 @@ class Rebuilder:
         return out
 
     def _expr(self, v):
+        if isinstance(v, TensorValue) and v.selected is not None:
+            # The object max()/min() chose in eager, picked again by the graph's comparisons.
+            first, picks = v.selected
+            out = self.expr(first)
+            for cond, item in picks:
+                out = f"({self.expr(item)} if {self.expr(cond)} else {out})"
+            return self.temp(out)
         if isinstance(v, (TensorValue, SymValue, FloatTensorValue)):
             return self.tensor_exprs[id(v)]
         if isinstance(v, NdarrayValue) and v.view_of is not None:
@@ -382,6 +389,9 @@ def tensors_in(values, out):
     for v in values:
         if isinstance(v, NdarrayValue) and v.view_of is not None and v.view_of is not arrays.UNREBUILDABLE:
             tensors_in(list(v.view_of[1]) + list(v.view_of[2].values()), out)
+        elif isinstance(v, TensorValue) and v.selected is not None:
+            first, picks = v.selected      # rebuilt from what was chosen between (Rebuilder._expr)
+            tensors_in([first] + [x for pick in picks for x in pick], out)
         elif isinstance(v, (TensorValue, SymValue, NdarrayValue, FloatTensorValue)):
             out.append(v)
         elif isinstance(v, NdarrayMethodValue):

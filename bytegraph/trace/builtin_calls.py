@@ -335,7 +335,13 @@ def _select_by_tensors(frame, fn, items, keys):
     ``bool()`` of a one-element tensor. When every item is a tensor of one shape, dtype and
     device that does not need grad, and every key has one element, that choice is
     ``torch.where(key > best, item, best)`` (the same values as picking the object); otherwise
-    the comparison's truth value is data-dependent and the graph breaks."""
+    the comparison's truth value is data-dependent and the graph breaks.
+
+    The graph's pick is a new tensor where eager has one of the items itself, so the result
+    remembers the comparisons (``TensorValue.selected``): where it leaves the graph it is the
+    chosen item again; asking whether it is some object breaks (operators.is_same), as does an
+    in-place change of it or of an item later in the graph (the change would show through the
+    other in eager)."""
     first = items[0]
     # Items that need grad would all be connected to the result (eager leaves the others' .grad
     # None), so those keep Python's bool() at a break.
@@ -351,13 +357,20 @@ def _select_by_tensors(frame, fn, items, keys):
     graph = frame.tx.graph
     compare = operator.gt if fn is max else operator.lt
     best, best_key = first, keys[0]
+    picks = []
     for item, key in zip(items[1:], keys[1:]):
         cond = graph.call("call_function", compare, [key, best_key], {})
         if cond.fake.dim() != 0:
             cond = graph.call("call_method", "reshape", [cond, ConstantValue(())], {})
+        picks.append((cond, item))
         best = graph.call("call_function", torch.where, [cond, item, best], {})
         best_key = graph.call("call_function", torch.where, [cond, key, best_key], {}) if key is not item \
             else best
+    best.selected = (first, picks)
+    reason = (f"an in-place change of a tensor {fn.__name__}() chose between: eager's result is one of them, "
+              "so the change shows through the other")
+    for v in [best] + items:
+        graph.keep_unchanged(v, reason)
     return best
 
 
@@ -756,6 +769,12 @@ def _is_tensor(frame, args, kwargs):
 @builtin(torch.is_grad_enabled)
 def _is_grad_enabled(frame, args, kwargs):
     return ConstantValue(torch.is_grad_enabled())
+
+
+@builtin(torch.is_inference_mode_enabled)
+def _is_inference_mode_enabled(frame, args, kwargs):
+    # The state on entry is guarded; inside a block the trace entered, the block's.
+    return ConstantValue(torch.is_inference_mode_enabled())
 
 
 @builtin(torch.get_default_dtype)

@@ -95,7 +95,7 @@ class TraceContext:
         for kind, saved in reversed(self.state_changes[start:]):
             if kind == "grad":
                 torch._C._set_grad_enabled(saved)
-            elif kind == "autocast":
+            elif kind in ("autocast", "inference_mode"):
                 saved.__exit__(None, None, None)
             elif kind == "autocast_state":
                 device_type, state = saved

@@ -44,6 +44,7 @@ COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operato
 def key_of(v):
     """A dict key: constants by value, objects by identity (module state tensors too)."""
     if isinstance(v, ObjectValue):
+        v.pin_identity()     # a dict made in the trace keeps this very object as its key
         return v.obj
     if isinstance(v, TensorValue) and v.node.op == "get_attr":
         # Identity-guarded (parameters, optimizer state): the real tensor is the key.
@@ -220,6 +221,8 @@ def _compare_special(frame, op, a, b):
 def is_same(a, b):
     if a is b:
         return True
+    if getattr(a, "selected", None) is not None or getattr(b, "selected", None) is not None:
+        raise Unsupported("whether the tensor max()/min() chose is this object depends on the tensors' data")
     if isinstance(a, ConstantValue) and isinstance(b, ConstantValue):
         return a.value is b.value
     if isinstance(a, ObjectValue) and isinstance(b, ObjectValue):
