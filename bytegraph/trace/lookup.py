@@ -30,7 +30,7 @@ from ..datamodel import MISSING, class_attr, class_lookup, class_lookup_owner, h
 from ..errors import Unsupported
 from ..guards import builder as g
 from ..guards import stamps
-from ..guards.sources import AttrSource, ClassEntrySource, ModuleEntrySource, ObjectSource, RawAttrSource
+from ..guards.sources import AttrSource, ClassEntrySource, ItemSource, ModuleEntrySource, ObjectSource, RawAttrSource
 from ..values.base import BoundMethodValue, ConstantValue, DictValue, MethodOfValue, ObjectValue, PrivateObjectValue
 from ..values.builder import CONSTANT_TYPES, wrap
 from . import exceptions, ops
@@ -171,14 +171,23 @@ class ExistingInstance(Instance):
             # (guards.stamps: checked only after the module changed).
             tx.unguarded_reads += 1
             return wrap(tx, value, None)
-        return wrap(tx, value, self.attr_source(name))
+        return wrap(tx, value, self.own_source(name))
+
+    def own_source(self, name):
+        """Where guards re-read the instance's own entry ``name``: ``obj.name``, unless a data
+        descriptor of the class would answer that read (``super()`` and cached_property read the
+        entry past it): then ``obj.__dict__[name]``."""
+        if self.source is not None and is_data_descriptor(class_attr(self.cls, name)):
+            return ItemSource(self.attr_source("__dict__"), name)
+        return self.attr_source(name)
 
     def slot(self, frame, name):
         return self._read(frame, name)
 
     def cache(self, frame, name, value):
         if self.source is None or not isinstance(getattr(self.obj, "__dict__", None), dict) \
-                or isinstance(self.obj, (type, types.ModuleType)):
+                or isinstance(self.obj, (type, types.ModuleType)) or is_data_descriptor(class_attr(self.cls, name)):
+            # (past a data descriptor of the same name the store could not be replayed as a store)
             super().cache(frame, name, value)
         # Recorded like a plain attribute store, done after the graph (object.__setattr__ where
         # the class has its own __setattr__: codegen.transformed).
