@@ -233,12 +233,17 @@ class Rebuilder:
         if isinstance(v, FunctionValue):
             return self._function(v)
         if isinstance(v, UserObjectValue):
-            body = ", ".join(f"{k!r}: {self.expr(i)}" for k, i in v.attrs.items())
+            # __slots__ members are set through their descriptors; the rest is the new object's
+            # own __dict__ (set past any descriptor of the class, as the trace stored it).
+            slots = {k for k in v.attrs if isinstance(class_attr(v.cls, k), types.MemberDescriptorType)}
+            own = ", ".join(f"{k!r}: {self.expr(i)}" for k, i in v.attrs.items() if k not in slots)
+            slot_values = ", ".join(f"{k!r}: {self.expr(i)}" for k, i in v.attrs.items() if k in slots)
             self.ns.ns["__new_object"] = new_object
-            if v.dict_items is None:
-                return self.temp(f"__new_object({self.ns.ref(v.cls, 'cls')}, {{{body}}})")
-            items = ", ".join(f"({self.key(k)}, {self.expr(i)})" for k, i in v.dict_items.items.items())
-            return self.temp(f"__new_object({self.ns.ref(v.cls, 'cls')}, {{{body}}}, [{items}])")
+            items = ", ".join(f"({self.key(k)}, {self.expr(i)})" for k, i in v.dict_items.items.items()) \
+                if v.dict_items is not None else None
+            extra = f", [{items}]" if items is not None else (", None" if slot_values else "")
+            extra += f", {{{slot_values}}}" if slot_values else ""
+            return self.temp(f"__new_object({self.ns.ref(v.cls, 'cls')}, {{{own}}}{extra})")
         if isinstance(v, PartialValue):
             parts = [self.expr(v.func)] + [self.expr(a) for a in v.args] \
                 + [f"{k}={self.expr(a)}" for k, a in v.kwargs.items()]
@@ -458,21 +463,21 @@ def make_function(code, fn_globals, name, defaults, kwdefaults, closure):
     return fn
 
 
-def new_object(cls, attrs, dict_items=None):
-    """An instance of ``cls`` with these attributes (and, for a dict subclass, these items),
-    made without calling ``__init__`` or a ``__setitem__`` of the class again."""
+def new_object(cls, own, dict_items=None, slots=None):
+    """An instance of ``cls`` with these entries in its ``__dict__`` (``own``), these ``__slots__``
+    members and, for a dict subclass, these items, made without calling ``__init__`` or a
+    ``__setitem__`` of the class again."""
     obj = cls.__new__(cls)
     if dict_items is not None:
         # The nearest native dict type's own store keeps an OrderedDict's order bookkeeping right.
         store = next(b for b in cls.__mro__ if b.__module__ in ("builtins", "collections")).__setitem__
         for key, value in dict_items:
             store(obj, key, value)
-    own = getattr(obj, "__dict__", None)
-    for name, value in attrs.items():
-        if own is not None and not isinstance(class_attr(cls, name), types.MemberDescriptorType):
-            own[name] = value   # the instance's own entry, past any descriptor of the class
-        else:
-            object.__setattr__(obj, name, value)   # a __slots__ member
+    if own:
+        obj.__dict__.update(own)
+    if slots:
+        for name, value in slots.items():
+            object.__setattr__(obj, name, value)
     return obj
 
 

@@ -330,18 +330,24 @@ def _object_attr_read(frame, v, name):
         return wrap(tx, value, None if is_trusted_module(obj) else asrc)
     if isinstance(obj, type):
         trusted = obj.__module__.split(".")[0] in ("torch", "builtins", "collections", "typing", "enum")
-        # A class read without a source (`type(obj)`) is guarded through the class itself: its
-        # attributes can change between calls (`Model.scale = 2`).
-        csrc = src or (None if trusted else ObjectSource(obj, obj.__qualname__))
         try:
             value = getattr(obj, name)
         except AttributeError:
-            if csrc is not None and src is None:
-                tx.guards.add(MISSING_ATTR, csrc, name)
+            if src is None and not trusted:
+                tx.guards.add(MISSING_ATTR, ObjectSource(obj, obj.__qualname__), name)
             raise MissingAttribute(f"type object {no_attr_name(obj)} has no attribute {name!r}") from None
         if trusted:
             return wrap(tx, value, None)
-        return wrap(tx, value, AttrSource(csrc, name))
+        if src is None:
+            # A class read without a source (`type(obj).x`): what the attribute is bound to is
+            # guarded through the class (`Model.scale = 2` later), by value or identity; its
+            # contents are taken as fixed (guarding a dataclass's fields item by item costs
+            # every call).
+            where = AttrSource(ObjectSource(obj, obj.__qualname__), name)
+            fixed = type(value) in CONSTANT_TYPES
+            tx.guards.add(g.CONSTANT_MATCH if fixed else g.ID_MATCH, where, value)
+            return wrap(tx, value, None)
+        return wrap(tx, value, asrc)
     cls = type(obj)
     if cls is types.MappingProxyType and name in _DICT_READS:
         return MethodOfValue(proxy_dict(frame, v), name)
@@ -575,8 +581,6 @@ def descriptor_store(frame, obj, cls, name, value, delete=False):
     Python or a ``property``: its setter (deleter) is traced. False if no such descriptor applies;
     a slot member (``__slots__``) is left to the caller."""
     attr = class_attr(cls, name)
-    if isinstance(obj, (UserObjectValue, ExceptionValue)):
-        lookup.guard_class_entry(frame, cls, name, attr)   # which case applies rests on the class
     if attr is MISSING or not is_data_descriptor(attr) or isinstance(attr, types.MemberDescriptorType):
         return False
     what = "deleter" if delete else "setter"

@@ -93,9 +93,9 @@ class Instance:
                           "function (a class with its own __getattribute__) is not supported yet")
 
     def depends_on_class(self, frame, name, attr):
-        """The answer for ``name`` rests on what the class's MRO holds for it (``attr``, or
-        ``MISSING``). Guarded only for objects made in the trace: an existing object's answer is
-        re-read through its source by its own guards."""
+        """The answer for ``name`` rests on the class's MRO holding ``attr`` (``MISSING``: nothing)
+        for it. Guarded only for objects made in the trace: an existing object's answer is re-read
+        through its source by its own guards. (What ``bind`` finds on a class it guards itself.)"""
 
     def missing(self, name):
         return f"{no_attr_name(self.cls)} object has no attribute {name!r}"
@@ -278,6 +278,8 @@ def guard_class_entry(frame, cls, name, attr):
     """Guard that ``cls``'s MRO still holds ``attr`` for ``name`` (``MISSING``: nothing), before
     any ``__get__``: which of Python's cases answered depends on it (a data descriptor added to
     the class later answers before the instance's own attribute)."""
+    if isinstance(attr, types.GetSetDescriptorType):
+        return   # a C type's own descriptor (__dict__, __weakref__): classes do not replace them
     csrc = class_source(cls)
     if csrc is not None:
         frame.tx.guards.add(g.ID_MATCH, ClassEntrySource(csrc, name), attr)
@@ -314,16 +316,18 @@ def instance_attr(frame, inst, name):
 def generic_attr(frame, inst, name):
     """``object.__getattribute__(obj, name)``: data descriptors, own ``__dict__``, class."""
     attr = class_attr(inst.cls, name)
-    inst.depends_on_class(frame, name, attr)
     found = attr is not MISSING
     if found and is_data_descriptor(attr):
-        return bind(frame, inst, name, attr)
+        return bind(frame, inst, name, attr)   # (bind guards what it found on the class)
     own = inst.own(frame, name)
     if own is not None:
+        # (The class is not guarded here: only a data descriptor set on it later would answer
+        # instead, and guarding every field of every object made in the trace costs each call.)
         return own
     if found:
         inst.class_answered(frame, name)
         return bind(frame, inst, name, attr)
+    inst.depends_on_class(frame, name, MISSING)   # a class attribute set later would answer
     raise MissingAttribute(inst.missing(name))
 
 
