@@ -26,6 +26,15 @@ def class_attr(cls, name):
     return MISSING
 
 
+def raw_attr(obj, name):
+    """``object.__getattribute__(obj, name)``, or ``MISSING`` where that raises AttributeError
+    (an unset ``__slots__`` member): what guards compare to know a slot is still unset."""
+    try:
+        return object.__getattribute__(obj, name)
+    except AttributeError:
+        return MISSING
+
+
 def class_lookup(cls, name):
     """``(attr, True)`` as ``class_attr`` finds it, else ``(None, False)``."""
     attr = class_attr(cls, name)

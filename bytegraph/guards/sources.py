@@ -8,7 +8,7 @@ messages.
 import math
 from dataclasses import dataclass
 
-from ..datamodel import class_attr
+from ..datamodel import class_attr, raw_attr
 
 
 def _source(cls):
@@ -267,6 +267,28 @@ class ClassEntrySource(Source):
 
 
 @_source
+class RawAttrOrMissingSource(Source):
+    """``object.__getattribute__(base, attr)``, or ``datamodel.MISSING`` where that raises
+    AttributeError (``datamodel.raw_attr``): an unset ``__slots__`` member is guarded as MISSING."""
+    base: Source
+    attr: str
+
+    def expr_over(self, render):
+        return f"{render(_RAW_ATTR)}({render(self.base)}, {self.attr!r})"
+
+    def name(self):
+        return f"{_plain(self.base)}.{self.attr}"
+
+    @property
+    def root(self):
+        return self.base.root
+
+    @property
+    def base_source(self):
+        return self.base
+
+
+@_source
 class RawItemSource(Source):
     """``dict.__getitem__(base, key)``: an item of a dict subclass read past its own
     ``__getitem__`` (one that computes, like HF's ``ClassInstantier``)."""
@@ -372,3 +394,4 @@ class ObjectSource(Source):
 _OBJECT_GETATTRIBUTE = ObjectSource(object.__getattribute__, "object.__getattribute__")
 _DICT_GETITEM = ObjectSource(dict.__getitem__, "dict.__getitem__")
 _CLASS_ATTR = ObjectSource(class_attr, "class_attr")
+_RAW_ATTR = ObjectSource(raw_attr, "raw_attr")

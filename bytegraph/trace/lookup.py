@@ -26,11 +26,13 @@ from collections import OrderedDict
 
 import torch
 
-from ..datamodel import MISSING, class_attr, class_lookup, class_lookup_owner, has_python_get, is_data_descriptor
+from ..datamodel import (MISSING, class_attr, class_lookup, class_lookup_owner, has_python_get, is_data_descriptor,
+                         raw_attr)
 from ..errors import Unsupported
 from ..guards import builder as g
 from ..guards import stamps
-from ..guards.sources import AttrSource, ClassEntrySource, ItemSource, ModuleEntrySource, ObjectSource, RawAttrSource
+from ..guards.sources import (AttrSource, ClassEntrySource, ItemSource, ModuleEntrySource, ObjectSource,
+                              RawAttrOrMissingSource, RawAttrSource)
 from ..values.base import BoundMethodValue, ConstantValue, DictValue, MethodOfValue, ObjectValue, PrivateObjectValue
 from ..values.builder import CONSTANT_TYPES, wrap
 from . import exceptions, ops
@@ -174,14 +176,21 @@ class ExistingInstance(Instance):
         return wrap(tx, value, self.own_source(name))
 
     def own_source(self, name):
-        """Where guards re-read the instance's own entry ``name``: ``obj.name``, unless a data
-        descriptor of the class would answer that read (``super()`` and cached_property read the
-        entry past it): then ``obj.__dict__[name]``."""
-        if self.source is not None and is_data_descriptor(class_attr(self.cls, name)):
-            return ItemSource(self.attr_source("__dict__"), name)
+        """Where guards re-read the instance's own entry ``name``: ``obj.name``, unless something
+        else would answer that read — a data descriptor of the class, or its own
+        ``__getattribute__`` (``super()`` and cached_property read the entry past them): then
+        ``object.__getattribute__(obj, '__dict__')[name]``."""
+        if self.source is None:
+            return None
+        if is_data_descriptor(class_attr(self.cls, name)) or not (
+                self.raw or is_generic_getattribute(class_attr(self.cls, "__getattribute__"))):
+            return ItemSource(RawAttrSource(self.source, "__dict__"), name)
         return self.attr_source(name)
 
     def slot(self, frame, name):
+        if self.source is not None and raw_attr(self.obj, name) is MISSING:
+            # Unset: what answers instead (__getattr__, getattr's default) rests on that.
+            frame.tx.guards.add(g.ID_MATCH, RawAttrOrMissingSource(self.source, name), MISSING)
         return self._read(frame, name)
 
     def cache(self, frame, name, value):
