@@ -659,8 +659,10 @@ def del_attr(frame, obj, name):
         tx.attr_stores.pop(key + ("deleted first",), None)
         _note_store(tx, obj.obj, name, DELETED)
         if name in obj.obj.__dict__:
-            # The replayed `del` needs the attribute on entry: guard that it is there.
-            tx.guards.add(g.TYPE_MATCH, AttrSource(obj.source, name), type(obj.obj.__dict__[name]))
+            # The replayed `del` needs the attribute in the object's own __dict__ on entry
+            # (`obj.name` could be answered by the class once it is gone): guard that it is there.
+            tx.guards.add(g.TYPE_MATCH, ItemSource(AttrSource(obj.source, "__dict__"), name),
+                          type(obj.obj.__dict__[name]))
             tx.attr_stores[(id(obj.obj), name)] = (obj, name, DELETED)
         # else: set earlier in this trace only; dropping that store is the whole effect.
         tx.effects_recorded += 1
