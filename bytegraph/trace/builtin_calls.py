@@ -294,33 +294,16 @@ def _plain_size(v):
 def _select_by_tensors(frame, fn, items, keys):
     """``max``/``min`` whose comparisons are between tensors: Python keeps the first item and
     replaces it by each later one whose key compares greater (``>``; ``<`` for min), which needs
-    ``bool()`` of a one-element tensor. When every item is a tensor of one shape, dtype and
-    device that does not need grad, and every key has one element, that choice is
-    ``torch.where(key > best, item, best)`` (the same values as picking the object); otherwise
-    the comparison's truth value is data-dependent and the graph breaks."""
-    first = items[0]
-    # Items that need grad would all be connected to the result (eager leaves the others' .grad
-    # None), so those keep Python's bool() at a break.
-    same_kind = all(isinstance(i, TensorValue) and not i.fake.requires_grad for i in items) and all(
-        i.fake.shape == first.fake.shape and i.fake.dtype == first.fake.dtype and i.fake.device == first.fake.device
-        for i in items)
-    one_element = all(isinstance(k, TensorValue) and not isinstance(k.fake.numel(), torch.SymInt)
-                      and k.fake.numel() == 1 and k.fake.shape == keys[0].fake.shape
-                      and k.fake.dtype == keys[0].fake.dtype for k in keys)
-    if not (same_kind and one_element):
-        raise Unsupported(f"{fn.__name__}() compares tensors: Python needs bool() of each comparison, which "
-                          "depends on the tensors' data", hint=TENSOR_DATA_HINT)
-    graph = frame.tx.graph
-    compare = operator.gt if fn is max else operator.lt
-    best, best_key = first, keys[0]
-    for item, key in zip(items[1:], keys[1:]):
-        cond = graph.call("call_function", compare, [key, best_key], {})
-        if cond.fake.dim() != 0:
-            cond = graph.call("call_method", "reshape", [cond, ConstantValue(())], {})
-        best = graph.call("call_function", torch.where, [cond, item, best], {})
-        best_key = graph.call("call_function", torch.where, [cond, key, best_key], {}) if key is not item \
-            else best
-    return best
+    ``bool()`` of each comparison, so the graph breaks there and Python chooses.
+
+    Not ``torch.where(key > best, item, best)`` in the graph: that has the chosen item's values
+    but is a new tensor, where Python returns the item itself (a view of an argument, a tensor
+    the frame keeps using), so an in-place update of the result, ``is``, or the caller's writes
+    to the returned tensor would differ from eager."""
+    raise Unsupported(f"{fn.__name__}() compares tensors: Python needs bool() of each comparison, which "
+                      "depends on the tensors' data, and returns one of the tensors itself",
+                      hint="torch.maximum(a, b) / torch.minimum(a, b) (a new tensor) or torch.stack(items).amax(0) "
+                           "keep it in the graph; " + TENSOR_DATA_HINT)
 
 
 def _sort_keys(frame, items, key, what):
