@@ -43,9 +43,7 @@ def test_float_keeps_tensor_dtype_rules():
         return x * s, h * s, i * s, (x.sum() / s), x.add(h.float(), alpha=s)
 
     x, h, i = torch.randn(3), torch.randn(3).half(), torch.arange(3)
-    for s in (0.1, 0.7, 3.25):
-        expected = f(x, h, i, s)
-        cnt = CompileCounter()
+    cnt = CompileCounter()
     compiled = bytegraph.compile(f, backend=cnt)
     for s in (0.1, 0.7, 3.25):
         for e, a in zip(f(x, h, i, s), compiled(x, h, i, s)):
