@@ -255,12 +255,15 @@ def _freshened(make, seed):
     return fresh_make
 
 
-def torch_compile_graphs(fn, *calls, dynamic=None, kwargs=None):
+def torch_compile_graphs(fn, *calls, dynamic=None, kwargs=None, per_call=False, before_each=None):
     """How many graphs torch.compile (the reference) makes of ``fn`` over ``calls`` (argument
-    tuples, each cloned; ``kwargs`` for every call), counted by a backend that runs each graph
-    as it is."""
+    tuples, or ``(args, kwargs)`` pairs, each cloned; ``kwargs`` for every call), counted by a
+    backend that runs each graph as it is. ``per_call``: the count after each call, a list.
+    ``before_each()`` runs before every call (state the function changes put back). An
+    exception the function raises (as in eager) ends that call only."""
     import torch._dynamo
     count = [0]
+    after = []
 
     def backend(gm, example_inputs):
         count[0] += 1
@@ -269,14 +272,21 @@ def torch_compile_graphs(fn, *calls, dynamic=None, kwargs=None):
     torch._dynamo.reset()
     try:
         compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
-        for args in calls:
+        for call in calls:
+            if len(call) == 2 and type(call[0]) is tuple and type(call[1]) is dict:
+                args, call_kwargs = call
+            else:
+                args, call_kwargs = call, {}
+            if before_each is not None:
+                before_each()
             try:
-                compiled(*clone_input(args), **clone_input(kwargs or {}))
-            except Exception:   # an exception eager raises too: the graphs before it count
+                compiled(*clone_input(args), **clone_input({**(kwargs or {}), **call_kwargs}))
+            except Exception:   # noqa: BLE001 - the graphs made before it count
                 pass
+            after.append(count[0])
     finally:
         torch._dynamo.reset()
-    return count[0]
+    return after if per_call else count[0]
 
 
 def splitting_backend(split, parts, outers):
