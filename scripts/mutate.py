@@ -91,6 +91,7 @@ def main():
     parser.add_argument("-n", "--workers", default="2", help="pytest-xdist workers (default 2)")
     parser.add_argument("--reference", action="store_true", help="also run once with no break")
     args, pytest_args = parser.parse_known_args()
+    sys.stdout.reconfigure(line_buffering=True)
     mutations = args.mutation or list(MUTATIONS)
     if args.reference:
         mutations = [None] + mutations
