@@ -9,8 +9,12 @@ that ran eagerly instead of being traced, a graph call answered from the memo, a
 would have failed and passed, a trace whose side effects were dropped, a resume function that
 was skipped. The count goes into the item's ``user_properties`` (and so into ``--junitxml``),
 so the runner can tell the items a break reached from the items it never touched.
+
+A break can make a test loop forever (a memoised graph answering a ``while`` condition the
+same way every time): each item fails after ``BYTEGRAPH_MUTATION_TIMEOUT`` seconds (default 60).
 """
 import os
+import signal
 
 import pytest
 
@@ -116,10 +120,31 @@ def pytest_configure(config):
     _APPLY[name]()
 
 
+class MutationTimeout(BaseException):
+    """Not an Exception: code that catches those (the tests' own helpers, bytegraph) lets it pass."""
+
+
+def _timed_out(signum, frame):
+    raise MutationTimeout(f"the test ran longer than {_timeout()} s under the mutation")
+
+
+def _timeout():
+    return int(os.environ.get("BYTEGRAPH_MUTATION_TIMEOUT", "60"))
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     _fired[0] = 0
-    return (yield)
+    mutated = bool(os.environ.get("BYTEGRAPH_MUTATION"))
+    if mutated:
+        previous = signal.signal(signal.SIGALRM, _timed_out)
+        signal.alarm(_timeout())
+    try:
+        return (yield)
+    finally:
+        if mutated:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -50,7 +50,7 @@ def run_pytest(mutation, pytest_args, workers, xml_path):
 
 
 def read_results(xml_path):
-    """{file: [(passed, fired), ...]} from a junit xml file (skipped items left out)."""
+    """{file: [(passed, fired, name), ...]} from a junit xml file (skipped items left out)."""
     per_file = collections.defaultdict(list)
     for case in ET.parse(xml_path).getroot().iter("testcase"):
         outcome = {child.tag for child in case}
@@ -65,19 +65,24 @@ def read_results(xml_path):
         name = os.path.basename(path.split("::")[0])
         if not name.endswith(".py"):
             name = case.get("classname", "?").split(".")[-1] + ".py"
-        per_file[name].append((passed, fired > 0))
+        per_file[name].append((passed, fired > 0, case.get("name")))
     return per_file
 
 
-def table(mutation, per_file, seconds):
+def table(mutation, per_file, seconds, survivors=False):
     print(f"\n== {mutation}: {MUTATIONS.get(mutation, 'bytegraph as it is')} ({seconds:.0f} s)")
     print(f"{'file':42} {'items':>6} {'pass':>6} {'reached':>8} {'reached+pass':>13}")
     totals = [0, 0, 0, 0]
     for name in sorted(per_file):
         rows = per_file[name]
-        counts = [len(rows), sum(p for p, _ in rows), sum(f for _, f in rows), sum(p and f for p, f in rows)]
+        counts = [len(rows), sum(p for p, _, _ in rows), sum(f for _, f, _ in rows),
+                  sum(p and f for p, f, _ in rows)]
         totals = [a + b for a, b in zip(totals, counts)]
         print(f"{name:42} {counts[0]:6} {counts[1]:6} {counts[2]:8} {counts[3]:13}")
+        if survivors:
+            for passed, fired, item in rows:
+                if passed and fired:
+                    print(f"    survived: {item}")
     items, passed, reached, survived = totals
     share = f"{100 * survived / reached:.1f}%" if reached else "-"
     print(f"{'total':42} {items:6} {passed:6} {reached:8} {survived:13}   survivors among reached: {share}")
@@ -90,6 +95,7 @@ def main():
                         help="a break to apply (repeatable; default: all)")
     parser.add_argument("-n", "--workers", default="2", help="pytest-xdist workers (default 2)")
     parser.add_argument("--reference", action="store_true", help="also run once with no break")
+    parser.add_argument("--survivors", action="store_true", help="list the reached items that still pass")
     args, pytest_args = parser.parse_known_args()
     sys.stdout.reconfigure(line_buffering=True)
     mutations = args.mutation or list(MUTATIONS)
@@ -101,7 +107,7 @@ def main():
             xml_path = os.path.join(folder, f"{mutation or 'reference'}.xml")
             seconds = run_pytest(mutation, pytest_args or ["tests"], args.workers, xml_path)
             summary.append((mutation or "reference", table(mutation or "reference", read_results(xml_path),
-                                                           seconds)))
+                                                           seconds, args.survivors and mutation is not None)))
     print("\n== summary")
     print(f"{'break':18} {'items':>6} {'pass':>6} {'reached':>8} {'reached+pass':>13} {'survivors':>10}")
     for name, (items, passed, reached, survived) in summary:
