@@ -24,7 +24,8 @@ from bytegraph.debug import records
 from bytegraph.testing import CompileCounter, same
 
 __all__ = ["check", "check_program", "run_observed", "assert_same_run", "clone_input", "fresh_input", "assert_same",
-           "compile_counted", "torch_compile_graphs", "assert_no_internal_errors", "CompileCounter", "same"]
+           "compile_counted", "torch_compile_graphs", "assert_no_internal_errors", "assert_compiled", "CompileCounter",
+           "same"]
 
 
 def clone_input(value, _memo=None):
@@ -96,6 +97,15 @@ def internal_error_fallbacks():
 def assert_no_internal_errors():
     fallbacks = internal_error_fallbacks()
     assert not fallbacks, "frames fell back to eager after an internal error:\n" + "\n".join(fallbacks)
+
+
+def assert_compiled(cnt):
+    """What the test ran was compiled, not run eagerly: at least one graph, and no frame fell
+    back to eager (for tests whose point is that a construct resumes after its break, where the
+    number of graphs follows from the inputs' branches rather than being the point)."""
+    fallbacks = [f"{r.name}: {r.fallback_reason}" for r in records.frames if r.fallback_reason]
+    assert cnt.frame_count >= 1 and not fallbacks, (
+        f"{cnt.frame_count} graph(s); frames run eagerly:\n" + "\n".join(fallbacks))
 
 
 def _tensors(value, path="out"):

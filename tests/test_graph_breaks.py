@@ -26,9 +26,10 @@ from torch import nn
 
 import bytegraph
 import bytegraph.backends.aot
+import bytegraph.testing
 from bytegraph.backends import regions
 from bytegraph.debug import records
-from helpers import (assert_no_internal_errors, assert_same, assert_same_run, clone_input, compile_counted,
+from helpers import (assert_compiled, assert_no_internal_errors, assert_same, assert_same_run, clone_input, compile_counted,
                      fresh_input, run_observed, torch_compile_graphs)
 
 
@@ -471,6 +472,7 @@ def test_a_graph_that_only_leaves_autocast_is_not_compiled(capsys, enabled):
     assert (enabled_after, dtype_after) == (e_enabled, e_dtype) == (False, torch.bfloat16)
     assert all(any(n.op == "call_function" and not regions.is_state_node(n) for n in g.graph.nodes)
                for g in graphs)
+    assert len(graphs) == 1     # the matmul and sum; the block's end after the print: no graph
 
 
 def autocast_left_then_more_work(a, b):
@@ -485,13 +487,15 @@ def test_leaving_autocast_in_a_compiled_graph_leaves_it_for_the_caller(capsys):
     # The resume function's graph leaves the block; AOTAutograd's compiled graph does not switch
     # autocast when it runs, so the generated code sets what the graph leaves.
     a, b = t(4, 4), t(4, 4)
-    compiled = bytegraph.compile(autocast_left_then_more_work, backend="aot_eager")
+    cnt = bytegraph.testing.CompileCounter(bytegraph.backends.aot.aot_eager)
+    compiled = bytegraph.compile(autocast_left_then_more_work, backend=cnt)
     for _ in range(2):
         z, enabled_inside, dtype_inside = compiled(a, b)
         assert not torch.is_autocast_enabled("cpu")
         assert (enabled_inside, dtype_inside) == (False, torch.float32)
     ez, _, _ = autocast_left_then_more_work(a, b)
     assert torch.equal(z, ez)
+    assert cnt.frame_count == 2      # before the print, and after it (leaving the block)
 
 
 class _RecordingCM:
@@ -629,6 +633,7 @@ def test_while_loop_with_tensor_condition_stops_at_the_right_step(capsys):
         for start in (4.0, 1.0, -1.0, 7.0, 2.0, 12.0):
             x = torch.full((3,), start)
             assert_same(fn(x.clone()), compiled(x.clone()))
+        assert_compiled(cnt)
 
 
 def test_while_loop_with_tensor_condition_and_print(capsys):
@@ -848,6 +853,7 @@ def test_object_attributes_mutated_across_breaks(capsys):
         assert capsys.readouterr().out == expected_out
         assert_same(expected, actual)
         assert eager_box.snapshot() == comp_box.snapshot()
+    assert_compiled(cnt)
 
 
 COUNTER = 0
@@ -882,8 +888,9 @@ def test_globals_keep_accumulating_across_calls(capsys):
     eager_state = (COUNTER, list(EVENTS))
     eager_out = capsys.readouterr().out
     _reset_globals()
-    compiled, _ = compile_counted(mutates_globals)
+    compiled, cnt = compile_counted(mutates_globals)
     actual = [compiled(x) for _ in range(3)]
+    assert_compiled(cnt)    # (COUNTER's value is guarded, then symbolic: 5 graphs; torch.compile 6)
     assert capsys.readouterr().out == eager_out
     assert_same(eager, actual)
     assert (COUNTER, list(EVENTS)) == eager_state
@@ -953,6 +960,8 @@ def test_item_value_changes_between_calls(capsys):
     for scale in (1.0, -2.0, 3.0, -4.0):
         x = torch.ones(4) * scale
         assert_same(uses_item(x), compiled(x))
+    # The sum's graph, and per value of the number the rest (it is compared, see above): 1 + 4.
+    assert cnt.frame_count == 5
 
 
 def test_tolist(capsys):
@@ -1012,6 +1021,8 @@ def test_logging_info(capsys, caplog):
         msgs = [r.getMessage() for r in caplog.records if r.name == _LOGGER_NAME]
         assert msgs == eager_msgs
         caplog.clear()
+    # Broken at the logger's lock, float(tensor) and the record's writing: as torch.compile, 3.
+    assert cnt.frame_count == 3 == torch_compile_graphs(logs_info, (x,))
 
 
 def unknown_c_call(x):
@@ -1235,6 +1246,7 @@ def test_break_in_module_forward_with_attribute_mutation(capsys):
         assert capsys.readouterr().out == expected_out
         assert_same(expected, actual)
     assert eager_mod.calls == comp_mod.calls == 3
+    assert_compiled(cnt)
 
 
 def test_break_with_requires_grad_backward(capsys):
@@ -1514,8 +1526,9 @@ def test_tensor_branch_in_nested_loops_then_more_loops():
 
     args = (torch.randn(1, 2), torch.randn(1, 2), [-1, 1, 3, -1], 3)
     expected = f(*clone_input(args))
-    compiled, _ = compile_counted(f)
+    compiled, cnt = compile_counted(f)
     assert_same(expected, compiled(*clone_input(args)))
+    assert_compiled(cnt)
 
 
 # ---------------------------------------------------------------- branches and breaks inside try/with
@@ -1827,11 +1840,12 @@ class _Opaque:
 
 def _same_as_eager_on_each(fn, inputs):
     """One compiled function, called on every input (twice each): same run as eager on all."""
-    compiled, _ = compile_counted(fn)
+    compiled, cnt = compile_counted(fn)
     for name, make in inputs:
         expected = run_observed(fn, make)
         for i in range(2):
             assert_same_run(expected, run_observed(compiled, make), f"for z {name} (call {i + 1})")
+    assert_compiled(cnt)     # the break inside try/with resumed (torch.compile runs these eagerly)
 
 
 @pytest.mark.parametrize("fn", [
@@ -1957,9 +1971,10 @@ def _fresh_stale():
 ], ids=["attribute-item-global", "cell"])
 def test_values_read_before_a_breaking_call_keep_what_was_read(fn, make):
     expected = run_observed(fn, make)
-    compiled, _ = compile_counted(fn)
+    compiled, cnt = compile_counted(fn)
     for i in range(3):
         assert_same_run(expected, run_observed(compiled, make), f"(call {i + 1})")
+    assert_compiled(cnt)
 
 
 def _breaks_then_raises():
