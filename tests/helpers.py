@@ -251,18 +251,34 @@ def check_program(fn, make, graphs=1, fullgraph=None, calls=2, rtol=1e-5, atol=1
 
 
 def _freshened(make, seed):
-    """``make`` whose tensors have other values (the same ones on every call of it): its inputs
-    are taken once and given other values (``fresh_input``), and every call hands out copies
-    of those, with the state and ``observe`` of a new ``make()``."""
-    fresh = []
-
+    """``make`` whose tensors have other values (the same ones on every call of it): each
+    ``make()``'s tensors are replaced by copies with other values (``refill``) inside the
+    containers ``make()`` returned (a tuple is rebuilt), so ``observe`` sees what the function
+    was given; the tensors ``make()`` returned are not changed (they may be shared)."""
     def fresh_make():
         args, kwargs, observe = make()
-        if not fresh:
-            fresh.append(fresh_input((args, kwargs), seed))
-        fresh_args, fresh_kwargs = clone_input(fresh[0])
-        return fresh_args, fresh_kwargs, observe
+        memo = {}
+        args, kwargs = _fresh_tensors(args, memo), _fresh_tensors(kwargs, memo)
+        refill(list(memo.values()), seed)
+        return args, kwargs, observe
     return fresh_make
+
+
+def _fresh_tensors(value, memo):
+    if isinstance(value, torch.Tensor):
+        if id(value) not in memo:
+            memo[id(value)] = clone_input(value)
+        return memo[id(value)]
+    if type(value) is list:
+        value[:] = [_fresh_tensors(v, memo) for v in value]
+        return value
+    if type(value) is tuple:
+        return tuple(_fresh_tensors(v, memo) for v in value)
+    if type(value) is dict:
+        for k in value:
+            value[k] = _fresh_tensors(value[k], memo)
+        return value
+    return value
 
 
 def torch_compile_graphs(fn, *calls, dynamic=None, kwargs=None, per_call=False, before_each=None):
