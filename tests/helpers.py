@@ -281,10 +281,11 @@ def _fresh_tensors(value, memo):
     return value
 
 
-def torch_compile_graphs(fn, *calls, dynamic=None, kwargs=None, per_call=False, before_each=None):
+def torch_compile_graphs(fn, *calls, dynamic=None, kwargs=None, per_call=False, before_each=None,
+                         with_kwargs=False):
     """How many graphs torch.compile (the reference) makes of ``fn`` over ``calls`` (argument
-    tuples, or ``(args, kwargs)`` pairs, each cloned; ``kwargs`` for every call), counted by a
-    backend that runs each graph as it is. ``per_call``: the count after each call, a list.
+    tuples, each cloned; ``with_kwargs``: ``(args, kwargs)`` pairs; ``kwargs`` for every call),
+    counted by a backend that runs each graph as it is. ``per_call``: the count after each call, a list.
     ``before_each()`` runs before every call (state the function changes put back). An
     exception the function raises (as in eager) ends that call only."""
     import torch._dynamo
@@ -299,10 +300,7 @@ def torch_compile_graphs(fn, *calls, dynamic=None, kwargs=None, per_call=False, 
     try:
         compiled = torch.compile(fn, backend=backend, dynamic=dynamic)
         for call in calls:
-            if len(call) == 2 and type(call[0]) is tuple and type(call[1]) is dict:
-                args, call_kwargs = call
-            else:
-                args, call_kwargs = call, {}
+            args, call_kwargs = call if with_kwargs else (call, {})
             if before_each is not None:
                 before_each()
             try:

@@ -137,7 +137,8 @@ def run_diff(fn, *args, capsys, graphs=None, later_graphs=0, torch_graphs=_SAME,
             cnt, f"expected {later_graphs} graph(s) more from the later calls")
     if graphs is not None and torch_graphs is not None:
         reset()
-        made = torch_compile_graphs(module if module is not None else fn, *inputs, per_call=True, before_each=reset)
+        made = torch_compile_graphs(module if module is not None else fn, *inputs, per_call=True, before_each=reset,
+                                    with_kwargs=True)
         capsys.readouterr()
         name = getattr(fn, "__name__", type(fn).__name__)
         if torch_graphs is _SAME:
