@@ -35,6 +35,10 @@ from pathlib import Path
 _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
+# BYTEGRAPH_ROOT: measure the bytegraph of another checkout (bench/before_after.py).
+import os  # noqa: E402
+if os.environ.get("BYTEGRAPH_ROOT"):
+    sys.path.insert(0, os.environ["BYTEGRAPH_ROOT"])
 
 import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
@@ -318,6 +322,8 @@ def main(argv=None):
                         help="seconds one measurement may take before it and the subject's remaining "
                              "measurements are abandoned (default 120; 0: none)")
     parser.add_argument("--traceback", action="store_true", help="print tracebacks of failures to stderr")
+    parser.add_argument("--bytegraph-only", action="store_true",
+                        help="measure bytegraph alone (torch.compile's columns stay empty)")
     args = parser.parse_args(argv)
 
     names = [n.strip() for item in (args.only or [",".join(SUBJECTS)]) for n in item.split(",") if n.strip()]
@@ -332,6 +338,8 @@ def main(argv=None):
                 threads=torch.get_num_threads(), repeat=args.repeat, target_ms=args.target_ms)
     print(f"torch {meta['torch']}, python {meta['python']}, {meta['threads']} threads, "
           f"repeat {args.repeat}", flush=True)
+    if args.bytegraph_only:
+        tc = Compiler("torch_compile", "torch.compile", import_error="not measured (--bytegraph-only)")
     for comp in (tc, bg):
         warm_up(comp)
 

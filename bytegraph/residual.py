@@ -12,6 +12,7 @@ loop whose body breaks resumes once per iteration at constant stack depth.
 """
 import dis
 import sys
+import threading
 import types
 
 import torch
@@ -258,6 +259,48 @@ def routing_globals(real, compiler):
 
 def writes_globals(code):
     return any(i.opname in ("STORE_GLOBAL", "DELETE_GLOBAL") for i in dis.get_instructions(code))
+
+
+# `with torch.inference_mode()` blocks in a graph are entered and left through these (the graph's
+# nodes), which keep the blocks a running graph has open: a graph that fails inside one leaves
+# it, as eager's __exit__ does, instead of leaving the thread in inference mode.
+_inference_blocks = threading.local()
+
+
+def _open_inference_blocks():
+    blocks = getattr(_inference_blocks, "open", None)
+    if blocks is None:
+        blocks = _inference_blocks.open = []
+    return blocks
+
+
+@torch.fx.node.has_side_effect
+def enter_inference_mode(mode):
+    """The start of a ``with torch.inference_mode(mode)`` block in a graph."""
+    block = torch._C._InferenceMode(mode)
+    block.__enter__()
+    _open_inference_blocks().append(block)
+    return block
+
+
+@torch.fx.node.has_side_effect
+def exit_inference_mode(block):
+    """Its end (``block``: what ``enter_inference_mode`` returned)."""
+    blocks = _open_inference_blocks()
+    if blocks and blocks[-1] is block:
+        blocks.pop()
+    block.__exit__(None, None, None)
+
+
+def inference_depth():
+    return len(_open_inference_blocks())
+
+
+def leave_inference_blocks(depth):
+    """After a graph failed: leave the blocks it entered and did not leave, innermost first."""
+    blocks = _open_inference_blocks()
+    while len(blocks) > depth:
+        blocks.pop().__exit__(None, None, None)
 
 
 def set_autocast_state(device_type, enabled, dtype, cache_enabled):

@@ -2,6 +2,9 @@
 
     python scripts/run_generated.py --sets closures,raising --seeds 5000 [--start 0] [--out fails.txt]
 
+The set ``lookup`` runs tests/generated_lookup.py's programs (attribute lookup and protocol
+builtins on classes, descriptors and modules) instead.
+
 Each seed's program (tests/test_generated_python.py) is compared with eager as the test
 does; the script prints, per feature set, how many seeds agreed, how many differed (and the
 first line of each difference kind), and how many crashed the interpreter or timed out.
@@ -27,6 +30,7 @@ def _worker(root, tests_dir, jobs, results):
     import warnings
     warnings.simplefilter("ignore")
     import bytegraph
+    import generated_lookup
     import test_generated_python as g
     while True:
         job = jobs.get()
@@ -37,7 +41,10 @@ def _worker(root, tests_dir, jobs, results):
         status, detail = "ok", ""
         try:
             with contextlib.redirect_stderr(io.StringIO()):
-                g.run_seed(name, seed)
+                if name == "lookup":   # tests/generated_lookup.py: Python's attribute lookup rules
+                    generated_lookup.run_seed(seed)
+                else:
+                    g.run_seed(name, seed)
         except BaseException as e:  # noqa: BLE001 - we classify everything
             cause = e.__cause__ or e
             status = "differs"

@@ -713,7 +713,8 @@ def test_grad_mode_switched_at_function_level():
     check(f, t(3).requires_grad_())
 
 
-def test_inference_mode_block_breaks_at_its_edges():
+def test_inference_mode_block_in_the_graph():
+    # The block is torch's own enter/exit nodes in the graph (as under torch.compile): one graph.
     def f(x):
         a = x + 1
         with torch.inference_mode():
@@ -721,10 +722,7 @@ def test_inference_mode_block_breaks_at_its_edges():
             z = y.sin()
             inside = torch.is_inference_mode_enabled()
         return z + 1, z.is_inference(), inside, torch.is_inference_mode_enabled()
-    cnt = check_program(f, lambda: ((X.clone(),), {}, None), graphs=3, fullgraph=False)
-    from bytegraph.debug import records
-    reasons = [r.break_reason for r in records.frames if r.break_reason]
-    assert any("torch.inference_mode()" in r for r in reasons), reasons
+    check_program(f, lambda: ((X.clone(),), {}, None), graphs=1)
 
 
 def test_inference_mode_false_and_nested_inside_inference():

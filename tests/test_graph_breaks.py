@@ -1467,9 +1467,9 @@ def test_break_inside_inference_mode(capsys):
     run_diff(inference_mode_break, t(3), capsys=capsys, graphs=2, calls=12, check_recompile=False)
 
 
-# WORSE (correct, see the test above): the resume function guards on the
-# identity of the per-call torch.inference_mode object, so every call recompiles
-# until config.cache_size_limit is reached (like test_break_inside_user_context_manager).
+# The block is entered in the first graph; after the break it is entered again natively (a new
+# torch.inference_mode object each call, guarded by its type, not its identity: no recompile) and
+# the resume function leaves it natively.
 def test_break_inside_inference_mode_no_recompile(capsys):
     run_diff(inference_mode_break, t(3), capsys=capsys, graphs=2, calls=3)
 

@@ -90,6 +90,7 @@ PROGRAMS = {
     "eye_full": lambda x: (np.eye(3, dtype=x.dtype), np.full((2, 2), 1, dtype=x.dtype)),
     "setitem": lambda x: (x.__setitem__((0, 0), 1), x)[1],
     "iadd": lambda x: x.__iadd__(1),
+    "fftshift": lambda x: (np.fft.fftshift(x), np.fft.ifftshift(x, axes=1), np.fft.fftshift(x[0], axes=(0,))),
 }
 
 # Programs that must stay one graph for these dtype kinds (b: bool, i/u: ints, f: floats, c: complex).
@@ -97,7 +98,7 @@ MUST_TRACE = {
     "add_self": "biufc", "mul_float": "biufc", "truediv": "iufc", "pow2": "iufc", "sqrt": "iufc",
     "exp": "iufc", "sum": "bifc", "sum0": "bifc", "mean": "iufc", "max": "biuf", "all": "biufc",
     "cumsum": "bif", "reshape": "biufc", "where": "biufc", "clip": "iuf", "dot": "iufc",
-    "getitem": "biufc", "setitem": "biufc", "astype_f32": "biuf", "matmul": "iufc",
+    "getitem": "biufc", "setitem": "biufc", "astype_f32": "biuf", "matmul": "iufc", "fftshift": "biufc",
 }
 
 

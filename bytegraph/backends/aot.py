@@ -8,6 +8,7 @@ results and gradients should match eager up to rounding.
 """
 from ..errors import BackendError
 from . import grad_presence
+from .inference import has_inference_blocks, inference_parts
 from ._common import (as_list, compile_failed, uncompilable_cause, flat_tuple_output, input_made_differentiable,
                       run_uncompiled, watched_inner, with_restore)
 
@@ -66,6 +67,9 @@ def _aot(gm, example_inputs, fw_compiler, bw_compiler, name):
     from torch._functorch.aot_autograd import aot_module_simplified
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
+    if has_inference_blocks(gm):
+        return inference_parts(name, gm, example_inputs,
+                               lambda part, examples: _aot(part, examples, fw_compiler, bw_compiler, name))
     restore = flat_tuple_output(gm)
     cause = input_made_differentiable(gm, example_inputs)
     if cause is not None:

@@ -34,6 +34,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import grad_presence
 from ._common import as_list, compile_failed, uncompilable_cause, flat_tuple_output, run_uncompiled, with_restore
+from .inference import has_inference_blocks, inference_parts
 
 # Inductor's CUDA graph trees start a new generation (free the previous call's outputs for
 # reuse) only when a counter they read has moved since the last replay; torch.compile moves
@@ -65,6 +66,8 @@ def cudagraphs(gm, example_inputs):
     from torch._functorch.partitioners import min_cut_rematerialization_partition
     from torch._inductor.utils import count_tangents
 
+    if has_inference_blocks(gm):
+        return inference_parts("cudagraphs", gm, example_inputs, cudagraphs)
     restore = flat_tuple_output(gm)
     grads = grad_presence.plan(gm)
     n_user_inputs = len(example_inputs)

@@ -6,6 +6,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from . import grad_presence
+from .inference import has_inference_blocks, inference_parts
 from .lanes import compile_by_lanes
 from .regions import compile_by_regions, worth_sharing, worth_splitting
 from .subgraphs import compiling, with_shared_blocks
@@ -44,6 +45,9 @@ def inductor(gm, example_inputs, *, config_patches=None):
     GPU, the graph will be differentiated or its blocks do too little work for the extra calls
     to hide behind the kernels (``worth_splitting``). An optimizer's foreach update is compiled
     a layer's parameters at a time, each distinct chunk once (``backends/lanes.py``)."""
+    if has_inference_blocks(gm):
+        return inference_parts("inductor", gm, example_inputs,
+                               lambda part, examples: inductor(part, examples, config_patches=config_patches))
     with quiet_torch_imports():
         # Heavy (Inductor): imported on first use. Its pool of kernel-compiling processes takes
         # seconds to start: start it now, so it is up by the time the first kernels are ready

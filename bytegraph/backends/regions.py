@@ -304,9 +304,13 @@ def global_state_kept(gm):
 class _GlobalStates:
     """Grad mode and autocast at each point of the graph: the graph's own state nodes done for
     real, in order, once (the state after each is recorded), then everything put back. Each part
-    is compiled with the state before its first node set (``enter``)."""
+    is compiled with the state before its first node set (``enter``). ``runs``: which nodes are
+    done for real, and ``perform(node, args, kwargs)`` does one (backends/inference.py adds the
+    ends of inference-mode blocks, done its own way)."""
 
-    def __init__(self, gm):
+    def __init__(self, gm, runs=None, perform=None):
+        runs = runs or is_state_node
+        perform = perform or (lambda n, args, kwargs: n.target(*args, **kwargs))
         devices = _state_devices(gm)
         self.saved = _global_state(devices)
         self.after = {}                  # state node -> the state after it
@@ -316,10 +320,10 @@ class _GlobalStates:
         try:
             for n in gm.graph.nodes:
                 self._at[n] = state
-                if is_state_node(n):
+                if runs(n):
                     args = fx.node.map_arg(n.args, lambda a: values[a])
                     kwargs = fx.node.map_arg(n.kwargs, lambda a: values[a])
-                    values[n] = n.target(*args, **kwargs)
+                    values[n] = perform(n, args, kwargs)
                     state = self.after[n] = _global_state(devices)
         finally:
             self.restore()

@@ -97,9 +97,13 @@ def _liveness(code):
                 s.append(by_offset[e.target])
         succs.append(s)
     uses, defs = [], []
+    # A zero-argument super() reads the frame's first argument (and the __class__ cell) itself.
+    implicit_self = {code.co_varnames[0]} if zero_argument_super(code) else set()
     for ins in instrs:
         name = ins.opname
-        if name in _READS:
+        if implicit_self and name == "LOAD_GLOBAL" and ins.argval == "super":
+            uses.append(set(implicit_self)); defs.append(set())
+        elif name in _READS:
             uses.append({ins.argval}); defs.append(set())
         elif name in _WRITES:
             uses.append(set()); defs.append({ins.argval})
@@ -125,6 +129,13 @@ def _liveness(code):
                 live_in[k] = new
                 changed = True
     return {ins.offset: frozenset(live_in[k]) for k, ins in enumerate(instrs)}
+
+
+def zero_argument_super(code):
+    """Can ``code`` call ``super()`` without arguments (a method with the ``__class__`` cell)?
+    Such a call reads the running frame's first local and ``__class__``: code copied from the
+    middle of it passes them explicitly (``bytecode.resume``)."""
+    return "__class__" in code.co_freevars and code.co_argcount > 0 and "super" in code.co_names
 
 
 def live_locals(code, offset):

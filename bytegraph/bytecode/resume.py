@@ -16,7 +16,7 @@ from functools import lru_cache
 
 from bytecode import Bytecode, CellVar, CompilerFlags, FreeVar, Instr, Label
 
-from . import versions
+from . import analysis, versions
 
 NULL_SLOT = None   # marks a stack slot holding CALL's NULL (pushed by the prologue, not passed)
 
@@ -39,7 +39,7 @@ def resume_code(code, offset, stack_layout, live, name):
     _cells_from_closure(bc)
     _set_parameters(bc, stack_layout, live, name)
     # The original stack size bounds ours: the prologue only rebuilds a depth the code had.
-    new_code = bc.to_code(stacksize=code.co_stacksize + len(stack_layout) + 1,
+    new_code = bc.to_code(stacksize=code.co_stacksize + len(stack_layout) + 3,
                           compute_exception_stack_depths=False)
     return new_code, _offset_map(bc, new_code, origins)
 
@@ -56,6 +56,7 @@ def _load_at(code, offset):
     origins = {id(x): (x, d.offset) for x, d in zip(instrs, raw)}
     k = next(j for j, d in enumerate(raw) if d.offset == offset)
     target = instrs[k]
+    _explicit_super(bc, code, origins)
     # Copied code renumbers its locals (parameters first), and a superinstruction can only
     # name locals 0-15: assemble each as its two plain instructions.
     j = 0
@@ -72,6 +73,47 @@ def _load_at(code, offset):
             j += 1
         j += 1
     return bc, target, origins
+
+
+# Instructions added by _explicit_super in front of a super() call: a step function that runs
+# that call copies them with it.
+SUPER_ARGUMENTS = "super() arguments"
+
+
+def _explicit_super(bc, code, origins):
+    """Zero-argument ``super()`` in copied code, made explicit: CPython finds its arguments in
+    the running frame (the first local and the ``__class__`` cell), and a copy's first local
+    is whatever it takes first (a stack value). ``LOAD_SUPER_ATTR`` (which loads both itself)
+    gets its two-argument form; a plain ``super()`` call gets ``__class__`` and the first
+    argument pushed and passed (``analysis.live_locals`` keeps that argument live)."""
+    if not analysis.zero_argument_super(code):
+        return
+    first = code.co_varnames[0]
+    self_arg = CellVar(first) if first in code.co_cellvars else first
+    j = 0
+    while j < len(bc):
+        x = bc[j]
+        if isinstance(x, Instr) and x.name == "LOAD_SUPER_ATTR" and not x.arg[1]:
+            x.arg = (x.arg[0], True, x.arg[2])
+        elif isinstance(x, Instr) and x.name == "LOAD_GLOBAL" and x.arg[1] == "super":
+            k = j + 1
+            while k < len(bc) and isinstance(bc[k], Instr) and bc[k].name in versions.CALL_SETUP \
+                    and bc[k].arg in (0, None):
+                k += 1
+            call = bc[k] if k < len(bc) else None
+            if isinstance(call, Instr) and call.name == "CALL" and call.arg == 0 \
+                    and all(isinstance(y, Instr) for y in bc[j + 1:k]):
+                for y in bc[j + 1:k + 1]:
+                    if y.name in ("PRECALL", "CALL"):
+                        y.arg = 2
+                loads = [Instr("LOAD_DEREF", FreeVar("__class__"), location=x.location),
+                         Instr("LOAD_DEREF" if isinstance(self_arg, CellVar) else "LOAD_FAST", self_arg,
+                               location=x.location)]
+                for y in loads:
+                    origins[id(y)] = (y, SUPER_ARGUMENTS)
+                bc[j + 1:j + 1] = loads
+                j += 2
+        j += 1
 
 
 def _cells_from_closure(bc):
@@ -118,7 +160,7 @@ def _offset_map(bc, new_code, origins):
 def _origin(origins, instr):
     """The original offset ``instr`` was copied from; None for code we added or a split's half."""
     entry = origins.get(id(instr))
-    return entry[1] if entry is not None and entry[0] is instr else None
+    return entry[1] if entry is not None and entry[0] is instr and entry[1] != SUPER_ARGUMENTS else None
 
 
 def _enter_at(bc, label, stack_layout, lineno):
@@ -168,7 +210,8 @@ def step_code(code, offset, stack_layout, live, after_layout, after_live, handov
             and _origin(origins, bc[pos + 1]) is None:
         pos += 1   # the second half of a split superinstruction runs too
     # A CALL's KW_NAMES/PRECALL run with it (else its keywords would be lost).
-    while first > 0 and isinstance(bc[first - 1], Instr) and bc[first - 1].name in versions.CALL_SETUP:
+    while first > 0 and isinstance(bc[first - 1], Instr) and (
+            bc[first - 1].name in versions.CALL_SETUP or origins.get(id(bc[first - 1]), (None, None))[1] == SUPER_ARGUMENTS):
         first -= 1
     # The step runs a copy of the instruction, inside the same exception ranges, that alone
     # leads to the hand-over. When it raises, the handler and everything after it run the
@@ -196,5 +239,5 @@ def step_code(code, offset, stack_layout, live, after_layout, after_live, handov
         bc.extend([tail] + stores + call + [Instr("RETURN_VALUE", lineno=lineno)])
     _cells_from_closure(bc)
     _set_parameters(bc, stack_layout, list(live) + ([CLOSURE_PARAM] if takes_closure else []), name)
-    return bc.to_code(stacksize=code.co_stacksize + len(stack_layout) + len(args) + 3,
+    return bc.to_code(stacksize=code.co_stacksize + len(stack_layout) + len(args) + 5,
                       compute_exception_stack_depths=False)

@@ -17,7 +17,7 @@ from ..bytecode.versions import split_call_prefix
 from ..debug import debug_dir, logs
 from ..errors import Unsupported
 from ..null import NULL
-from ..residual import (AutocastExit, Continuation, GradModeExit, route,
+from ..residual import (AutocastExit, Continuation, GradModeExit, exit_inference_mode, route,
                         resolve)
 from ..stacks import CUT_FROM, code_name
 from ..values.base import CellValue, ExitValue
@@ -100,6 +100,8 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
     for mgr in reversed(active):
         if mgr.kind == "autocast":
             graph.create_node("call_function", torch.amp._exit_autocast, (mgr.saved[0],), {})
+        elif mgr.kind == "inference_mode" and mgr.saved is not None:
+            graph.create_node("call_function", exit_inference_mode, (mgr.saved[0],), {})
     entry_grad = tx.entry_grad_mode
     break_grad = getattr(tx, "break_grad_mode", entry_grad)
     if break_grad != entry_grad:
@@ -114,7 +116,7 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
     live_values += [frame.cells[n].contents for n in code.co_cellvars
                     if isinstance(frame.cells.get(n), CellValue) and frame.cells[n].contents is not None]
     lines, tensor_exprs, gm = finish_graph(tx, ns, live_values + side_effect_values(tx), compile_graph)
-    rb = Rebuilder(ns, tensor_exprs)
+    rb = Rebuilder(ns, tensor_exprs, tx.guards)
     # Side effects traced before the break happen now, before the native step.
     rb.lines.extend(replay_side_effects(tx, rb, [v for v in live_values
                                                  if v is not NULL and not isinstance(v, ExitValue)]))
@@ -132,6 +134,12 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
             exits.append((mgr, ns.source(exit_values[id(mgr)].source)))
         elif mgr.kind in ("grad", "set_grad"):
             exits.append((mgr, f"__GradModeExit({mgr.saved!r})"))
+        elif mgr.kind == "inference_mode" and mgr.saved is not None:
+            # Entered again natively: the resume function leaves it natively (trace/calls.py).
+            ctx = f"__ctx{i}"
+            rb.lines.append(f"{ctx} = {ns.ref(torch.inference_mode, 'inference_mode')}({mgr.args[0]!r})")
+            rb.lines.append(f"{ctx}.__enter__()")
+            exits.append((mgr, f"{ctx}.__exit__"))
         else:
             exits.append((mgr, "(lambda *a: None)"))
     exit_exprs = {id(m): e for m, e in exits}

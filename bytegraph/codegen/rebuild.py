@@ -19,7 +19,9 @@ from ..bytecode.resume import NULL_SLOT, resume_code
 from ..errors import Unsupported
 from ..bytecode.resume import CLOSURE_PARAM
 from ..null import NULL
-from ..guards.sources import AttrSource, ClosureSource, ObjectSource
+from ..datamodel import class_attr
+from ..guards.builder import HAS_ATTR, TYPE_MATCH
+from ..guards.sources import AttrSource, ClosureSource, ObjectSource, RawAttrSource
 from ..trace.exceptions import rebuild_expr, values_inside
 from ..trace.frame import PendingLocal
 from ..values import arrays
@@ -58,9 +60,10 @@ class Namespace:
 class Rebuilder:
     """Emits Python that rebuilds values, each symbolic container exactly once."""
 
-    def __init__(self, ns, tensor_exprs):
+    def __init__(self, ns, tensor_exprs, guards=None):
         self.ns = ns
         self.tensor_exprs = tensor_exprs
+        self.guards = guards   # where a value re-read through its source adds what that read needs
         self._mutable_copies = {}   # id(real set/deque/Counter) -> its copy, made once
         self.lines = []
         self._done = {}
@@ -139,6 +142,13 @@ class Rebuilder:
         return out
 
     def _expr(self, v):
+        if isinstance(v, TensorValue) and v.selected is not None:
+            # The object max()/min() chose in eager, picked again by the graph's comparisons.
+            first, picks = v.selected
+            out = self.expr(first)
+            for cond, item in picks:
+                out = f"({self.expr(item)} if {self.expr(cond)} else {out})"
+            return self.temp(out)
         if isinstance(v, (TensorValue, SymValue, FloatTensorValue)):
             return self.tensor_exprs[id(v)]
         if isinstance(v, NdarrayValue) and v.view_of is not None:
@@ -154,6 +164,14 @@ class Rebuilder:
             return f"{self.expr(v.array)}.{v.name}"
         if isinstance(v, ConstantValue):
             if v.source is not None:
+                if v._pending_guard is not None and self.guards is not None:
+                    # A constant passed along unguarded is re-read here: whatever its value now,
+                    # the attribute must still be there (`del obj.attr` between calls).
+                    if isinstance(v.source, AttrSource):
+                        self.guards.add(HAS_ATTR, v.source.base, v.source.attr)
+                    elif isinstance(v.source, RawAttrSource):
+                        # (hasattr would ask the class's __getattr__): a read that fails misses.
+                        self.guards.add(TYPE_MATCH, v.source, type(v._value))
                 return self.ns.source(v.source)
             c = v.value
             if c is None or isinstance(c, (bool, str)) or type(c) is int:
@@ -215,12 +233,17 @@ class Rebuilder:
         if isinstance(v, FunctionValue):
             return self._function(v)
         if isinstance(v, UserObjectValue):
-            body = ", ".join(f"{k!r}: {self.expr(i)}" for k, i in v.attrs.items())
+            # __slots__ members are set through their descriptors; the rest is the new object's
+            # own __dict__ (set past any descriptor of the class, as the trace stored it).
+            slots = {k for k in v.attrs if isinstance(class_attr(v.cls, k), types.MemberDescriptorType)}
+            own = ", ".join(f"{k!r}: {self.expr(i)}" for k, i in v.attrs.items() if k not in slots)
+            slot_values = ", ".join(f"{k!r}: {self.expr(i)}" for k, i in v.attrs.items() if k in slots)
             self.ns.ns["__new_object"] = new_object
-            if v.dict_items is None:
-                return self.temp(f"__new_object({self.ns.ref(v.cls, 'cls')}, {{{body}}})")
-            items = ", ".join(f"({self.key(k)}, {self.expr(i)})" for k, i in v.dict_items.items.items())
-            return self.temp(f"__new_object({self.ns.ref(v.cls, 'cls')}, {{{body}}}, [{items}])")
+            items = ", ".join(f"({self.key(k)}, {self.expr(i)})" for k, i in v.dict_items.items.items()) \
+                if v.dict_items is not None else None
+            extra = f", [{items}]" if items is not None else (", None" if slot_values else "")
+            extra += f", {{{slot_values}}}" if slot_values else ""
+            return self.temp(f"__new_object({self.ns.ref(v.cls, 'cls')}, {{{own}}}{extra})")
         if isinstance(v, PartialValue):
             parts = [self.expr(v.func)] + [self.expr(a) for a in v.args] \
                 + [f"{k}={self.expr(a)}" for k, a in v.kwargs.items()]
@@ -371,6 +394,9 @@ def tensors_in(values, out):
     for v in values:
         if isinstance(v, NdarrayValue) and v.view_of is not None and v.view_of is not arrays.UNREBUILDABLE:
             tensors_in(list(v.view_of[1]) + list(v.view_of[2].values()), out)
+        elif isinstance(v, TensorValue) and v.selected is not None:
+            first, picks = v.selected      # rebuilt from what was chosen between (Rebuilder._expr)
+            tensors_in([first] + [x for pick in picks for x in pick], out)
         elif isinstance(v, (TensorValue, SymValue, NdarrayValue, FloatTensorValue)):
             out.append(v)
         elif isinstance(v, NdarrayMethodValue):
@@ -437,17 +463,21 @@ def make_function(code, fn_globals, name, defaults, kwdefaults, closure):
     return fn
 
 
-def new_object(cls, attrs, dict_items=None):
-    """An instance of ``cls`` with these attributes (and, for a dict subclass, these items),
-    made without calling ``__init__`` or a ``__setitem__`` of the class again."""
+def new_object(cls, own, dict_items=None, slots=None):
+    """An instance of ``cls`` with these entries in its ``__dict__`` (``own``), these ``__slots__``
+    members and, for a dict subclass, these items, made without calling ``__init__`` or a
+    ``__setitem__`` of the class again."""
     obj = cls.__new__(cls)
     if dict_items is not None:
         # The nearest native dict type's own store keeps an OrderedDict's order bookkeeping right.
         store = next(b for b in cls.__mro__ if b.__module__ in ("builtins", "collections")).__setitem__
         for key, value in dict_items:
             store(obj, key, value)
-    for name, value in attrs.items():
-        object.__setattr__(obj, name, value)
+    if own:
+        obj.__dict__.update(own)
+    if slots:
+        for name, value in slots.items():
+            object.__setattr__(obj, name, value)
     return obj
 
 

@@ -5,6 +5,7 @@ It is generated Python source with a ``linecache`` entry, so tracebacks,
 """
 import ast
 import linecache
+import types
 
 import torch
 import torch.fx as fx
@@ -15,9 +16,10 @@ from ..guards import builder as g
 from ..errors import Unsupported
 from ..guards.sources import AttrSource, ClosureSource, GlobalSource
 from ..debug.counting import count_ops
-from ..residual import copy_inputs, graph_raised, put_inputs_back
+from ..residual import (copy_inputs, enter_inference_mode, exit_inference_mode, graph_raised, inference_depth,
+                        leave_inference_blocks, put_inputs_back)
 from ..trace.context import DELETED
-from ..values.base import ConstantValue, DictValue, IteratorValue, ListValue, TensorValue, holds_values
+from ..values.base import ConstantValue, DictValue, IteratorValue, ListValue, ObjectValue, TensorValue, holds_values
 from ..values import arrays
 from .rebuild import Namespace, Rebuilder, array_input_name, graph_value_exprs, tensors_in
 
@@ -54,6 +56,11 @@ def finish_graph(tx, ns, live_values, compile_graph):
         return f"__scalar({ns.source(i.source)})" if i.scalar else ns.source(i.source)
     args = ", ".join(arg(i) for i in tx.graph.inputs)
     call = [f"__out = __compiled_fn({args})"]
+    if any(n.target is enter_inference_mode for n in gm.graph.nodes):
+        # A graph failing inside a `with torch.inference_mode()` block leaves it, as eager does.
+        call = [f"__depth = {ns.ref(inference_depth, 'inference_depth')}()", "try:", "    " + call[0],
+                "except BaseException:", f"    {ns.ref(leave_inference_blocks, 'leave_inference')}(__depth)",
+                "    raise"]
     copied = restart_plan(gm) if not lines else None
     if copied is not None:
         # Side effects traced before an op that fails at run time (a singular matrix, an index
@@ -64,7 +71,7 @@ def finish_graph(tx, ns, live_values, compile_graph):
                                 else f"{ns.ref(n.meta['real_tensor'], 'state')}, " for n in copied) + ")"
         before = [f"__saved = {ns.ref(copy_inputs, 'copy_inputs')}({tensors})"] if copied else []
         put_back = [f"    {ns.ref(put_inputs_back, 'put_inputs_back')}({tensors}, __saved)"] if copied else []
-        call = before + ["try:", "    " + call[0], "except Exception as __e:"] + put_back + [
+        call = before + ["try:"] + ["    " + line for line in call] + ["except Exception as __e:"] + put_back + [
                 # (a grad-mode block the graph was inside when it failed is left)
                 f"    {ns.ref(torch._C._set_grad_enabled, 'set_grad_enabled')}({tx.entry_grad_mode!r})",
                 f"    {ns.ref(graph_raised, 'graph_raised')}(__e)"]
@@ -245,6 +252,9 @@ def scalar_tensor(value):
     return torch.tensor(value, dtype=torch.float64)
 
 
+_INFERENCE_NODES = (enter_inference_mode, exit_inference_mode)
+
+
 def _state_left(gm, entry_grad_mode):
     """(does ``gm`` do nothing but switch grad mode and autocast?, lines setting the grad mode
     and autocast state it leaves for the code after it), or None where that cannot be read off
@@ -260,8 +270,19 @@ def _state_left(gm, entry_grad_mode):
     grad = entry_grad_mode
     autocast = {}       # device -> (enabled, dtype, cache) set last
     depth = 0           # autocast blocks open
+    inference = []      # grad mode at the start of each inference_mode block open
     for node in gm.graph.nodes:
         if node.op not in ("call_function", "call_method", "call_module"):
+            continue
+        if node.target in _INFERENCE_NODES:
+            # A `with torch.inference_mode()` block ends in the graph too, and its end puts grad
+            # mode back as it was at its start.
+            if node.target is _INFERENCE_NODES[0]:
+                inference.append(grad)
+            elif not inference:
+                return None
+            else:
+                grad = inference.pop()
             continue
         if not is_state_node(node):
             only_states = False
@@ -279,7 +300,7 @@ def _state_left(gm, entry_grad_mode):
             return None     # a block's state changed inside another block: not from `with` code
         else:
             autocast[node.args[0]] = node.args[1:]
-    if depth:
+    if depth or inference:
         return None
     lines = [] if grad == entry_grad_mode else [f"torch._C._set_grad_enabled({grad!r})"]
     for device, (enabled, dtype, cache) in autocast.items():
@@ -384,6 +405,14 @@ def emit(name, params, body, ns, stands_for=None):
     return fn, src
 
 
+def _setattr_traced(obj):
+    """Is ``obj`` an object whose class's Python ``__setattr__`` the trace runs on stores
+    (``trace.attrs.set_attr``; modules' stores are replayed through their hook instead)?"""
+    if not isinstance(obj, ObjectValue) or isinstance(obj.obj, (torch.nn.Module, type, types.ModuleType)):
+        return False
+    return isinstance(type(obj.obj).__setattr__, types.FunctionType)
+
+
 def replay_side_effects(tx, rb, live=()):
     """Lines doing, for real, the side effects the trace recorded.
 
@@ -444,7 +473,14 @@ def replay_side_effects(tx, rb, live=()):
         else:
             lines += [f"{target}.clear()", f"{target}.update({contents[key]})"]
     for obj, name, value in tx.attr_stores.values():
-        lines.append(f"del {rb.expr(obj)}.{name}" if value is DELETED else f"{rb.expr(obj)}.{name} = {rb.expr(value)}")
+        if value is DELETED:
+            lines.append(f"del {rb.expr(obj)}.{name}")
+        elif _setattr_traced(obj):
+            # The trace ran the class's own __setattr__ and recorded the plain store it ended
+            # with: do that store, not the hook a second time.
+            lines.append(f"{ns.ref(object.__setattr__, 'object_setattr')}({rb.expr(obj)}, {name!r}, {rb.expr(value)})")
+        else:
+            lines.append(f"{rb.expr(obj)}.{name} = {rb.expr(value)}")
     for source, value in tx.global_stores.values():
         if value is DELETED:
             # The trace checked that the name exists (it may have been made by this trace).
@@ -494,7 +530,7 @@ def generate(name, params, tx, returned, fn_globals, compile_graph):
     """(function, source, graph or None) for a frame traced to its return."""
     ns = Namespace(fn_globals)
     lines, exprs, gm = finish_graph(tx, ns, [returned] + side_effect_values(tx), compile_graph)
-    rb = Rebuilder(ns, exprs)
+    rb = Rebuilder(ns, exprs, tx.guards)
     effects = replay_side_effects(tx, rb, [returned])
     result = rb.expr(returned)
     run, src = emit(name, params, lines + effects + rb.lines + [f"return {result}"], ns)

@@ -101,7 +101,7 @@ def plain_key(k):
 
 class TensorMeta:
     """What a TENSOR_MATCH guard remembers of a tensor (not the tensor: it must not stay alive)."""
-    __slots__ = ("cls", "dtype", "device", "shape", "stride", "requires_grad", "contiguous")
+    __slots__ = ("cls", "dtype", "device", "shape", "stride", "requires_grad", "contiguous", "dense_order")
 
     def __init__(self, t):
         self.cls = type(t)
@@ -111,6 +111,14 @@ class TensorMeta:
         self.stride = tuple(t.stride())
         self.requires_grad = t.requires_grad
         self.contiguous = t.is_contiguous()
+        # A dense tensor laid out in another order (a transpose, the result of ``nonzero``): its
+        # dims from the outermost to the innermost. With symbolic sizes its strides follow
+        # from the sizes in that order (the fake's are symbolic too), so that is what is guarded.
+        self.dense_order = None
+        if not self.contiguous and t.dim() > 1:
+            order = tuple(sorted(range(t.dim()), key=lambda d: (-self.stride[d], d)))
+            if t.permute(order).is_contiguous():
+                self.dense_order = order
 
     def dim(self):
         return len(self.shape)
@@ -196,7 +204,8 @@ class Guard:
         if self.kind == TENSOR_MATCH:
             t = self.expected
             size = [("*" if d in self.dynamic_dims else n) for d, n in enumerate(t.shape)]
-            stride = "contiguous" if self.dynamic_dims else list(t.stride)
+            stride = list(t.stride) if not self.dynamic_dims else "contiguous" if t.contiguous else \
+                f"dense in dim order {list(t.dense_order)}" if t.dense_order is not None else list(t.stride)
             return (f"{where}: TENSOR_MATCH {t.cls.__name__} {t.dtype} {t.device} "
                     f"size={size} stride={stride} requires_grad={t.requires_grad}")
         if self.kind == SHAPE_ENV:
@@ -516,6 +525,16 @@ class _Emitter:
         return out, t.shape, t.stride
 
 
+def _layout_check(e, t):
+    """The stride check of a tensor with symbolic sizes: contiguous, dense in the same dim order,
+    or (another layout) the exact strides."""
+    if t.contiguous:
+        return f"{e}.is_contiguous()"
+    if t.dense_order is not None:
+        return f"{e}.permute({t.dense_order!r}).is_contiguous()"
+    return f"{e}.stride() == {t.stride!r}"
+
+
 def _triple(message):
     # Triple double quotes, so expressions inside the f-string may use single quotes.
     if message.startswith("f'") and message.endswith("'"):
@@ -545,7 +564,7 @@ def _lines(em, ordered):
                 conds.append(f"{e}.stride() == {stride!r}")
             else:
                 conds += [f"{e}.size({i}) == {n}" for i, n in enumerate(shape) if i not in dynamic]
-                conds.append(f"{e}.is_contiguous()" if g.expected.contiguous else f"{e}.stride() == {stride!r}")
+                conds.append(_layout_check(e, g.expected))
             check_lines.append(f"if not ({' and '.join(conds)}): return None")
             for c, m in pieces:
                 explain_lines.append(f"if not ({c}): return {_triple(m)}")
@@ -557,6 +576,9 @@ def _lines(em, ordered):
             if dynamic and g.expected.contiguous:
                 explain_lines.append(f"if not {e}.is_contiguous(): return " + _triple(
                     f"f'{who} is no longer contiguous'"))
+            elif dynamic and g.expected.dense_order is not None:
+                explain_lines.append(f"if not ({_layout_check(e, g.expected)}): return " + _triple(
+                    f"f'{who} is no longer dense in dim order {g.expected.dense_order}: strides {{{e}.stride()}}'"))
             else:
                 explain_lines.append(f"if {e}.stride() != {stride!r}: return " + _triple(
                     f"f'stride of {who} changed: expected {stride!r}, got {{{e}.stride()}}'"))

@@ -21,6 +21,7 @@ call as before.
 """
 import torch
 
+from ..datamodel import class_lookup, is_data_descriptor
 from . import stamps
 from .sources import AttrSource, ItemSource, ModuleEntrySource
 
@@ -30,11 +31,8 @@ _IMMUTABLE_CONSTANTS = (int, float, bool, str, bytes, complex, type(None), type(
 
 
 def _data_descriptor(cls, name):
-    for klass in cls.__mro__:
-        if name in klass.__dict__:
-            t = type(klass.__dict__[name])
-            return hasattr(t, "__get__") and (hasattr(t, "__set__") or hasattr(t, "__delete__"))
-    return False
+    attr, found = class_lookup(cls, name)
+    return found and is_data_descriptor(attr)
 
 
 def _own_attribute(m, name):

@@ -8,6 +8,8 @@ messages.
 import math
 from dataclasses import dataclass
 
+from ..datamodel import class_attr, raw_attr
+
 
 def _source(cls):
     """A frozen dataclass whose hash is computed once: sources nest (``self.h[3].attn.weight``
@@ -243,6 +245,50 @@ class RawAttrSource(Source):
 
 
 @_source
+class ClassEntrySource(Source):
+    """What a class's MRO holds for ``attr`` before any ``__get__`` runs, or
+    ``datamodel.MISSING`` (``datamodel.class_attr``): what a lookup found on a class."""
+    base: Source
+    attr: str
+
+    def expr_over(self, render):
+        return f"{render(_CLASS_ATTR)}({render(self.base)}, {self.attr!r})"
+
+    def name(self):
+        return f"{_plain(self.base)}.__dict__[{self.attr!r}]"
+
+    @property
+    def root(self):
+        return self.base.root
+
+    @property
+    def base_source(self):
+        return self.base
+
+
+@_source
+class RawAttrOrMissingSource(Source):
+    """``object.__getattribute__(base, attr)``, or ``datamodel.MISSING`` where that raises
+    AttributeError (``datamodel.raw_attr``): an unset ``__slots__`` member is guarded as MISSING."""
+    base: Source
+    attr: str
+
+    def expr_over(self, render):
+        return f"{render(_RAW_ATTR)}({render(self.base)}, {self.attr!r})"
+
+    def name(self):
+        return f"{_plain(self.base)}.{self.attr}"
+
+    @property
+    def root(self):
+        return self.base.root
+
+    @property
+    def base_source(self):
+        return self.base
+
+
+@_source
 class RawItemSource(Source):
     """``dict.__getitem__(base, key)``: an item of a dict subclass read past its own
     ``__getitem__`` (one that computes, like HF's ``ClassInstantier``)."""
@@ -347,3 +393,5 @@ class ObjectSource(Source):
 
 _OBJECT_GETATTRIBUTE = ObjectSource(object.__getattribute__, "object.__getattribute__")
 _DICT_GETITEM = ObjectSource(dict.__getitem__, "dict.__getitem__")
+_CLASS_ATTR = ObjectSource(class_attr, "class_attr")
+_RAW_ATTR = ObjectSource(raw_attr, "raw_attr")

@@ -7,19 +7,22 @@ import torch
 from ..errors import Unsupported
 from ..guards import builder as g
 from ..guards import stamps
-from ..guards.builder import MISSING_ATTR, NOT_OWN_ATTR
-from ..guards.sources import AttrSource, ItemSource, ModuleEntrySource, RawItemSource
+from ..guards.builder import MISSING_ATTR
+from ..guards.sources import AttrSource, ClassEntrySource, ItemSource, ObjectSource, RawItemSource
 from ..values.base import (BoundMethodValue, ConstantValue, ContextManagerValue, DefaultDictValue, DictValue,
                            ExceptionValue, FunctionValue, GeneratorValue, ListValue, MethodOfValue,
                            ObjectValue, PartialValue, PrivateObjectValue, SuperValue, TensorMethodValue, TensorValue,
                            TupleValue, UserObjectValue)
 from ..values.builder import CONSTANT_TYPES, is_trusted_module, note_reassigned_buffer, wrap
 from ..values.arrays import NdarrayValue
-from . import exceptions, numpy_calls, ops
+from ..datamodel import MISSING, class_attr, class_lookup, has_python_get, is_data_descriptor
+from . import exceptions, lookup, numpy_calls, ops
 from .basics import as_constant, describe, no_attr_name
 from .context import DELETED
 from .exceptions import MissingAttribute, set_attr as set_exception_attr, super_attr
-from .protocols import _lookup_static, guard_class_method
+from .lookup import (_DICT_READS, defined_by_dict as _defined_by_dict, dict_method, note_store as _note_store,  # noqa: F401
+                     private_value, set_item as _set_item, table_of as _table_of)
+from .protocols import guard_class_method
 
 
 # Tensor attributes answered from the fake tensor (fixed by the tensor's guard).
@@ -68,9 +71,9 @@ def _get_attr(frame, v, name):
             return MethodOfValue(v, name)
         if v.cls not in (tuple, torch.Size) and name not in ("_replace", "_asdict"):
             # Methods, properties and class attributes of a namedtuple (subclass): as for any object.
-            attr, found = _lookup_static(v.cls, name)
+            attr, found = class_lookup(v.cls, name)
             if found and _defined_in_python_class(v.cls, name):
-                return _class_attribute(frame, v.cls, name, v)[0]
+                return lookup.bind(frame, lookup.Instance(v, v.cls), name, attr)
     if isinstance(v, (ListValue, DictValue, TupleValue)):
         if name == "__class__":
             return wrap(frame.tx, v.python_type(), None)   # its type is fixed (guarded if from outside)
@@ -302,82 +305,17 @@ def _is_torch_nn_module(obj):
     return type(obj).__module__.startswith("torch.nn.")
 
 
-def _private_attr(frame, v, name):
-    """An attribute of an object only the trace can see: read now, kept private or read-only."""
-    try:
-        value = getattr(v.obj, name)
-    except AttributeError:
-        raise MissingAttribute(f"{no_attr_name(type(v.obj))} object has no attribute {name!r}") from None
-    return private_value(frame, value, v)
-
-
-def private_value(frame, value, owner):
-    """The value for ``value``, found inside the private object ``owner``."""
-    if isinstance(value, types.MethodType) and value.__self__ is owner.obj \
-            and isinstance(value.__func__, types.FunctionType):
-        return BoundMethodValue(wrap(frame.tx, value.__func__, None), owner)
-    if isinstance(value, CONSTANT_TYPES + (type, types.FunctionType, types.BuiltinFunctionType,
-                                             types.ModuleType)):
-        return wrap(frame.tx, value, None)
-    if type(value) in (list, dict, set, tuple, frozenset):
-        # Read-only: changing it would have to change the private object too.
-        return ConstantValue(value)
-    if isinstance(value, torch.nn.Module):
-        known = frame.tx.memo.get(id(value))
-        if known is not None and known[0] is value:
-            return known[1]   # a module from outside the trace, stored on the private object
-        if not any(True for _ in value.parameters()) and not any(True for _ in value.buffers()):
-            return PrivateObjectValue(value)
-    if isinstance(value, (torch.Tensor, torch.nn.Module)):
-        raise Unsupported(f"a {type(value).__name__} inside an object made while tracing is not supported yet")
-    return PrivateObjectValue(value)
-
-
 def _object_attr(frame, v, name):
-    if isinstance(v, PrivateObjectValue):
-        return _private_attr(frame, v, name)
     tx = frame.tx
-    obj, src = v.obj, v.source
-    pending = tx.attr_stores.get((id(obj), name))
-    if pending is not None:
-        if pending[2] is DELETED:
-            raise MissingAttribute(f"{no_attr_name(type(obj))} object has no attribute {name!r} (deleted)")
-        return pending[2]
+    obj = v.obj
     if name == "__dict__" or (name in stamps.STATE_TABLES and isinstance(obj, torch.nn.Module)):
         table = _object_attr_read(frame, v, name)
         if isinstance(table, DictValue):
-            for (owner, key), (_, _, value) in list(tx.attr_stores.items()):
-                if owner == id(obj) and _table_of(obj, key) == name:
+            for store_key, (_, key, value) in list(tx.attr_stores.items()):
+                if store_key[0] == id(obj) and _table_of(obj, key) == name:
                     _set_item(table, key, value)
         return table
     return _object_attr_read(frame, v, name)
-
-
-def _table_of(obj, name):
-    """The dict of ``obj`` that ``obj.name = value`` writes to: its ``__dict__``, or for an
-    ``nn.Module`` the ``_parameters``/``_buffers``/``_modules`` table that has ``name``."""
-    if isinstance(obj, torch.nn.Module):
-        for table in stamps.STATE_TABLES:
-            if name in obj.__dict__.get(table, ()):
-                return table
-    return "__dict__"
-
-
-def _set_item(table, key, value):
-    if value is DELETED:
-        table.items.pop(key, None)
-    else:
-        table.items[key] = value
-
-
-def _note_store(tx, obj, name, value):
-    """``obj.name = value`` (or ``del``, ``value`` DELETED) is recorded to be done after the graph:
-    a dict the trace already read for ``obj.__dict__`` (or a module's table) shows it from now on."""
-    table = _table_of(obj, name)
-    real = obj.__dict__ if table == "__dict__" else obj.__dict__.get(table)
-    memo = tx.memo.get(id(real))
-    if memo is not None and memo[0] is real and isinstance(memo[1], DictValue):
-        _set_item(memo[1], name, value)
 
 
 def _object_attr_read(frame, v, name):
@@ -391,12 +329,31 @@ def _object_attr_read(frame, v, name):
             raise MissingAttribute(f"module {obj.__name__!r} has no attribute {name!r}") from None
         return wrap(tx, value, None if is_trusted_module(obj) else asrc)
     if isinstance(obj, type):
+        trusted = obj.__module__.split(".")[0] in ("torch", "builtins", "collections", "typing", "enum")
         try:
             value = getattr(obj, name)
         except AttributeError:
+            if src is None and not trusted:
+                tx.guards.add(MISSING_ATTR, ObjectSource(obj, obj.__qualname__), name)
             raise MissingAttribute(f"type object {no_attr_name(obj)} has no attribute {name!r}") from None
-        trusted = obj.__module__.split(".")[0] in ("torch", "builtins", "collections", "typing", "enum")
-        return wrap(tx, value, None if trusted else asrc)
+        if trusted:
+            return wrap(tx, value, None)
+        if src is None:
+            # A class read without a source (`type(obj).x`): what the attribute is bound to is
+            # guarded through the class (`Model.scale = 2` later), by value or identity; its
+            # contents are taken as fixed (guarding a dataclass's fields item by item costs
+            # every call).
+            owner = ObjectSource(obj, obj.__qualname__)
+            raw = class_attr(obj, name)
+            if raw is not MISSING and raw is not value and not is_data_descriptor(class_attr(type(obj), name)):
+                # Bound on every read (a classmethod, ``itertools.chain.from_iterable``): the
+                # entry it was bound from is what stays the same.
+                tx.guards.add(g.ID_MATCH, ClassEntrySource(owner, name), raw)
+                return wrap(tx, value, None)
+            fixed = type(value) in CONSTANT_TYPES
+            tx.guards.add(g.CONSTANT_MATCH if fixed else g.ID_MATCH, AttrSource(owner, name), value)
+            return wrap(tx, value, None)
+        return wrap(tx, value, asrc)
     cls = type(obj)
     if cls is types.MappingProxyType and name in _DICT_READS:
         return MethodOfValue(proxy_dict(frame, v), name)
@@ -411,66 +368,17 @@ def _object_attr_read(frame, v, name):
             return ConstantValue(getattr(obj, name))
         if isinstance(obj, types.MethodType) and name in ("__self__", "__func__"):
             return wrap(tx, getattr(obj, name), asrc)
-    custom_getattribute = cls.__getattribute__ not in (object.__getattribute__, torch.nn.Module.__getattribute__)
-    if custom_getattribute and isinstance(cls.__getattribute__, types.WrapperDescriptorType) \
-            and hasattr(obj, "__dict__"):
-        custom_getattribute = False   # a C type with the generic lookup (e.g. SimpleNamespace)
-    if custom_getattribute:
-        # Read through the object's own __getattribute__ (e.g. a config mapping aliases);
-        # the guard re-reads it the same way on every call.
-        try:
-            return wrap(tx, getattr(obj, name), asrc)
-        except AttributeError:
-            raise MissingAttribute(f"{no_attr_name(cls)} object has no attribute {name!r}") from None
-    class_attr, found = _lookup_static(cls, name)
-    if found and name in _DICT_READS and isinstance(obj, dict) and src is not None and _defined_by_dict(cls, name):
+    if found_dict_read(cls, name) and isinstance(obj, dict) and src is not None:
         # dict's own read methods on a dict subclass from outside the trace (a ModelOutput
         # returned by a call before a graph break): read its items, guarded on keys.
         return MethodOfValue(_dict_view(frame, v), name)
-    if found and _is_data_descriptor(class_attr):
-        if isinstance(class_attr, property):
-            fsrc = guard_class_method(tx, cls, name, class_attr)
-            return ops.call(frame, wrap(tx, class_attr.fget, fsrc and AttrSource(fsrc, "fget")), [v], {})
-        return wrap(tx, getattr(obj, name), asrc)
-    inst_dict = getattr(obj, "__dict__", None)
-    if inst_dict is not None and name in inst_dict:
-        value = inst_dict[name]
-        if _is_torch_nn_module(obj) and name != "training" and isinstance(value, CONSTANT_TYPES + (tuple,)) \
-                and not stamps.watchable(obj):
-            # Settings of torch's own layers are taken as fixed once built when the module cannot
-            # be watched; otherwise they are guarded like any attribute, at no cost per call
-            # (guards.stamps: checked only after the module changed).
-            tx.unguarded_reads += 1
-            return wrap(tx, value, None)
-        return wrap(tx, value, asrc)
-    if isinstance(obj, torch.nn.Module):
-        for table in ("_parameters", "_buffers", "_modules"):
-            entries = obj.__dict__.get(table)
-            if entries is not None and name in entries:
-                value = entries[name]
-                esrc = ModuleEntrySource(src, table, name) if src is not None else None
-                if value is None:
-                    return ConstantValue(None)
-                return wrap(tx, value, esrc)
-    if src is not None and isinstance(inst_dict, dict) and (found or _lookup_static(cls, "__getattr__")[1]):
-        # The class's attribute (or its __getattr__) answered: one set on the object later
-        # (`obj.method = f`, `cfg.scale = 2.0` past a __getattr__ default) would answer instead.
-        tx.guards.add(NOT_OWN_ATTR, src, name)
-    if found:
-        fsrc = guard_class_method(tx, cls, name, class_attr)
-        if isinstance(class_attr, types.FunctionType):
-            return BoundMethodValue(wrap(tx, class_attr, fsrc), v)
-        if isinstance(class_attr, staticmethod):
-            return wrap(tx, class_attr.__func__, fsrc)
-        if isinstance(class_attr, classmethod):
-            return BoundMethodValue(wrap(tx, class_attr.__func__, fsrc), wrap(tx, cls, None))
-        if hasattr(type(class_attr), "__get__") and not isinstance(class_attr, CONSTANT_TYPES):
-            return wrap(tx, getattr(obj, name), asrc)
-        return wrap(tx, class_attr, asrc if not cls.__module__.startswith("torch.") else None)
-    getattr_hook, has_hook = _lookup_static(cls, "__getattr__")
-    if has_hook and getattr_hook is not torch.nn.Module.__getattr__:
-        return ops.call(frame, BoundMethodValue(wrap(tx, getattr_hook, None), v), [ConstantValue(name)], {})
-    raise MissingAttribute(f"{no_attr_name(cls)} object has no attribute {name!r}")
+    inst = lookup.PrivateInstance(v) if isinstance(v, PrivateObjectValue) else lookup.ExistingInstance(v)
+    return lookup.instance_attr(frame, inst, name)
+
+
+def found_dict_read(cls, name):
+    """Is ``cls.name`` one of dict's own read methods (not overridden in Python)?"""
+    return name in _DICT_READS and _defined_by_dict(cls, name)
 
 
 def _defined_in_python_class(cls, name):
@@ -481,51 +389,9 @@ def _defined_in_python_class(cls, name):
     return False
 
 
-def _class_attribute(frame, cls, name, self_value):
-    """A class attribute looked up for an instance: methods bind, properties run."""
-    attr, found = _lookup_static(cls, name)
-    if not found:
-        return None, False
-    fsrc = guard_class_method(frame.tx, cls, name, attr)
-    if isinstance(attr, types.FunctionType):
-        return BoundMethodValue(wrap(frame.tx, attr, fsrc), self_value), True
-    if isinstance(attr, property):
-        if attr.fget is None:
-            raise MissingAttribute(f"property {name!r} of {cls.__qualname__} has no getter")
-        return ops.call(frame, wrap(frame.tx, attr.fget, fsrc and AttrSource(fsrc, "fget")), [self_value], {}), True
-    if isinstance(attr, staticmethod):
-        return wrap(frame.tx, attr.__func__, fsrc), True
-    if isinstance(attr, classmethod):
-        return BoundMethodValue(wrap(frame.tx, attr.__func__, fsrc), wrap(frame.tx, cls, None)), True
-    if hasattr(type(attr), "__get__") and not isinstance(attr, CONSTANT_TYPES):
-        raise Unsupported(f"descriptor {type(attr).__name__} for {cls.__qualname__}.{name} is not supported yet")
-    return wrap(frame.tx, attr, None), True
-
-
 def _user_object_attr(frame, v, name):
-    if name == "__class__":
-        return wrap(frame.tx, v.cls, None)
-    if name == "__dict__":
-        # A dict value sharing the attribute table: changes through it are attribute changes.
-        table = DictValue({})
-        table.items = v.attrs
-        return table
-    attr, found = _lookup_static(v.cls, name)
-    if found and _is_data_descriptor(attr) and not isinstance(attr, types.MemberDescriptorType):
-        return _class_attribute(frame, v.cls, name, v)[0]
-    if name in v.attrs:
-        return v.attrs[name]
-    if found and isinstance(attr, types.MemberDescriptorType):
-        raise MissingAttribute(f"{no_attr_name(v.cls)} object has no attribute {name!r}")
-    if v.dict_items is not None and found and _defined_by_dict(v.cls, name):
-        return dict_method(frame, v, name)
-    value, found = _class_attribute(frame, v.cls, name, v)
-    if found:
-        return value
-    getattr_hook, has_hook = _lookup_static(v.cls, "__getattr__")
-    if has_hook:
-        return ops.call(frame, BoundMethodValue(wrap(frame.tx, getattr_hook, None), v), [ConstantValue(name)], {})
-    raise MissingAttribute(f"{no_attr_name(v.cls)} object has no attribute {name!r}")
+    """``v.name`` for an object made in the trace (a user class's, an exception)."""
+    return lookup.instance_attr(frame, lookup.TracedInstance(v, v.cls), name)
 
 
 def _super_attr(frame, sv, name):
@@ -539,6 +405,8 @@ def _super_attr(frame, sv, name):
     mro = obj_type.__mro__
     if sv.cls not in mro:
         raise Unsupported("super(): the object is not an instance of the class")
+    inst = lookup.instance_of(sv.obj) if isinstance(sv.obj, (ObjectValue, UserObjectValue, ExceptionValue)) \
+        else lookup.Instance(sv.obj, obj_type)
     for klass in mro[mro.index(sv.cls) + 1:]:
         if name in klass.__dict__:
             attr = klass.__dict__[name]
@@ -553,15 +421,9 @@ def _super_attr(frame, sv, name):
             if klass in (dict, OrderedDict) and isinstance(sv.obj, UserObjectValue) \
                     and sv.obj.dict_items is not None:
                 return dict_method(frame, sv.obj, name)
-            fsrc = guard_class_method(frame.tx, klass, name, attr)
-            if isinstance(attr, types.FunctionType):
-                return BoundMethodValue(wrap(frame.tx, attr, fsrc), sv.obj)
-            if isinstance(attr, classmethod):
-                return BoundMethodValue(wrap(frame.tx, attr.__func__, fsrc), wrap(frame.tx, obj_type, None))
-            if isinstance(attr, staticmethod):
-                return wrap(frame.tx, attr.__func__, fsrc)
-            if isinstance(attr, property) and attr.fget is not None:
-                return ops.call(frame, wrap(frame.tx, attr.fget, fsrc and AttrSource(fsrc, "fget")), [sv.obj], {})
+            if isinstance(attr, (types.FunctionType, staticmethod, classmethod)) \
+                    or isinstance(attr, property) and attr.fget is not None or has_python_get(attr):
+                return lookup.bind(frame, inst, name, attr, cls=klass)
             if klass is dict and name in _DICT_READS and isinstance(sv.obj, ObjectValue) \
                     and sv.obj.source is not None:
                 # dict's own read methods on a dict subclass that exists outside the trace:
@@ -586,24 +448,6 @@ def _super_class_attr(frame, sv, name):
                 return wrap(frame.tx, attr, None)
             break
     raise Unsupported(f"super().{name} in a classmethod is not supported yet")
-
-
-def _defined_by_dict(cls, name):
-    """True if ``cls.name`` comes from ``dict``/``OrderedDict`` rather than Python code."""
-    for klass in cls.__mro__:
-        if name in klass.__dict__:
-            return klass in (dict, OrderedDict)
-    return False
-
-
-def dict_method(frame, v, name):
-    """A method of ``dict`` acting on the items of ``v``, an object of a dict subclass made in the frame."""
-    if name == "__init__":
-        name = "update"
-    return MethodOfValue(v.dict_items, name)
-
-
-_DICT_READS = {"get", "__getitem__", "__contains__", "keys", "items", "values", "__len__"}
 
 
 def _dict_view(frame, ov):
@@ -677,6 +521,7 @@ def set_attr(frame, obj, name, value, plain=False):
             return
         if descriptor_store(frame, obj, obj.cls, name, value):
             return
+        _refuse_without_dict(obj.cls, name, delete=False)
         obj.attrs[name] = value   # a __slots__ member is stored like an attribute
         return
     if isinstance(obj, PrivateObjectValue):
@@ -703,19 +548,46 @@ def set_attr(frame, obj, name, value, plain=False):
             and descriptor_store(frame, obj, type(obj.obj), name, value):
         return
     if isinstance(obj, ObjectValue) and obj.source is not None and _replayable_store(obj.obj, name, value, plain):
-        frame.tx.attr_stores[(id(obj.obj), name)] = (obj, name, value)
+        stores, key = frame.tx.attr_stores, (id(obj.obj), name)
+        earlier = stores.get(key)
+        if earlier is not None and earlier[2] is DELETED and name in getattr(obj.obj, "__dict__", {}):
+            # Deleted, then stored again: both are done (the entry moves to the end of the
+            # object's __dict__, as in eager).
+            del stores[key]
+            stores[key + ("deleted first",)] = earlier
+        stores[key] = (obj, name, value)
         _note_store(frame.tx, obj.obj, name, value)
         return
     raise Unsupported(f"setting attribute {name!r} on {describe(obj)} (a side effect) is not supported yet",
                       hint="side effects on objects that exist outside the compiled function run eagerly")
 
 
+def _refuse_without_dict(cls, name, delete):
+    """Objects of a class whose instances have no ``__dict__`` (``__slots__`` all the way up) hold
+    nothing but their slot members: storing or deleting another name raises AttributeError
+    (CPython's own, got from the same operation on a blank object of the class); so does
+    deleting an unset slot member."""
+    attr, found = class_lookup(cls, name)
+    if class_lookup(cls, "__dict__")[1] and not isinstance(attr, types.MemberDescriptorType):
+        return
+    if isinstance(attr, types.MemberDescriptorType) and not delete:
+        return
+    blank = cls.__new__(cls)   # object.__new__ or dict.__new__: objects made in the trace have no other
+    try:
+        if delete:
+            object.__delattr__(blank, name)
+        else:
+            object.__setattr__(blank, name, None)
+    except AttributeError as e:
+        exceptions.raise_new(AttributeError, str(e))
+
+
 def descriptor_store(frame, obj, cls, name, value, delete=False):
     """``obj.name = value`` (or ``del obj.name``) through a data descriptor of ``cls`` written in
     Python or a ``property``: its setter (deleter) is traced. False if no such descriptor applies;
     a slot member (``__slots__``) is left to the caller."""
-    attr, found = _lookup_static(cls, name)
-    if not found or not _is_data_descriptor(attr) or isinstance(attr, types.MemberDescriptorType):
+    attr = class_attr(cls, name)
+    if attr is MISSING or not is_data_descriptor(attr) or isinstance(attr, types.MemberDescriptorType):
         return False
     what = "deleter" if delete else "setter"
     if isinstance(attr, property):
@@ -727,8 +599,11 @@ def descriptor_store(frame, obj, cls, name, value, delete=False):
         ops.call(frame, wrap(frame.tx, fn, fsrc), [obj] + ([] if delete else [value]), {})
         return True
     method = getattr(type(attr), "__delete__" if delete else "__set__", None)
+    if method is None:
+        exceptions.raise_new(AttributeError, "__delete__" if delete else "__set__")
     if isinstance(method, types.FunctionType):
-        ops.call(frame, wrap(frame.tx, method, None), [wrap(frame.tx, attr, None), obj] + ([] if delete else [value]), {})
+        desc = wrap(frame.tx, attr, lookup.descriptor_source(frame.tx, cls, name, attr))
+        ops.call(frame, wrap(frame.tx, method, None), [desc, obj] + ([] if delete else [value]), {})
         return True
     raise Unsupported(f"{'deleting' if delete else 'setting'} {cls.__qualname__}.{name} "
                       f"(a {type(attr).__name__} descriptor) is not supported yet")
@@ -759,6 +634,7 @@ def del_attr(frame, obj, name):
         if descriptor_store(frame, obj, obj.cls, name, None, delete=True):
             return
         if name not in obj.attrs:
+            _refuse_without_dict(obj.cls, name, delete=True)
             raise MissingAttribute(f"{no_attr_name(obj.cls)} object has no attribute {name!r}")
         del obj.attrs[name]
         return
@@ -781,12 +657,18 @@ def del_attr(frame, obj, name):
             and type(obj.obj).__delattr__ is object.__delattr__ and type(obj.obj).__setattr__ is object.__setattr__ \
             and not hasattr(type(obj.obj), name) \
             and (name in getattr(obj.obj, "__dict__", {}) or (id(obj.obj), name) in tx.attr_stores):
-        get_attr(frame, obj, name)   # it must exist (guarded), or raise as in eager
-        tx.attr_stores.pop((id(obj.obj), name), None)
+        key = (id(obj.obj), name)
+        earlier = tx.attr_stores.get(key)
+        if earlier is not None and earlier[2] is DELETED:
+            raise MissingAttribute(f"{no_attr_name(type(obj.obj))} object has no attribute {name!r}")
+        tx.attr_stores.pop(key, None)
+        tx.attr_stores.pop(key + ("deleted first",), None)
         _note_store(tx, obj.obj, name, DELETED)
         if name in obj.obj.__dict__:
-            # The replayed `del` needs the attribute on entry: guard that it is there.
-            tx.guards.add(g.TYPE_MATCH, AttrSource(obj.source, name), type(obj.obj.__dict__[name]))
+            # The replayed `del` needs the attribute in the object's own __dict__ on entry
+            # (`obj.name` could be answered by the class once it is gone): guard that it is there.
+            tx.guards.add(g.TYPE_MATCH, ItemSource(AttrSource(obj.source, "__dict__"), name),
+                          type(obj.obj.__dict__[name]))
             tx.attr_stores[(id(obj.obj), name)] = (obj, name, DELETED)
         # else: set earlier in this trace only; dropping that store is the whole effect.
         tx.effects_recorded += 1
@@ -826,10 +708,5 @@ def _replayable_store(obj, name, value, plain=False):
             return False
     elif cls.__setattr__ is not object.__setattr__ and not (plain and isinstance(cls.__setattr__, types.FunctionType)):
         return False
-    attr, found = _lookup_static(cls, name)
-    return not (found and _is_data_descriptor(attr)) and hasattr(obj, "__dict__")
-
-
-def _is_data_descriptor(attr):
-    t = type(attr)
-    return hasattr(t, "__get__") and (hasattr(t, "__set__") or hasattr(t, "__delete__"))
+    attr, found = class_lookup(cls, name)
+    return not (found and is_data_descriptor(attr)) and hasattr(obj, "__dict__")

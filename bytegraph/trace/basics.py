@@ -117,12 +117,20 @@ def is_constant(v):
         return False
 
 
+def refuse_selected(v):
+    """Held by identity: the tensor ``max()``/``min()`` chose is which object only the data says."""
+    if isinstance(v, TensorValue) and v.selected is not None:
+        raise Unsupported("the tensor max()/min() chose, held by identity: which object it is depends on the "
+                          "tensors' data")
+
+
 def held_item(v):
     """What a set, frozenset or deque made in the frame holds for the value ``v``: a constant as
     itself; a tensor, a function or an object hashed by identity as a HeldValue."""
     if isinstance(v, TupleValue) and v.cls is tuple:
         return tuple(held_item(i) for i in v.items)
     if isinstance(v, (TensorValue, FunctionValue, GeneratorValue, ExceptionValue)):
+        refuse_selected(v)
         return HeldValue(v, ("value", id(v)))
     if isinstance(v, UserObjectValue):
         if v.cls.__hash__ is object.__hash__:
@@ -140,6 +148,7 @@ def held_item(v):
 def deque_item(v):
     """What a deque made in the frame holds for ``v``: like a set's element, but anything can be
     held (a list or dict as the very value, so that changes to it show)."""
+    refuse_selected(v)
     if isinstance(v, (ListValue, DictValue)) or (isinstance(v, ConstantValue) and isinstance(
             v._value, MUTABLE_CONSTANT_TYPES)):
         return HeldValue(v, ("value", id(v)))

@@ -36,7 +36,7 @@ import types
 import torch
 
 from ..config import config
-from ..residual import set_autocast_state
+from ..residual import enter_inference_mode, exit_inference_mode, set_autocast_state
 from ..guards.builder import value_holds
 from ..guards.sources import AttrSource, DefaultSource, ItemSource, ModuleEntrySource, Source
 from ..values.base import (ConstantValue, DictValue, ListValue, ObjectValue, SymValue, TensorValue,
@@ -168,7 +168,7 @@ class Recorder:
 
 # Nodes that change grad mode or autocast: their fake results depend on state a copy does not set.
 _STATE_TARGETS = {torch._C._set_grad_enabled, torch.amp._enter_autocast, torch.amp._exit_autocast,
-                  set_autocast_state}
+                  set_autocast_state, enter_inference_mode, exit_inference_mode}
 
 
 class Template:
@@ -520,8 +520,9 @@ def call_forward(frame, mv, args, kwargs, trace_forward):
         return trace_forward()
     rec = Recorder(tx)
     guards = tx.guards
+    # (tensors kept unchanged: a copy would not keep them so; f-strings, max() over tensors)
     before = (tx.effect_count(), len(tx.graph.inputs), len(tx.state_changes), tx.unguarded_reads,
-              tx.handled_exception)
+              tx.handled_exception, len(tx.graph.no_mutation))
     guards.recorders.append(rec)
     try:
         result = trace_forward()
@@ -529,7 +530,7 @@ def call_forward(frame, mv, args, kwargs, trace_forward):
         guards.recorders.remove(rec)
     rec.finish()
     after = (tx.effect_count(), len(tx.graph.inputs), len(tx.state_changes), tx.unguarded_reads,
-             tx.handled_exception)
+             tx.handled_exception, len(tx.graph.no_mutation))
     if before == after:
         template = Template.build(key, leaves, rec, result)
         if template is not None:

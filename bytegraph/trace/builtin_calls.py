@@ -6,6 +6,7 @@
 Most handlers compute on values (iterate, compare, fold constants) and trace
 the functions they are given (``key=``, ``map``'s function) through ``call``.
 """
+import abc
 import contextlib
 import copy
 import inspect
@@ -15,13 +16,12 @@ import types
 import torch
 
 from .. import control
+from ..datamodel import class_attr, is_callable_type
 from ..errors import Unsupported
 from ..guards import builder as g
 from ..guards.sources import AttrSource, ModuleEntrySource, RawAttrSource
-from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, DictViewValue,
-                           FunctionValue, IteratorValue, ListValue, MethodOfValue,
-                           ObjectValue, PrivateObjectValue, SuperValue, SymValue, TensorMethodValue,
-                           TensorValue, TracedId, TupleValue, UserObjectValue, holds_values)
+from ..values.base import (BoundMethodValue, CellValue, ConstantValue, ContextManagerValue, DictValue, DictViewValue,
+                           IteratorValue, ListValue, ObjectValue, PrivateObjectValue, SuperValue, SymValue, TensorValue, TracedId, TupleValue, UserObjectValue, holds_values)
 from ..values.arrays import NdarrayValue
 from ..values.builder import wrap
 from . import attrs, distributed, generators, numpy_calls, operators, ops, with_blocks
@@ -30,6 +30,7 @@ from .basics import no_attr_name
 from .exceptions import TracedRaise
 from .generators import check_unchanged, iterated_containers
 from .iteration import iterate
+from .protocols import guard_class_method
 
 
 # --- builtins --------------------------------------------------------------------------
@@ -74,11 +75,43 @@ def _isinstance(frame, args, kwargs):
     cls = operators.as_constant(classes) if not isinstance(classes, ObjectValue) else classes.obj
     if isinstance(classes, TupleValue):
         cls = tuple(c.obj if isinstance(c, ObjectValue) else operators.as_constant(c) for c in classes.items)
+    return ConstantValue(_is_instance(frame, v, cls))
+
+
+def _is_instance(frame, v, cls):
+    """``isinstance(v, cls)`` as CPython decides it: the exact type, each class of a tuple, then
+    the metaclass's ``__instancecheck__`` (traced when it is user Python code, which may look
+    at the object itself), else the subclass relation of the object's type."""
     t = operators.python_type(v)
+    if t is cls:
+        return True
+    if isinstance(cls, tuple):
+        return any(_is_instance(frame, v, c) for c in cls)
+    if not isinstance(cls, type):
+        raise Unsupported(f"isinstance() arg 2 must be a type, a tuple of types or a union, not {type(cls).__name__}")
+    meta = type(cls)
+    check = class_attr(meta, "__instancecheck__")
+    module = (meta.__module__ or "").split(".")[0]
     try:
-        return ConstantValue(issubclass(t, cls))
+        nominal = issubclass(t, cls)
     except TypeError as e:
         raise Unsupported(f"isinstance(): {e}") from e
+    if meta is type or isinstance(meta, abc.ABCMeta) and check is abc.ABCMeta.__instancecheck__ \
+            or module in ("torch", "builtins", "abc"):
+        # type's check and ABCMeta's (registered and __subclasshook__ classes included) come to
+        # the subclass relation; torch's metaclasses are taken as that too.
+        return nominal
+    if module == "typing":
+        if nominal:
+            return True
+        raise Unsupported(f"isinstance() against {cls.__qualname__} (a typing.Protocol) checks the object's "
+                          "own attributes, which is not traced yet")
+    if not isinstance(check, types.FunctionType):
+        raise Unsupported(f"isinstance() through {meta.__qualname__}.__instancecheck__ (not Python code) "
+                          "is not supported yet")
+    src = guard_class_method(frame.tx, meta, "__instancecheck__", check)
+    answer = call(frame, wrap(frame.tx, check, src), [wrap(frame.tx, cls, None), v], {})
+    return operators.truth(frame, answer)
 
 
 @builtin(issubclass)
@@ -239,10 +272,15 @@ def _slice(frame, args, kwargs):
 
 @builtin(callable)
 def _callable(frame, args, kwargs):
+    """``callable(v)``: whether ``type(v)`` has ``__call__``, as CPython asks it."""
     v = args[0]
-    if isinstance(v, (ObjectValue, ConstantValue)):
-        return ConstantValue(callable(v.obj if isinstance(v, ObjectValue) else v.value))
-    return ConstantValue(isinstance(v, (FunctionValue, BoundMethodValue, TensorMethodValue, MethodOfValue)))
+    if isinstance(v, ObjectValue):
+        return ConstantValue(callable(v.obj))
+    if isinstance(v, ConstantValue):
+        return ConstantValue(callable(v.value))
+    if isinstance(v, ContextManagerValue):
+        raise Unsupported("callable() of a torch context manager made in the compiled function is not supported yet")
+    return ConstantValue(is_callable_type(operators.python_type(v)))
 
 
 def _min_max(fn):
@@ -294,16 +332,46 @@ def _plain_size(v):
 def _select_by_tensors(frame, fn, items, keys):
     """``max``/``min`` whose comparisons are between tensors: Python keeps the first item and
     replaces it by each later one whose key compares greater (``>``; ``<`` for min), which needs
-    ``bool()`` of each comparison, so the graph breaks there and Python chooses.
+    ``bool()`` of a one-element tensor. When every item is a tensor of one shape, dtype and
+    device that does not need grad, and every key has one element, that choice is
+    ``torch.where(key > best, item, best)`` (the same values as picking the object); otherwise
+    the comparison's truth value is data-dependent and the graph breaks.
 
-    Not ``torch.where(key > best, item, best)`` in the graph: that has the chosen item's values
-    but is a new tensor, where Python returns the item itself (a view of an argument, a tensor
-    the frame keeps using), so an in-place update of the result, ``is``, or the caller's writes
-    to the returned tensor would differ from eager."""
-    raise Unsupported(f"{fn.__name__}() compares tensors: Python needs bool() of each comparison, which "
-                      "depends on the tensors' data, and returns one of the tensors itself",
-                      hint="torch.maximum(a, b) / torch.minimum(a, b) (a new tensor) or torch.stack(items).amax(0) "
-                           "keep it in the graph; " + TENSOR_DATA_HINT)
+    The graph's pick is a new tensor where eager has one of the items itself, so the result
+    remembers the comparisons (``TensorValue.selected``): where it leaves the graph it is the
+    chosen item again; asking whether it is some object breaks (operators.is_same), as does an
+    in-place change of it or of an item later in the graph (the change would show through the
+    other in eager)."""
+    first = items[0]
+    # Items that need grad would all be connected to the result (eager leaves the others' .grad
+    # None), so those keep Python's bool() at a break.
+    same_kind = all(isinstance(i, TensorValue) and not i.fake.requires_grad for i in items) and all(
+        i.fake.shape == first.fake.shape and i.fake.dtype == first.fake.dtype and i.fake.device == first.fake.device
+        for i in items)
+    one_element = all(isinstance(k, TensorValue) and not isinstance(k.fake.numel(), torch.SymInt)
+                      and k.fake.numel() == 1 and k.fake.shape == keys[0].fake.shape
+                      and k.fake.dtype == keys[0].fake.dtype for k in keys)
+    if not (same_kind and one_element):
+        raise Unsupported(f"{fn.__name__}() compares tensors: Python needs bool() of each comparison, which "
+                          "depends on the tensors' data", hint=TENSOR_DATA_HINT)
+    graph = frame.tx.graph
+    compare = operator.gt if fn is max else operator.lt
+    best, best_key = first, keys[0]
+    picks = []
+    for item, key in zip(items[1:], keys[1:]):
+        cond = graph.call("call_function", compare, [key, best_key], {})
+        if cond.fake.dim() != 0:
+            cond = graph.call("call_method", "reshape", [cond, ConstantValue(())], {})
+        picks.append((cond, item))
+        best = graph.call("call_function", torch.where, [cond, item, best], {})
+        best_key = graph.call("call_function", torch.where, [cond, key, best_key], {}) if key is not item \
+            else best
+    best.selected = (first, picks)
+    reason = (f"an in-place change of a tensor {fn.__name__}() chose between: eager's result is one of them, "
+              "so the change shows through the other")
+    for v in [best] + items:
+        graph.keep_unchanged(v, reason)
+    return best
 
 
 def _sort_keys(frame, items, key, what):
@@ -701,6 +769,12 @@ def _is_tensor(frame, args, kwargs):
 @builtin(torch.is_grad_enabled)
 def _is_grad_enabled(frame, args, kwargs):
     return ConstantValue(torch.is_grad_enabled())
+
+
+@builtin(torch.is_inference_mode_enabled)
+def _is_inference_mode_enabled(frame, args, kwargs):
+    # The state on entry is guarded; inside a block the trace entered, the block's.
+    return ConstantValue(torch.is_inference_mode_enabled())
 
 
 @builtin(torch.get_default_dtype)

@@ -16,10 +16,11 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from .. import control
+from ..datamodel import class_lookup
 from ..errors import Unsupported
 from ..guards.builder import DICT_KEYS, GLOBAL_HOOKS, ID_MATCH, NO_HOOKS, NOT_OWN_ATTR
 from ..guards.sources import AttrSource, DefaultSource, ItemSource, MappingGetSource, WeakRefCallSource
-from ..values.base import (BoundMethodValue, ConstantValue, DictValue, ExitValue, FunctionValue,
+from ..values.base import (BoundMethodValue, ConstantValue, ContextManagerValue, DictValue, ExitValue, FunctionValue,
                            IteratorValue, ListValue, MethodOfValue, ObjectValue, PartialValue,
                            PrivateObjectValue, RealCell, TensorMethodValue, TensorValue, TracerCallableValue,
                            TupleValue, UserObjectValue)
@@ -33,7 +34,7 @@ from .frame import inline_call
 from .basics import type_name
 from .hooks import call_with_hooks
 from .state import is_compiling
-from .torch_calls import apply_state, call_torch_class, current_state, is_graph_function, torch_call
+from .torch_calls import apply_state, call_torch_class, current_state, decorate, is_graph_function, torch_call
 
 
 def call(frame, fn, args, kwargs):
@@ -58,6 +59,8 @@ def call(frame, fn, args, kwargs):
         return ConstantValue(None)
     if isinstance(fn, TracerCallableValue):
         return fn.impl(frame, list(args), kwargs)
+    if isinstance(fn, ContextManagerValue):
+        return decorate(frame, fn, list(args), kwargs)
     if isinstance(fn, ObjectValue):
         return _call_object(frame, fn, list(args), kwargs)
     if isinstance(fn, ConstantValue) and callable(fn.value):
@@ -342,7 +345,7 @@ def _trace_forward(frame, mv, args, kwargs):
     if mv.source is not None:
         # `m.forward = ...` later (a monkeypatch, a library's hook) must not find this trace.
         frame.tx.guards.add(NOT_OWN_ATTR, mv.source, "forward")
-    fwd, _ = protocols._lookup_static(type(m), "forward")
+    fwd, _ = class_lookup(type(m), "forward")
     src = protocols.guard_class_method(frame.tx, type(m), "forward", fwd)
     if fwd is torch.nn.Module.forward:
         raise Unsupported(f"{type(m).__name__} has no forward()")
@@ -587,14 +590,11 @@ def tensor_method(frame, tensor, name, args, kwargs):
 
 # --- with-blocks over torch global state --------------------------------------------
 
-INFERENCE_MODE_HINT = ("tensors made in inference mode cannot be traced with the rest of the graph; the block's "
-                       "body is compiled as a graph of its own (no change needed)")
+INFERENCE_MODE_HINT = ("a graph break inside the block entered it again natively, so it is left natively too "
+                       "(no change needed; without the break inside, the whole block is in the graph)")
 
 
 def enter_context(frame, mgr):
-    if mgr.kind == "inference_mode":
-        raise Unsupported("entering torch.inference_mode(): the block is entered natively at a graph break",
-                          hint=INFERENCE_MODE_HINT)
     if mgr.kind == "set_grad":
         # set_grad_enabled took effect when it was made; entering does nothing more.
         return

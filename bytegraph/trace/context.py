@@ -8,7 +8,7 @@ from ..errors import Unsupported
 from ..graph.builder import GraphBuilder
 from ..guards.builder import GuardSet, add_global_state_guards
 from ..guards import stamps
-from ..guards.sources import AttrSource, ItemSource, LocalSource
+from ..guards.sources import AttrSource, ItemSource, LocalSource, RawAttrSource
 from ..residual import set_autocast_state
 
 # The value of a global the trace deleted (``del`` / ``global x; del x``).
@@ -95,7 +95,7 @@ class TraceContext:
         for kind, saved in reversed(self.state_changes[start:]):
             if kind == "grad":
                 torch._C._set_grad_enabled(saved)
-            elif kind == "autocast":
+            elif kind in ("autocast", "inference_mode"):
                 saved.__exit__(None, None, None)
             elif kind == "autocast_state":
                 device_type, state = saved
@@ -188,7 +188,7 @@ def _refuse_object_tables(source, objects, what):
     ``_forward_hooks``...) of a module that exists outside the compiled function, is not traced:
     replayed after the graph, it would leave the trace reading the object as it was (a buffer
     registered in forward, then read)."""
-    if isinstance(source, AttrSource) and source.attr == "__dict__":
+    if isinstance(source, (AttrSource, RawAttrSource)) and source.attr == "__dict__":
         # Attribute reads go to the object's real __dict__ while tracing: keep them true.
         raise Unsupported(f"{what} the __dict__ of an object that exists outside the compiled function",
                           hint="set the attribute with obj.name = value instead")

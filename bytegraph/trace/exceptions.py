@@ -22,7 +22,7 @@ from ..values.base import (ConstantValue, ExceptionValue, ObjectValue, TracerCal
 from ..values.builder import wrap
 from . import ops
 from .basics import MissingAttribute, PythonError, as_constant, constant_value  # noqa: F401 (re-exported)
-from .protocols import _lookup_static
+from ..datamodel import class_lookup
 
 
 class TracedRaise(Exception):
@@ -284,7 +284,7 @@ def get_attr(frame, v, name):
         return v.args[0] if v.args else ConstantValue(None)
     if name in ("name", "obj") and issubclass(v.cls, (AttributeError, NameError)):
         return ConstantValue(None)
-    attr, found = _lookup_static(v.cls, name)
+    attr, found = class_lookup(v.cls, name)
     if found and getattr(attr, "__objclass__", None) is BaseException or name in (
             "__traceback__", "with_traceback", "add_note", "__notes__"):
         raise Unsupported(f"{name!r} of an exception made inside the compiled function is not supported yet")

@@ -100,10 +100,23 @@ def call_numpy(frame, fv, args, kwargs):
     special = _SPECIAL.get(name)
     if special is not None:
         return special(frame, obj, name, list(args), dict(kwargs))
+    if name in _PROTOTYPE_FUNCTIONS and args and isinstance(args[0], TensorValue):
+        # np.ones_like(t, dtype=...): NumPy takes the tensor's array (Tensor.__array__, t.numpy())
+        # as the prototype and returns a C-contiguous ndarray, whatever the tensor's layout.
+        t = args[0]
+        if not t.fake.is_contiguous():
+            t = frame.tx.graph.call("call_method", "contiguous", [t], {})
+        args = [tensor_as_array(frame, t, f"{name} of a tensor")] + list(args[1:])
     entry = nops.counterpart(obj)
     if entry is None or spec is None:
         raise unsupported(f"{name} is not traced yet (no checked torch._numpy implementation)")
     return call_tnp(frame, obj, name, entry[2], args, kwargs, spec)
+
+
+# NumPy functions that convert a tensor given as their first argument (the prototype) with
+# Tensor.__array__ and return a plain ndarray. (Many others hand a tensor to its own method of the
+# same name, ``np.sum(t)`` -> ``t.sum()``, or wrap the result back into a tensor: those stay native.)
+_PROTOTYPE_FUNCTIONS = {"np.zeros_like", "np.ones_like", "np.empty_like", "np.full_like"}
 
 
 def _any_traced(args, kwargs):
@@ -444,14 +457,35 @@ def len_value(frame, a):
 
 def _special_shape(frame, obj, name, args, kwargs):
     a = args[0] if args else None
+    if isinstance(a, NdarrayValue) and name == "np.size":
+        return _size(frame, a, bind(obj, name, args, kwargs).get("axis"))
     if isinstance(a, NdarrayValue) and len(args) == 1 and not kwargs:
         if name == "np.shape":
             return shape_value(frame, a)
         if name == "np.ndim":
             return ConstantValue(a.fake.dim())
-        if name == "np.size":
-            return array_attr(frame, a, "size")
     raise unsupported(f"{name} of {describe(a)} is not traced")
+
+
+def _size(frame, a, axis):
+    """``np.size(a, axis)``: the product of the sizes along ``axis`` (an int or, since NumPy 2.4, a
+    tuple of ints), symbolic where those sizes are."""
+    if axis is None or _is_default(axis):
+        return array_attr(frame, a, "size")
+    try:
+        axes = np.lib.array_utils.normalize_axis_tuple(as_constant(axis), a.fake.dim(), allow_duplicate=False)
+    except (TypeError, ValueError) as e:     # NumPy raises it natively, with its own message
+        raise unsupported(f"np.size(..., axis={as_constant(axis)!r}) raises {type(e).__name__} in NumPy") from None
+    shape = shape_value(frame, a)
+    sizes = [ConstantValue(shape.value[d]) for d in axes] if isinstance(shape, ConstantValue) \
+        else [shape.items[d] for d in axes]
+    result = ConstantValue(1)
+    for n in sizes:
+        if isinstance(result, ConstantValue) and isinstance(n, ConstantValue):
+            result = ConstantValue(result.value * n.value)
+        else:
+            result = frame.tx.graph.sym_call(operator.mul, [result, n])
+    return result
 
 
 def _special_isscalar(frame, obj, name, args, kwargs):
@@ -519,13 +553,24 @@ def tensor_as_array(frame, t, what, force=False):
             raise unsupported(f"{what} on a {fake.device.type} tensor (eager raises; use t.cpu().numpy())")
         if fake.is_conj() or fake.is_neg():
             raise unsupported(f"{what} on a tensor with its conjugate/negative bit set")
-        return NdarrayValue(t.node, fake)
+        a = NdarrayValue(t.node, fake)
+        a.strides = _torch_strides(fake)
+        return a
     value = frame.tx.graph.call("call_method", "detach", [t], {})
     if fake.device.type != "cpu":
         value = frame.tx.graph.call("call_method", "cpu", [value], {})
     value = frame.tx.graph.call("call_method", "resolve_conj", [value], {})
     value = frame.tx.graph.call("call_method", "resolve_neg", [value], {})
     return NdarrayValue(value.node, value.fake)
+
+
+def _torch_strides(fake):
+    """The strides in bytes of ``t.numpy()`` for a tensor like ``fake`` (torch's own layout, the
+    same in eager: the fake's strides are the real tensor's), taken now: the array keeps them
+    when the tensor is later transposed in place. None where they are symbolic."""
+    if any(isinstance(n, torch.SymInt) for n in fake.stride()):
+        return None
+    return tuple(n * fake.element_size() for n in fake.stride())
 
 
 def array_as_tensor(a):
@@ -594,7 +639,8 @@ def torch_with_arrays(frame, fn, args, kwargs):
 
 _META = {"ndim", "size", "itemsize", "nbytes"}
 _NOT_TRACED_ATTRS = {"ctypes": "ndarray.ctypes is not traced", "flags": "ndarray.flags is not traced",
-                     "strides": "ndarray.strides is not traced (torch lays out traced arrays its own way)",
+                     "strides": "ndarray.strides of an array a NumPy operation made is not traced (torch may lay it out "
+                                "otherwise than NumPy; the strides of argument arrays and of t.numpy() are)",
                      "base": "ndarray.base is not traced", "data": "ndarray.data (the buffer) is not traced",
                      "flat": "ndarray.flat is not traced (use ravel())",
                      "__array_interface__": "__array_interface__ is not traced",
@@ -616,6 +662,8 @@ def array_attr(frame, a, name):
                               "nbytes": fake.numel() * fake.element_size()}[name])
     if name == "__class__":
         return ObjectValue(a.python_type())
+    if name == "strides" and a.strides is not None:
+        return ConstantValue(a.strides)
     if name in _NOT_TRACED_ATTRS:
         raise unsupported(_NOT_TRACED_ATTRS[name])
     if name in _ATTR_ARRAYS:

@@ -464,6 +464,8 @@ TRACED = {
     "np.linalg.svd": Spec(array=True, fix=_fix_linalg_tuple(np.linalg.svd)),
     "np.linalg.qr": Spec(array=True, fix=_fix_linalg_tuple(np.linalg.qr)),
     "np.linalg.slogdet": Spec(fix=_fix_linalg_tuple(np.linalg.slogdet)),
+    # fft: the shifts are rolls, every dtype kept as NumPy keeps it
+    "np.fft.fftshift": _A, "np.fft.ifftshift": _A,
 }
 
 

@@ -17,7 +17,7 @@ from ..values.base import (CellValue, ConstantValue, ContextManagerValue, DictVa
                            ListValue, ObjectValue, SavedExcInfoValue, SuperValue, TupleValue)
 from ..values.builder import TRUSTED_MODULE_PREFIXES, wrap
 from .context import DELETED
-from . import attrs, calls, exceptions, generators, operators, patterns, protocols, with_blocks
+from . import attrs, calls, exceptions, generators, operators, patterns, protocols, torch_calls, with_blocks
 from .generators import check_unchanged
 from .basics import held_item
 from .iteration import iterate, unpack
@@ -859,6 +859,7 @@ def set_function_attribute(f, ins):
 @handler("BEFORE_WITH")
 def before_with(f, ins):
     mgr = f.pop()
+    mgr = torch_calls.manager_of(f, mgr) or mgr
     if isinstance(mgr, ContextManagerValue):
         calls.enter_context(f, mgr)
         f.push(ExitValue(mgr))

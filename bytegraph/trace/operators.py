@@ -5,6 +5,7 @@ import operator
 import numpy as np
 import torch
 
+from ..datamodel import class_lookup
 from ..errors import BytegraphError, Unsupported
 from ..null import NULL
 from ..guards.builder import NOT_ALIAS
@@ -43,6 +44,7 @@ COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operato
 def key_of(v):
     """A dict key: constants by value, objects by identity (module state tensors too)."""
     if isinstance(v, ObjectValue):
+        v.pin_identity()     # a dict made in the trace keeps this very object as its key
         return v.obj
     if isinstance(v, TensorValue) and v.node.op == "get_attr":
         # Identity-guarded (parameters, optimizer state): the real tensor is the key.
@@ -226,6 +228,8 @@ def _compare_special(frame, op, a, b):
 def is_same(a, b):
     if a is b:
         return True
+    if getattr(a, "selected", None) is not None or getattr(b, "selected", None) is not None:
+        raise Unsupported("whether the tensor max()/min() chose is this object depends on the tensors' data")
     if isinstance(a, ConstantValue) and isinstance(b, ConstantValue):
         return a.value is b.value
     if isinstance(a, ObjectValue) and isinstance(b, ObjectValue):
@@ -621,7 +625,7 @@ def text_of(frame, v, fn):
             method = protocols.python_special_method(v, name)
             if method is not None:
                 return _checked_text(frame, protocols.call_special_method(frame, v, name, []), name)
-            if protocols._lookup_static(cls, name)[0] is not getattr(object, name):
+            if class_lookup(cls, name)[0] is not getattr(object, name):
                 break   # a C method other than object's: not known here
         raise Unsupported(f"{fn.__name__}() of {attrs.describe(v)} (no __str__/__repr__ written in Python; "
                           "the default one shows its address) is not supported yet")
@@ -663,7 +667,7 @@ def format_of(frame, v, spec):
     if method is not None:
         return _checked_text(frame, protocols.call_special_method(frame, v, "__format__", [spec]), "__format__")
     cls = python_type(v) if isinstance(v, (UserObjectValue, ObjectValue, ExceptionValue)) else None
-    if cls is not None and protocols._lookup_static(cls, "__format__")[0] is object.__format__:
+    if cls is not None and class_lookup(cls, "__format__")[0] is object.__format__:
         text = as_constant(spec)
         if text:
             raise_new(TypeError, f"unsupported format string passed to {cls.__name__}.__format__")

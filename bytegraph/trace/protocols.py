@@ -12,6 +12,7 @@ import types
 import numpy as np
 import torch
 
+from ..datamodel import class_lookup
 from ..guards.builder import ID_MATCH
 from ..guards.sources import AttrSource, ObjectSource
 from ..values.base import ConstantValue, ObjectValue, UserObjectValue
@@ -22,13 +23,6 @@ from . import ops
 # (NumPy's: arrays, masked arrays and polynomials are trace/numpy_calls.py's, or run natively).
 _NATIVE_BASES = (torch.nn.Module, torch.Tensor, type, np.ndarray, np.generic, np.poly1d,
                  np.polynomial._polybase.ABCPolyBase)
-
-
-def _lookup_static(cls, name):
-    for klass in cls.__mro__:
-        if name in klass.__dict__:
-            return klass.__dict__[name], True
-    return None, False
 
 
 def guard_class_method(tx, cls, name, attr):
@@ -62,7 +56,7 @@ def python_special_method(v, name):
         cls = type(v.obj)
     else:
         return None
-    attr, found = _lookup_static(cls, name)
+    attr, found = class_lookup(cls, name)
     return attr if found and isinstance(attr, types.FunctionType) else None
 
 

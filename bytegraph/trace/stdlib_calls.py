@@ -15,7 +15,7 @@ import types
 import warnings
 
 from ..errors import Unsupported
-from ..guards.builder import ID_MATCH
+from ..guards.builder import DICT_KEYS, ID_MATCH, LENGTH_MATCH
 from ..guards.sources import AttrSource, ItemSource
 from ..values.base import (MUTABLE_CONSTANT_TYPES, ConstantValue, DefaultDictValue, DictValue,
                            IteratorValue, ListValue, ObjectValue, PartialValue, PrivateObjectValue,
@@ -63,6 +63,10 @@ def call_stdlib_object(frame, fv, args, kwargs):
     obj = fv.obj
     src = fv.source
     if isinstance(obj, functools.partial):
+        if src is not None:
+            # Its identity is not guarded (values.builder): how many arguments it holds is.
+            frame.tx.guards.add(LENGTH_MATCH, AttrSource(src, "args"), len(obj.args))
+            frame.tx.guards.add(DICT_KEYS, AttrSource(src, "keywords"), list(obj.keywords))
         func = wrap(frame.tx, obj.func, AttrSource(src, "func") if src else None)
         pargs = [wrap(frame.tx, a, ItemSource(AttrSource(src, "args"), i) if src else None)
                  for i, a in enumerate(obj.args)]
@@ -197,10 +201,22 @@ def _defaultdict(frame, args, kwargs):
     return out
 
 
-@builtin(dict.fromkeys)
-def _dict_fromkeys(frame, args, kwargs):
-    value = args[1] if len(args) > 1 else ConstantValue(None)
-    return DictValue({operators.key_of(k): value for k in iterate(frame, args[0])})
+def _fromkeys(cls):
+    """``cls.fromkeys(keys, value=None)`` for dict, OrderedDict and defaultdict (no factory):
+    every key maps to the one ``value`` object, as in eager."""
+    def h(frame, args, kwargs):
+        if kwargs or not 1 <= len(args) <= 2:
+            raise Unsupported(f"{cls.__name__}.fromkeys() with these arguments is not supported yet")
+        value = args[1] if len(args) > 1 else ConstantValue(None)
+        items = {operators.key_of(k): value for k in iterate(frame, args[0])}
+        if cls is collections.defaultdict:
+            return DefaultDictValue(items, ConstantValue(None))
+        return DictValue(items, cls=cls)
+    return h
+
+
+for _cls in (dict, collections.OrderedDict, collections.defaultdict):
+    BUILTIN_HANDLERS[_cls.fromkeys] = _fromkeys(_cls)
 
 
 @builtin(collections.namedtuple)

@@ -3,11 +3,14 @@ import operator
 import types
 
 import torch
+import torch.amp.autocast_mode
+import torch.utils._contextlib
 
 from ..errors import Unsupported
 from ..guards.builder import GLOBAL_STATE
-from ..residual import set_autocast_state
-from ..values.base import ConstantValue, ContextManagerValue, PrivateObjectValue, TensorValue
+from ..residual import enter_inference_mode, exit_inference_mode, set_autocast_state
+from ..values.base import ConstantValue, ContextManagerValue, ObjectValue, PrivateObjectValue, TensorValue
+from ..values.builder import wrap
 from . import attrs, numpy_calls, operators, ops
 
 # Python modules of torch whose functions go into the graph as one node each.
@@ -134,11 +137,8 @@ def call_torch_class(frame, cls, args, kwargs):
         apply_state(frame, mgr, entering=True)
         return mgr
     if cls is torch.inference_mode:
-        mode = operators.as_constant(args[0]) if args else True
-        if mode and not torch.is_inference_mode_enabled():
-            # Entered natively at a graph break; its body is compiled as a graph of its own.
-            return ContextManagerValue("inference_mode", (True,))
-        return ContextManagerValue("noop", ())
+        mode = operators.as_constant(args[0] if args else kwargs.get("mode", ConstantValue(True)))
+        return ContextManagerValue("inference_mode", (bool(mode),))
     if cls is torch.autograd.profiler.record_function:
         # A profiler range: nothing for the graph to compute. (A profiler running at run time
         # does not see the range, as under torch.compile.)
@@ -192,6 +192,58 @@ def _autocast(frame, cls, args, kwargs):
     return ContextManagerValue("autocast", (device_type, dtype, enabled, cache))
 
 
+def manager_of(frame, v):
+    """The ContextManagerValue for a ``with`` on ``v`` when ``v`` is a real ``torch.autocast`` object
+    made before the call (the one ``@torch.autocast(...)`` keeps for the function it decorates), or
+    None. Its settings are read as guarded attributes; the block then becomes the graph's
+    ``_enter_autocast``/``_exit_autocast`` nodes, as one made in the trace does (its Python
+    ``__enter__`` switches autocast through calls that cannot be traced)."""
+    if not isinstance(v, ObjectValue) or not isinstance(v.obj, torch.amp.autocast):
+        return None
+    read = [operators.as_constant(attrs.get_attr(frame, v, name))
+            for name in ("device", "fast_dtype", "_enabled", "_cache_enabled")]
+    return ContextManagerValue("autocast", tuple(read))
+
+
+# What each kind of manager made in the trace is made by again, for each call of a function it
+# decorates (torch's ``clone``): the class and the arguments it keeps.
+_FACTORIES = {("grad", (False,)): (torch.no_grad, ()), ("grad", (True,)): (torch.enable_grad, ()),
+              ("inference_mode", (True,)): (torch.inference_mode, (True,)),
+              ("inference_mode", (False,)): (torch.inference_mode, (False,))}
+
+
+def _clone_of(cls, *args):
+    """What torch's decorator calls to make the manager again for each call (torch passes the
+    manager's bound ``clone``); traced, so it is a function made in the frame."""
+    def clone():
+        return cls(*args)
+    return clone
+
+
+def decorate(frame, mgr, args, kwargs):
+    """``torch.no_grad()(f)``, ``torch.autocast(...)(f)``...: a manager made in the trace used as a
+    decorator (``@torch.no_grad()`` on a nested function). torch's own decorator code is traced, so
+    the result is the function eager makes: each call enters the block around ``f``."""
+    if len(args) != 1 or kwargs:
+        raise Unsupported(f"calling a torch {mgr.kind} context manager with {len(args)} arguments "
+                          "is not supported yet")
+    tx = frame.tx
+    if mgr.kind == "autocast":
+        return ops.call(frame, wrap(tx, torch.amp.autocast_mode.autocast_decorator, None), [mgr, args[0]], {})
+    if mgr.kind == "set_grad":
+        # torch.set_grad_enabled(mode) switched grad mode when it was made; used as a decorator it
+        # switches back at once, and each call of the function makes it again.
+        apply_state(frame, mgr, entering=False)
+        cls, cls_args = torch.set_grad_enabled, mgr.args
+    elif (mgr.kind, mgr.args) in _FACTORIES:
+        cls, cls_args = _FACTORIES[mgr.kind, mgr.args]
+    else:
+        raise Unsupported(f"a torch {mgr.kind} context manager used as a decorator is not supported yet")
+    factory = ops.call(frame, wrap(tx, _clone_of, None),
+                       [wrap(tx, cls, None)] + [ConstantValue(a) for a in cls_args], {})
+    return ops.call(frame, wrap(tx, torch.utils._contextlib.context_decorator, None), [factory, args[0]], {})
+
+
 def current_state(mgr):
     if mgr.kind in ("grad", "set_grad"):
         return torch.is_grad_enabled()
@@ -234,6 +286,26 @@ def apply_state(frame, mgr, entering):
         graph.create_node("call_function", set_autocast_state, (device_type,) + tuple(mgr.saved), {})
         set_autocast_state(device_type, *mgr.saved)
         tx.state_changes.append(("autocast_state", (device_type, now)))
+        return
+    if mgr.kind == "inference_mode":
+        # In the graph as residual.enter/exit_inference_mode nodes; done here too, so the fake
+        # tensors made inside are inference tensors and what eager refuses with them (saving one
+        # for backward, an in-place change outside the block) fails while tracing as in eager.
+        if entering:
+            mode = mgr.args[0]
+            if mode == torch.is_inference_mode_enabled():
+                mgr.saved = None      # already in that mode: torch's block does nothing either
+                return
+            node = graph.create_node("call_function", enter_inference_mode, (mode,), {})
+            real = torch._C._InferenceMode(mode)
+            real.__enter__()
+            mgr.saved = (node, real)
+            tx.state_changes.append(("inference_mode", real))
+        elif mgr.saved is not None:
+            node, real = mgr.saved
+            graph.create_node("call_function", exit_inference_mode, (node,), {})
+            real.__exit__(None, None, None)
+            tx.state_changes.remove(("inference_mode", real))
         return
     if mgr.kind == "noop":
         return

@@ -9,6 +9,7 @@ generator, with contextlib's rules for what ``__exit__`` returns or raises.
 import contextlib
 import types
 
+from ..datamodel import class_lookup
 from ..errors import Unsupported
 from ..values.base import (BoundMethodValue, ConstantValue, DictValue, ExceptionValue, GeneratorValue,
                            ObjectValue, TracebackValue, TracerCallableValue, TupleValue, UserObjectValue)
@@ -32,7 +33,7 @@ def enter(frame, mgr):
     methods = []
     for name in ("__enter__", "__exit__"):
         # Special methods are looked up on the class, as CPython does.
-        method, found = attrs._lookup_static(cls, name)
+        method, found = class_lookup(cls, name)
         if not found or not isinstance(method, types.FunctionType):
             raise Unsupported(f"with-block on a {cls.__qualname__} object: {name} is not Python code")
         src = protocols.guard_class_method(frame.tx, cls, name, method)

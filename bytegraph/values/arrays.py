@@ -42,9 +42,13 @@ class NdarrayValue(Value):
     eager makes it, from its base: ``view_of`` is ``(function, argument values, keyword
     values)`` to call at run time (``operator.getitem``, ``np.flip``...), or
     ``UNREBUILDABLE`` when that cannot be done (then it cannot leave the graph).
+
+    ``strides``: the array's strides in bytes where they are eager's for sure (an argument array,
+    guarded; ``t.numpy()``, torch's layout in eager too), else None: an array a NumPy operation
+    computes is laid out by torch in the graph, maybe otherwise than NumPy lays it out.
     """
 
-    __slots__ = ("node", "fake", "scalar", "view_of")
+    __slots__ = ("node", "fake", "scalar", "view_of", "strides")
 
     def __init__(self, node, fake, source=None, scalar=False):
         super().__init__(source)
@@ -52,6 +56,7 @@ class NdarrayValue(Value):
         self.fake = fake
         self.scalar = scalar
         self.view_of = None
+        self.strides = None   # ``a.strides`` where eager's are known (see numpy_calls.array_strides)
 
     @property
     def dtype(self):

@@ -76,15 +76,22 @@ def constant(value):
 
 
 class TensorValue(Value):
-    """A tensor produced by (or fed into) the graph: an FX node and its fake tensor."""
+    """A tensor produced by (or fed into) the graph: an FX node and its fake tensor.
 
-    __slots__ = ("node", "fake", "cls")
+    ``selected``: where Python picks one of several tensor objects by their data (``max(a, b)``
+    of one-element tensors), the graph computes the pick as a new tensor (``torch.where``) and
+    this is ``(first, [(cond, item), ...])``: the object eager has is ``item`` for the last
+    true ``cond``, else ``first``. Outside the graph it is that object again (codegen/rebuild.py),
+    so code after the graph sees eager's object; inside, asking for its identity breaks."""
+
+    __slots__ = ("node", "fake", "cls", "selected")
 
     def __init__(self, node, fake, source=None, cls=torch.Tensor):
         super().__init__(source)
         self.node = node
         self.fake = fake
         self.cls = cls
+        self.selected = None
 
     def python_type(self):
         return self.cls
@@ -240,14 +247,22 @@ class ObjectValue(Value):
     """A real, pre-existing Python object: a module, function, class, nn.Module, user object.
 
     Reads go to the real object (with guards on its source); it is never
-    mutated while tracing.
+    mutated while tracing. ``pin``: for an object read through a source, what guards which
+    object it is (``pin_identity``): most objects are guarded by their type and what is read of
+    them, not by their identity.
     """
 
-    __slots__ = ("obj",)
+    __slots__ = ("obj", "pin")
 
     def __init__(self, obj, source=None):
         super().__init__(source)
         self.obj = obj
+        self.pin = None
+
+    def pin_identity(self):
+        """The trace relies on which object this is (a dict key made of it): guard that."""
+        if self.pin is not None:
+            self.pin()
 
     def python_type(self):
         return type(self.obj)

@@ -90,6 +90,8 @@ def _wrap_memo(tx, obj, source):
     value = _wrap(tx, obj, source)
     if not isinstance(obj, CONSTANT_TYPES):
         tx.memo[id(obj)] = (obj, value)
+    if source is not None and type(value) is ObjectValue:
+        value.pin = functools.partial(tx.guards.add, g.ID_MATCH, source, obj)
     return value
 
 
@@ -179,6 +181,12 @@ def _wrap(tx, obj, source):
         # its code; its cells and defaults are read through sources (and guarded) when used.
         _guard(tx, g.TYPE_MATCH, source, t)
         _guard(tx, g.ID_MATCH, AttrSource(source, "__code__"), obj.__code__)
+        return ObjectValue(obj, source)
+    if t is functools.partial and source is not None:
+        # A partial is often made anew for each call (a callback with its settings, passed in):
+        # guard its type, not its identity; its function, arguments and keywords are read
+        # through sources (and guarded) when it is used.
+        _guard(tx, g.TYPE_MATCH, source, t)
         return ObjectValue(obj, source)
     if t is types.MethodType and source is not None:
         # A bound method is made anew on each attribute read: guard its function and the
@@ -302,6 +310,8 @@ def _wrap_ndarray(tx, array, source):
     value = tx.graph.add_ndarray_input(array, source, device, dynamic)
     symbolic = tuple(d for d in dynamic if isinstance(value.fake.shape[d], torch.SymInt))
     tx.guards.add(g.NDARRAY_MATCH, source, g.ArrayMeta(array), dynamic_dims=symbolic)
+    if not symbolic:
+        value.strides = array.strides    # NDARRAY_MATCH guards them
     return value
 
 
