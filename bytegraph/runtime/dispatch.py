@@ -127,8 +127,6 @@ class Compiler:
         """Compile ``fn`` for these arguments; return the entry's run function or None (run eagerly)."""
         if cache.eager_forever or frozen[0]:
             return None
-        for sync in before_miss:
-            sync()
         now = stance.current[0]
         compiler = self
         if now is not stance.DEFAULT:
@@ -136,6 +134,8 @@ class Compiler:
                 return None
             if now.force_backend is not None:
                 compiler = self.forcing(now.force_backend)
+        for sync in before_miss:
+            sync()
         entries = cache.current_entries() if now.force_backend is not None else cache.entries
         like = cache.entries_like(frame_args, entries) if entries else []
         if entries:
@@ -159,6 +159,11 @@ class Compiler:
                 limit = ("cache_size_limit" if self.recompile_limit is None else "recompile_limit") if per_code \
                     else "accumulated_cache_size_limit"
                 shown = limit_value if per_code else config.accumulated_cache_size_limit
+                if compiler.fullgraph:
+                    # fullgraph promises compiled code: running eagerly instead would break it (torch.compile
+                    # raises here too).
+                    raise RecompileError(f"{fn.__qualname__} ({code.co_filename}:{code.co_firstlineno}) reached "
+                                         f"{limit} ({shown}) with fullgraph=True. Last guard failure: {reason}")
                 warnings.warn(
                     f"bytegraph: {fn.__qualname__} ({fn.__code__.co_filename}:{fn.__code__.co_firstlineno}) "
                     f"reached {'config.' if limit != 'recompile_limit' else 'compile(...) '}{limit} ({shown}); "

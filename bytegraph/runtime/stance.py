@@ -63,6 +63,8 @@ def remove_listener(fn):
 def apply(new):
     """Make ``new`` the stance; returns the one it replaces."""
     old = current[0]
+    if new == DEFAULT:
+        new = DEFAULT       # the miss path tells the default apart by identity
     if new == old:
         return old
     current[0] = new
