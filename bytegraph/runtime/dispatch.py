@@ -220,9 +220,9 @@ def _compile_under_stance(now, fn, cache, frame_args):
     where = f"{fn.__qualname__} ({code.co_filename}:{code.co_firstlineno})"
     entries = cache.current_entries()
     if now.skip_guard_eval_unsafe:
-        raise RecompileError(f"{where} would be compiled again under set_stance(skip_guard_eval_unsafe=True): "
-                             "no compiled entry matches these arguments. Warm the function up with every kind "
-                             "of input it will see before skipping guards"
+        raise RecompileError(f"{where} would recompile under set_stance(skip_guard_eval_unsafe=True): no "
+                             "compiled entry matches these arguments. Warm the function up with every kind of "
+                             "input it will see before skipping guards"
                              + _first_failure(entries, frame_args))
     if name == "fail_on_recompile":
         if getattr(cache, "top_level", False) or _has_tensor_work(fn, frame_args):

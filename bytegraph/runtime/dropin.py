@@ -6,7 +6,8 @@ Before each compile (``dispatch.before_miss``) the settings below are read from
 imports it), and a setting whose value changed since it was last read (since torch's default,
 the first time) is carried into ``bytegraph.config``, or warned about once when bytegraph has no
 equivalent. A setting made on ``bytegraph.config`` stays until code changes torch's again.
-``deactivate`` gives ``bytegraph.config`` back the values it had before any was carried.
+``deactivate`` gives each ``bytegraph.config`` setting still holding what was carried into it the
+value it had before.
 
 Also while patched: the compiler's stance (``stance.py``) is kept in torch's own
 ``torch._dynamo.eval_frame`` too, so functions compiled by torch itself before the patch, and
@@ -20,12 +21,12 @@ from . import dispatch, stance
 
 _active = [False]
 _seen = {}       # torch setting -> the value last read
-_carried = {}    # bytegraph setting -> its value before a torch setting was first carried into it
+_carried = {}    # bytegraph setting -> [its value before a torch setting was first carried in, the value carried]
 
 
 def _carry(name, value):
     if getattr(config, name) != value:
-        _carried.setdefault(name, getattr(config, name))
+        _carried.setdefault(name, [getattr(config, name), None])[1] = value
         setattr(config, name, value)
 
 
@@ -61,7 +62,6 @@ SETTINGS = {
     "automatic_dynamic_shapes": (True, _flag("automatic_dynamic_shapes")),
     "assume_static_by_default": (True, _flag("assume_static_by_default")),
     "error_on_recompile": (False, _flag("error_on_recompile")),
-    "dynamic_shapes": (True, _flag("dynamic_shapes")),
     "optimize_ddp": (True, _optimize_ddp),
     "capture_scalar_outputs": (False, _not_yet(
         "capture_scalar_outputs", "bytegraph does not trace .item() as a symbolic scalar yet: it breaks the graph "
@@ -69,6 +69,9 @@ SETTINGS = {
     "capture_dynamic_output_shape_ops": (False, _not_yet(
         "capture_dynamic_output_shape_ops", "bytegraph does not trace ops whose output size depends on data "
         "(nonzero, boolean masks, unique) yet: it breaks the graph there (results are eager's)")),
+    "skip_fwd_side_effects_in_bwd_under_checkpoint": (False, _not_yet(
+        "skip_fwd_side_effects_in_bwd_under_checkpoint", "bytegraph has no equivalent: Python side effects of a "
+        "checkpointed function happen again when backward recomputes it, as in eager")),
     "force_parameter_static_shapes": (True, lambda v: v or warn_once(
         "force_parameter_static_shapes", "bytegraph: torch._dynamo.config.force_parameter_static_shapes = False has "
         "no bytegraph equivalent: parameters and buffers always keep static sizes")),
@@ -80,16 +83,19 @@ def sync():
     torch_config = sys.modules.get("torch._dynamo.config")
     if torch_config is None:
         return
+    values = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")    # torch's deprecation notes on reading a setting
-        for name, (default, apply) in SETTINGS.items():
+        for name in SETTINGS:
             try:
-                value = getattr(torch_config, name)
+                values[name] = getattr(torch_config, name)
             except AttributeError:      # another torch version
-                continue
-            if value != _seen.get(name, default):
-                _seen[name] = value
-                apply(value)
+                pass
+    for name, value in values.items():
+        default, apply = SETTINGS[name]
+        if value != _seen.get(name, default):
+            _seen[name] = value
+            apply(value)
 
 
 def _mirror_stance(old, new):
@@ -123,7 +129,8 @@ def deactivate():
     if sync in dispatch.before_miss:
         dispatch.before_miss.remove(sync)
     stance.remove_listener(_mirror_stance)
-    for name, value in _carried.items():
-        setattr(config, name, value)
+    for name, (before, carried) in _carried.items():
+        if getattr(config, name) == carried:      # not set on bytegraph.config since
+            setattr(config, name, before)
     _carried.clear()
     _seen.clear()
