@@ -28,7 +28,9 @@ class _MarkedSet(set):
         rules = sys.modules.get("torch._dynamo.trace_rules")
         if rules is None or id(fn) not in getattr(rules, self._registry):
             return False
-        return not (self._own_only and _is_torch_own(fn))
+        # A class marked allow_in_graph (diffusers marks its blocks): its instances are traced
+        # into, by torch too; making one inside a graph is not a graph operation.
+        return not (self._own_only and (_is_torch_own(fn) or isinstance(fn, type)))
 
 
 def _is_torch_own(fn):

@@ -316,13 +316,15 @@ def test_marking_inside_a_compiled_function_is_an_error(mark):
 
 # --------------------------------------------------------------------- what is traced
 
-def _graphs_scenario(fn, *args):
+def _graphs_scenario(fn, *args, nodes=True):
     def scenario(api):
         cnt = CompileCounter()
         c = api.compile(fn, backend=cnt)
-        return [observe(c, fn, *args), observe(c, fn, *args), cnt.frame_count,
-                [getattr(n.target, "__name__", n.target) for g in cnt.graphs for n in g.graph.nodes
-                 if n.op == "call_function"]]
+        seen = [observe(c, fn, *args), observe(c, fn, *args), cnt.frame_count]
+        if nodes:
+            seen.append([getattr(n.target, "__name__", n.target) for g in cnt.graphs for n in g.graph.nodes
+                         if n.op == "call_function"])
+        return seen
     return scenario
 
 
@@ -384,6 +386,45 @@ def test_allow_in_graph():
     torch.compiler.allow_in_graph(scaled)
     observed = assert_like_torch(_graphs_scenario(lambda x: scaled(x.sin()).cos(), torch.randn(4)))
     assert observed == [True, True, 1, ["scaled"]]
+
+
+def test_allow_in_graph_on_a_module_class():
+    # diffusers marks its attention and transformer block classes (maybe_allow_in_graph): their
+    # instances are traced into all the same.
+    @torch._dynamo.allow_in_graph
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return torch.relu(self.lin(x)) + 1
+    model = torch.nn.Sequential(Block(), Block())
+
+    def scenario(api):
+        cnt = CompileCounter()
+        c = api.compile(model, backend=cnt)
+        x = torch.randn(2, 4)
+        return [same(c(x), model(x)), cnt.frame_count,
+                sorted(getattr(n.target, "__name__", str(n.target)) for n in cnt.graphs[0].graph.nodes
+                       if n.op == "call_function")]
+    assert assert_like_torch(scenario) == [True, 1, ["add", "add", "linear", "linear", "relu", "relu"]]
+
+
+def test_transform_getitem_to_index():
+    # transformers' masks built with vmap: tensor[scalar tensor] under TransformGetItemToIndex.
+    from torch._dynamo._trace_wrapped_higher_order_op import TransformGetItemToIndex
+    table = torch.tensor([0, 0, 1, 1, 2])
+
+    def mask(b, h, q, kv):
+        return table[q] >= table[kv]
+
+    def f(x):
+        q = kv = torch.arange(5)
+        with TransformGetItemToIndex():
+            m = torch.vmap(torch.vmap(mask, in_dims=(None, None, None, 0)), in_dims=(None, None, 0, None))(0, 0, q, kv)
+        return x.masked_fill(~m, 0)
+    assert assert_like_torch(_graphs_scenario(f, torch.randn(5, 5), nodes=False)) == [True, True, 1]
 
 
 def test_disallow_in_graph():
@@ -820,3 +861,21 @@ def test_hit_path_unchanged_by_the_default_stance():
     with bytegraph.set_stance("force_eager"):
         assert cache.dispatch == []
     assert cache.dispatch == [e.guard for e in cache.entries]
+
+
+def test_audit_covers_the_installed_libraries():
+    """Every use of torch.compiler / torch._dynamo in the installed libraries has a row (docs/dropin.md)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+    try:
+        import dropin_audit
+    finally:
+        sys.path.pop(0)
+    found = dropin_audit.audit()
+    if not found:
+        pytest.skip("none of transformers, diffusers, accelerate, peft is installed")
+    missing = {api for uses in found.values() for api in uses if api not in dropin_audit.ROWS}
+    assert not missing, f"uses with no row in scripts/dropin_audit.py ROWS (and docs/dropin.md): {missing}"
+    tests = {name for name in globals() if name.startswith("test_")}
+    for api, (_, _, named) in list(dropin_audit.ROWS.items()) + list(dropin_audit.OTHER_ROWS.items()):
+        for test in named.split(", "):
+            assert test.split("[")[0].split(" ")[0] in tests, f"row {api} names a test that does not exist: {test}"
