@@ -28,6 +28,8 @@ class _MarkedSet(set):
         rules = sys.modules.get("torch._dynamo.trace_rules")
         if rules is None or id(fn) not in getattr(rules, self._registry):
             return False
+        if (getattr(fn, "__module__", None) or "").startswith("torch._dynamo"):
+            return False    # torch's front end's own helpers (graph_break...): trace/torch_wrappers.py
         # A class marked allow_in_graph (diffusers marks its blocks): its instances are traced
         # into, by torch too; making one inside a graph is not a graph operation.
         return not (self._own_only and (_is_torch_own(fn) or isinstance(fn, type)))
@@ -238,7 +240,8 @@ def marked_dims(t):
             for d in attrs.get(name) or ():
                 if isinstance(d, int) and -ndim <= d < ndim:
                     dynamic.setdefault(d % ndim, bounds.get(d, (None, None)))
-        static |= {d % ndim for d in attrs.get("_dynamo_static_indices") or () if isinstance(d, int) and -ndim <= d < ndim}
+        static |= {d % ndim for d in attrs.get("_dynamo_static_indices") or ()
+                   if isinstance(d, int) and -ndim <= d < ndim}
     return dynamic, static
 
 

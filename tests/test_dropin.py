@@ -50,6 +50,8 @@ def clean_state():
 
 def on_torch(scenario, api=TORCH):
     torch._dynamo.reset()
+    # eager_then_compile's first calls, kept by torch per code location for the process (reset leaves them).
+    torch._dynamo.eval_frame._EXAMPLE_INPUTS = None
     try:
         return scenario(api)
     finally:

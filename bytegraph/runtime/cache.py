@@ -145,7 +145,7 @@ class CodeCache:
         value); torch.compile's "differentiating guards"."""
         if self._unsafe is not None and self._unsafe[0] == [id(e) for e in entries]:
             return self._unsafe[1]
-        seen = [{(g.kind, g.source, g.detail): g.expected for g in e.guards} for e in entries]
+        seen = [{_guard_key(g): g.expected for g in e.guards} for e in entries]
         differing = set()
         for keys in seen:
             for key, expected in keys.items():
@@ -155,7 +155,7 @@ class CodeCache:
         for i, entry in enumerate(entries):
             kept = GuardSet()
             for g in entry.guards:
-                if (g.kind, g.source, g.detail) in differing or g.kind in (GLOBAL_STATE, SHAPE_ENV, NDARRAY_MATCH) \
+                if _guard_key(g) in differing or g.kind in (GLOBAL_STATE, SHAPE_ENV, NDARRAY_MATCH) \
                         or (g.kind == TENSOR_MATCH and g.expected.cls is not torch.nn.Parameter):
                     kept.add(g.kind, g.source, g.expected, g.detail, g.dynamic_dims)
             label = code_name(self.code)
@@ -177,6 +177,11 @@ class CodeCache:
                 f"        __run = __check({args})",
                 "        if __run is not None:", "            return __run", "    return None"]
         return _generate(self, "dispatch_by_identity", body, {"__index": index})
+
+
+def _guard_key(g):
+    # One source can carry several guards of a kind that names an attribute (MISSING_ATTR...).
+    return g.kind, g.source, g.detail, g.expected if isinstance(g.expected, str) else None
 
 
 def _same_expected(a, b):

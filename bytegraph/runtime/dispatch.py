@@ -229,11 +229,12 @@ def _compile_under_stance(now, fn, cache, frame_args):
             raise RecompileError(f"{where} would be compiled under set_stance('fail_on_recompile')"
                                  + _first_failure(entries, frame_args))
         return False
-    if name in ("eager_then_compile", "aot_eager_then_compile") and not entries:
+    if name in ("eager_then_compile", "aot_eager_then_compile"):
+        # The first miss under this stance runs eagerly, what it was given kept; later misses compile,
+        # with the sizes and ints that differ from that first one symbolic from the start.
         if cache.first_call is None:
             cache.first_call = [_observed(v) for v in frame_args]
             return False
-        # Sizes and ints that differed between the first two calls are symbolic from the start.
         for param, before, value in zip(cache.params, cache.first_call, frame_args):
             after = _observed(value)
             if before is None or after is None or type(before) is not type(after):

@@ -8,7 +8,7 @@
 - ``"fail_on_recompile"``: a miss raises ``RecompileError`` (a RuntimeError) instead of
   compiling, where the frame has anything torch would compile for (tensors, modules, arrays,
   torch or NumPy globals; a function handed to compile always).
-- ``"eager_then_compile"``: a function's first call runs eagerly; the next compiles, with the
+- ``"eager_then_compile"``: a function's first miss runs eagerly; the next compiles, with the
   sizes and ints that differed between the two calls symbolic from the start.
   ``"aot_eager_then_compile"``: the same (the first call's AOT tracing for memory is not done;
   a warning says so once).
@@ -79,7 +79,8 @@ def make(stance="default", skip_guard_eval_unsafe=False, force_backend=None):
         raise BytegraphError(f"set_stance: unknown stance {stance!r}; known stances: "
                              + ", ".join(repr(s) for s in STANCES))
     if not isinstance(skip_guard_eval_unsafe, bool):
-        raise BytegraphError(f"set_stance: skip_guard_eval_unsafe must be True or False, got {skip_guard_eval_unsafe!r}")
+        raise BytegraphError("set_stance: skip_guard_eval_unsafe must be True or False, "
+                             f"got {skip_guard_eval_unsafe!r}")
     if force_backend is not None and stance != "default":
         raise BytegraphError(f"set_stance: force_backend is for the 'default' stance only, not {stance!r}")
     if stance == "aot_eager_then_compile":

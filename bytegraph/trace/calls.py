@@ -195,7 +195,7 @@ def _control_call(frame, obj, args, kwargs):
         # Changing the stance or marking dims mid-compile has no meaning; torch.compile refuses too.
         raise BytegraphError(f"{_callable_name(obj)} cannot be called inside a compiled function; call it "
                              "before calling the compiled function (as under torch.compile)")
-    if control.assumed_constant(obj) and all(isinstance(a, ConstantValue) for a in list(args) + list(kwargs.values())):
+    if control.assumed_constant(obj) and all(isinstance(a, ConstantValue) for a in [*args, *kwargs.values()]):
         return fold(frame, obj, args, kwargs)   # torch._dynamo.assume_constant_result: its value, unguarded
     substitute = control.torch_substitute(obj)
     if substitute is not None:     # torch.compiler.substitute_in_graph: trace the substitute instead
