@@ -496,3 +496,25 @@ def run_seed(seed):
             eager_ns["shift"](*eager_state, i)
             comp_ns["shift"](*comp_state, i)
     return cnt
+
+
+def torch_compile_graphs(seed):
+    """The graphs torch.compile makes of program ``seed`` on its first call (the reference for
+    a run of bytegraph that compiled nothing)."""
+    import torch._dynamo
+    count = [0]
+
+    def backend(gm, example_inputs):
+        count[0] += 1
+        return gm.forward
+
+    ns = _namespace(make_program(seed), seed)
+    torch.manual_seed(seed)
+    state = (ns["B"](1), ns["M"]())
+    torch._dynamo.reset()
+    try:
+        x = torch.randn(2, 4, generator=torch.Generator().manual_seed(seed))
+        _run(torch.compile(ns["f"], backend=backend), x, *state)
+    finally:
+        torch._dynamo.reset()
+    return count[0]

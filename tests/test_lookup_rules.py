@@ -168,11 +168,12 @@ def test_a_class_attribute_changed_between_calls_is_seen_by_objects_made_in_the_
     def f(x):
         return x * C().scale
 
-    compiled, _ = compile_counted(f)
+    compiled, cnt = compile_counted(f)
     x = torch.randn(3)
     assert torch.allclose(compiled(x), x * 2)
     C.scale = 5
     assert torch.allclose(compiled(x), x * 5)
+    assert cnt.frame_count == 2   # recompiled for the new class attribute
 
 
 def test_methods_bound_on_every_read_of_a_class_do_not_recompile():
@@ -222,9 +223,10 @@ def test_an_attribute_deleted_then_found_through_getattr():
         return (torch.arange(2.0), c), {}, lambda: sorted(vars(c))
 
     expected = run_observed(f, make)
-    compiled, _ = compile_counted(f)
+    compiled, cnt = compile_counted(f)
     for i in range(2):
         assert_same_run(expected, run_observed(compiled, make), f"(call {i + 1})")
+    assert cnt.frame_count == 2
 
 
 def test_setattr_hook_runs_once():
@@ -241,9 +243,10 @@ def test_setattr_hook_runs_once():
         return (torch.arange(2.0), obj), {}, lambda: vars(obj)
 
     expected = run_observed(f, make)
-    compiled, _ = compile_counted(f)
+    compiled, cnt = compile_counted(f)
     for i in range(2):
         assert_same_run(expected, run_observed(compiled, make), f"(call {i + 1})")
+    assert cnt.frame_count == 1
 
 
 def test_instancecheck_of_a_metaclass_looks_at_the_object():
@@ -300,9 +303,10 @@ def test_a_deleted_attribute_stored_again_moves_to_the_end():
         return (torch.arange(2.0), o), {}, lambda: list(vars(o).items())
 
     expected = run_observed(f, make)
-    compiled, _ = compile_counted(f)
+    compiled, cnt = compile_counted(f)
     for i in range(2):
         assert_same_run(expected, run_observed(compiled, make), f"(call {i + 1})")
+    assert cnt.frame_count == 1
 
 
 def test_an_attribute_deleted_between_calls_is_not_read_back():
@@ -314,10 +318,11 @@ def test_an_attribute_deleted_between_calls_is_not_read_back():
 
     o = Obj()
     o.v = 5
-    compiled, _ = compile_counted(f)
+    compiled, cnt = compile_counted(f)
     assert compiled(torch.ones(1), o)[1] == 5
     del o.v
     assert compiled(torch.ones(1), o)[1] == "missing"
+    assert cnt.frame_count == 2   # recompiled: the attribute is gone
 
 
 class _Doubler:
@@ -343,16 +348,22 @@ def test_zero_argument_super_after_a_graph_break():
         return (torch.arange(3.0), _SuperAfterBreak()), {}, None
 
     expected = run_observed(f, make)
-    compiled, _ = compile_counted(f)
+    compiled, cnt = compile_counted(f)
     for i in range(2):
         assert_same_run(expected, run_observed(compiled, make), f"(call {i + 1})")
+    assert cnt.frame_count == 2   # before the print, and after it
     with bytegraph.config.patch(cache_size_limit=1):
         bytegraph.reset()
-        compiled, _ = compile_counted(f)
+        compiled, cnt = compile_counted(f)
         for i in range(3):   # the copied code also runs natively, once its cache is full
             assert_same_run(expected, run_observed(compiled, make), f"(call {i + 1}, native)")
+        assert cnt.frame_count == 2   # one entry each for the frame and the code after the break
 
 
 @pytest.mark.parametrize("seed", range(int(__import__("os").environ.get("BYTEGRAPH_LOOKUP_SEEDS", 60))))
 def test_generated_lookup_programs(seed):
-    generated_lookup.run_seed(seed)
+    cnt = generated_lookup.run_seed(seed)
+    if cnt.frame_count == 0:
+        # Nothing compiled: right only where torch.compile compiles nothing either.
+        assert generated_lookup.torch_compile_graphs(seed) == 0, f"lookup program {seed}: no graph compiled"
+
