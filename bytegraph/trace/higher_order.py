@@ -55,7 +55,22 @@ def call(frame, fv, args, kwargs):
         pass
     if getattr(obj, "__func__", None) is _AUTOGRAD_FUNCTION_APPLY and isinstance(obj.__self__, type):
         return _autograd_function(frame, obj.__self__, args, kwargs)
+    for extension in _EXTENSIONS:
+        special = extension(frame, fv, args, kwargs)
+        if special is not None:
+            return special
     return None
+
+
+# Higher-order calls implemented in the modules above this one (higher_order_<topic>.py: loops,
+# FlexAttention, compile regions), each a call(frame, fv, args, kwargs) -> value or None that its
+# module registers at import (trace/tracer.py imports them).
+_EXTENSIONS = []
+
+
+def register(extension):
+    """Have ``call`` also try ``extension(frame, fv, args, kwargs)`` (None: not its call)."""
+    _EXTENSIONS.append(extension)
 
 
 # --- values <-> flat lists of tensors --------------------------------------------------------
