@@ -13,6 +13,7 @@ function returned (tuples, lists, dicts, constants).
 """
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 
@@ -169,4 +170,22 @@ def _traced(t):
         and type(t) is not torch.nn.Parameter
 
 
-__all__ = ["Structure", "FunctorchCall", "FunctionPlan", "AutogradFunctionCall", "checkpointed"]
+class IndexByTensors(TorchFunctionMode):
+    """``t[i]`` with 0-d integer tensors (and ints) for indices as a gather (``aten.index``), not a
+    view at the index's value. FlexAttention runs its score and mask functions this way (torch's
+    ``TransformGetItemToIndex``), so ``bias[h, q_idx]`` in them is a lookup per position; while
+    they are traced (and where torch's own code enters that mode, in ``create_mask``) the fake
+    results come from this mode, and the graph keeps the subscript, which runs under torch's."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.__getitem__:
+            tensor, index = args
+            leaves = pytree.tree_leaves(index)
+            if all(isinstance(i, (torch.Tensor, int)) for i in leaves):
+                indices = [i if isinstance(i, torch.Tensor) else torch.tensor(i, dtype=torch.int64, device=tensor.device)
+                           for i in leaves]
+                return torch.ops.aten.index(tensor, indices)
+        return func(*args, **(kwargs or {}))
+
+
+__all__ = ["Structure", "IndexByTensors", "FunctorchCall", "FunctionPlan", "AutogradFunctionCall", "checkpointed"]

@@ -51,6 +51,8 @@ def call(frame, fv, args, kwargs):
             return _functional_call(frame, args, kwargs)
         if obj is associative_scan_op:
             return _associative_scan(frame, args, kwargs)
+        if obj is torch.compile:
+            return _nested_compile(args, kwargs)
     except TypeError:       # unhashable callables are none of these
         pass
     if getattr(obj, "__func__", None) is _AUTOGRAD_FUNCTION_APPLY and isinstance(obj.__self__, type):
@@ -71,6 +73,26 @@ _EXTENSIONS = []
 def register(extension):
     """Have ``call`` also try ``extension(frame, fv, args, kwargs)`` (None: not its call)."""
     _EXTENSIONS.append(extension)
+
+
+def _nested_compile(args, kwargs):
+    """``torch.compile(fn, ...)`` met while tracing (transformers compiles ``create_block_mask`` on
+    each call): what it makes computes what ``fn`` does, and inside a graph being captured the
+    call is traced into it, as torch.compile's own front end does with a nested compile. The
+    value stands for the compiled function only where it is called; anywhere else (returned,
+    stored) it cannot be rebuilt, and the graph breaks."""
+    if not args or kwargs.get("disable") is not None and not isinstance(kwargs["disable"], ConstantValue):
+        raise Unsupported("torch.compile() used as a decorator factory while tracing",
+                          hint="it runs natively at a graph break")
+    fn = args[0]
+    if isinstance(kwargs.get("disable"), ConstantValue) and kwargs["disable"].value:
+        return fn
+
+    def impl(frame, call_args, call_kwargs):
+        return ops.call(frame, fn, call_args, call_kwargs)
+
+    impl.reaches = [fn]
+    return TracerCallableValue("torch.compile(...)", impl)
 
 
 # --- values <-> flat lists of tensors --------------------------------------------------------
