@@ -19,7 +19,7 @@ from ..residual import warning_action, warning_place
 from ..stacks import frame_summary
 from ..guards.sources import AttrSource, ItemSource
 from ..values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, ConstantValue, DefaultDictValue, DictValue,
-                           FunctionValue, IteratorValue, ListValue, ObjectValue, PartialValue, PrivateObjectValue,
+                           ExceptionValue, FunctionValue, IteratorValue, ListValue, ObjectValue, PartialValue, PrivateObjectValue,
                            TupleValue, holds_values)
 from ..values.builder import CONSTANT_TYPES, wrap
 from . import attrs, operators
@@ -452,7 +452,7 @@ def _warn(frame, args, kwargs):
             raise Unsupported(f"warnings.warn() with argument {k!r}", hint=_WARN_HINT)
         bound[k] = v
     try:
-        message = operators.as_constant(bound["message"])
+        message = _warning_message(bound["message"])
         category = operators.as_constant(bound.get("category", ConstantValue(None)))
         stacklevel = operators.as_constant(bound.get("stacklevel", ConstantValue(1)))
         source = operators.as_constant(bound.get("source", ConstantValue(None)))
@@ -482,6 +482,14 @@ def _warn(frame, args, kwargs):
     tx.warnings.append((message, category, filename, lineno, module, target.globals))
     tx.effects_recorded += 1
     return ConstantValue(None)
+
+
+def _warning_message(v):
+    """The message of a warning: a constant, or a Warning made in the trace from constants (made
+    for real here: it is shown after the graph)."""
+    if isinstance(v, ExceptionValue) and issubclass(v.cls, Warning) and not v.attrs and v.cause is None:
+        return v.cls(*[operators.as_constant(a) for a in v.args])
+    return operators.as_constant(v)
 
 
 def _warning_frame(tx, frame, stacklevel):
