@@ -163,6 +163,19 @@ def checkpointed(body, *inputs):
     return torch.utils.checkpoint.checkpoint(body, *inputs, use_reentrant=False, preserve_rng_state=True)
 
 
+def invoke_region(subgraph, identifier, *operands):
+    """A compile region (``torch.compiler.nested_compile_region``): one call of the region's graph.
+
+    Under a compiler that traces the graph (AOTAutograd on fake or functional tensors) this is
+    torch's ``invoke_subgraph`` operator, which AOTAutograd traces and partitions once per
+    identifier and Inductor compiles once. Run for real (the ``eager`` backend) it is the
+    graph's own call: the operator's autograd works only while a compiler traces it (torch.compile
+    with ``backend="eager"`` fails in backward there)."""
+    if any(_traced(t) for t in operands):
+        return torch.ops.higher_order.invoke_subgraph(subgraph, identifier, *operands)
+    return tuple(subgraph(*operands))
+
+
 def _traced(t):
     if not isinstance(t, torch.Tensor):
         return False
@@ -188,4 +201,4 @@ class IndexByTensors(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-__all__ = ["Structure", "IndexByTensors", "FunctorchCall", "FunctionPlan", "AutogradFunctionCall", "checkpointed"]
+__all__ = ["Structure", "IndexByTensors", "invoke_region", "FunctorchCall", "FunctionPlan", "AutogradFunctionCall", "checkpointed"]
