@@ -232,6 +232,8 @@ def _template(key, key_leaves, rec, sub, leaves, before, after):
         events.append(ev)
     origins = []
     for v in sub.lifted_values:
+        if not isinstance(v, TensorValue):
+            return None      # a symbolic size: its fake stand-in would need the size's node
         position = next((i for i, leaf in enumerate(key_leaves) if leaf is v), None)
         if position is not None:
             origins.append(("leaf", position))
