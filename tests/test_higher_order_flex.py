@@ -154,3 +154,22 @@ def test_hf_llama_with_flex_attention_is_one_graph():
     assert again.logits.shape == expected.shape
     assert cnt.frame_count == 1
     assert len(_flex_nodes(cnt.graphs[0])) == 2      # one per layer
+
+
+_compiled_flex = torch.compile(flex_attention)       # made once, as model code often does
+
+
+def test_torch_compiled_flex_attention_called_inside():
+    def fn(q, k, v):
+        return _compiled_flex(q, k, v, score_mod=lambda s, b, h, q_idx, kv_idx: s * 0.5)
+
+    cnt = check(fn, *_qkv(), grads=False)
+    assert len(_flex_nodes(cnt.graphs[0])) == 1
+
+
+def test_torch_compile_called_inside():
+    def fn(q, k, v):
+        block_mask = torch.compile(create_block_mask)(causal, None, None, S, S, device="cpu")
+        return flex_attention(q, k, v, block_mask=block_mask)
+
+    check(fn, *_qkv(), grads=False)

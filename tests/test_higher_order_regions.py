@@ -140,3 +140,30 @@ def test_nest_repeated_blocks(nest):
         out = bytegraph.compile(fn, backend=cnt, fullgraph=True)(x)
     assert torch.allclose(out, fn(x))
     assert _regions(cnt.graphs[0]) == ((4, 1) if nest else (0, 0))
+
+
+def test_keyword_arguments_and_constants_in_results():
+    @torch.compiler.nested_compile_region
+    def layer(x, mask=None, *, scale=1.0):
+        y = x * scale if mask is None else x.masked_fill(mask, 0.0) * scale
+        return y.sin(), None, (y.cos(),)
+
+    def fn(x, m):
+        a, _, (b,) = layer(x, scale=2.0)
+        c, none, _ = layer(a, mask=m, scale=2.0)
+        d, _, _ = layer(b, mask=m, scale=2.0)
+        return c + d, none
+
+    x = torch.randn(4)
+    cnt = check(fn, x, x > 0, grads=False)
+    assert _regions(cnt.graphs[0]) == (3, 2)
+
+
+def test_torch_compiled_module_called_inside():
+    lin = torch.nn.Linear(3, 3)
+    compiled_lin = torch.compile(lin)       # torch.compile's OptimizedModule: its module is traced
+
+    def fn(x):
+        return compiled_lin(x).relu()
+
+    check(fn, _x(2, 3))

@@ -13,12 +13,15 @@ made earlier, an attribute, a global), or changes an input tensor in place, is n
 way; the call then runs natively at a graph break (or is an error under ``fullgraph=True``).
 Anything else the tracer cannot do inside a body does the same.
 """
+import types
+
 import torch
 import torch.func
 from torch._higher_order_ops.associative_scan import associative_scan_op, generic_associative_scan
 from torch.utils import _pytree as pytree
 
 from ..errors import Unsupported
+from ..guards.sources import AttrSource
 from ..graph.subgraph import SubgraphBuilder
 from ..graph.higher_order import AutogradFunctionCall, FunctionPlan, FunctorchCall, Structure, checkpointed
 from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, FunctionValue, ListValue,
@@ -57,6 +60,13 @@ def call(frame, fv, args, kwargs):
         pass
     if getattr(obj, "__func__", None) is _AUTOGRAD_FUNCTION_APPLY and isinstance(obj.__self__, type):
         return _autograd_function(frame, obj.__self__, args, kwargs)
+    original = _torch_compiled(obj)
+    if original is not None:
+        # Made by torch.compile outside the trace (a module-level ``torch.compile(flex_attention)``):
+        # what it compiles, traced into this graph, as a nested compile is under torch.compile.
+        attr = "_orig_mod" if isinstance(obj, torch.nn.Module) else "_torchdynamo_orig_callable"
+        return ops.call(frame, wrap(frame.tx, original, AttrSource(fv.source, attr) if fv.source else None),
+                        list(args), kwargs)
     for extension in _EXTENSIONS:
         special = extension(frame, fv, args, kwargs)
         if special is not None:
@@ -73,6 +83,18 @@ _EXTENSIONS = []
 def register(extension):
     """Have ``call`` also try ``extension(frame, fv, args, kwargs)`` (None: not its call)."""
     _EXTENSIONS.append(extension)
+
+
+def _torch_compiled(obj):
+    """The function or module that ``torch.compile`` compiled into ``obj``, or None."""
+    if isinstance(obj, torch.nn.Module):
+        if type(obj).__name__ == "OptimizedModule" and type(obj).__module__ == "torch._dynamo.eval_frame":
+            return getattr(obj, "_orig_mod", None)
+        return None
+    original = getattr(obj, "_torchdynamo_orig_callable", None) if isinstance(obj, types.FunctionType) else None
+    if original is not None and getattr(obj, "__wrapped__", None) is original and callable(original):
+        return original
+    return None
 
 
 def _nested_compile(args, kwargs):
