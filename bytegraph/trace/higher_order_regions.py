@@ -99,7 +99,7 @@ class _Region:
 
 
 def call_region(frame, fn_value, fn, args, kwargs):
-    """``fn(*args, **kwargs)`` as one ``invoke_subgraph`` node (``fn_value``: the function as a value)."""
+    """``fn(*args, **kwargs)`` as one region node (``fn_value``: the function as a value)."""
     tx = frame.tx
     what = f"nested_compile_region {getattr(fn, '__qualname__', describe(fn_value))}"
     leaves, in_structures = [], []
