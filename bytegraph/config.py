@@ -101,6 +101,11 @@ _SETTINGS = {
     "reuse_traced_blocks": (os.environ.get("BYTEGRAPH_REUSE_BLOCKS", "1") != "0", (bool,),
                             "trace a module's forward once and copy that trace for other modules of its class "
                             "called alike (BYTEGRAPH_REUSE_BLOCKS=0 turns it off; the graphs are the same)"),
+    "nest_repeated_blocks": (_env_flag("BYTEGRAPH_NEST_REPEATED_BLOCKS"), (bool,),
+                             "call each module of a ModuleList/Sequential that holds other modules of its class "
+                             "built alike as a compile region (torch.compiler.nested_compile_region of its forward): "
+                             "one invoke_subgraph node per call, traced once (BYTEGRAPH_NEST_REPEATED_BLOCKS=1; "
+                             "default off: graphs stay flat)"),
     "regional_compile": (os.environ.get("BYTEGRAPH_REGIONAL_COMPILE", "1") != "0", (bool,),
                          "inductor compiles a graph with repeated blocks block by block, each distinct block once "
                          "(BYTEGRAPH_REGIONAL_COMPILE=0: the whole graph at once)"),

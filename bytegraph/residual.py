@@ -14,6 +14,7 @@ import dis
 import sys
 import threading
 import types
+import warnings
 
 import torch
 from torch.nn.modules import module as mm
@@ -344,3 +345,50 @@ class AutocastExit:
             torch.clear_autocast_cache()
         set_autocast_state(self.device_type, *self.prev)
         return False
+
+
+# --- warnings.warn calls the trace recorded (trace/stdlib_calls.py) -------------------------
+
+# (text, category, module, lineno) of each place a traced warning was raised from: its guard asks
+# by index whether the warning filters now turn it into an error.
+WARNING_PLACES = []
+
+
+def warning_place(text, category, module, lineno):
+    """The index of a warning's place in ``WARNING_PLACES`` (added once)."""
+    key = (text, category, module, lineno)
+    for i, known in enumerate(WARNING_PLACES):
+        if known == key:
+            return i
+    WARNING_PLACES.append(key)
+    return len(WARNING_PLACES) - 1
+
+
+def warning_action(text, category, module, lineno):
+    """What Python's warning filters do with this warning now: the first matching filter's action,
+    else the default one (as ``warnings.warn_explicit`` decides)."""
+    for action, msg, cat, mod, ln in warnings.filters:
+        if _matches(msg, text) and issubclass(category, cat) and _matches(mod, module) and (ln == 0 or ln == lineno):
+            return action
+    return warnings.defaultaction
+
+
+def _matches(pattern, text):
+    # As CPython's _warnings: None matches all, a plain str (its built-in filters) exactly, else a regex.
+    if pattern is None:
+        return True
+    if type(pattern) is str:
+        return pattern == text
+    return bool(pattern.match(text))
+
+
+def warning_is_error(index):
+    """Guard: do the filters now turn the warning at ``WARNING_PLACES[index]`` into an error?"""
+    return warning_action(*WARNING_PLACES[index]) == "error"
+
+
+def replay_warning(message, category, filename, lineno, module, module_globals):
+    """A warning the trace met, shown (or not: filters, once per place) as ``warnings.warn`` would
+    have from that place: its module's registry, file and line."""
+    registry = module_globals.setdefault("__warningregistry__", {})
+    warnings.warn_explicit(message, category, filename, lineno, module, registry, module_globals)

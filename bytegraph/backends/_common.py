@@ -12,8 +12,9 @@ import warnings
 import torch
 import torch.fx as fx
 
-from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
-from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException, FakeTensor,
+                                           FakeTensorMode)
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 from torch.utils import _pytree as pytree
 
 from ..config import warn_once
@@ -152,6 +153,24 @@ def note_static_addresses(example_inputs, label):
 def as_list(example_inputs):
     """The example inputs as a fresh list (backends may consume or reorder it)."""
     return list(example_inputs)
+
+
+# torch's loop operators: AOTAutograd traces them with sizes that only a ShapeEnv can hold (the
+# iteration count of a while_loop's backward is an unbacked symbol).
+_LOOP_OPERATORS = ("while_loop", "scan", "map_impl")
+
+
+def loop_examples(gm, example_inputs):
+    """The example inputs for AOTAutograd: real ones (static sizes) as fakes of a static fake mode
+    with a ShapeEnv when ``gm`` or a body in it runs a loop operator, else as they are."""
+    examples = as_list(example_inputs)
+    if any(isinstance(t, FakeTensor) for t in examples) or not any(
+            node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator)
+            and node.target.name() in _LOOP_OPERATORS
+            for module in gm.modules() if isinstance(module, fx.GraphModule) for node in module.graph.nodes):
+        return examples
+    mode = FakeTensorMode(allow_non_fake_inputs=True, static_shapes=True, shape_env=ShapeEnv())
+    return [mode.from_tensor(t, static_shapes=True) if isinstance(t, torch.Tensor) else t for t in examples]
 
 
 

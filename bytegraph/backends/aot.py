@@ -9,8 +9,8 @@ results and gradients should match eager up to rounding.
 from ..errors import BackendError
 from . import grad_presence
 from .inference import has_inference_blocks, inference_parts
-from ._common import (as_list, compile_failed, uncompilable_cause, flat_tuple_output, input_made_differentiable,
-                      run_uncompiled, watched_inner, with_restore)
+from ._common import (compile_failed, uncompilable_cause, flat_tuple_output, input_made_differentiable,
+                      loop_examples, run_uncompiled, watched_inner, with_restore)
 
 
 def _boxed_nop(fx_graph, example_inputs):
@@ -78,7 +78,7 @@ def _aot(gm, example_inputs, fw_compiler, bw_compiler, name):
     try:
         compiled = aot_module_simplified(
             gm,
-            as_list(example_inputs),
+            loop_examples(gm, example_inputs),
             fw_compiler=watched_inner(fw_compiler, name, "forward"),
             bw_compiler=watched_inner(bw_compiler, name, "backward"),
             partition_fn=min_cut_rematerialization_partition,

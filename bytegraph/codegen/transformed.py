@@ -17,7 +17,7 @@ from ..errors import Unsupported
 from ..guards.sources import AttrSource, ClosureSource, GlobalSource
 from ..debug.counting import count_ops
 from ..residual import (copy_inputs, enter_inference_mode, exit_inference_mode, graph_raised, inference_depth,
-                        leave_inference_blocks, put_inputs_back)
+                        leave_inference_blocks, put_inputs_back, replay_warning)
 from ..trace.context import DELETED
 from ..values.base import ConstantValue, DictValue, IteratorValue, ListValue, ObjectValue, TensorValue, holds_values
 from ..values import arrays
@@ -465,7 +465,11 @@ def replay_side_effects(tx, rb, live=()):
             # A live value the caller may not need; it reports the failure if it does.
     lines = list(rb.lines)
     rb.lines.clear()
-    # 3. The effects.
+    # 3. The effects. Warnings first: what follows them in eager cannot have changed what they show.
+    for message, category, filename, lineno, module, module_globals in tx.warnings:
+        lines.append(f"{ns.ref(replay_warning, 'replay_warning')}({ns.ref(message, 'warning')}, "
+                     f"{ns.ref(category, 'warning_category')}, {filename!r}, {lineno!r}, {module!r}, "
+                     f"{ns.ref(module_globals, 'module_globals')})")
     for key, v in tx.mutated.items():
         target = rb.expr(v)
         if isinstance(v, ListValue):

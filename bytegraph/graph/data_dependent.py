@@ -56,6 +56,11 @@ class BackwardCheck:
     def needed(cls, kind, target, fake_args, fake_kwargs):
         if not torch.is_grad_enabled():
             return None
+        if isinstance(target, torch._ops.HigherOrderOperator):
+            # A loop operator's backward counts its iterations (a value fakes do not have), and
+            # AOTAutograd differentiates these through the operator's own autograd; a body with a
+            # data-dependent backward reaches the backend, which runs the graph uncompiled.
+            return None
         tensors = [t for t in pytree.tree_leaves((fake_args, fake_kwargs)) if isinstance(t, torch.Tensor)]
         if not any(t.requires_grad for t in tensors):
             return None

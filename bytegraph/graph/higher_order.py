@@ -13,6 +13,7 @@ function returned (tuples, lists, dicts, constants).
 """
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 
@@ -162,6 +163,19 @@ def checkpointed(body, *inputs):
     return torch.utils.checkpoint.checkpoint(body, *inputs, use_reentrant=False, preserve_rng_state=True)
 
 
+def invoke_region(subgraph, identifier, *operands):
+    """A compile region (``torch.compiler.nested_compile_region``): one call of the region's graph.
+
+    Under a compiler that traces the graph (AOTAutograd on fake or functional tensors) this is
+    torch's ``invoke_subgraph`` operator, which AOTAutograd traces and partitions once per
+    identifier and Inductor compiles once. Run for real (the ``eager`` backend) it is the
+    graph's own call: the operator's autograd works only while a compiler traces it (torch.compile
+    with ``backend="eager"`` fails in backward there)."""
+    if any(_traced(t) for t in operands):
+        return torch.ops.higher_order.invoke_subgraph(subgraph, identifier, *operands)
+    return tuple(subgraph(*operands))
+
+
 def _traced(t):
     if not isinstance(t, torch.Tensor):
         return False
@@ -169,4 +183,22 @@ def _traced(t):
         and type(t) is not torch.nn.Parameter
 
 
-__all__ = ["Structure", "FunctorchCall", "FunctionPlan", "AutogradFunctionCall", "checkpointed"]
+class IndexByTensors(TorchFunctionMode):
+    """``t[i]`` with 0-d integer tensors (and ints) for indices as a gather (``aten.index``), not a
+    view at the index's value. FlexAttention runs its score and mask functions this way (torch's
+    ``TransformGetItemToIndex``), so ``bias[h, q_idx]`` in them is a lookup per position; while
+    they are traced (and where torch's own code enters that mode, in ``create_mask``) the fake
+    results come from this mode, and the graph keeps the subscript, which runs under torch's."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.__getitem__:
+            tensor, index = args
+            leaves = pytree.tree_leaves(index)
+            if all(isinstance(i, (torch.Tensor, int)) for i in leaves):
+                indices = [i if isinstance(i, torch.Tensor) else torch.tensor(i, dtype=torch.int64, device=tensor.device)
+                           for i in leaves]
+                return torch.ops.aten.index(tensor, indices)
+        return func(*args, **(kwargs or {}))
+
+
+__all__ = ["Structure", "IndexByTensors", "invoke_region", "FunctorchCall", "FunctionPlan", "AutogradFunctionCall", "checkpointed"]

@@ -91,11 +91,12 @@ class SubgraphBuilder(GraphBuilder):
         """True if the body changed one of its inputs in place."""
         return any(fake._version != version for fake, version in self._versions)
 
-    def finish(self, values, clone_inputs=False):
+    def finish(self, values, clone_inputs=False, single=False):
         """The body's GraphModule returning ``values`` (a flat list of tensor values).
 
         ``clone_inputs``: an input returned as it is (or a view of one) is cloned, for operations
-        whose outputs must not alias their inputs (torch.cond)."""
+        whose outputs must not alias their inputs (torch.cond). ``single``: the graph returns the
+        one value itself, not a tuple (FlexAttention's score and mask functions)."""
         outputs = []
         inputs = set(self.explicit) | set(self.lifted.values())
         for v in values:
@@ -104,7 +105,7 @@ class SubgraphBuilder(GraphBuilder):
                 node = self.graph.call_function(torch.clone, (node,))
                 node.meta["example_value"] = v.fake
             outputs.append(node)
-        self.graph.output(tuple(outputs))
+        self.graph.output(outputs[0] if single else tuple(outputs))
         gm = fx.GraphModule(self.state_root, self.graph)
         gm.graph.lint()
         return gm

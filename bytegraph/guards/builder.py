@@ -22,6 +22,7 @@ from torch.nn.modules import module as _mm
 from torch.utils._device import DeviceContext
 import torch.distributed as dist
 
+from ..residual import warning_is_error
 from . import coverage, stamps
 from .sources import GlobalSource, ModuleEntrySource, ObjectSource, Source
 
@@ -337,6 +338,7 @@ class _Emitter:
             "_function_modes": function_modes, "_mode_count": torch._C._len_torch_function_stack,
             "_default_device": default_device, "_ndarray": np.ndarray, "_memory_apart": memory_apart,
             "_mm": _mm, "_process_group_state": process_group_state,
+            "_warning_is_error": warning_is_error,
         }
         self._consts = {}
         self.uses = {}

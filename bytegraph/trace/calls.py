@@ -16,6 +16,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from .. import control
+from ..config import config
 from ..datamodel import class_lookup
 from ..errors import BytegraphError, Unsupported
 from ..guards.builder import DICT_KEYS, GLOBAL_HOOKS, ID_MATCH, NO_HOOKS, NOT_OWN_ATTR
@@ -27,7 +28,8 @@ from ..values.base import (BoundMethodValue, ConstantValue, ContextManagerValue,
 from ..residual import has_hooks, is_fsdp_module
 from ..values.builder import CONSTANT_TYPES, TRUSTED_MODULE_PREFIXES, wrap
 from ..values.arrays import NdarrayMethodValue
-from . import attrs, blocks, distributed, generators, higher_order, numpy_calls, operators, ops, protocols, torch_wrappers
+from . import (attrs, blocks, distributed, generators, higher_order, higher_order_regions, numpy_calls, operators, ops,
+               protocols, torch_wrappers)
 from .basics import note_process_local, refuse_traced_ids
 from .exceptions import PythonError, make_exception, raise_new
 from .frame import inline_call
@@ -341,6 +343,8 @@ def refuse_native_module(m, padding_mask):
 
 
 def _call_forward(frame, mv, args, kwargs):
+    if higher_order_regions.is_region_module(mv.obj):
+        return _trace_forward(frame, mv, args, kwargs)      # a compile region: traced once, no copy
     # A forward traced before for a module of the same class may be copied (trace/blocks.py).
     return blocks.call_forward(frame, mv, args, kwargs, lambda: _trace_forward(frame, mv, args, kwargs))
 
@@ -362,6 +366,11 @@ def _trace_forward(frame, mv, args, kwargs):
         return call(frame, wrap(frame.tx, fwd.__func__, src), args, kwargs)
     if isinstance(fwd, classmethod):
         return call(frame, wrap(frame.tx, fwd.__func__, src), [wrap(frame.tx, type(m), None)] + args, kwargs)
+    if config.nest_repeated_blocks and isinstance(fwd, types.FunctionType):
+        # A repeated block as a compile region (trace/higher_order_regions.py)
+        region = higher_order_regions.repeated_block(frame, mv, args, kwargs, wrap(frame.tx, fwd, src))
+        if region is not None:
+            return region
     return call(frame, wrap(frame.tx, fwd, src), [mv] + args, kwargs)
 
 

@@ -62,6 +62,9 @@ class TraceContext:
         self.cell_stores = Stores()    # id(real cell) -> (RealCell, value)
         self.item_stores = {}          # (id(mapping), key) -> (ObjectValue, key, value or DELETED): os.environ
         self.effects_recorded = 0      # changes to state outside the trace so far (all kinds above but attrs)
+        # warnings.warn calls, shown after the graph: (message, category, filename, lineno, module,
+        # module globals) of the place each names (trace/stdlib_calls.py)
+        self.warnings = []
         self.entry_grad_mode = torch.is_grad_enabled()
         # Memory of arrays of which a negative-stride view was taken, and of those views (traced as
         # copies): writing to either is refused (trace/numpy_calls.py).
@@ -96,7 +99,7 @@ class TraceContext:
         for kind, saved in reversed(self.state_changes[start:]):
             if kind == "grad":
                 torch._C._set_grad_enabled(saved)
-            elif kind in ("autocast", "inference_mode"):
+            elif kind in ("autocast", "inference_mode", "index_by_tensors"):
                 saved.__exit__(None, None, None)
             elif kind == "autocast_state":
                 device_type, state = saved
@@ -133,7 +136,7 @@ class TraceContext:
 
     def has_side_effects(self):
         return bool(self.attr_stores or self.mutated or self.global_stores or self.cell_stores
-                    or self.item_stores)
+                    or self.item_stores or self.warnings)
 
     # --- dynamic shapes ---------------------------------------------------------
 

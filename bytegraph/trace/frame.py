@@ -51,6 +51,7 @@ class Frame:
         self.stop_before = None   # root frame only: stop when about to run this instruction index
         self.fresh_containers = ()  # root frame only: names of its *args / **kwargs parameters
         self.stopped = False
+        self.callee = None        # the callable of the CALL running now (opcodes._do_call)
 
     def run(self):
         HANDLERS = ops.HANDLERS

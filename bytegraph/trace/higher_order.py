@@ -13,12 +13,15 @@ made earlier, an attribute, a global), or changes an input tensor in place, is n
 way; the call then runs natively at a graph break (or is an error under ``fullgraph=True``).
 Anything else the tracer cannot do inside a body does the same.
 """
+import types
+
 import torch
 import torch.func
 from torch._higher_order_ops.associative_scan import associative_scan_op, generic_associative_scan
 from torch.utils import _pytree as pytree
 
 from ..errors import Unsupported
+from ..guards.sources import AttrSource
 from ..graph.subgraph import SubgraphBuilder
 from ..graph.higher_order import AutogradFunctionCall, FunctionPlan, FunctorchCall, Structure, checkpointed
 from ..values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, FunctionValue, ListValue,
@@ -51,11 +54,67 @@ def call(frame, fv, args, kwargs):
             return _functional_call(frame, args, kwargs)
         if obj is associative_scan_op:
             return _associative_scan(frame, args, kwargs)
+        if obj is torch.compile:
+            return _nested_compile(args, kwargs)
     except TypeError:       # unhashable callables are none of these
         pass
     if getattr(obj, "__func__", None) is _AUTOGRAD_FUNCTION_APPLY and isinstance(obj.__self__, type):
         return _autograd_function(frame, obj.__self__, args, kwargs)
+    original = _torch_compiled(obj)
+    if original is not None:
+        # Made by torch.compile outside the trace (a module-level ``torch.compile(flex_attention)``):
+        # what it compiles, traced into this graph, as a nested compile is under torch.compile.
+        attr = "_orig_mod" if isinstance(obj, torch.nn.Module) else "_torchdynamo_orig_callable"
+        return ops.call(frame, wrap(frame.tx, original, AttrSource(fv.source, attr) if fv.source else None),
+                        list(args), kwargs)
+    for extension in _EXTENSIONS:
+        special = extension(frame, fv, args, kwargs)
+        if special is not None:
+            return special
     return None
+
+
+# Higher-order calls implemented in the modules above this one (higher_order_<topic>.py: loops,
+# FlexAttention, compile regions), each a call(frame, fv, args, kwargs) -> value or None that its
+# module registers at import (trace/tracer.py imports them).
+_EXTENSIONS = []
+
+
+def register(extension):
+    """Have ``call`` also try ``extension(frame, fv, args, kwargs)`` (None: not its call)."""
+    _EXTENSIONS.append(extension)
+
+
+def _torch_compiled(obj):
+    """The function or module that ``torch.compile`` compiled into ``obj``, or None."""
+    if isinstance(obj, torch.nn.Module):
+        if type(obj).__name__ == "OptimizedModule" and type(obj).__module__ == "torch._dynamo.eval_frame":
+            return getattr(obj, "_orig_mod", None)
+        return None
+    original = getattr(obj, "_torchdynamo_orig_callable", None) if isinstance(obj, types.FunctionType) else None
+    if original is not None and getattr(obj, "__wrapped__", None) is original and callable(original):
+        return original
+    return None
+
+
+def _nested_compile(args, kwargs):
+    """``torch.compile(fn, ...)`` met while tracing (transformers compiles ``create_block_mask`` on
+    each call): what it makes computes what ``fn`` does, and inside a graph being captured the
+    call is traced into it, as torch.compile's own front end does with a nested compile. The
+    value stands for the compiled function only where it is called; anywhere else (returned,
+    stored) it cannot be rebuilt, and the graph breaks."""
+    if not args or kwargs.get("disable") is not None and not isinstance(kwargs["disable"], ConstantValue):
+        raise Unsupported("torch.compile() used as a decorator factory while tracing",
+                          hint="it runs natively at a graph break")
+    fn = args[0]
+    if isinstance(kwargs.get("disable"), ConstantValue) and kwargs["disable"].value:
+        return fn
+
+    def impl(frame, call_args, call_kwargs):
+        return ops.call(frame, fn, call_args, call_kwargs)
+
+    impl.reaches = [fn]
+    return TracerCallableValue("torch.compile(...)", impl)
 
 
 # --- values <-> flat lists of tensors --------------------------------------------------------

@@ -809,6 +809,7 @@ def _do_call(f, argc, kw):
         args = args[:len(args) - len(kw)]
     else:
         kwargs = {}
+    f.callee = fn     # what a frame inlined by this call was called through (stdlib_calls: warnings)
     f.push(calls.call(f, fn, args, kwargs))
 
 

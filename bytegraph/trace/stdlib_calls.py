@@ -15,10 +15,12 @@ import types
 import warnings
 
 from ..errors import Unsupported
-from ..guards.builder import DICT_KEYS, ID_MATCH, LENGTH_MATCH
+from ..guards.builder import DICT_KEYS, GLOBAL_STATE, ID_MATCH, LENGTH_MATCH
+from ..residual import warning_action, warning_place
+from ..stacks import frame_summary
 from ..guards.sources import AttrSource, ItemSource
-from ..values.base import (MUTABLE_CONSTANT_TYPES, ConstantValue, DefaultDictValue, DictValue,
-                           IteratorValue, ListValue, ObjectValue, PartialValue, PrivateObjectValue,
+from ..values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, ConstantValue, DefaultDictValue, DictValue,
+                           ExceptionValue, FunctionValue, IteratorValue, ListValue, ObjectValue, PartialValue, PrivateObjectValue,
                            TupleValue, holds_values)
 from ..values.builder import CONSTANT_TYPES, wrap
 from . import attrs, operators
@@ -438,8 +440,96 @@ for _name in _LOG_LEVELS:
     BUILTIN_HANDLERS[getattr(logging.Logger, _name)] = _logger_method(_name)
 
 
-@builtin(warnings.warn, warnings.warn_explicit)
+_WARN_HINT = ("it runs natively at a graph break (fullgraph=True refuses it); warn outside the compiled function "
+              "to keep one graph")
+
+
+@builtin(warnings.warn_explicit)
+def _warn_explicit(frame, args, kwargs):
+    raise Unsupported("warnings.warn_explicit() is not traced", hint=_WARN_HINT)
+
+
+@builtin(warnings.warn)
 def _warn(frame, args, kwargs):
-    raise Unsupported("warnings.warn() shows a warning (filtered, once per place), which a graph cannot",
-                      hint="it runs natively at a graph break (fullgraph=True refuses it); warn outside the "
-                           "compiled function to keep one graph")
+    """``warnings.warn(message, category, stacklevel)``: shown after the graph, from the place it names
+    (``residual.replay_warning``: the filters and the once-per-place registry decide there, as in
+    eager). A warning the filters turn into an error at trace time breaks the graph, and a guard
+    compiles again when they come to."""
+    names = ("message", "category", "stacklevel", "source", "skip_file_prefixes")
+    bound = dict(zip(names, args))
+    for k, v in kwargs.items():
+        if k not in names or k in bound:
+            raise Unsupported(f"warnings.warn() with argument {k!r}", hint=_WARN_HINT)
+        bound[k] = v
+    try:
+        message = _warning_message(bound["message"])
+        category = operators.as_constant(bound.get("category", ConstantValue(None)))
+        stacklevel = operators.as_constant(bound.get("stacklevel", ConstantValue(1)))
+        source = operators.as_constant(bound.get("source", ConstantValue(None)))
+        skip = operators.as_constant(bound.get("skip_file_prefixes", ConstantValue(())))
+    except (Unsupported, KeyError):
+        raise Unsupported("warnings.warn() with a message or arguments not known while tracing",
+                          hint=_WARN_HINT) from None
+    if isinstance(message, Warning):
+        category = type(message)
+    if category is None:
+        category = UserWarning
+    if not isinstance(message, str) and not isinstance(message, Warning) or not isinstance(category, type) \
+            or not issubclass(category, Warning) or type(stacklevel) is not int or source is not None or skip:
+        raise Unsupported("warnings.warn() with arguments it is not traced with", hint=_WARN_HINT)
+    tx = frame.tx
+    target = _warning_frame(tx, frame, stacklevel)
+    filename = target.code.co_filename
+    lineno = frame_summary(target.code, target.current).lineno
+    module = target.globals.get("__name__", "<string>")
+    text = str(message)
+    if warning_action(text, category, module, lineno) == "error":
+        raise Unsupported(f"warnings.warn() of a {category.__name__} that the warning filters turn into an error",
+                          hint="the error is raised natively at a graph break")
+    index = warning_place(text, category, module, lineno)
+    tx.guards.add(GLOBAL_STATE, None, (f"_warning_is_error({index})", False),
+                  f"warning filters for {category.__name__} at {filename}:{lineno}")
+    tx.warnings.append((message, category, filename, lineno, module, target.globals))
+    tx.effects_recorded += 1
+    return ConstantValue(None)
+
+
+def _warning_message(v):
+    """The message of a warning: a constant, or a Warning made in the trace from constants (made
+    for real here: it is shown after the graph)."""
+    if isinstance(v, ExceptionValue) and issubclass(v.cls, Warning) and not v.attrs and v.cause is None:
+        return v.cls(*[operators.as_constant(a) for a in v.args])
+    return operators.as_constant(v)
+
+
+def _warning_frame(tx, frame, stacklevel):
+    """The traced frame ``stacklevel`` levels up from ``frame``, as Python's stack has it: each step
+    up must be a plain call of a Python function (a module call or a decorator has frames of its
+    own in eager that the trace does not)."""
+    frames = tx.frames
+    i = len(frames) - 1
+    while i >= 0 and frames[i] is not frame:
+        i -= 1
+    for _ in range(max(stacklevel, 1) - 1):
+        child = frames[i]
+        if i == 0:
+            raise Unsupported("warnings.warn() names a place outside the compiled function (stacklevel)",
+                              hint=_WARN_HINT)
+        parent = frames[i - 1]
+        if child.parent is not parent or _code_of(parent.callee) is not child.code:
+            raise Unsupported("warnings.warn() names a frame the trace cannot place (stacklevel over a call "
+                              "that is not a plain function call)", hint=_WARN_HINT)
+        i -= 1
+    return frames[i]
+
+
+def _code_of(callee):
+    """The code object a plain call of ``callee`` runs in a frame of its own, or None."""
+    if isinstance(callee, BoundMethodValue):
+        callee = callee.func
+    if isinstance(callee, FunctionValue):
+        return callee.code
+    obj = getattr(callee, "obj", None)
+    if isinstance(obj, types.MethodType):
+        obj = obj.__func__
+    return obj.__code__ if isinstance(obj, types.FunctionType) else None

@@ -7,6 +7,7 @@ import torch.amp.autocast_mode
 import torch.utils._contextlib
 
 from ..errors import Unsupported
+from ..graph.higher_order import IndexByTensors
 from ..guards.builder import GLOBAL_STATE
 from ..residual import enter_inference_mode, exit_inference_mode, set_autocast_state
 from ..values.base import ConstantValue, ContextManagerValue, ObjectValue, PrivateObjectValue, TensorValue
@@ -308,6 +309,17 @@ def apply_state(frame, mgr, entering):
             tx.state_changes.remove(("inference_mode", real))
         return
     if mgr.kind == "noop":
+        return
+    if mgr.kind == "index_by_tensors":
+        # No node: the graph keeps each subscript, which runs under torch's own mode (FlexAttention's
+        # functions); the fakes inside the block are computed under ours (graph.higher_order).
+        if entering:
+            mgr.saved = IndexByTensors()
+            mgr.saved.__enter__()
+            tx.state_changes.append(("index_by_tensors", mgr.saved))
+        else:
+            mgr.saved.__exit__(None, None, None)
+            tx.state_changes.remove(("index_by_tensors", mgr.saved))
         return
     raise Unsupported(f"context manager {mgr.kind} is not supported yet")
 

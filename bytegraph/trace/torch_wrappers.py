@@ -54,6 +54,16 @@ _NOOP_MANAGERS = {"torch.autograd.profiler.record_function", "torch.profiler.rec
                   "torch._C.DisableTorchFunctionSubclass", "torch._C.DisableTorchFunction",
                   "torch.autograd.profiler.emit_nvtx"}
 
+# Functions (module, name) that make ``with`` blocks changing nothing a graph computes: FX node
+# annotations (flex_attention's create_block_mask marks an argsort for Inductor).
+_NOOP_MANAGER_FUNCTIONS = {("torch.fx.traceback", "annotate")}
+# Functions that only tell torch's own front end something (flex_attention marks its head dims
+# static for it): nothing to do.
+_FRONT_END_HINTS = {("torch._dynamo.decorators", "mark_static")}
+# torch's mode making ``t[i]`` with tensor indices a gather (FlexAttention's functions run
+# under it; create_mask enters it): entered while tracing, for the fakes (torch_calls.apply_state).
+_INDEX_MODES = {"torch._dynamo._trace_wrapped_higher_order_op.TransformGetItemToIndex"}
+
 # Functions wrapped by torch._disable_dynamo that are better run natively (qualname).
 _RUN_NATIVELY = {}
 
@@ -96,6 +106,12 @@ def call(frame, obj, args, kwargs):
                           "break here; it is kept (remove the call to keep one graph)")
     if isinstance(obj, type) and f"{module}.{obj.__qualname__}" in _NOOP_MANAGERS:
         return ContextManagerValue("noop", ())
+    if (module, name) in _NOOP_MANAGER_FUNCTIONS:
+        return ContextManagerValue("noop", ())
+    if (module, name) in _FRONT_END_HINTS:
+        return ConstantValue(None)
+    if isinstance(obj, type) and f"{module}.{obj.__qualname__}" in _INDEX_MODES and not args and not kwargs:
+        return ContextManagerValue("index_by_tensors", ())
     return None
 
 

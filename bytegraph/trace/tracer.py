@@ -7,6 +7,7 @@ from ..guards.sources import ClosureSource, LocalSource
 from ..values.base import RealCell
 from . import (attrs, builtin_calls, calls, containers, environ_pytree, generators, iteration, opcodes, ops,  # noqa: F401 (environ_pytree: its handlers)
                state, stdlib_calls)
+from . import higher_order_flex, higher_order_loops, higher_order_regions  # noqa: F401 (register their calls with trace.higher_order)
 from .context import TraceContext
 from .frame import Frame, PendingLocal
 from .torch_calls import undo_state_changes

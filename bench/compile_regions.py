@@ -1,0 +1,118 @@
+"""Capture time against depth with the block's forward marked ``torch.compiler.nested_compile_region``.
+
+    OMP_NUM_THREADS=1 python bench/compile_regions.py [--layers 2,8,32] [--repeat 3] [--grad]
+
+The subject is ``bench/depth.py``'s nanoGPT-style decoder (``TinyGPT``, d=128, 4 heads, 1 x 8
+tokens, CPU, one thread) with each ``Block`` replaced by a subclass whose ``forward`` is marked
+(``--grad``: in training mode with gradients, else eval under ``torch.no_grad()``). Columns: capture
+ms (first call with ``backend="eager"`` less one eager call; median of ``--repeat`` fresh
+compiles) for bytegraph with the regions, bytegraph with the same model unmarked (flat graph,
+repeated blocks copied: trace/blocks.py), bytegraph with ``config.nest_repeated_blocks`` on the
+unmarked model, and torch.compile with the regions; then each one's ratio of the deepest to
+the shallowest depth. The issue's target: at most 2x from 2 to 32 layers.
+"""
+import argparse
+import contextlib
+import gc
+import statistics
+import sys
+import time
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parent.parent
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+import torch  # noqa: E402
+
+import bytegraph  # noqa: E402
+from bytegraph.demo.models import Block, GPTConfig, TinyGPT  # noqa: E402
+
+bytegraph.config.persistent_cache = False
+
+
+class RegionBlock(Block):
+    forward = torch.compiler.nested_compile_region(Block.forward)
+
+
+def make_model(layers, marked, train):
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=layers, n_embd=128, n_head=4, block_size=8, vocab_size=256, dropout=0.0)
+    model = TinyGPT(cfg)
+    if marked:
+        for i, b in enumerate(model.h):
+            rb = RegionBlock(cfg)
+            rb.load_state_dict(b.state_dict())
+            model.h[i] = rb
+    model.train(train)
+    return model, torch.randint(0, cfg.vocab_size, (1, 8))
+
+
+def run(compiled, x, train):
+    ctx = contextlib.nullcontext() if train else torch.no_grad()
+    with ctx:
+        out = compiled(x)
+        if train:
+            out.sum().backward()
+
+
+def eager_ms(layers, train):
+    model, x = make_model(layers, False, train)
+    for _ in range(3):
+        run(model, x, train)
+    t0 = time.perf_counter()
+    for _ in range(10):
+        run(model, x, train)
+    return (time.perf_counter() - t0) * 100
+
+
+def capture_ms(variant, layers, train):
+    model, x = make_model(layers, variant in ("regions", "torch"), train)
+    gc.collect()
+    if variant == "torch":
+        import torch._dynamo   # the reference
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="eager")
+    else:
+        bytegraph.reset()
+        compiled = bytegraph.compile(model, backend="eager")
+    with bytegraph.config.patch(nest_repeated_blocks=variant == "nested"):
+        t0 = time.perf_counter()
+        run(compiled, x, train)
+        return (time.perf_counter() - t0) * 1e3
+
+
+VARIANTS = {"regions": "bytegraph, marked", "flat": "bytegraph, unmarked", "nested": "bytegraph, nest_repeated_blocks",
+            "torch": "torch.compile, marked"}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", default="2,8,32")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--grad", action="store_true")
+    parser.add_argument("--only", default=",".join(VARIANTS))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    variants = args.only.split(",")
+    layers = [int(n) for n in args.layers.split(",")]
+    for v in variants:      # imports and first-compile caches: not counted
+        capture_ms(v, 1, args.grad)
+    print(f"torch {torch.__version__}, python {sys.version.split()[0]}, {'training' if args.grad else 'no_grad'}; "
+          "capture ms (first call less an eager call)")
+    print(f"{'layers':>6} | " + " | ".join(f"{VARIANTS[v]:>30}" for v in variants))
+    table = {}
+    for n in layers:
+        base = eager_ms(n, args.grad)
+        row = []
+        for v in variants:
+            caps = [capture_ms(v, n, args.grad) - base for _ in range(args.repeat)]
+            table[(v, n)] = statistics.median(caps)
+            row.append(f"{table[(v, n)]:>30.1f}")
+        print(f"{n:>6} | " + " | ".join(row), flush=True)
+    lo, hi = layers[0], layers[-1]
+    print(f"{f'{hi}/{lo}':>6} | " + " | ".join(f"{table[(v, hi)] / table[(v, lo)]:>29.2f}x" for v in variants))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""Loops taking functions, traced into one graph as torch's loop operators: while_loop, scan and
+map of torch._higher_order_ops. Values and gradients equal eager's; bodies that torch refuses
+to capture break the graph with a reason and run natively."""
+import pytest
+import torch
+from torch._higher_order_ops import map as hop_map, scan, while_loop
+
+import bytegraph
+from bytegraph.testing import CompileCounter
+from test_higher_order import BACKENDS, _x, check
+
+
+def _graph(fn, *args):
+    cnt = CompileCounter()
+    bytegraph.compile(fn, backend=cnt, fullgraph=True)(*args)
+    assert cnt.frame_count == 1
+    return cnt.graphs[0]
+
+
+def _targets(gm):
+    return [n.target for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def _breaks(fn, *args):
+    """(explain output, compiled result, eager result) of a call expected to break."""
+    expected = fn(*args)
+    explained = bytegraph.explain(fn)(*args)
+    actual = bytegraph.compile(fn, backend="eager")(*args)
+    return explained, actual, expected
+
+
+# --- while_loop ---------------------------------------------------------------------------------
+
+W = torch.randn(3)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_while_loop_carried_and_closed_over(backend):
+    w = _x(3)
+
+    def fn(x, n):
+        def cond(i, y):
+            return i < n
+
+        def body(i, y):
+            return i + 1, y * w + W.cos()
+        return while_loop(cond, body, (torch.zeros((), dtype=torch.int64), x))
+
+    cnt = check(fn, _x(3), torch.tensor(4), backend=backend)
+    assert torch.ops.higher_order.while_loop in _targets(cnt.graphs[0])
+
+
+def test_while_loop_graph_shape():
+    def fn(x):
+        return while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, y * W), (torch.tensor(0), x))
+
+    gm = _graph(fn, torch.randn(3))
+    node = next(n for n in gm.graph.nodes if n.target is torch.ops.higher_order.while_loop)
+    cond, body, carried, additional = node.args
+    assert cond.op == body.op == "get_attr" and len(carried) == 2 and len(additional) == 1
+    # both bodies take the carried tensors, then what either reads from around it
+    for name in (cond.target, body.target):
+        assert len([n for n in getattr(gm, name).graph.nodes if n.op == "placeholder"]) == 3
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_while_loop_nested_carry(backend):
+    def fn(x, y):
+        def body(i, pair):
+            a, b = pair
+            return i + 1, (a * 2, b + a)
+        return while_loop(lambda i, pair: pair[1].sum() < 100, body, (torch.tensor(0), (x, y)))
+
+    check(fn, torch.ones(2), torch.zeros(2), backend=backend, grads=False)
+
+
+def test_while_loop_never_entered():
+    def fn(x):
+        return while_loop(lambda i, y: False, lambda i, y: (i + 1, y * 2), (torch.tensor(0), x))
+
+    check(fn, torch.randn(3), grads=False)
+
+
+def test_while_loop_module_state():
+    lin = torch.nn.Linear(4, 4)
+
+    def fn(x):
+        return while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, torch.tanh(lin(y))), (torch.tensor(0), x))
+
+    check(fn, _x(2, 4), backend="aot_eager")
+
+
+def test_while_loop_int_carry_breaks():
+    def fn(x):
+        return while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, y * 2), (0, x * 1))
+
+    explained, actual, expected = _breaks(fn, torch.randn(3))
+    assert explained.graph_break_count >= 1
+    assert "only tensors are traced" in explained.break_reasons[0].reason
+    assert actual[0] == expected[0] == 3 and torch.equal(actual[1], expected[1])
+
+
+def test_while_loop_body_with_side_effect_breaks():
+    seen = []
+
+    def fn(x):
+        def body(i, y):
+            seen.append(1)
+            return i + 1, y * 2
+        return while_loop(lambda i, y: i < 3, body, (torch.tensor(0), x * 1))
+
+    with pytest.raises(bytegraph.errors.Unsupported, match="changes Python state outside itself"):
+        bytegraph.compile(fn, backend="eager", fullgraph=True)(torch.randn(3))
+
+
+def test_while_loop_returning_input_refused_as_eager():
+    def fn(x):
+        return while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, y), (torch.tensor(0), x))
+
+    with pytest.raises(bytegraph.errors.Unsupported, match="returns one of its inputs"):
+        bytegraph.compile(fn, backend="eager", fullgraph=True)(torch.randn(3))
+    with pytest.raises(Exception) as eager_error:
+        fn(torch.randn(3))
+    with pytest.raises(type(eager_error.value)):
+        bytegraph.compile(fn, backend="eager")(torch.randn(3))
+
+
+# --- scan ---------------------------------------------------------------------------------------
+
+def _cumulative(c, x):
+    n = c * 0.5 + x.sin()
+    return n, n * 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_scan_values_and_grads(backend):
+    w = _x(3)
+
+    def fn(init, xs):
+        def combine(c, x):
+            n = c * w + x
+            return n, n.tanh()
+        return scan(combine, init, xs)
+
+    cnt = check(fn, _x(3), _x(5, 3), backend=backend)
+    assert torch.ops.higher_order.scan in _targets(cnt.graphs[0])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dim,reverse", [(1, False), (0, True), (-1, True)])
+def test_scan_dim_reverse(backend, dim, reverse):
+    def fn(init, xs):
+        return scan(_cumulative, init, xs, dim=dim, reverse=reverse)
+
+    init = _x(4) if dim == 0 else _x(2)
+    xs = _x(5, 4) if dim == 0 else _x(2, 5)
+    check(fn, init, xs, backend=backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_scan_pytrees(backend):
+    def combine(carry, x):
+        a, b = carry["a"], carry["b"]
+        na = a + x[0] * b
+        nb = b * 0.9 + x[1]
+        return {"a": na, "b": nb}, (na.clone(), nb.sum())
+
+    def fn(a, b, x0, x1):
+        return scan(combine, {"a": a, "b": b}, [x0, x1])
+
+    check(fn, _x(3), _x(3), _x(4, 3), _x(4, 3), backend=backend)
+
+
+def test_scan_without_xs():
+    def fn(init):
+        carry, ys = scan(_cumulative, init * 2, [])
+        return carry + 1, ys
+
+    check(fn, torch.randn(3), grads=False)
+
+
+def test_scan_carry_mismatch_breaks():
+    def fn(init, xs):
+        return scan(lambda c, x: (c.double() + x, x.clone()), init, xs)
+
+    with pytest.raises(bytegraph.errors.Unsupported, match="differs from init"):
+        bytegraph.compile(fn, backend="eager", fullgraph=True)(torch.randn(3), torch.randn(2, 3))
+
+
+# --- map ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_map_values_and_grads(backend):
+    lin = torch.nn.Linear(3, 3)
+
+    def fn(xs, y):
+        return hop_map(lambda x, y: lin(x.sin()) + y * W, xs, y)
+
+    cnt = check(fn, _x(4, 3), _x(3), backend=backend)
+    assert torch.ops.higher_order.map_impl in _targets(cnt.graphs[0])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_map_pytrees(backend):
+    def f(xs, scale):
+        a, b = xs
+        return {"sum": a + b * scale, "prod": (a * b).cos()}
+
+    def fn(a, b, scale):
+        return hop_map(f, (a, b), scale)
+
+    check(fn, _x(5, 2, 2), _x(5, 2, 2), _x(2), backend=backend)
+
+
+def test_functorch_control_flow_map():
+    from functorch.experimental import control_flow
+
+    def fn(xs):
+        return control_flow.map(lambda x: x * 2 + 1, xs)
+
+    check(fn, torch.randn(3, 4), grads=False)
+
+
+def test_map_returning_slice_refused():
+    def fn(xs):
+        return hop_map(lambda x: x, xs)
+
+    with pytest.raises(bytegraph.errors.Unsupported, match="returns one of its inputs"):
+        bytegraph.compile(fn, backend="eager", fullgraph=True)(torch.randn(3, 2))

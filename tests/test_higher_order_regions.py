@@ -1,0 +1,169 @@
+"""Compile regions: torch.compiler.nested_compile_region (a function, or a module class's forward)
+as one invoke_subgraph node per call, the region traced once per input signature and stamped out
+for the other calls; config.nest_repeated_blocks does the same for repeated blocks unmarked.
+Values and gradients equal eager's."""
+import pytest
+import torch
+
+import bytegraph
+from bytegraph.backends.registry import lookup_backend
+from bytegraph.graph.higher_order import invoke_region
+from bytegraph.testing import CompileCounter
+from test_higher_order import BACKENDS, _x, check
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d=8, scale=1.0):
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(d)
+        self.fc = torch.nn.Linear(d, d)
+        self.scale = scale
+
+    def forward(self, x):
+        return x + self.fc(self.ln(x)).relu() * self.scale
+
+
+class RegionBlock(Block):
+    forward = torch.compiler.nested_compile_region(Block.forward)
+
+
+def _regions(gm):
+    """(number of region calls, number of distinct region graphs) in ``gm``."""
+    calls = [n for n in gm.graph.nodes if n.target is invoke_region]
+    return len(calls), len({n.args[0].target for n in calls})
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_marked_forward_values_and_grads(backend):
+    model = torch.nn.Sequential(*[RegionBlock() for _ in range(4)])
+    cnt = check(lambda x: model(x), _x(3, 8), backend=backend)
+    assert _regions(cnt.graphs[0]) == (4, 1)
+
+
+def test_traced_once_under_no_grad():
+    model = torch.nn.Sequential(*[RegionBlock() for _ in range(5)])
+
+    def fn(x):
+        with torch.no_grad():
+            return model(x)
+
+    cnt = check(fn, torch.randn(3, 8), grads=False)
+    assert _regions(cnt.graphs[0]) == (5, 1)
+
+
+def test_marked_function_per_signature():
+    w = torch.randn(4, 4)
+
+    @torch.compiler.nested_compile_region
+    def mlp(x, bias):
+        return torch.tanh(x @ w + bias)
+
+    def fn(a, b, c):
+        return mlp(mlp(a, b), b), mlp(c, 1.0)
+
+    cnt = check(fn, torch.randn(2, 4), torch.randn(4), torch.randn(3, 4), grads=False)
+    # (2, 4) with a tensor bias twice; (3, 4) with a float bias: another signature
+    assert _regions(cnt.graphs[0]) == (3, 2)
+
+
+def test_instances_that_differ_are_traced_apart():
+    model = torch.nn.Sequential(RegionBlock(scale=1.0), RegionBlock(scale=2.0), RegionBlock(scale=2.0))
+
+    def fn(x):
+        with torch.no_grad():
+            return model(x)
+
+    cnt = check(fn, torch.randn(3, 8), grads=False)
+    assert _regions(cnt.graphs[0]) == (3, 2)
+    cnt = CompileCounter(lookup_backend("eager"))
+    compiled = bytegraph.compile(fn, backend=cnt)
+    x = torch.randn(3, 8)
+    compiled(x)
+    model[2].scale = 3.0        # read by a stamped-out call: guarded there, so it compiles again
+    assert torch.allclose(compiled(x), fn(x))
+    assert cnt.frame_count == 2
+
+
+def test_aot_graph_has_invoke_subgraph():
+    from bytegraph.backends.aot import aot_autograd
+    seen = []
+
+    def fw(gm, example_inputs):
+        seen.extend(n.target for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
+    model = torch.nn.Sequential(*[RegionBlock() for _ in range(3)])
+    x = _x(2, 8)
+    out = bytegraph.compile(model, backend=aot_autograd(fw), fullgraph=True)(x)
+    assert torch.allclose(out, model(x))
+    assert torch.ops.higher_order.invoke_subgraph in seen
+
+
+def test_region_with_side_effect_breaks():
+    log = []
+
+    @torch.compiler.nested_compile_region
+    def noisy(x):
+        log.append(1)
+        return x * 2
+
+    def fn(x):
+        return noisy(x) + 1
+
+    with pytest.raises(bytegraph.errors.Unsupported, match="changes Python state outside itself"):
+        bytegraph.compile(fn, backend="eager", fullgraph=True)(torch.ones(2))
+    log.clear()
+    out = bytegraph.compile(fn, backend="eager")(torch.ones(2))
+    assert torch.equal(out, fn(torch.ones(2))) and log == [1, 1]
+
+
+def test_region_returning_its_input_breaks():
+    @torch.compiler.nested_compile_region
+    def same(x):
+        return x
+
+    with pytest.raises(bytegraph.errors.Unsupported, match="returns one of its inputs"):
+        bytegraph.compile(lambda x: same(x) * 2, backend="eager", fullgraph=True)(torch.ones(2))
+
+
+@pytest.mark.parametrize("nest", [False, True])
+def test_nest_repeated_blocks(nest):
+    model = torch.nn.Sequential(*[Block() for _ in range(4)])
+
+    def fn(x):
+        with torch.no_grad():
+            return model(x)
+
+    x = torch.randn(3, 8)
+    cnt = CompileCounter(lookup_backend("eager"))
+    with bytegraph.config.patch(nest_repeated_blocks=nest):
+        out = bytegraph.compile(fn, backend=cnt, fullgraph=True)(x)
+    assert torch.allclose(out, fn(x))
+    assert _regions(cnt.graphs[0]) == ((4, 1) if nest else (0, 0))
+
+
+def test_keyword_arguments_and_constants_in_results():
+    @torch.compiler.nested_compile_region
+    def layer(x, mask=None, *, scale=1.0):
+        y = x * scale if mask is None else x.masked_fill(mask, 0.0) * scale
+        return y.sin(), None, (y.cos(),)
+
+    def fn(x, m):
+        a, _, (b,) = layer(x, scale=2.0)
+        c, none, _ = layer(a, mask=m, scale=2.0)
+        d, _, _ = layer(b, mask=m, scale=2.0)
+        return c + d, none
+
+    x = torch.randn(4)
+    cnt = check(fn, x, x > 0, grads=False)
+    assert _regions(cnt.graphs[0]) == (3, 2)
+
+
+def test_torch_compiled_module_called_inside():
+    lin = torch.nn.Linear(3, 3)
+    compiled_lin = torch.compile(lin)       # torch.compile's OptimizedModule: its module is traced
+
+    def fn(x):
+        return compiled_lin(x).relu()
+
+    check(fn, _x(2, 3))
