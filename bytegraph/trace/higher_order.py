@@ -92,6 +92,8 @@ def _torch_compiled(obj):
             return getattr(obj, "_orig_mod", None)
         return None
     original = getattr(obj, "_torchdynamo_orig_callable", None) if isinstance(obj, types.FunctionType) else None
+    if obj.__dict__.get("_torchdynamo_disable") if original is not None else False:
+        return None     # torch.compiler.disable's wrapper carries the same marks: it runs natively
     if original is not None and getattr(obj, "__wrapped__", None) is original and callable(original):
         return original
     return None
