@@ -17,6 +17,16 @@ from helpers import check, compile_counted, run_observed, assert_same_run
 import generated_lookup
 
 
+def _agree_over_two_calls(f, make):
+    """Eager's run of ``f`` on ``make()``'s inputs, and the counter of a compiled ``f`` whose two
+    calls on fresh inputs from ``make()`` observed the same."""
+    expected = run_observed(f, make)
+    compiled, cnt = compile_counted(f)
+    for i in range(2):
+        assert_same_run(expected, run_observed(compiled, make), f"(call {i + 1})")
+    return expected, cnt
+
+
 @pytest.fixture(autouse=True)
 def internal_errors_raise():
     with bytegraph.config.patch(suppress_errors=False):
@@ -222,10 +232,7 @@ def test_an_attribute_deleted_then_found_through_getattr():
         c.g = 1
         return (torch.arange(2.0), c), {}, lambda: sorted(vars(c))
 
-    expected = run_observed(f, make)
-    compiled, cnt = compile_counted(f)
-    for i in range(2):
-        assert_same_run(expected, run_observed(compiled, make), f"(call {i + 1})")
+    expected, cnt = _agree_over_two_calls(f, make)
     assert cnt.frame_count == 2
 
 
@@ -242,10 +249,7 @@ def test_setattr_hook_runs_once():
         obj = Tripling()
         return (torch.arange(2.0), obj), {}, lambda: vars(obj)
 
-    expected = run_observed(f, make)
-    compiled, cnt = compile_counted(f)
-    for i in range(2):
-        assert_same_run(expected, run_observed(compiled, make), f"(call {i + 1})")
+    expected, cnt = _agree_over_two_calls(f, make)
     assert cnt.frame_count == 1
 
 
@@ -302,10 +306,7 @@ def test_a_deleted_attribute_stored_again_moves_to_the_end():
         o.a, o.b = 1, 2
         return (torch.arange(2.0), o), {}, lambda: list(vars(o).items())
 
-    expected = run_observed(f, make)
-    compiled, cnt = compile_counted(f)
-    for i in range(2):
-        assert_same_run(expected, run_observed(compiled, make), f"(call {i + 1})")
+    expected, cnt = _agree_over_two_calls(f, make)
     assert cnt.frame_count == 1
 
 
@@ -347,10 +348,7 @@ def test_zero_argument_super_after_a_graph_break():
     def make():
         return (torch.arange(3.0), _SuperAfterBreak()), {}, None
 
-    expected = run_observed(f, make)
-    compiled, cnt = compile_counted(f)
-    for i in range(2):
-        assert_same_run(expected, run_observed(compiled, make), f"(call {i + 1})")
+    expected, cnt = _agree_over_two_calls(f, make)
     assert cnt.frame_count == 2   # before the print, and after it
     with bytegraph.config.patch(cache_size_limit=1):
         bytegraph.reset()
