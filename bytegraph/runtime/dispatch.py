@@ -14,7 +14,6 @@ from ..backends.cudagraphs import new_invocation
 from ..backends.registry import replays_cuda_graphs
 from ..config import config
 from ..debug import debug_dir, logs, progress, records, timing
-from ..guards.builder import NDARRAY_MATCH, TENSOR_MATCH
 from ..residual import GraphRaised
 from ..stacks import code_name
 from ..trace.tracer import frame_params
@@ -189,7 +188,7 @@ def _note_changed_sizes(cache, entry, frame_args):
     for g, now in zip(check.observed, observe(*frame_args)):
         if now is None:
             continue
-        if g.kind in (TENSOR_MATCH, NDARRAY_MATCH):
+        if g.kind.observation(g) == "shape":
             before = g.expected.shape
             if len(now) == len(before):
                 changed = {d for d, (a, b) in enumerate(zip(before, now)) if a != b}
