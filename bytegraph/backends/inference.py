@@ -15,7 +15,8 @@ import torch
 import torch.fx as fx
 
 from ._common import flat_tuple_output, run_uncompiled
-from .regions import _GlobalStates, _Part, is_state_node, part_caller
+from ..graph_facts import is_state_node
+from .regions import _GlobalStates, _Part, part_caller
 
 # The tracer's nodes for a block's ends (bytegraph.residual, a floor above backends: named here).
 _ENTER_NAME, _EXIT_NAME = "enter_inference_mode", "exit_inference_mode"

@@ -26,6 +26,7 @@ import torch
 import torch.fx as fx
 
 from ..config import config
+from ..graph_facts import is_state_node
 
 REGION = "bytegraph_region"   # the node.meta key trace/blocks.py sets
 
@@ -53,16 +54,6 @@ def _region_of(gm):
                 chosen[n] = tag
                 break
     return chosen
-
-
-# Nodes that set grad mode or autocast (as `with` blocks become in a graph): (module, name).
-_STATE_FUNCTIONS = {("torch._C", "_set_grad_enabled"), ("torch.amp.autocast_mode", "_enter_autocast"),
-                    ("torch.amp.autocast_mode", "_exit_autocast"), ("bytegraph.residual", "set_autocast_state")}
-
-
-def is_state_node(n):
-    return n.op == "call_function" and (getattr(n.target, "__module__", None),
-                                        getattr(n.target, "__name__", None)) in _STATE_FUNCTIONS
 
 
 def _parts(gm):

@@ -26,8 +26,8 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..config import config
-from ._common import draws_random, writes
-from .regions import _GlobalStates, _flat, _parts, _Part, _static, is_state_node
+from ..graph_facts import draws_random, is_state_node, writes
+from .regions import _GlobalStates, _flat, _parts, _Part, _static
 
 SUBGRAPH_PREFIX = "bytegraph_block_"
 

@@ -20,8 +20,7 @@ from ..errors import Unsupported
 from ..bytecode.resume import CLOSURE_PARAM
 from ..null import NULL
 from ..datamodel import class_attr
-from ..guards.builder import HAS_ATTR, TYPE_MATCH
-from ..guards.sources import AttrSource, ClosureSource, ObjectSource, RawAttrSource
+from ..guards.sources import AttrSource, ClosureSource, ObjectSource
 from ..trace.exceptions import rebuild_expr, values_inside
 from ..trace.frame import PendingLocal
 from ..values import arrays
@@ -32,6 +31,7 @@ from ..values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, CellValue, 
                            MethodOfValue, ObjectValue, PartialValue, PrivateObjectValue, RealCell, SymValue,
                            TensorMethodValue, TensorValue, TracedId, TupleValue, UserObjectValue, holds_values,
                            reaches)
+from .added_guards import guard_reread_constant
 
 
 class Namespace:
@@ -165,13 +165,7 @@ class Rebuilder:
         if isinstance(v, ConstantValue):
             if v.source is not None:
                 if v._pending_guard is not None and self.guards is not None:
-                    # A constant passed along unguarded is re-read here: whatever its value now,
-                    # the attribute must still be there (`del obj.attr` between calls).
-                    if isinstance(v.source, AttrSource):
-                        self.guards.add(HAS_ATTR, v.source.base, v.source.attr)
-                    elif isinstance(v.source, RawAttrSource):
-                        # (hasattr would ask the class's __getattr__): a read that fails misses.
-                        self.guards.add(TYPE_MATCH, v.source, type(v._value))
+                    guard_reread_constant(self.guards, v.source, v._value)
                 return self.ns.source(v.source)
             c = v.value
             if c is None or isinstance(c, (bool, str)) or type(c) is int:
