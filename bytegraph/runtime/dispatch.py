@@ -4,6 +4,7 @@ For each compiled Python function we generate a wrapper with the *same
 signature*, so CPython binds arguments for us. A call then costs: one loop
 over the cache entries, one guard call, one call of the transformed code.
 """
+import inspect
 import linecache
 import math
 import types
@@ -23,7 +24,8 @@ from .signature import UNSET, _signature_parts, default_now, default_reads, kwde
 
 _compilers = weakref.WeakSet()
 frozen = [False]    # True inside bytegraph.run(...): use cached code only, never compile
-_NOT_A_PLAIN_FRAME = 0x20 | 0x80 | 0x100 | 0x200   # generator, coroutine, iterable coroutine, async generator
+_NOT_A_PLAIN_FRAME = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE
+                      | inspect.CO_ASYNC_GENERATOR)
 _total_entries = [0]
 log_recompiles = logs.get_logger("recompiles")
 
@@ -176,7 +178,8 @@ def _guard_params(code):
 
 
 def _param_count(code):
-    return code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)
+    return code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & inspect.CO_VARARGS) \
+        + bool(code.co_flags & inspect.CO_VARKEYWORDS)
 
 
 def _note_changed_sizes(cache, entry, frame_args):

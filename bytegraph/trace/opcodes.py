@@ -21,6 +21,8 @@ from . import attrs, calls, exceptions, generators, operators, patterns, protoco
 from .generators import check_unchanged
 from .basics import held_item
 from .iteration import iterate, unpack
+from ..bytecode.instructions import (FORMAT_CONVERSION_MASK, FORMAT_WITH_SPEC, FUNCTION_ANNOTATIONS, FUNCTION_CLOSURE,
+                                     FUNCTION_DEFAULTS, FUNCTION_KWDEFAULTS)
 from ..bytecode.versions import method_pair, send_returned, split_call_prefix
 
 HANDLERS = {}
@@ -417,9 +419,9 @@ def build_string(f, ins):
 @handler("FORMAT_VALUE")
 def format_value(f, ins):
     flags = ins.arg
-    spec = f.pop() if flags & 0x04 else ConstantValue("")
+    spec = f.pop() if flags & FORMAT_WITH_SPEC else ConstantValue("")
     value = f.pop()
-    conv = {0: None, 1: str, 2: repr, 3: ascii}[flags & 0x03]
+    conv = {0: None, 1: str, 2: repr, 3: ascii}[flags & FORMAT_CONVERSION_MASK]
     if conv is not None:
         value = operators.text_of(f, value, conv)
     f.push(operators.format_of(f, value, spec))
@@ -828,11 +830,11 @@ def call_function_ex(f, ins):
 def make_function(f, ins):
     code = f.pop().value
     flags = ins.arg or 0
-    closure = f.pop().items if flags & 0x08 else ()
-    if flags & 0x04:
+    closure = f.pop().items if flags & FUNCTION_CLOSURE else ()
+    if flags & FUNCTION_ANNOTATIONS:
         f.pop()
-    kwdefaults = dict(f.pop().items) if flags & 0x02 else {}
-    defaults = f.pop() if flags & 0x01 else ()
+    kwdefaults = dict(f.pop().items) if flags & FUNCTION_KWDEFAULTS else {}
+    defaults = f.pop() if flags & FUNCTION_DEFAULTS else ()
     if isinstance(defaults, ConstantValue):   # a LOAD_CONST tuple of defaults
         defaults = [ConstantValue(x) for x in defaults.value]
     elif defaults:
@@ -844,11 +846,11 @@ def make_function(f, ins):
 def set_function_attribute(f, ins):
     fn = f.pop()
     value = f.pop()
-    if ins.arg == 0x08:
+    if ins.arg == FUNCTION_CLOSURE:
         fn.closure = tuple(value.items)
-    elif ins.arg == 0x02:
+    elif ins.arg == FUNCTION_KWDEFAULTS:
         fn.kwdefaults = dict(value.items)
-    elif ins.arg == 0x01:
+    elif ins.arg == FUNCTION_DEFAULTS:
         fn.defaults = tuple(value.items) if isinstance(value, TupleValue) else tuple(
             ConstantValue(x) for x in value.value)
     f.push(fn)

@@ -1,4 +1,5 @@
 """Trace one frame from its real arguments: the entry point of the interpreter."""
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -31,9 +32,9 @@ class TraceResult:
 def frame_params(code):
     """Names of a code object's parameters in ``co_varnames`` order: positional, keyword-only, *args, **kwargs."""
     n = code.co_argcount + code.co_kwonlyargcount
-    if code.co_flags & 0x04:
+    if code.co_flags & inspect.CO_VARARGS:
         n += 1
-    if code.co_flags & 0x08:
+    if code.co_flags & inspect.CO_VARKEYWORDS:
         n += 1
     return list(code.co_varnames[:n])
 
@@ -64,8 +65,8 @@ def trace_frame(fn, frame_args, options, stop_before=None, cache=None, reuse_blo
         frame = Frame(tx, code, fn.__globals__, local_values, cells)
         frame.stop_before = stop_before
         n = code.co_argcount + code.co_kwonlyargcount
-        frame.fresh_containers = tuple(code.co_varnames[n:n + bool(code.co_flags & 0x04)
-                                                        + bool(code.co_flags & 0x08)])
+        frame.fresh_containers = tuple(code.co_varnames[n:n + bool(code.co_flags & inspect.CO_VARARGS)
+                                                        + bool(code.co_flags & inspect.CO_VARKEYWORDS)])
         ret = frame.run()
         if frame.stopped:
             tx.break_grad_mode = torch.is_grad_enabled()
