@@ -143,33 +143,40 @@ def _identify(op, target):
             _overloads(target), True
     name = getattr(target, "__name__", "")
     name = name if isinstance(name, str) else ""
-    wrapped = getattr(target, "fn", None) if type(target).__module__ == "bytegraph.graph.numpy_ops" else None
-    if wrapped is not None:          # a torch._numpy function in the graph (graph.numpy_ops.Function)
-        target = wrapped
+    if type(target).__module__ == "bytegraph.graph.numpy_ops":
+        # graph.numpy_ops names its ops np_<NumPy's name>; a function's op runs a torch._numpy
+        # function (``fn``), whose module tells random draws and linear algebra.
+        name = name[3:] if name.startswith("np_") else name
+        target = getattr(target, "fn", target)
     module = getattr(target, "__module__", None)
     if module is None and getattr(target, "__objclass__", None) is torch._C.TensorBase:
         module = "torch.Tensor"
     module = module if isinstance(module, str) else ""
-    if name.startswith("np_") and module.startswith("bytegraph.graph"):
-        name = name[3:]               # graph.numpy_ops names its ops np_<NumPy's name>
     if module == "torch" or module.startswith(("torch.", "bytegraph.")):
         return name, module, _overloads(_packet(_ATEN_NAMES.get(name, name))), True
     return name, module, (), module in _PYTHON_MODULES
+
+
+def _among(target, table):
+    try:
+        return target in table
+    except TypeError:               # an unhashable target
+        return False
 
 
 def _facts(op, target):
     name, module, overloads, known = _identify(op, target)
     aten = {o._schema.name.split("::")[-1] for o in overloads}
     namespace = module[len("torch.ops."):] if module.startswith("torch.ops.") else None
-    seeded = target in _RANDOM_FUNCTIONS or module == "torch._numpy.random" \
+    seeded = _among(target, _RANDOM_FUNCTIONS) or module == "torch._numpy.random" \
         or any(_SEEDED in o.tags for o in overloads)
-    runs_once = target in _SWITCHES or (module in _RNG_MODULES or op == "call_method") and name in _RNG_NAMES \
+    runs_once = _among(target, _SWITCHES) or (module in _RNG_MODULES or op == "call_method") and name in _RNG_NAMES \
         or namespace in _COLLECTIVE_NAMESPACES or module.startswith("torch.distributed") \
         or (module, name) in _AUTOCAST_FUNCTIONS or module == "torch.amp.autocast_mode"
     may_fail = known and (
         module.startswith(_FAILING_MODULES) or name.lstrip("_").startswith("linalg_")
         or bool(aten & _FAILING_OPS) or name in _FAILING_OPS or any(_takes_indices(o) for o in overloads))
-    divides = known and (target in _DIVISION_OPERATORS or name in _DIVISIONS)
+    divides = known and (_among(target, _DIVISION_OPERATORS) or name in _DIVISIONS)
     stats = known and bool(aten & _STATS_OPS)
     writes_schema = isinstance(target, torch._ops.OpOverload) and any(
         a.alias_info is not None and a.alias_info.is_write for a in target._schema.arguments)
@@ -223,7 +230,7 @@ def draws_random(n) -> bool:
         return not (type(p) in (int, float) and p == 0)
     if not is_random(n):
         return False
-    if n.op == "call_function" and n.target in _DROPOUTS:
+    if n.op == "call_function" and _among(n.target, _DROPOUTS):
         p = n.kwargs.get("p", n.args[1] if len(n.args) > 1 else 0.5)
         training = n.kwargs.get("training", n.args[2] if len(n.args) > 2 else True)
         return not (training is False or (type(p) in (int, float) and p == 0))
