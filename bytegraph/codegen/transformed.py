@@ -3,11 +3,15 @@
 It is generated Python source with a ``linecache`` entry, so tracebacks,
 ``inspect.getsource`` and ``pdb`` show real lines.
 """
+from __future__ import annotations
+
 import ast
 import linecache
 import types
+from typing import Callable
 
 import torch
+import torch.fx as fx
 
 from ..graph_facts import restart_plan, state_left
 from ..errors import Unsupported
@@ -15,14 +19,15 @@ from ..guards.sources import AttrSource, ClosureSource, GlobalSource
 from ..debug.counting import count_ops
 from ..residual import (copy_inputs, enter_inference_mode, graph_raised, inference_depth,
                         leave_inference_blocks, put_inputs_back)
-from ..trace.context import DELETED
-from ..values.base import ConstantValue, DictValue, IteratorValue, ListValue, ObjectValue, TensorValue, holds_values
+from ..trace.context import DELETED, TraceContext
+from ..values.base import (ConstantValue, DictValue, IteratorValue, ListValue, ObjectValue, TensorValue, Value,
+                           holds_values)
 from ..values import arrays
 from .added_guards import guard_finished_graph
 from .rebuild import Namespace, Rebuilder, array_input_name, graph_value_exprs, tensors_in
 
 
-def finish_graph(tx, ns, live_values, compile_graph):
+def finish_graph(tx: TraceContext, ns: Namespace, live_values: list, compile_graph: Callable):
     """Close the graph over the tensors in ``live_values``; return (lines calling it, exprs, gm or None).
 
     ``exprs`` maps each tensor/symbolic int in ``live_values`` to the Python
@@ -145,7 +150,7 @@ def _state_lines(gm, entry_grad_mode):
     return only_states, lines
 
 
-def emit(name, params, body, ns, stands_for=None):
+def emit(name: str, params: list[str], body: list[str], ns: Namespace, stands_for: tuple | None = None):
     """Define the generated function ``name``; return (function, source).
 
     Without ``stands_for`` its code is named ``<bytegraph name>`` (with a linecache entry, for
@@ -182,18 +187,36 @@ def _setattr_traced(obj):
     return isinstance(type(obj.obj).__setattr__, types.FunctionType)
 
 
-def replay_side_effects(tx, rb, live=()):
+def replay_side_effects(tx: TraceContext, rb: Rebuilder, live=()) -> list[str]:
     """Lines doing, for real, the side effects the trace recorded.
 
-    Everything is read before anything changes: first the objects to change
-    (through their sources), then the new contents and stored values and the
-    ``live`` values the caller will use afterwards (so a source re-read after
-    the effects cannot see the new state), then the effects themselves:
-    containers updated in place (identity kept), attributes, globals, cells;
-    last, live iterators remade over containers (over the containers read before).
+    Everything is read before anything changes (``_read_before_effects``): first the objects
+    to change (through their sources), then the new contents and stored values and the
+    ``live`` values the caller will use afterwards (so a source re-read after the effects
+    cannot see the new state); then the effects themselves (``_effect_lines``): containers
+    updated in place (identity kept), attributes, globals, cells; last, live iterators
+    remade over containers (over the containers read before).
     """
     if not tx.has_side_effects():
         return []
+    cells, contents, remade = _read_before_effects(tx, rb, live)
+    lines = list(rb.lines)
+    rb.lines.clear()
+    lines += _effect_lines(tx, rb, cells, contents)
+    for v in remade:
+        try:
+            rb.bind(v)
+        except Unsupported:
+            pass
+    lines += rb.lines
+    rb.lines.clear()
+    return lines
+
+
+def _read_before_effects(tx, rb, live):
+    """Bind (in ``rb``'s lines) everything the effects and the caller read: (cell expressions
+    by store key, new contents of each mutated container by key, the live iterators to remake
+    after the effects)."""
     ns = rb.ns
     # 1. The objects to change, as they are on entry.
     for v in tx.mutated.values():
@@ -232,9 +255,13 @@ def replay_side_effects(tx, rb, live=()):
             if v in stored:
                 raise
             # A live value the caller may not need; it reports the failure if it does.
-    lines = list(rb.lines)
-    rb.lines.clear()
-    # 3. The effects.
+    return cells, contents, remade
+
+
+def _effect_lines(tx, rb, cells, contents):
+    """3. The effects, over what ``_read_before_effects`` bound."""
+    ns = rb.ns
+    lines = []
     for key, v in tx.mutated.items():
         target = rb.expr(v)
         if isinstance(v, ListValue):
@@ -265,13 +292,6 @@ def replay_side_effects(tx, rb, live=()):
     for obj, key, value in tx.item_stores.values():
         lines.append(f"{rb.expr(obj)}.pop({key!r}, None)" if value is DELETED
                      else f"{rb.expr(obj)}[{key!r}] = {rb.expr(value)}")
-    for v in remade:
-        try:
-            rb.bind(v)
-        except Unsupported:
-            pass
-    lines += rb.lines
-    rb.lines.clear()
     return lines
 
 
@@ -295,7 +315,8 @@ def side_effect_values(tx):
     return out
 
 
-def generate(name, params, tx, returned, fn_globals, compile_graph):
+def generate(name: str, params: list[str], tx: TraceContext, returned: Value, fn_globals: dict,
+             compile_graph: Callable) -> tuple[Callable, str, fx.GraphModule | None]:
     """(function, source, graph or None) for a frame traced to its return."""
     ns = Namespace(fn_globals)
     lines, exprs, gm = finish_graph(tx, ns, [returned] + side_effect_values(tx), compile_graph)
