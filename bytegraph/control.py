@@ -1,7 +1,10 @@
 """Fine-grained control over what is traced: disable, allow_in_graph, disallow_in_graph, graph_break;
 ``wrap_numpy`` (NumPy code as a function of tensors)."""
+from __future__ import annotations
+
 import functools
 import types
+from typing import Callable
 
 import numpy as np
 import torch
@@ -14,11 +17,11 @@ allowed_in_graph = set()
 disallowed_in_graph = set()
 
 
-def graph_break():
+def graph_break() -> None:
     """Ends the current graph here; compilation resumes after this call."""
 
 
-def allow_in_graph(fn):
+def allow_in_graph(fn: Callable) -> Callable:
     """Put calls to ``fn`` in the graph as a single node instead of tracing into it.
 
     ``fn`` must be functional: its outputs depend only on its inputs, it mutates
@@ -33,7 +36,7 @@ def allow_in_graph(fn):
     return fn
 
 
-def disallow_in_graph(fn):
+def disallow_in_graph(fn: Callable) -> Callable:
     """Never put ``fn`` in a graph: each call to it is a graph break and runs eagerly."""
     if isinstance(fn, (list, tuple)):
         return [disallow_in_graph(f) for f in fn]
@@ -44,7 +47,7 @@ def disallow_in_graph(fn):
     return fn
 
 
-def disable(fn=None, recursive=True):
+def disable(fn: Callable | None = None, recursive: bool = True) -> Callable:
     """Run ``fn`` without compiling it (also as ``@disable`` / ``@disable(recursive=False)``).
 
     With ``recursive=False`` only ``fn``'s own frame is skipped: the global
@@ -70,7 +73,7 @@ def disable(fn=None, recursive=True):
     return disabled
 
 
-def is_disabled(fn):
+def is_disabled(fn: Callable) -> bool:
     return getattr(fn, "_bytegraph_disabled", False)
 
 
@@ -109,7 +112,7 @@ def fused_optimizer_step(opt, name):
             and all(g.get("fused") is True for g in opt.param_groups))
 
 
-def mark_dynamic(t, dim, min=None, max=None):
+def mark_dynamic(t: torch.Tensor, dim: int | list[int], min: int | None = None, max: int | None = None) -> None:
     """Treat ``t``'s size in ``dim`` (an int or a list of ints) as symbolic from the first compile."""
     if not isinstance(t, torch.Tensor):
         raise BytegraphError(f"mark_dynamic expects a tensor, got {type(t).__name__}")
@@ -122,7 +125,7 @@ def mark_dynamic(t, dim, min=None, max=None):
     t._bytegraph_dynamic = marks
 
 
-def mark_static(t, dim=None):
+def mark_static(t: torch.Tensor, dim: int | list[int] | None = None) -> None:
     """Keep ``t``'s size in ``dim`` (all dims if None) static, even under dynamic=True."""
     if not isinstance(t, torch.Tensor):
         raise BytegraphError(f"mark_static expects a tensor, got {type(t).__name__}")
@@ -137,7 +140,7 @@ def mark_static(t, dim=None):
 
 # --- NumPy code on tensors --------------------------------------------------------------------------
 
-def wrap_numpy(fn):
+def wrap_numpy(fn: Callable) -> Callable:
     """Make ``fn``, written for ``np.ndarray``s, a function of ``torch.Tensor``s.
 
     Tensor arguments (also inside tuples, lists and dicts) are handed to ``fn`` as arrays

@@ -19,6 +19,7 @@ import builtins
 import linecache
 from collections import UserString
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -228,7 +229,8 @@ def _order(guards):
     return sorted(guards, key=lambda g: g.kind.order)
 
 
-def compile_guards(guards: GuardSet, params, fn_globals: dict, name: str = "guard", hit: object = True):
+def compile_guards(guards: GuardSet, params, fn_globals: dict, name: str = "guard",
+                   hit: object = True) -> tuple[Callable, Callable, GuardText]:
     """Generate (check, explain, source_text) for a GuardSet over ``params``.
 
     ``check`` returns ``hit`` (what the cache entry runs) when every guard holds, else None,

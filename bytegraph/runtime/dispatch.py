@@ -4,15 +4,18 @@ For each compiled Python function we generate a wrapper with the *same
 signature*, so CPython binds arguments for us. A call then costs: one loop
 over the cache entries, one guard call, one call of the transformed code.
 """
+from __future__ import annotations
+
 import inspect
 import linecache
 import math
 import types
 import warnings
 import weakref
+from typing import Callable
 
 from ..backends.cudagraphs import new_invocation
-from ..backends.registry import replays_cuda_graphs
+from ..backends.registry import CompilerFn, replays_cuda_graphs
 from ..config import config
 from ..debug import debug_dir, logs, progress, records, timing
 from ..residual import GraphRaised
@@ -33,7 +36,8 @@ log_recompiles = logs.get_logger("recompiles")
 class Compiler:
     """What one ``bytegraph.compile(...)`` call compiles with, and its caches."""
 
-    def __init__(self, compiler_fn, backend_name, fullgraph, dynamic, backend_spec=None):
+    def __init__(self, compiler_fn: CompilerFn, backend_name: str, fullgraph: bool, dynamic: bool | None,
+                 backend_spec: tuple | None = None) -> None:
         self.compiler_fn = compiler_fn
         self.backend_name = backend_name
         # (name, mode, options) when the backend was named: compiles the persistent cache may keep
@@ -51,7 +55,7 @@ class Compiler:
         self._code_wrappers = {}   # (code, id(globals)) -> wrapper taking the closure as an argument
         _compilers.add(self)
 
-    def cache_for(self, code, fn_globals):
+    def cache_for(self, code: types.CodeType, fn_globals: dict) -> CodeCache:
         """The cache of ``code`` run with ``fn_globals`` (the guards and generated code read them)."""
         cache = self.caches.get(code)
         if cache is None:
@@ -63,14 +67,14 @@ class Compiler:
                 cache = self.caches[key] = CodeCache(code, fn_globals, tuple(_guard_params(code)))
         return cache
 
-    def wrapper_for(self, fn):
+    def wrapper_for(self, fn: types.FunctionType) -> Callable:
         """The compiled wrapper of ``fn`` under this compiler, made once."""
         wrapper = self._wrappers.get(fn)
         if wrapper is None:
             wrapper = self._wrappers[fn] = self.wrap_function(fn)
         return wrapper
 
-    def wrap_function(self, fn, top_level=False):
+    def wrap_function(self, fn: types.FunctionType, top_level: bool = False) -> Callable:
         """The compiled wrapper of ``fn``; ``top_level`` for the callable handed to the user,
         whose every call is a new invocation (residual calls from generated code are not)."""
         original = getattr(fn, "_bytegraph_original", None)
@@ -102,7 +106,7 @@ class Compiler:
         wrapper._bytegraph_cache = cache
         return wrapper
 
-    def wrapper_for_code(self, code, fn_globals):
+    def wrapper_for_code(self, code: types.CodeType, fn_globals: dict) -> Callable:
         """A compiled wrapper for functions made by the generated code from ``code`` (resume
         functions): it takes the closure as its last argument (when the code has free
         variables), so each call runs over the cells of the call that reached it."""
@@ -114,7 +118,7 @@ class Compiler:
             wrapper._bytegraph_cache = cache
         return wrapper
 
-    def miss(self, fn, cache, frame_args):
+    def miss(self, fn: types.FunctionType, cache: CodeCache, frame_args: tuple) -> Callable | None:
         """Compile ``fn`` for these arguments; return the entry's run function or None (run eagerly)."""
         if cache.eager_forever or frozen[0]:
             return None
@@ -205,7 +209,7 @@ def _note_changed_sizes(cache, entry, frame_args):
             cache.auto_dynamic_scalars.add(g.source)
 
 
-def reset_all():
+def reset_all() -> None:
     for compiler in list(_compilers):
         for cache in compiler.caches.values():
             cache.clear()

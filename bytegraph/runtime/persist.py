@@ -29,6 +29,8 @@ relied on nothing true in this process only (``tx.process_local``: set order of 
 ``lru_cache`` results, ``hash()``; ``tx.unguarded_reads``). Writes go to a temporary file
 renamed into place, so concurrent writers and readers never see half a file.
 """
+from __future__ import annotations
+
 import hashlib
 import linecache
 import os
@@ -161,7 +163,7 @@ def _fingerprints_hold(prints):
     return None
 
 
-def frame_key(fn, compiler):
+def frame_key(fn: types.FunctionType, compiler) -> str | None:
     """The key of ``fn``'s frames under ``compiler``, or None when they are not saved."""
     if compiler.backend_spec is None:
         return None
@@ -393,7 +395,7 @@ def _namespace_out(run):
 
 # --- saving -------------------------------------------------------------------------------
 
-def save(fn, compiler, tx, entry, builder, graph):
+def save(fn: types.FunctionType, compiler, tx, entry, builder, graph) -> None:
     """Write ``entry`` (a whole frame just compiled) to the cache, if it can be carried."""
     if not config.persistent_cache:
         return
@@ -520,7 +522,7 @@ class _Resolver:
         return obj
 
 
-def load(c, values):
+def load(c, values: list) -> tuple | None:
     """(guards, run, transformed source, graph) for this call from the persistent cache, or None."""
     if not config.persistent_cache:
         return None
