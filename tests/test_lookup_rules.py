@@ -5,6 +5,7 @@ The programs of issue 34 and the smallest reproducers of what the lookup generat
 no error and no graph break, before ``trace/lookup.py`` answered lookups in Python's order.
 """
 import functools
+import itertools
 
 import pytest
 import torch
@@ -172,6 +173,28 @@ def test_a_class_attribute_changed_between_calls_is_seen_by_objects_made_in_the_
     assert torch.allclose(compiled(x), x * 2)
     C.scale = 5
     assert torch.allclose(compiled(x), x * 5)
+
+
+def test_methods_bound_on_every_read_of_a_class_do_not_recompile():
+    # type(obj).make and itertools.chain.from_iterable are new bound objects on each read:
+    # the class entry they come from is what a guard can hold to.
+    class Box:
+        base = 1.0
+
+        @classmethod
+        def make(cls, v):
+            return v + cls.base
+
+    def f(x, b):
+        return type(b).make(x), list(itertools.chain.from_iterable([[1], [2, 3]]))
+
+    check(f, torch.randn(3), Box())
+    compiled, cnt = compile_counted(f)
+    x = torch.randn(3)
+    compiled(x, Box())
+    Box.make = classmethod(lambda cls, v: v * 2)
+    assert torch.equal(compiled(x, Box())[0], x * 2)
+    assert cnt.frame_count == 2
 
 
 def test_an_attribute_deleted_then_found_through_getattr():

@@ -8,7 +8,7 @@ from ..errors import Unsupported
 from ..guards import builder as g
 from ..guards import stamps
 from ..guards.builder import MISSING_ATTR
-from ..guards.sources import AttrSource, ItemSource, ObjectSource, RawItemSource
+from ..guards.sources import AttrSource, ClassEntrySource, ItemSource, ObjectSource, RawItemSource
 from ..values.base import (BoundMethodValue, ConstantValue, ContextManagerValue, DefaultDictValue, DictValue,
                            ExceptionValue, FunctionValue, GeneratorValue, ListValue, MethodOfValue,
                            ObjectValue, PartialValue, PrivateObjectValue, SuperValue, TensorMethodValue, TensorValue,
@@ -343,9 +343,15 @@ def _object_attr_read(frame, v, name):
             # guarded through the class (`Model.scale = 2` later), by value or identity; its
             # contents are taken as fixed (guarding a dataclass's fields item by item costs
             # every call).
-            where = AttrSource(ObjectSource(obj, obj.__qualname__), name)
+            owner = ObjectSource(obj, obj.__qualname__)
+            raw = class_attr(obj, name)
+            if raw is not MISSING and raw is not value and not is_data_descriptor(class_attr(type(obj), name)):
+                # Bound on every read (a classmethod, ``itertools.chain.from_iterable``): the
+                # entry it was bound from is what stays the same.
+                tx.guards.add(g.ID_MATCH, ClassEntrySource(owner, name), raw)
+                return wrap(tx, value, None)
             fixed = type(value) in CONSTANT_TYPES
-            tx.guards.add(g.CONSTANT_MATCH if fixed else g.ID_MATCH, where, value)
+            tx.guards.add(g.CONSTANT_MATCH if fixed else g.ID_MATCH, AttrSource(owner, name), value)
             return wrap(tx, value, None)
         return wrap(tx, value, asrc)
     cls = type(obj)
@@ -659,8 +665,10 @@ def del_attr(frame, obj, name):
         tx.attr_stores.pop(key + ("deleted first",), None)
         _note_store(tx, obj.obj, name, DELETED)
         if name in obj.obj.__dict__:
-            # The replayed `del` needs the attribute on entry: guard that it is there.
-            tx.guards.add(g.TYPE_MATCH, AttrSource(obj.source, name), type(obj.obj.__dict__[name]))
+            # The replayed `del` needs the attribute in the object's own __dict__ on entry
+            # (`obj.name` could be answered by the class once it is gone): guard that it is there.
+            tx.guards.add(g.TYPE_MATCH, ItemSource(AttrSource(obj.source, "__dict__"), name),
+                          type(obj.obj.__dict__[name]))
             tx.attr_stores[(id(obj.obj), name)] = (obj, name, DELETED)
         # else: set earlier in this trace only; dropping that store is the whole effect.
         tx.effects_recorded += 1
