@@ -7,7 +7,7 @@ returned as ``np.ndarray`` where eager NumPy returns one and as NumPy scalars wh
 returns those. NumPy calls on constants only are run now (folded) unless they make an
 array. Conversions between tensors and arrays (``t.numpy()``, ``torch.from_numpy``,
 ``np.asarray(t)``, ``torch.as_tensor(a)``) are the same graph value seen as the other
-kind, so mixed programs stay in one graph.
+kind, so mixed programs stay in one graph (``numpy_conversions``); ufuncs are ``numpy_ufuncs``.
 
 What is not traced breaks the graph with a reason and runs natively (FAQ, "fall-backs"):
 non-numeric and unsupported dtypes, ndarray subclasses and masked arrays, ufunc methods
@@ -23,16 +23,17 @@ import torch
 
 from ..errors import Unsupported
 from ..graph import numpy_ops as nops
-from ..guards.sources import AttrSource
-from ..values.arrays import (NUMPY_TO_TORCH, TORCH_TO_NUMPY, NdarrayMethodValue, NdarrayValue,
-                             dtype_unsupported_reason)
+from ..values.arrays import NUMPY_TO_TORCH, NdarrayMethodValue, NdarrayValue, dtype_unsupported_reason
 from ..values.base import (ConstantValue, ContextManagerValue, DictValue, ListValue, ObjectValue, SliceValue, SymValue,
                            TensorValue, TupleValue)
-from ..values.builder import wrap
-from . import ops
-from .basics import as_constant, constant_value, describe, no_attr_name
-from .exceptions import MissingAttribute, PythonError
+from .basics import MissingAttribute, PythonError, as_constant, constant_value, describe, no_attr_name
+# (arrays_from_tensors, call_torch_wrap_numpy, tensor_method_to_array, tensors_from_arrays,
+# torch_with_arrays: callers reach them as numpy_calls.<name>.)
+from .numpy_conversions import (array_as_tensor, arrays_from_tensors, asarray_value, call_torch_wrap_numpy,  # noqa: F401
+                                check_writable, tensor_as_array, tensor_method_to_array, tensors_from_arrays,
+                                torch_with_arrays)
 from .numpy_functions import TRACED, _is_default, bind, call_tnp, mark_reversed
+from .numpy_ufuncs import call_ufunc
 # (DATA_HINT, involves_arrays, is_numpy_callable, is_numpy_object, object_attr: callers reach them as
 # numpy_calls.<name>.)
 from .numpy_values import (DATA_HINT, _device_guard, _dtype_of, _enabled, _graph_arg, _graph_call,  # noqa: F401
@@ -207,193 +208,8 @@ def _call_numpy_type(frame, cls, name, args, kwargs):
 
 # --- ufuncs ----------------------------------------------------------------------------------------
 
-def _operand_dtype(v):
-    """What NumPy's type resolution sees for an operand (NEP 50: Python numbers are weak)."""
-    if isinstance(v, NdarrayValue):
-        return v.dtype
-    if isinstance(v, SymValue):
-        return int
-    if isinstance(v, ConstantValue):
-        value = v.value
-        if isinstance(value, np.generic):
-            reason = dtype_unsupported_reason(value.dtype)
-            if reason is not None:
-                raise unsupported(reason)
-            return value.dtype
-        if isinstance(value, bool):
-            return np.dtype(bool)
-        if type(value) in (int, float, complex):
-            return type(value)
-    raise unsupported(f"{describe(v)} as a ufunc operand is not traced")
-
-
-def _operand(frame, v):
-    """An operand as the graph gets it: arrays, Python numbers; lists become arrays first."""
-    if isinstance(v, (NdarrayValue, SymValue)):
-        return v
-    if isinstance(v, TensorValue):
-        raise unsupported("a torch.Tensor as a NumPy ufunc operand (NumPy converts it natively)",
-                          hint="convert it explicitly with t.numpy() or np.asarray(t) to trace it")
-    if is_numpy_object(v):
-        raise unsupported(numpy_object_reason(v.obj))
-    if isinstance(v, ConstantValue) and isinstance(v.value, (bool, int, float, complex, np.generic)):
-        return v
-    if isinstance(v, (ConstantValue, ListValue, TupleValue)):
-        return asarray_value(frame, v, None, "np.asarray")
-    if _protocol_object(v):
-        raise unsupported(f"{describe(v)} converts through __array__/__array_function__ protocols, which are "
-                          "not traced")
-    raise unsupported(f"{describe(v)} as a NumPy ufunc operand is not traced")
-
-
-def call_ufunc(frame, uf, args, kwargs):
-    """``uf(*operands, out=..., dtype=..., casting=...)``."""
-    name = uf.__name__
-    if name not in nops.UFUNC_IMPLS:
-        raise unsupported(f"np.{name} is not traced yet")
-    nin, nout = uf.nin, uf.nout
-    operands = [_operand(frame, a) for a in args[:nin]]
-    if len(operands) != nin:
-        raise unsupported(f"np.{name} takes {nin} operands, got {len(operands)}")
-    extra = args[nin:]
-    out = kwargs.pop("out", None)
-    if extra:
-        if nout > 1 or len(extra) > 1 or out is not None:
-            raise unsupported(f"np.{name} with positional out arguments is not traced (out=tuple is)")
-        out = extra[0]
-    dtype = kwargs.pop("dtype", None)
-    casting = as_constant(kwargs.pop("casting", ConstantValue("same_kind")))
-    where = kwargs.pop("where", None)
-    if where is not None and not (isinstance(where, ConstantValue) and where.value is True):
-        raise unsupported(f"np.{name}(..., where=...) is not traced")
-    order = kwargs.pop("order", None)
-    if order is not None:
-        as_constant(order)     # memory order only: the values are the same
-    subok = kwargs.pop("subok", None)
-    if subok is not None and as_constant(subok) is not True:
-        raise unsupported(f"np.{name}(..., subok=False) is not traced")
-    if kwargs:
-        raise unsupported(f"ufunc arguments {sorted(kwargs)} (np.{name}) are not traced")
-    outs = _out_values(out, nout, name)
-    dtypes = tuple(_operand_dtype(v) for v in operands)
-    signature = None
-    if dtype is not None and not (isinstance(dtype, ConstantValue) and dtype.value is None):
-        signature = (None,) * nin + (_dtype_of(dtype),) * nout
-    out_dtypes = tuple(o.dtype if o is not None else None for o in outs) if outs else (None,) * nout
-    try:
-        extra_args = {"signature": signature} if signature is not None else {}
-        resolved = uf.resolve_dtypes(dtypes + out_dtypes, casting=casting, **extra_args)
-    except Exception as e:
-        raise unsupported(f"np.{name}: {type(e).__name__}: {e}") from None
-    loop_in, loop_out = resolved[:nin], resolved[nin:]
-    for d in resolved:
-        reason = dtype_unsupported_reason(d)
-        if reason is not None:
-            raise unsupported(f"np.{name} computes in {d}: {reason}")
-    if name in nops.UFUNC_FLOAT_ONLY and loop_in[0].kind not in "fc":
-        raise unsupported(f"np.{name} on integers is not traced")
-    for v, d in zip(operands, loop_in):
-        _check_fits(v, d, name)
-    if name in ("power", "pow") and loop_in[1].kind in "iu" and isinstance(operands[1], ConstantValue) \
-            and operands[1].value < 0:
-        raise unsupported("integers to negative integer powers are not allowed (NumPy raises ValueError)")
-    graph_operands = [ConstantValue(_plain(v.value)) if isinstance(v, ConstantValue) else v for v in operands]
-    target = nops.ufunc(name, [NUMPY_TO_TORCH[d] for d in loop_in], [NUMPY_TO_TORCH[d] for d in loop_out])
-    call_kwargs = {}
-    if outs:
-        for o in outs:
-            if o is not None:
-                check_writable(frame, o, f"np.{name}(..., out=...)")
-        out_value = outs[0] if nout == 1 else TupleValue([o if o is not None else ConstantValue(None) for o in outs])
-        call_kwargs["out"] = out_value
-    result = _new_array(frame, target, graph_operands, call_kwargs, f"np.{name}", scalar=True)
-    if outs:
-        # NumPy returns the out arrays themselves.
-        picked = [o if o is not None else r for o, r in zip(outs, result.items if nout > 1 else [result])]
-        return picked[0] if nout == 1 else TupleValue(picked)
-    return result
-
-
-def _out_values(out, nout, name):
-    if out is None or (isinstance(out, ConstantValue) and out.value is None):
-        return None
-    items = out.items if isinstance(out, TupleValue) else [out]
-    if len(items) != nout:
-        raise unsupported(f"np.{name}: out= needs {nout} arrays")
-    result = []
-    for o in items:
-        if isinstance(o, ConstantValue) and o.value is None:
-            result.append(None)
-        elif isinstance(o, NdarrayValue):
-            result.append(o)
-        else:
-            raise unsupported(f"np.{name}: out= must be traced arrays, got {describe(o)}")
-    return result
-
-
-def _check_fits(v, dtype, name):
-    """A Python int operand must fit the integer loop NumPy chose (else NumPy raises OverflowError)."""
-    if isinstance(v, ConstantValue) and type(v.value) is int and dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        if not info.min <= v.value <= info.max:
-            raise unsupported(f"np.{name}: Python integer {v.value} out of bounds for {dtype}")
-
-
-def check_writable(frame, a, what):
-    """``a`` is about to be changed in place: refuse what eager NumPy would do differently."""
-    if a.scalar:
-        raise unsupported(f"{what}: the target is a NumPy scalar in eager NumPy (immutable)")
-    storage = storage_key(a.fake)
-    if a.view_of is not None or storage in frame.tx.reversed_copies:
-        raise unsupported(f"{what}: the array is a negative-stride view in eager NumPy (a copy here), so "
-                          "writing to it would not reach the array it views")
-    if storage in frame.tx.reversed_bases:
-        raise unsupported(f"{what}: a negative-stride view of this array was taken (a copy here); writing to "
-                          "the array would not reach it")
-    for inp in frame.tx.graph.inputs:
-        if inp.array_mode is not None and not inp.writeable and storage_key(inp.node.meta["example_value"]) == storage:
-            raise unsupported(f"{what}: assignment destination is read-only")
-
 
 # --- conversions ------------------------------------------------------------------------------------
-
-def asarray_value(frame, v, dtype, name, copy=False):
-    """``np.asarray(v, dtype)`` (``copy``: ``np.array``): the same array value when nothing changes."""
-    dt = None if dtype is None or isinstance(dtype, ConstantValue) and dtype.value is None else _dtype_of(dtype)
-    if dt is not None and dtype_unsupported_reason(dt):
-        raise unsupported(dtype_unsupported_reason(dt))
-    if isinstance(v, TensorValue):
-        v = tensor_as_array(frame, v, name)
-    if isinstance(v, NdarrayValue):
-        if dt is None or dt == v.dtype:
-            if not copy and not v.scalar:
-                return v
-            # A copy (np.array; or an array made from an immutable NumPy scalar).
-            return _new_array(frame, nops.method("copy"), [v], {}, name)
-        return _new_array(frame, nops.astype, [v, ConstantValue(NUMPY_TO_TORCH[dt])], {}, name)
-    if is_numpy_object(v):
-        raise unsupported(numpy_object_reason(v.obj))
-    if isinstance(v, (ConstantValue, ListValue, TupleValue)):
-        kwargs = {"dtype": ConstantValue(dt.name)} if dt is not None else {}
-        arg = _graph_arg(frame, v, True)
-        if isinstance(arg, ConstantValue) and isinstance(arg.value, (list, tuple)):
-            _check_constant_sequence(arg.value, name)
-        return _new_array(frame, nops.function("asarray", nops.tnp.asarray), [arg], kwargs, name)
-    raise unsupported(f"{name} of {describe(v)} is not traced")
-
-
-def _check_constant_sequence(value, name):
-    flat = []
-
-    def walk(x):
-        if isinstance(x, (list, tuple)):
-            for i in x:
-                walk(i)
-        else:
-            flat.append(x)
-    walk(value)
-    if not all(type(x) in (int, float, bool, complex) for x in flat):
-        raise unsupported(f"{name} of a sequence holding {sorted({type(x).__name__ for x in flat})} is not traced")
 
 
 def _special_asarray(frame, obj, name, args, kwargs):
@@ -538,101 +354,6 @@ _SPECIAL = {
     "np.isscalar": _special_isscalar, "np.iscomplexobj": _special_iscomplexobj,
     "np.isrealobj": _special_iscomplexobj, "np.fix": _special_fix, "np.angle": _special_angle,
 }
-
-
-def tensor_as_array(frame, t, what, force=False):
-    """``t.numpy()`` / ``np.asarray(t)``: the tensor's graph value seen as an array (same memory)."""
-    _enabled(what)
-    fake = t.fake
-    if fake.dtype not in TORCH_TO_NUMPY:
-        raise unsupported(f"{what}: tensors of dtype {fake.dtype} have no NumPy counterpart")
-    if not force:
-        if fake.requires_grad:
-            raise unsupported(f"{what} on a tensor that requires grad (eager raises; use t.detach().numpy())")
-        if fake.device.type != "cpu":
-            raise unsupported(f"{what} on a {fake.device.type} tensor (eager raises; use t.cpu().numpy())")
-        if fake.is_conj() or fake.is_neg():
-            raise unsupported(f"{what} on a tensor with its conjugate/negative bit set")
-        a = NdarrayValue(t.node, fake)
-        a.strides = _torch_strides(fake)
-        return a
-    value = frame.tx.graph.call("call_method", "detach", [t], {})
-    if fake.device.type != "cpu":
-        value = frame.tx.graph.call("call_method", "cpu", [value], {})
-    value = frame.tx.graph.call("call_method", "resolve_conj", [value], {})
-    value = frame.tx.graph.call("call_method", "resolve_neg", [value], {})
-    return NdarrayValue(value.node, value.fake)
-
-
-def _torch_strides(fake):
-    """The strides in bytes of ``t.numpy()`` for a tensor like ``fake`` (torch's own layout, the
-    same in eager: the fake's strides are the real tensor's), taken now: the array keeps them
-    when the tensor is later transposed in place. None where they are symbolic."""
-    if any(isinstance(n, torch.SymInt) for n in fake.stride()):
-        return None
-    return tuple(n * fake.element_size() for n in fake.stride())
-
-
-def array_as_tensor(a):
-    """The tensor seen by ``torch.from_numpy(a)`` / ``torch.as_tensor(a)``: the same graph value."""
-    return TensorValue(a.node, a.fake)
-
-
-def tensor_method_to_array(frame, t, name, args, kwargs):
-    """``t.numpy(force=False)``."""
-    force = False
-    if args:
-        force = as_constant(args[0])
-    if "force" in kwargs:
-        force = as_constant(kwargs["force"])
-    return tensor_as_array(frame, t, "Tensor.numpy()", force=bool(force))
-
-
-def torch_with_arrays(frame, fn, args, kwargs):
-    """A torch function given a NumPy array: the conversions are traced, the rest runs natively."""
-    name = getattr(fn, "__name__", "")
-    _enabled(f"torch.{name}")
-    if name in ("from_numpy", "as_tensor", "asarray", "tensor") and args and isinstance(args[0], NdarrayValue):
-        a = args[0]
-        if name == "from_numpy":
-            if kwargs or len(args) != 1:
-                raise unsupported("torch.from_numpy takes one array")
-            if a.scalar:
-                raise unsupported("torch.from_numpy of a NumPy scalar (eager raises)")
-            if a.fake.device.type != "cpu":
-                raise unsupported("torch.from_numpy under another default device (the array is traced on it; "
-                                  "eager gives a CPU tensor)")
-            return array_as_tensor(a)
-        t = array_as_tensor(a)
-        params = dict(zip(("dtype", "device"), args[1:]))
-        params.update(kwargs)
-        unknown = set(params) - {"dtype", "device", "requires_grad", "copy"}
-        if unknown:
-            raise unsupported(f"torch.{name}(array, {', '.join(sorted(unknown))}=...) is not traced")
-        dtype = params.get("dtype")
-        device = params.get("device")
-        copy = params.get("copy")
-        requires_grad = params.get("requires_grad")
-        if requires_grad is not None and as_constant(requires_grad):
-            raise unsupported(f"torch.{name}(array, requires_grad=True) is not traced")
-        to_kwargs = {}
-        if dtype is not None and not (isinstance(dtype, ConstantValue) and dtype.value is None):
-            to_kwargs["dtype"] = ConstantValue(as_constant(dtype))
-        if device is not None and not (isinstance(device, ConstantValue) and device.value is None):
-            to_kwargs["device"] = ConstantValue(torch.device(as_constant(device)))
-        else:
-            default = _device_guard(frame)
-            if a.fake.device != default:
-                to_kwargs["device"] = ConstantValue(default)
-        # A NumPy scalar is immutable: the tensor made from it is its own memory.
-        make_copy = name == "tensor" or a.scalar or (copy is not None and as_constant(copy) is True)
-        if to_kwargs or make_copy:
-            if make_copy:
-                to_kwargs["copy"] = ConstantValue(True)
-            return frame.tx.graph.call("call_method", "to", [t], to_kwargs)
-        return t
-    raise unsupported(f"torch.{name} given a NumPy array is not traced (eager converts it natively)",
-                      hint="convert it first with torch.from_numpy(a) or torch.as_tensor(a)")
 
 
 # --- arrays: attributes, methods, operators, indexing ----------------------------------------------
@@ -943,41 +664,4 @@ def setitem(frame, a, index, value):
 
 # --- wrap_numpy -----------------------------------------------------------------------------------
 
-def arrays_from_tensors(frame, args, kwargs):
-    """``wrap_numpy``'s entry: tensors become arrays over the same graph values (no copies)."""
-    (v,) = args
-    return _map_values(v, lambda t: NdarrayValue(t.node, t.fake) if isinstance(t, TensorValue) else t)
 
-
-def tensors_from_arrays(frame, args, kwargs):
-    """``wrap_numpy``'s exit: arrays become tensors over the same graph values."""
-    (v,) = args
-
-    def convert(x):
-        if isinstance(x, NdarrayValue):
-            return array_as_tensor(x)
-        if is_numpy_object(x):
-            raise unsupported(numpy_object_reason(x.obj))
-        return x
-    return _map_values(v, convert)
-
-
-def _map_values(v, fn):
-    if isinstance(v, TupleValue):
-        return TupleValue([_map_values(i, fn) for i in v.items], cls=v.cls)
-    if isinstance(v, ListValue):
-        return ListValue([_map_values(i, fn) for i in v.items])
-    if isinstance(v, DictValue) and v.cls is dict:
-        return DictValue({k: _map_values(i, fn) for k, i in v.items.items()})
-    return fn(v)
-
-
-def call_torch_wrap_numpy(frame, fv, args, kwargs):
-    """A function wrapped by ``torch.compiler.wrap_numpy``: as ``bytegraph.wrap_numpy`` (the
-    wrapped function is read through the wrapper, so it is guarded)."""
-    inner = fv.obj.__wrapped__
-    inner_value = wrap(frame.tx, inner, AttrSource(fv.source, "__wrapped__") if fv.source is not None else None)
-    arrays = arrays_from_tensors(frame, [TupleValue(list(args))], {})
-    arrays_kw = arrays_from_tensors(frame, [DictValue(dict(kwargs))], {})
-    result = ops.call(frame, inner_value, list(arrays.items), dict(arrays_kw.items))
-    return tensors_from_arrays(frame, [result], {})

@@ -11,7 +11,7 @@ from ..guards import builder as g
 from ..values.arrays import NUMPY_TO_TORCH, UNREBUILDABLE, NdarrayValue, dtype_unsupported_reason
 from ..values.base import ConstantValue, ListValue, TupleValue
 from .basics import as_constant
-from .exceptions import PythonError
+from .basics import PythonError
 from .numpy_values import (_array, _dtype_of, _graph_arg, _graph_call, _new_array, _numpy_scalar_array, _probed,
                            storage_key, unsupported)
 

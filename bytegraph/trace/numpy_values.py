@@ -16,7 +16,7 @@ from ..values.arrays import UNREBUILDABLE, NdarrayValue, dtype_unsupported_reaso
 from ..values.base import (ConstantValue, ListValue, ObjectValue, SliceValue, SymValue, TensorValue, TupleValue,
                            UserObjectValue)
 from .basics import as_constant, describe, no_attr_name
-from .exceptions import MissingAttribute
+from .basics import MissingAttribute
 
 DATA_HINT = ("keep it an array (np.where instead of an if, x.sum() instead of float(x.sum())), or move "
              "this out of the compiled function; without fullgraph=True it runs natively at a graph break")

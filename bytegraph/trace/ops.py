@@ -15,14 +15,16 @@ Each entry is looked up at call time (``ops.call(...)``), never imported by name
 
 # opcode name -> handler(frame, instruction): ``opcodes.HANDLERS``, read by ``Frame.run``.
 HANDLERS = None
-# callable -> handler(frame, args, kwargs): ``builtin_calls.BUILTIN_HANDLERS`` (builtin_calls and
-# stdlib_calls register into it), read by ``calls`` and ``torch_calls``.
-BUILTIN_HANDLERS = None
 
 
 def call(frame, fn, args, kwargs):
     """``fn(*args, **kwargs)`` in the trace: inlined, a graph node, folded or Unsupported (calls.call)."""
     raise _not_wired("call")
+
+
+def inline_call(parent, code, fn_globals, name, defaults, kwdefaults, closure, args, kwargs):
+    """Run a Python function's code in a child frame and return its result value (frame.inline_call)."""
+    raise _not_wired("inline_call")
 
 
 def fold(frame, fn, args, kwargs, what=None):
@@ -67,7 +69,7 @@ def generator_attr(frame, gen, name):
     raise _not_wired("generator_attr")
 
 
-_ENTRIES = ("HANDLERS", "BUILTIN_HANDLERS", "call", "fold", "tensor_method", "call_stdlib_object",
+_ENTRIES = ("HANDLERS", "call", "inline_call", "fold", "tensor_method", "call_stdlib_object",
             "iterate", "call_method", "inplace_operator", "user_object_attr", "generator_attr")
 
 

@@ -24,7 +24,7 @@ from . import attrs, operators
 from .basics import deque_item, held_item
 from .calls import call, call_python_function, fold
 from .iteration import iterate
-from .builtin_calls import BUILTIN_HANDLERS, builtin
+from .handlers import BUILTIN_HANDLERS, builtin
 from .containers import call_method
 
 

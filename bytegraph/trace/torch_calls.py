@@ -12,6 +12,7 @@ from ..residual import enter_inference_mode, exit_inference_mode, set_autocast_s
 from ..values.base import ConstantValue, ContextManagerValue, ObjectValue, PrivateObjectValue, TensorValue
 from ..values.builder import wrap
 from . import attrs, numpy_calls, operators, ops
+from .handlers import BUILTIN_HANDLERS
 
 # Python modules of torch whose functions go into the graph as one node each.
 _GRAPH_MODULE_PREFIXES = ("torch.nn.functional", "torch.functional", "torch._refs", "torch.special",
@@ -146,7 +147,7 @@ def call_torch_class(frame, cls, args, kwargs):
     if cls in (torch.autocast, torch.amp.autocast) or cls.__name__ == "autocast":
         return _autocast(frame, cls, args, kwargs)
     if cls is torch.Size:
-        return ops.BUILTIN_HANDLERS[torch.Size](frame, args, kwargs)
+        return BUILTIN_HANDLERS[torch.Size](frame, args, kwargs)
     if cls in (torch.finfo, torch.iinfo):
         return ops.fold(frame, cls, args, kwargs)
     if cls is torch.device or cls is torch.dtype:

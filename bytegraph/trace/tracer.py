@@ -6,17 +6,18 @@ import torch
 
 from ..guards.sources import ClosureSource, LocalSource
 from ..values.base import RealCell
-from . import (attrs, builtin_calls, calls, containers, environ_pytree, generators, iteration, opcodes, ops,  # noqa: F401 (environ_pytree: its handlers)
+from . import (attrs, builtin_calls, calls, containers, control_opcodes, environ, generators, iteration, module_calls, module_enumeration, opcodes, ops, pytree,  # noqa: F401 (environ, module_enumeration, pytree: their handlers)
                state, stdlib_calls)
 from .context import TraceContext
-from .frame import Frame, PendingLocal
+from .frame import Frame, PendingLocal, inline_call
 from .torch_calls import undo_state_changes
 
 # The interpreter assembled. Lower modules of trace/ reach the operations of higher ones
 # through trace.ops (see there); point each of its entries at its implementation. Importing
-# opcodes, builtin_calls, stdlib_calls and environ_pytree also fills their handler tables.
-ops.wire(HANDLERS=opcodes.HANDLERS, BUILTIN_HANDLERS=builtin_calls.BUILTIN_HANDLERS,
-         call=calls.call, fold=calls.fold, tensor_method=calls.tensor_method,
+# opcodes, control_opcodes, builtin_calls, stdlib_calls, environ, pytree, module_enumeration and
+# with_blocks also fills their handler tables.
+ops.wire(HANDLERS=opcodes.HANDLERS,
+         call=calls.call, inline_call=inline_call, fold=calls.fold, tensor_method=calls.tensor_method,
          call_stdlib_object=stdlib_calls.call_stdlib_object, iterate=iteration.iterate,
          call_method=containers.call_method, inplace_operator=containers.inplace_operator,
          user_object_attr=attrs._user_object_attr, generator_attr=generators.get_attr)
@@ -50,8 +51,8 @@ def trace_frame(fn, frame_args, options, stop_before=None, cache=None, reuse_blo
     module = frame_args[0] if frame_args else None
     if isinstance(module, (torch.nn.RNNBase, torch.nn.TransformerEncoder)) \
             and code is getattr(type(module).forward, "__code__", None):
-        # A module compiled itself, rather than called from compiled code (calls.call_module).
-        calls.refuse_native_module(module, dict(zip(params, frame_args)).get("src_key_padding_mask") is not None)
+        # A module compiled itself, rather than called from compiled code (module_calls.call_module).
+        module_calls.refuse_native_module(module, dict(zip(params, frame_args)).get("src_key_padding_mask") is not None)
     tx = TraceContext(options, fn.__globals__,
                       cache.auto_dynamic if cache is not None else None,
                       cache.auto_dynamic_scalars if cache is not None else None)

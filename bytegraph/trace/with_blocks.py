@@ -17,6 +17,7 @@ from ..values.builder import wrap
 from . import attrs, calls, protocols
 from .exceptions import TracedRaise, new, raise_new
 from .generators import resume
+from .handlers import builtin
 
 
 def enter(frame, mgr):
@@ -81,6 +82,7 @@ def _enter_generator(frame, gen):
     return TracerCallableValue("_GeneratorContextManager.__exit__", exit_), value
 
 
+@builtin(contextlib.contextmanager)
 def contextmanager_in_frame(frame, args, kwargs):
     """``contextlib.contextmanager(fn)`` called inside the trace (a decorator on a nested function):
     a callable whose calls make the same manager object contextlib would."""
