@@ -22,8 +22,8 @@ from .debug.explain import BreakReason, ExplainOutput, _ops
 from .runtime import dispatch
 from .runtime.dispatch import Compiler, _compilers, reset_all
 from .residual import call_ddp, call_disabled, has_hooks, is_fsdp_module
-from .trace.hooks import has_unsupported_hooks
-from .trace.state import is_compiling
+from .trace.nn.hooks import has_unsupported_hooks
+from .trace.core.state import is_compiling
 
 _MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 

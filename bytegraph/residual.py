@@ -97,7 +97,7 @@ def _is_user_function(fn):
         return False
     module = getattr(fn, "__module__", None) or ""
     if module.startswith(_COMPILED_LIBRARIES):
-        # Not the fused optimizer kernels (trace/torch_wrappers.py says why), nor the schedulers (Python
+        # Not the fused optimizer kernels (trace/torch_api/torch_wrappers.py says why), nor the schedulers (Python
         # on floats: nothing for a graph).
         return not (getattr(fn, "__name__", "").startswith("_fused_")
                     or module.startswith(_NOT_COMPILED_LIBRARIES))
@@ -125,7 +125,7 @@ def route(compiler, fn):
         if not (getattr(unwrapped, "__module__", None) or "").startswith("torch."):
             return fn     # the user's own torch.compiler.disable: honoured
         if _is_user_function(unwrapped):
-            # torch._disable_dynamo(f) around torch code we compile: compile f (trace/torch_wrappers.py).
+            # torch._disable_dynamo(f) around torch code we compile: compile f (trace/torch_api/torch_wrappers.py).
             fn = unwrapped if not isinstance(fn, types.MethodType) else types.MethodType(unwrapped, fn.__self__)
     if isinstance(fn, DistributedDataParallel):
         return lambda *args, **kwargs: call_ddp(compiler, fn, args, kwargs)

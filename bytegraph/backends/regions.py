@@ -1,6 +1,6 @@
 """Regional compilation: compile a repeated block once and call it for every layer.
 
-The tracer copies the trace of a repeated block (``trace/blocks.py``) and tags the nodes of each
+The tracer copies the trace of a repeated block (``trace/nn/blocks.py``) and tags the nodes of each
 copy with ``node.meta["bytegraph_region"]``: the ``(template, instance)`` of every block the node is
 in, outermost first (a model traced as a block around its layers: the layers are what repeat). A backend whose
 compile time grows with the graph (Inductor) can then split the graph at those regions:
@@ -28,7 +28,7 @@ import torch.fx as fx
 from ..config import config
 from ..graph_facts import is_state_node
 
-REGION = "bytegraph_region"   # the node.meta key trace/blocks.py sets
+REGION = "bytegraph_region"   # the node.meta key trace/nn/blocks.py sets
 
 
 # A region smaller than this (call nodes) is left inside its neighbours: splitting a graph at

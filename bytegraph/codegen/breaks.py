@@ -24,7 +24,7 @@ from ..residual import (AutocastExit, Continuation, GradModeExit, exit_inference
                         resolve)
 from ..stacks import CUT_FROM, code_name
 from ..values.base import CellValue, ExitValue
-from ..trace.frame import PendingLocal
+from ..trace.machine.frame import PendingLocal
 from .rebuild import Namespace, Rebuilder
 from .transformed import emit, finish_graph, replay_side_effects, side_effect_values
 
@@ -181,7 +181,7 @@ def _reenter_blocks(active, stack, rb, ns):
         elif mgr.kind in ("grad", "set_grad"):
             exits.append((mgr, f"__GradModeExit({mgr.saved!r})"))
         elif mgr.kind == "inference_mode" and mgr.saved is not None:
-            # Entered again natively: the resume function leaves it natively (trace/calls.py).
+            # Entered again natively: the resume function leaves it natively (trace/callables/calls.py).
             ctx = f"__ctx{i}"
             rb.lines.append(f"{ctx} = {ns.ref(torch.inference_mode, 'inference_mode')}({mgr.args[0]!r})")
             rb.lines.append(f"{ctx}.__enter__()")

@@ -21,8 +21,8 @@ from ..bytecode.resume import CLOSURE_PARAM
 from ..null import NULL
 from ..datamodel import class_attr
 from ..guards.sources import AttrSource, ClosureSource, ObjectSource
-from ..trace.exceptions import rebuild_expr, values_inside
-from ..trace.frame import PendingLocal
+from ..trace.python.exceptions import rebuild_expr, values_inside
+from ..trace.machine.frame import PendingLocal
 from ..values import arrays
 from ..values.arrays import NdarrayMethodValue, NdarrayValue
 from ..values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, CellValue, ConstantValue, ContextManagerValue,

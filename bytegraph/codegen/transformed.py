@@ -19,7 +19,7 @@ from ..guards.sources import AttrSource, ClosureSource, GlobalSource
 from ..debug.counting import count_ops
 from ..residual import (copy_inputs, enter_inference_mode, graph_raised, inference_depth,
                         leave_inference_blocks, put_inputs_back)
-from ..trace.context import DELETED, TraceContext
+from ..trace.core.context import DELETED, TraceContext
 from ..values.base import (ConstantValue, DictValue, IteratorValue, ListValue, ObjectValue, TensorValue, Value,
                            holds_values)
 from ..values import arrays
@@ -181,7 +181,7 @@ def emit(name: str, params: list[str], body: list[str], ns: Namespace, stands_fo
 
 def _setattr_traced(obj):
     """Is ``obj`` an object whose class's Python ``__setattr__`` the trace runs on stores
-    (``trace.attrs.set_attr``; modules' stores are replayed through their hook instead)?"""
+    (``trace.python.attrs.set_attr``; modules' stores are replayed through their hook instead)?"""
     if not isinstance(obj, ObjectValue) or isinstance(obj.obj, (torch.nn.Module, type, types.ModuleType)):
         return False
     return isinstance(type(obj.obj).__setattr__, types.FunctionType)

@@ -108,7 +108,7 @@ class GuardSet:
         self._guards = {}
         self.objects = {}   # source -> object read there (values.builder.wrap), for guards.coverage
         self.epoch = stamps.EPOCH[0]   # the module epoch when the trace began
-        self.recorders = []   # trace.blocks recorders listening to guards and wraps
+        self.recorders = []   # trace.nn.blocks recorders listening to guards and wraps
         self.in_wrap = 0      # >0 while values.builder.wrap runs (its guards come with it)
 
     def add(self, kind: GuardKind | str, source: Source | None, expected: object, detail: str = "",
@@ -118,7 +118,7 @@ class GuardSet:
         name for the kinds whose ``expected`` is one."""
         kind = KINDS[kind]
         if self.recorders and not self.in_wrap:
-            # trace.blocks records what a module's forward added, to add it again for a copy.
+            # trace.nn.blocks records what a module's forward added, to add it again for a copy.
             for r in self.recorders:
                 r.on_guard(kind, source, expected, detail, dynamic_dims)
         # One source can carry several of the attribute-name kinds, one per name.

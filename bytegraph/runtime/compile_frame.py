@@ -22,7 +22,7 @@ from ..codegen.breaks import RESUME_INFO, generate_break, plan_break
 from ..codegen.transformed import generate
 from ..residual import routing_globals, writes_globals
 from ..stacks import CUT_FROM, frame_summary, function_entry
-from ..trace.blocks import ReplayError
+from ..trace.nn.blocks import ReplayError
 from ..trace.tracer import frame_params, trace_frame
 from . import persist
 from .cache import CacheEntry, CodeCache
@@ -89,7 +89,7 @@ class _Compile:
         try:
             result = trace_frame(self.fn, values, self.compiler, stop_before=stop_before, cache=self.cache)
         except ReplayError as e:
-            # Copying a traced block failed half-way (trace/blocks.py): trace it all.
+            # Copying a traced block failed half-way (trace/nn/blocks.py): trace it all.
             log_breaks.debug("tracing %s again without copying traced blocks: %s", self.name, e)
             result = trace_frame(self.fn, values, self.compiler, stop_before=stop_before, cache=self.cache,
                                  reuse_blocks=False)

@@ -6,16 +6,20 @@ import torch
 
 from ..guards.sources import ClosureSource, LocalSource
 from ..values.base import RealCell
-from . import (attrs, builtin_calls, calls, containers, control_opcodes, environ, generators, iteration, module_calls, module_enumeration, opcodes, ops, pytree,  # noqa: F401 (environ, module_enumeration, pytree: their handlers)
-               state, stdlib_calls)
-from .context import TraceContext
-from .frame import Frame, PendingLocal, inline_call
-from .torch_calls import undo_state_changes
+from .callables import builtin_calls, calls, containers, environ, stdlib_calls  # noqa: F401 (registering handlers)
+from .core import ops, state
+from .core.context import TraceContext
+from .machine import control_opcodes, opcodes  # noqa: F401 (control_opcodes: registering handlers)
+from .machine.frame import Frame, PendingLocal, inline_call
+from .nn import module_calls, module_enumeration  # noqa: F401 (module_enumeration: registering handlers)
+from .python import attrs, generators, iteration
+from .torch_api import pytree  # noqa: F401 (registering handlers)
+from .torch_api.torch_calls import undo_state_changes
 
-# The interpreter assembled. Lower modules of trace/ reach the operations of higher ones
-# through trace.ops (see there); point each of its entries at its implementation. Importing
+# The interpreter assembled. Lower rooms of trace/ reach the operations of higher ones through
+# trace.core.ops (see there); point each of its entries at its implementation. Importing
 # opcodes, control_opcodes, builtin_calls, stdlib_calls, environ, pytree, module_enumeration and
-# with_blocks also fills their handler tables.
+# with_blocks also fills the handler tables (opcodes.HANDLERS, core.handlers.BUILTIN_HANDLERS).
 ops.wire(HANDLERS=opcodes.HANDLERS,
          call=calls.call, inline_call=inline_call, fold=calls.fold, tensor_method=calls.tensor_method,
          call_stdlib_object=stdlib_calls.call_stdlib_object, iterate=iteration.iterate,

@@ -57,7 +57,7 @@ def wrap(tx, obj, source):
     if source is not None and not isinstance(obj, CONSTANT_TYPES):
         guards.objects[source] = obj   # what guards.builder needs to tell module-owned state
     if guards.recorders and source is not None and not guards.in_wrap:
-        # trace.blocks records each read of the world made by a module's forward.
+        # trace.nn.blocks records each read of the world made by a module's forward.
         memo = tx.memo.get(id(obj))
         hit = memo is not None and memo[0] is obj and not isinstance(obj, CONSTANT_TYPES)
         for r in guards.recorders:
