@@ -76,8 +76,8 @@ def guard_array_overlap(tx):
 def guard_container_aliasing(tx):
     """A container the trace changed was distinct from every other container it read: guard
     that later calls do not pass the same list (say) through two sources."""
-    for m in tx.mutated.values():
-        for other in tx.existing_containers.values():
+    for m in tx.effects.mutated.values():
+        for other in tx.effects.existing_containers.values():
             if other is not m and other.source is not None and _kind(other) is _kind(m):
                 tx.guards.add(NOT_ALIAS, m.source, other.source, detail=other.source.name())
 

@@ -197,7 +197,7 @@ def replay_side_effects(tx: TraceContext, rb: Rebuilder, live=()) -> list[str]:
     updated in place (identity kept), attributes, globals, cells; last, live iterators
     remade over containers (over the containers read before).
     """
-    if not tx.has_side_effects():
+    if not tx.effects.has_any():
         return []
     cells, contents, remade = _read_before_effects(tx, rb, live)
     lines = list(rb.lines)
@@ -219,16 +219,16 @@ def _read_before_effects(tx, rb, live):
     after the effects)."""
     ns = rb.ns
     # 1. The objects to change, as they are on entry.
-    for v in tx.mutated.values():
+    for v in tx.effects.mutated.values():
         rb.bind(v)
-    for obj, _, _ in tx.attr_stores.values():
+    for obj, _, _ in tx.effects.attr_stores.values():
         rb.bind(obj)
-    for obj, _, _ in tx.item_stores.values():
+    for obj, _, _ in tx.effects.item_stores.values():
         rb.bind(obj)
-    cells = {key: rb.temp(_cell_expr(ns, cell.source)) for key, (cell, _) in tx.cell_stores.items()}
+    cells = {key: rb.temp(_cell_expr(ns, cell.source)) for key, (cell, _) in tx.effects.cell_stores.items()}
     # 2. Everything computed from the traced values.
     contents = {}
-    for key, v in tx.mutated.items():
+    for key, v in tx.effects.mutated.items():
         if isinstance(v, ListValue):
             contents[key] = rb.temp(f"[{', '.join(rb.expr(i) for i in v.items)}]")
         elif isinstance(v, DictValue):
@@ -238,10 +238,7 @@ def _read_before_effects(tx, rb, live):
             contents[key] = rb.temp(rb._holding(v.value))
         else:
             contents[key] = ns.ref(frozenset(v.value), "set")
-    stored = [value for _, _, value in tx.attr_stores.values() if value is not DELETED]
-    stored += [value for _, value in tx.global_stores.values() if value is not DELETED]
-    stored += [value for _, value in tx.cell_stores.values()]
-    stored += [value for _, _, value in tx.item_stores.values() if value is not DELETED]
+    stored = tx.effects.stored_values()
     # An iterator remade over containers iterates them as the effects leave them (and a
     # dict or set iterator made before they change would fail): its containers are read
     # now, the iterator itself is made after the effects.
@@ -262,13 +259,13 @@ def _effect_lines(tx, rb, cells, contents):
     """3. The effects, over what ``_read_before_effects`` bound."""
     ns = rb.ns
     lines = []
-    for key, v in tx.mutated.items():
+    for key, v in tx.effects.mutated.items():
         target = rb.expr(v)
         if isinstance(v, ListValue):
             lines.append(f"{target}[:] = {contents[key]}")
         else:
             lines += [f"{target}.clear()", f"{target}.update({contents[key]})"]
-    for obj, name, value in tx.attr_stores.values():
+    for obj, name, value in tx.effects.attr_stores.values():
         if value is DELETED:
             lines.append(f"del {rb.expr(obj)}.{name}")
         elif _setattr_traced(obj):
@@ -277,7 +274,7 @@ def _effect_lines(tx, rb, cells, contents):
             lines.append(f"{ns.ref(object.__setattr__, 'object_setattr')}({rb.expr(obj)}, {name!r}, {rb.expr(value)})")
         else:
             lines.append(f"{rb.expr(obj)}.{name} = {rb.expr(value)}")
-    for source, value in tx.global_stores.values():
+    for source, value in tx.effects.global_stores.values():
         if value is DELETED:
             # The trace checked that the name exists (it may have been made by this trace).
             if isinstance(source, GlobalSource):
@@ -287,9 +284,9 @@ def _effect_lines(tx, rb, cells, contents):
             lines.append(f"{table}.pop({key!r}, None)")
         else:
             lines.append(f"{ns.source(source)} = {rb.expr(value)}")
-    for key, (_, value) in tx.cell_stores.items():
+    for key, (_, value) in tx.effects.cell_stores.items():
         lines.append(f"{cells[key]}.cell_contents = {rb.expr(value)}")
-    for obj, key, value in tx.item_stores.values():
+    for obj, key, value in tx.effects.item_stores.values():
         lines.append(f"{rb.expr(obj)}.pop({key!r}, None)" if value is DELETED
                      else f"{rb.expr(obj)}[{key!r}] = {rb.expr(value)}")
     return lines
@@ -306,12 +303,11 @@ def _cell_expr(ns, source):
 
 def side_effect_values(tx):
     """Values the effects store: their tensors must come out of the graph."""
-    out = [value for _, _, value in tx.attr_stores.values() if value is not DELETED]
+    effects = tx.effects
+    out = effects.stored_values()
     # Tensors made in the graph that get an attribute (``t.grad = g``, ``t.requires_grad_()``).
-    out += [obj for obj, _, _ in tx.attr_stores.values() if isinstance(obj, TensorValue)]
-    out += [v for v in tx.mutated.values() if not isinstance(v, ConstantValue) or holds_values(v.value)]
-    out += [value for _, value in tx.global_stores.values() if value is not DELETED]
-    out += [value for _, value in tx.cell_stores.values()]
+    out += [obj for obj, _, _ in effects.attr_stores.values() if isinstance(obj, TensorValue)]
+    out += [v for v in effects.mutated.values() if not isinstance(v, ConstantValue) or holds_values(v.value)]
     return out
 
 

@@ -311,7 +311,7 @@ def _handler_for(t):
 
 def _existing(tx, value):
     """Remember that ``value`` stands for a real container: changing it is a side effect."""
-    tx.existing_containers[id(value)] = value
+    tx.effects.existing_containers[id(value)] = value
     return value
 
 

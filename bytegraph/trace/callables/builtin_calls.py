@@ -160,7 +160,7 @@ def _hasattr(frame, args, kwargs):
         if not issubclass(e.value.cls, AttributeError):
             raise
         return ConstantValue(False)
-    if isinstance(obj, ObjectValue) and obj.source is not None and (id(obj.obj), name) not in frame.tx.attr_stores:
+    if isinstance(obj, ObjectValue) and obj.source is not None and (id(obj.obj), name) not in frame.tx.effects.attr_stores:
         # The value read is dropped, so nothing else guards that it is still there (unless the
         # trace set it itself).
         frame.tx.guards.add(g.HAS_ATTR, obj.source, name)
@@ -489,8 +489,8 @@ def _deepcopy(frame, args, kwargs):
 
 def _changed_by_trace(tx, obj):
     """Does the trace have changes pending to ``obj`` or to anything its state holds?"""
-    changed = {key[0] for key in tx.attr_stores} | {key[0] for key in tx.item_stores}
-    changed.update(id(tx.guards.objects[v.source]) for v in tx.mutated.values() if v.source in tx.guards.objects)
+    changed = {key[0] for key in tx.effects.attr_stores} | {key[0] for key in tx.effects.item_stores}
+    changed.update(id(tx.guards.objects[v.source]) for v in tx.effects.mutated.values() if v.source in tx.guards.objects)
     if not changed:
         return False
     seen = set()
@@ -535,7 +535,7 @@ def _object_getattribute(frame, args, kwargs):
     if isinstance(obj, ObjectValue) and obj.source is not None and not isinstance(obj.obj, torch.nn.Module):
         # Past the class's own __getattribute__ (super().__getattribute__ inside it); guarded
         # by reading it the same way.
-        pending = frame.tx.attr_stores.get((id(obj.obj), name))
+        pending = frame.tx.effects.attr_stores.get((id(obj.obj), name))
         if pending is not None:
             if pending[2] is attrs.DELETED:
                 raise attrs.MissingAttribute(f"{type(obj.obj).__name__!r} object has no attribute {name!r}")

@@ -2,7 +2,7 @@
 
 A container that exists outside the traced code (it has a source) is changed
 on its symbolic copy, so later reads in the trace see the change, and recorded
-in ``TraceContext.mutated``: the transformed function updates the real object
+in ``TraceContext.effects.mutated``: the transformed function updates the real object
 in place after the graph (``codegen.transformed.replay_side_effects``).
 """
 import collections
@@ -34,7 +34,7 @@ def call_method(frame, owner, name, args, kwargs):
             exit_context(frame, owner)
         return ConstantValue(None)
     if name in _MUTATING and isinstance(owner, (ListValue, DictValue, ConstantValue)):
-        frame.tx.mark_mutated(owner, f"{owner.python_type().__name__}.{name}() on")
+        frame.tx.effects.mark_mutated(owner, f"{owner.python_type().__name__}.{name}() on")
     try:
         if isinstance(owner, ConstantValue) and isinstance(owner.value, set):
             return _set_method(frame, owner, name, args, kwargs)
@@ -271,14 +271,14 @@ def inplace_operator(frame, op, a, b):
     """``a op= b`` that changes the container ``a`` itself (as CPython does), or None."""
     if isinstance(a, ListValue) and op == "+=":
         items = iterate(frame, b)
-        frame.tx.mark_mutated(a, "+= on")
+        frame.tx.effects.mark_mutated(a, "+= on")
         a.items.extend(items)
         return a
     if isinstance(a, ListValue) and op == "*=":
         n = operators.as_constant(b)
         if not isinstance(n, int):
             return None
-        frame.tx.mark_mutated(a, "*= on")
+        frame.tx.effects.mark_mutated(a, "*= on")
         a.items *= n
         return a
     if isinstance(a, DictValue) and op == "|=":

@@ -5,7 +5,7 @@ so setting or unsetting it recompiles. ``Mapping.get``/``__contains__``/``os.get
 Python and are traced down to ``_Environ.__getitem__``, which is what is handled here (the
 handlers register into ``core.handlers.BUILTIN_HANDLERS``). A store or ``del`` is a side effect:
 later reads in the trace see it, and it is done for real after the graph
-(``TraceContext.item_stores``).
+(``TraceContext.effects.item_stores``).
 """
 import os
 
@@ -43,7 +43,7 @@ def _environ_getitem(frame, args, kwargs):
     env_value, key_value = args
     env = _environ(env_value)
     key = _env_key(frame, key_value, f"{_env_name(env)}[...]")
-    stored = frame.tx.item_stores.get((id(env), key))
+    stored = frame.tx.effects.item_stores.get((id(env), key))
     if stored is not None:
         value = stored[2]
     else:
@@ -69,7 +69,7 @@ def _environ_setitem(frame, args, kwargs):
         env.encodekey(key)
     except TypeError as e:
         raise_new(TypeError, ConstantValue(str(e)))
-    frame.tx.record_item_store(env_value, key, ConstantValue(text))
+    frame.tx.effects.record_item_store(env_value, key, ConstantValue(text))
     return ConstantValue(None)
 
 
@@ -81,7 +81,7 @@ def _environ_delitem(frame, args, kwargs):
     _environ_getitem(frame, [env_value, key_value], {})   # KeyError when unset, as eager
     if env_value.source is None:
         raise Unsupported(f"deleting {_env_name(env)}[{key!r}] on an environment read without a source")
-    frame.tx.record_item_store(env_value, key, DELETED)
+    frame.tx.effects.record_item_store(env_value, key, DELETED)
     return ConstantValue(None)
 
 

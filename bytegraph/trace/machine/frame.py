@@ -127,7 +127,7 @@ class Frame:
                 # *args / **kwargs are built anew by each call: changing them is no side effect.
                 # Their items keep their sources (and guards).
                 v.source = None
-                self.tx.existing_containers.pop(id(v), None)
+                self.tx.effects.existing_containers.pop(id(v), None)
         return v
 
     def push(self, v):

@@ -85,7 +85,7 @@ def _global_source(f, name):
 def load_global(f, ins):
     name = ins.argval
     tx = f.tx
-    stored = tx.global_stores.get((id(f.globals), name))
+    stored = tx.effects.global_stores.get((id(f.globals), name))
     if stored is not None and stored[1] is not DELETED:
         f.push(stored[1])   # assigned earlier in this trace
         return
@@ -112,7 +112,7 @@ def store_global(f, ins):
     if ins.opname == "STORE_GLOBAL":
         value = f.pop()
     else:
-        stored = f.tx.global_stores.get(key)
+        stored = f.tx.effects.global_stores.get(key)
         exists = stored[1] is not DELETED if stored is not None else name in f.globals
         if not exists:
             raise Unsupported(f"del of global {name!r}, which is not defined, raises NameError")
@@ -122,9 +122,7 @@ def store_global(f, ins):
             if isinstance(current, ConstantValue):
                 current.value
         value = DELETED
-    f.tx.global_stores.pop(key, None)   # keep program order: the latest store goes last
-    f.tx.global_stores[key] = (source, value)
-    f.tx.effects_recorded += 1
+    f.tx.effects.store_global(key, source, value)
 
 
 @handler("STORE_NAME")
@@ -150,7 +148,7 @@ def load_deref(f, ins):
             raise Unsupported(f"free variable {ins.argval!r} read before assignment")
         f.push(cell.contents)
     else:
-        stored = f.tx.cell_stores.get(id(cell.cell))
+        stored = f.tx.effects.cell_stores.get(id(cell.cell))
         if stored is not None:
             f.push(stored[1])   # assigned earlier in this trace
             return
@@ -178,9 +176,7 @@ def store_deref(f, ins):
                           "later calls is not supported")
     else:
         # A real cell of a function that exists outside the trace: set after the graph.
-        f.tx.cell_stores.pop(id(cell.cell), None)
-        f.tx.cell_stores[id(cell.cell)] = (cell, v)
-        f.tx.effects_recorded += 1
+        f.tx.effects.store_cell(cell, v)
 
 
 @handler("LOAD_ATTR")
@@ -517,7 +513,7 @@ def _new_set(f, v, what):
     """The set a set display (or an existing set of constants) is building."""
     if not isinstance(v, ConstantValue) or not isinstance(v.value, set):
         raise Unsupported(f"{what} on {attrs.describe(v)} is not supported yet")
-    f.tx.mark_mutated(v, what + " on")
+    f.tx.effects.mark_mutated(v, what + " on")
     return v.value
 
 
@@ -527,7 +523,7 @@ def _require(f, v, cls, what):
         raise Unsupported(f"{what} on {attrs.describe(v)} is not supported yet")
     # A container that exists outside the trace (e.g. handed to a resume function):
     # the change is replayed on the real object after the graph.
-    return f.tx.mark_mutated(v, what + " on")
+    return f.tx.effects.mark_mutated(v, what + " on")
 
 
 @handler("UNPACK_SEQUENCE")

@@ -521,7 +521,7 @@ def call_forward(frame, mv, args, kwargs, trace_forward):
     rec = Recorder(tx)
     guards = tx.guards
     # (tensors kept unchanged: a copy would not keep them so; f-strings, max() over tensors)
-    before = (tx.effect_count(), len(tx.graph.inputs), len(tx.state_changes), tx.unguarded_reads,
+    before = (tx.effects.count(), len(tx.graph.inputs), len(tx.state_changes), tx.unguarded_reads,
               tx.handled_exception, len(tx.graph.no_mutation))
     guards.recorders.append(rec)
     try:
@@ -529,7 +529,7 @@ def call_forward(frame, mv, args, kwargs, trace_forward):
     finally:
         guards.recorders.remove(rec)
     rec.finish()
-    after = (tx.effect_count(), len(tx.graph.inputs), len(tx.state_changes), tx.unguarded_reads,
+    after = (tx.effects.count(), len(tx.graph.inputs), len(tx.state_changes), tx.unguarded_reads,
              tx.handled_exception, len(tx.graph.no_mutation))
     if before == after:
         template = Template.build(key, leaves, rec, result)

@@ -53,7 +53,7 @@ def _module_members(table, named):
         for prefix, m, src in modules:
             _guard_table(frame, m, src, table)
             for k, v in m.__dict__[table].items():
-                pending = frame.tx.attr_stores.get((id(m), k))
+                pending = frame.tx.effects.attr_stores.get((id(m), k))
                 if pending is not None:
                     v = pending[2]   # a buffer given a new tensor earlier in the trace
                 if v is None or v is attrs.DELETED or id(v) in seen:

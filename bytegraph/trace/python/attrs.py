@@ -41,7 +41,7 @@ def get_attr(frame, v, name):
     except MissingAttribute:
         # The trace goes on knowing the attribute is missing (hasattr, except AttributeError);
         # not when the trace itself deleted it (the object had it when called).
-        if isinstance(v, ObjectValue) and v.source is not None and (id(v.obj), name) not in frame.tx.attr_stores:
+        if isinstance(v, ObjectValue) and v.source is not None and (id(v.obj), name) not in frame.tx.effects.attr_stores:
             frame.tx.guards.add(MISSING_ATTR, v.source, name)
         raise
 
@@ -159,7 +159,7 @@ def _set_function_attr(frame, v, name, value):
 
 def requires_grad_of(frame, v):
     """``v.requires_grad`` as the trace has left it."""
-    stored = frame.tx.attr_stores.get((id(v), "requires_grad"))
+    stored = frame.tx.effects.attr_stores.get((id(v), "requires_grad"))
     return as_constant(stored[2]) if stored is not None else v.fake.requires_grad
 
 
@@ -174,7 +174,7 @@ def set_requires_grad(frame, v, flag):
         raise Unsupported("requires_grad_(False) on a tensor that is not a leaf raises RuntimeError in eager")
     if flag and not (v.fake.dtype.is_floating_point or v.fake.dtype.is_complex):
         raise Unsupported(f"requires_grad_() on a {v.fake.dtype} tensor raises RuntimeError in eager")
-    frame.tx.attr_stores[(id(v), "requires_grad")] = (v, "requires_grad", ConstantValue(flag))
+    frame.tx.effects.attr_stores[(id(v), "requires_grad")] = (v, "requires_grad", ConstantValue(flag))
     frame.tx.graph.frozen[v.node] = ("a tensor whose requires_grad was changed in the compiled function is used "
                                      "again: the change is made between graphs, so the graph breaks here")
     return v
@@ -199,7 +199,7 @@ def _set_tensor_attr(frame, v, name, value):
                           "storage) is not supported in a graph; change it in place (t.data.copy_(u))")
     elif hasattr(torch.Tensor, name) or name.startswith("__"):
         raise Unsupported(f"setting Tensor.{name} is not supported yet")
-    frame.tx.attr_stores[_tensor_store_key(frame, v, name)] = (v, name, value)
+    frame.tx.effects.attr_stores[_tensor_store_key(frame, v, name)] = (v, name, value)
 
 
 def _tensor_data(frame, v):
@@ -227,7 +227,7 @@ def _is_data_of(value, v):
 
 
 def _tensor_store_key(frame, v, name):
-    """The key of a store on tensor ``v`` in ``tx.attr_stores``: ``.grad`` of a graph input or a
+    """The key of a store on tensor ``v`` in ``tx.effects.attr_stores``: ``.grad`` of a graph input or a
     parameter by the real tensor (an optimizer reaches one parameter through several values:
     ``p.grad = None`` in ``zero_grad`` must be seen by every later read), else by value."""
     if name == "grad" and v.source is not None:
@@ -238,12 +238,12 @@ def _tensor_store_key(frame, v, name):
 
 
 def _tensor_attr(frame, v, name):
-    stored = frame.tx.attr_stores.get(_tensor_store_key(frame, v, name))
+    stored = frame.tx.effects.attr_stores.get(_tensor_store_key(frame, v, name))
     if stored is not None:
         if stored[2] is DELETED:
             raise MissingAttribute(f"'Tensor' object has no attribute {name!r}")
         return stored[2]
-    if name in ("requires_grad", "is_leaf") and (id(v), "requires_grad") in frame.tx.attr_stores:
+    if name in ("requires_grad", "is_leaf") and (id(v), "requires_grad") in frame.tx.effects.attr_stores:
         return ConstantValue(requires_grad_of(frame, v) if name == "requires_grad" else v.fake.is_leaf)
     if name == "shape":
         return _shape_value(frame, v)
@@ -313,7 +313,7 @@ def _object_attr(frame, v, name):
     if name == "__dict__" or (name in stamps.STATE_TABLES and isinstance(obj, torch.nn.Module)):
         table = _object_attr_read(frame, v, name)
         if isinstance(table, DictValue):
-            for store_key, (_, key, value) in list(tx.attr_stores.items()):
+            for store_key, (_, key, value) in list(tx.effects.attr_stores.items()):
                 if store_key[0] == id(obj) and _table_of(obj, key) == name:
                     _set_item(table, key, value)
         return table
@@ -550,7 +550,7 @@ def set_attr(frame, obj, name, value, plain=False):
             and descriptor_store(frame, obj, type(obj.obj), name, value):
         return
     if isinstance(obj, ObjectValue) and obj.source is not None and _replayable_store(obj.obj, name, value, plain):
-        stores, key = frame.tx.attr_stores, (id(obj.obj), name)
+        stores, key = frame.tx.effects.attr_stores, (id(obj.obj), name)
         earlier = stores.get(key)
         if earlier is not None and earlier[2] is DELETED and name in getattr(obj.obj, "__dict__", {}):
             # Deleted, then stored again: both are done (the entry moves to the end of the
@@ -658,22 +658,22 @@ def del_attr(frame, obj, name):
     if isinstance(obj, ObjectValue) and obj.source is not None and not isinstance(obj.obj, torch.nn.Module) \
             and type(obj.obj).__delattr__ is object.__delattr__ and type(obj.obj).__setattr__ is object.__setattr__ \
             and not hasattr(type(obj.obj), name) \
-            and (name in getattr(obj.obj, "__dict__", {}) or (id(obj.obj), name) in tx.attr_stores):
+            and (name in getattr(obj.obj, "__dict__", {}) or (id(obj.obj), name) in tx.effects.attr_stores):
         key = (id(obj.obj), name)
-        earlier = tx.attr_stores.get(key)
+        earlier = tx.effects.attr_stores.get(key)
         if earlier is not None and earlier[2] is DELETED:
             raise MissingAttribute(f"{no_attr_name(type(obj.obj))} object has no attribute {name!r}")
-        tx.attr_stores.pop(key, None)
-        tx.attr_stores.pop(key + ("deleted first",), None)
+        tx.effects.attr_stores.pop(key, None)
+        tx.effects.attr_stores.pop(key + ("deleted first",), None)
         _note_store(tx, obj.obj, name, DELETED)
         if name in obj.obj.__dict__:
             # The replayed `del` needs the attribute in the object's own __dict__ on entry
             # (`obj.name` could be answered by the class once it is gone): guard that it is there.
             tx.guards.add(g.TYPE_MATCH, ItemSource(AttrSource(obj.source, "__dict__"), name),
                           type(obj.obj.__dict__[name]))
-            tx.attr_stores[(id(obj.obj), name)] = (obj, name, DELETED)
+            tx.effects.attr_stores[(id(obj.obj), name)] = (obj, name, DELETED)
         # else: set earlier in this trace only; dropping that store is the whole effect.
-        tx.effects_recorded += 1
+        tx.effects.recorded += 1
         return
     raise Unsupported(f"deleting attribute {name!r} of {describe(obj)} is not supported yet")
 

@@ -126,10 +126,7 @@ def check_finished_generators(tx, live=()):
 
 def stored_values(tx):
     """Values the trace's side effects store into state that outlives it."""
-    out = [value for _, _, value in tx.attr_stores.values()]
-    out += [value for _, value in tx.global_stores.values()]
-    out += [value for _, value in tx.cell_stores.values()]
-    out += list(tx.mutated.values())
+    out = tx.effects.stored_values() + list(tx.effects.mutated.values())
     return [v for v in out if isinstance(v, Value)]
 
 
@@ -179,12 +176,12 @@ def _closes_quietly(tx, gen):
     exception through without doing anything observable (e.g. ``except IndexError:``), so
     when Python closes it does not matter."""
     nodes = len(tx.graph.graph.nodes)
-    effects = tx.effect_count()
+    effects = tx.effects.count()
     try:
         resume(gen, thrown=new(GeneratorExit))
     except TracedRaise as e:
         return issubclass(e.value.cls, GeneratorExit) and len(tx.graph.graph.nodes) == nodes \
-            and tx.effect_count() == effects
+            and tx.effects.count() == effects
     except Unsupported:
         return False
     return False   # it yielded again or returned: Python would raise or run code

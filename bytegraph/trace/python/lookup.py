@@ -159,7 +159,7 @@ class ExistingInstance(Instance):
 
     def own(self, frame, name):
         tx = frame.tx
-        pending = tx.attr_stores.get((id(self.obj), name))
+        pending = tx.effects.attr_stores.get((id(self.obj), name))
         if pending is not None:
             # Stored (or deleted) earlier in this trace, done after the graph.
             return None if pending[2] is DELETED else pending[2]
@@ -201,7 +201,7 @@ class ExistingInstance(Instance):
             super().cache(frame, name, value)
         # Recorded like a plain attribute store, done after the graph (object.__setattr__ where
         # the class has its own __setattr__: codegen.transformed).
-        frame.tx.attr_stores[(id(self.obj), name)] = (self.value, name, value)
+        frame.tx.effects.attr_stores[(id(self.obj), name)] = (self.value, name, value)
         note_store(frame.tx, self.obj, name, value)
 
     def native(self, frame, name, attr):
@@ -234,7 +234,7 @@ class ExistingInstance(Instance):
         return None
 
     def custom_getattribute(self, frame, name, hook):
-        if isinstance(hook, types.FunctionType) and any(key[0] == id(self.obj) for key in frame.tx.attr_stores):
+        if isinstance(hook, types.FunctionType) and any(key[0] == id(self.obj) for key in frame.tx.effects.attr_stores):
             # The trace changed the object: its __getattribute__ is traced, over the changed state
             # (object.__getattribute__ inside it sees the stores).
             src = guard_class_method(frame.tx, self.cls, "__getattribute__", hook)

@@ -128,7 +128,7 @@ def _sequence_op(frame, op, a, b):
     if op in ("+", "+="):
         if isinstance(a, ListValue) and op == "+=":
             items = ops.iterate(frame, b)
-            frame.tx.mark_mutated(a, "+= on")
+            frame.tx.effects.mark_mutated(a, "+= on")
             a.items.extend(items)
             return a
         if type(a) is type(b) and isinstance(a, ListValue):
@@ -445,7 +445,7 @@ def getitem(frame, obj, index):
         if k not in obj.items:
             if isinstance(obj, DefaultDictValue) and not is_none(obj.factory):
                 new = ops.call(frame, obj.factory, [], {})
-                frame.tx.mark_mutated(obj, "a missing key of")
+                frame.tx.effects.mark_mutated(obj, "a missing key of")
                 obj.items[k] = new
                 return new
             raise PythonError(f"KeyError: {k!r}", KeyError(k))
@@ -526,7 +526,7 @@ def setitem(frame, obj, index, value):
         i = as_constant(index)
         if isinstance(i, slice):
             new = ops.iterate(frame, value)
-            frame.tx.mark_mutated(obj, "slice assignment on")
+            frame.tx.effects.mark_mutated(obj, "slice assignment on")
             try:
                 obj.items[i] = new
             except ValueError as e:
@@ -534,11 +534,11 @@ def setitem(frame, obj, index, value):
             return
         if not isinstance(i, int) or not -len(obj.items) <= i < len(obj.items):
             raise PythonError("list assignment index out of range", IndexError("list assignment index out of range"))
-        frame.tx.mark_mutated(obj, "item assignment on")
+        frame.tx.effects.mark_mutated(obj, "item assignment on")
         obj.items[i] = value
         return
     if isinstance(obj, DictValue):
-        frame.tx.mark_mutated(obj, "item assignment on")
+        frame.tx.effects.mark_mutated(obj, "item assignment on")
         obj.items[key_of(index)] = value
         return
     if is_frame_mutable_constant(obj):
@@ -559,7 +559,7 @@ def delitem(frame, obj, index):
             obj.items[k]
         except (KeyError, IndexError, TypeError) as e:
             raise PythonError(f"del raised {type(e).__name__}: {e}", e) from e
-        frame.tx.mark_mutated(obj, "del on")
+        frame.tx.effects.mark_mutated(obj, "del on")
         del obj.items[k]
         return
     if is_frame_mutable_constant(obj):

@@ -161,7 +161,7 @@ def _changed(snapshot):
 
 
 def _effect_marks(tx):
-    return tx.effect_count()
+    return tx.effects.count()
 
 
 def trace_body(frame, sub, fn, args, kwargs, what, grad_mode=None, own=()):

@@ -121,7 +121,7 @@ def make_optimizer_state(frame, fn, args, kwargs):
         return
     tx = frame.tx
     opt = args[0].obj
-    if id(opt.state) in tx.memo or tx.attr_stores:
+    if id(opt.state) in tx.memo or tx.effects.attr_stores:
         # The trace has read the state, or holds attribute stores not done yet (``p.grad = ...``):
         # the real objects are not what the trace sees.
         return
@@ -132,7 +132,7 @@ def make_optimizer_state(frame, fn, args, kwargs):
             return v.value
         if isinstance(v, ListValue) and v.source is None and not v.items:
             return []
-        if isinstance(v, DictValue) and id(v) in real and id(v) not in tx.mutated:
+        if isinstance(v, DictValue) and id(v) in real and id(v) not in tx.effects.mutated:
             return real[id(v)]
         raise LookupError
 
