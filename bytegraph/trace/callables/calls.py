@@ -75,78 +75,22 @@ def call(frame, fn, args, kwargs):
 
 
 def _call_object(frame, fv, args, kwargs):
-    obj = fv.obj
-    tx = frame.tx
-    special = _control_call(frame, obj, args, kwargs)
-    if special is not None:
-        return special
-    special = torch_wrappers.call(frame, obj, args, kwargs)
-    if special is None:
-        special = higher_order.call(frame, fv, args, kwargs)
-    if special is not None:
-        return special
-    if numpy_calls.is_numpy_callable(obj):
-        return numpy_calls.call_numpy(frame, fv, args, kwargs)
-    handler = BUILTIN_HANDLERS.get(_key(obj))
-    if handler is not None:
-        return handler(frame, args, kwargs)
-    native = distributed.call_native(frame, fv, args, kwargs)
-    if native is not None:
-        return native
-    stdlib = ops.call_stdlib_object(frame, fv, args, kwargs)
-    if stdlib is not None:
-        return stdlib
-    if isinstance(obj, torch.nn.Module):
-        return call_module(frame, fv, args, kwargs)
-    if _is_numpy_callable(obj) and all(_is_python_numbers(a) for a in list(args) + list(kwargs.values())):
-        # NumPy on Python numbers (np.lcm(4, 6), np.prod((2, 3))): a pure function of constants,
-        # folded when the result is a NumPy or Python scalar (an array is mutable: not a constant).
-        result = fold(frame, obj, args, kwargs, what=f"numpy.{getattr(obj, '__name__', '?')}")
-        if isinstance(result, ConstantValue) and isinstance(result.value, (np.generic, int, float, bool, complex)):
+    """``obj(*args, **kwargs)`` for a real callable: the first of the registries that claims it
+    (``_CLAIMS``, in order), else the handler of its kind (``_BY_KIND``), else a fold of a pure
+    builtin, a traced ``__call__`` written in Python, or Unsupported."""
+    for claim in _CLAIMS:
+        result = claim(frame, fv, args, kwargs)
+        if result is not None:
             return result
-        raise Unsupported(f"numpy.{getattr(obj, '__name__', '?')}() makes a NumPy array, which is not supported "
-                          "in a graph yet", hint="compute it with torch, or outside the compiled function")
-    if isinstance(obj, types.FunctionType):
-        if is_graph_function(obj):
-            return torch_call(frame, obj, args, kwargs)
-        if control.torch_wrap_numpy_target(obj) is not None:
-            return numpy_calls.call_torch_wrap_numpy(frame, fv, args, kwargs)
-        wrapped = torch_wrappers.unwrap(obj)
-        if wrapped is not None:
-            # torch._disable_dynamo(f): trace f (torch_wrappers.py says why).
-            return call(frame, wrap(tx, wrapped, AttrSource(fv.source, "__wrapped__") if fv.source else None),
-                        args, kwargs)
-        return call_python_function(frame, fv, args, kwargs)
-    if isinstance(obj, types.MethodType):
-        if isinstance(obj.__self__, torch.inference_mode) and obj.__name__ == "__exit__":
-            raise Unsupported("leaving a torch.inference_mode() block: it is left natively at a graph break",
-                              hint=INFERENCE_MODE_HINT)
-        self_value = wrap(tx, obj.__self__, AttrSource(fv.source, "__self__") if fv.source else None)
-        func = wrap(tx, obj.__func__, None)
-        return call(frame, func, [self_value] + args, kwargs)
-    if is_graph_function(obj):
-        return torch_call(frame, obj, args, kwargs)
-    if isinstance(obj, enum.EnumMeta):
-        # Looking a member up by value: members are fixed once the class is guarded.
-        return fold(frame, obj, args, kwargs, what=f"{obj.__qualname__}()")
-    if isinstance(obj, type):
-        if obj.__module__.startswith("torch"):
-            made = call_torch_class(frame, obj, args, kwargs)
-            if made is not None:
-                return made
-        return _call_class(frame, obj, args, kwargs)
-    if isinstance(obj, types.BuiltinMethodType) and type(obj.__self__) in (dict, list) and fv.source is not None:
-        # A container from outside the trace that could not be read as a value (keys other
-        # than str/int): lookups are guarded one by one; anything else would need its contents.
-        if type(obj.__self__) is dict and obj.__name__ in _DICT_LOOKUPS:
-            return _existing_dict_lookup(frame, fv, args, kwargs)
-        raise Unsupported(f"{type(obj.__self__).__name__}.{obj.__name__}() on {attrs.describe(fv)} "
-                          "is not supported yet")
-    if type(obj) is weakref.ReferenceType and fv.source is not None and not args and not kwargs:
-        # A weak reference kept from outside (nn.LSTM's to its weights): what it refers to now.
-        return wrap(tx, obj(), WeakRefCallSource(fv.source))
+    obj = fv.obj
+    by_kind = _handler_of_kind(type(obj))
+    if by_kind is not None:
+        result = by_kind(frame, fv, args, kwargs)
+        if result is not None:
+            return result
     if _is_foldable(obj):
         return fold(frame, obj, args, kwargs)
+    tx = frame.tx
     call_attr = getattr(type(obj), "__call__", None)
     if isinstance(call_attr, types.FunctionType):
         src = protocols.guard_class_method(tx, type(obj), "__call__", call_attr)
@@ -158,6 +102,149 @@ def _call_object(frame, fv, args, kwargs):
         hint = ("if it only computes on tensors, wrap it with bytegraph.allow_in_graph; otherwise call it "
                 "outside the compiled function (without fullgraph=True it runs eagerly at a graph break)")
     raise Unsupported(f"calling {attrs.describe(fv)} is not supported yet", hint=hint)
+
+
+# --- registries that may claim any callable, in the order they are asked ----------------------
+
+def _claim_control(frame, fv, args, kwargs):
+    return _control_call(frame, fv.obj, args, kwargs)
+
+
+def _claim_torch_wrapper(frame, fv, args, kwargs):
+    return torch_wrappers.call(frame, fv.obj, args, kwargs)
+
+
+def _claim_higher_order(frame, fv, args, kwargs):
+    return higher_order.call(frame, fv, args, kwargs)
+
+
+def _claim_numpy(frame, fv, args, kwargs):
+    if numpy_calls.is_numpy_callable(fv.obj):
+        return numpy_calls.call_numpy(frame, fv, args, kwargs)
+    return None
+
+
+def _claim_builtin_handler(frame, fv, args, kwargs):
+    handler = BUILTIN_HANDLERS.get(_key(fv.obj))
+    return handler(frame, args, kwargs) if handler is not None else None
+
+
+def _claim_distributed(frame, fv, args, kwargs):
+    return distributed.call_native(frame, fv, args, kwargs)
+
+
+def _claim_stdlib(frame, fv, args, kwargs):
+    return ops.call_stdlib_object(frame, fv, args, kwargs)
+
+
+def _claim_module(frame, fv, args, kwargs):
+    return call_module(frame, fv, args, kwargs) if isinstance(fv.obj, torch.nn.Module) else None
+
+
+def _claim_numpy_on_numbers(frame, fv, args, kwargs):
+    obj = fv.obj
+    if not (_is_numpy_callable(obj) and all(_is_python_numbers(a) for a in list(args) + list(kwargs.values()))):
+        return None
+    # NumPy on Python numbers (np.lcm(4, 6), np.prod((2, 3))): a pure function of constants,
+    # folded when the result is a NumPy or Python scalar (an array is mutable: not a constant).
+    result = fold(frame, obj, args, kwargs, what=f"numpy.{getattr(obj, '__name__', '?')}")
+    if isinstance(result, ConstantValue) and isinstance(result.value, (np.generic, int, float, bool, complex)):
+        return result
+    raise Unsupported(f"numpy.{getattr(obj, '__name__', '?')}() makes a NumPy array, which is not supported "
+                      "in a graph yet", hint="compute it with torch, or outside the compiled function")
+
+
+_CLAIMS = (_claim_control, _claim_torch_wrapper, _claim_higher_order, _claim_numpy, _claim_builtin_handler,
+           _claim_distributed, _claim_stdlib, _claim_module, _claim_numpy_on_numbers)
+
+
+# --- callables by kind (the type of the real object, or its nearest base listed) --------------
+
+def _call_function_object(frame, fv, args, kwargs):
+    obj = fv.obj
+    if is_graph_function(obj):
+        return torch_call(frame, obj, args, kwargs)
+    if control.torch_wrap_numpy_target(obj) is not None:
+        return numpy_calls.call_torch_wrap_numpy(frame, fv, args, kwargs)
+    wrapped = torch_wrappers.unwrap(obj)
+    if wrapped is not None:
+        # torch._disable_dynamo(f): trace f (torch_wrappers.py says why).
+        return call(frame, wrap(frame.tx, wrapped, AttrSource(fv.source, "__wrapped__") if fv.source else None),
+                    args, kwargs)
+    return call_python_function(frame, fv, args, kwargs)
+
+
+def _call_method_object(frame, fv, args, kwargs):
+    obj = fv.obj
+    if isinstance(obj.__self__, torch.inference_mode) and obj.__name__ == "__exit__":
+        raise Unsupported("leaving a torch.inference_mode() block: it is left natively at a graph break",
+                          hint=INFERENCE_MODE_HINT)
+    self_value = wrap(frame.tx, obj.__self__, AttrSource(fv.source, "__self__") if fv.source else None)
+    func = wrap(frame.tx, obj.__func__, None)
+    return call(frame, func, [self_value] + args, kwargs)
+
+
+def _call_graph_function(frame, fv, args, kwargs):
+    return torch_call(frame, fv.obj, args, kwargs) if is_graph_function(fv.obj) else None
+
+
+def _call_builtin(frame, fv, args, kwargs):
+    obj = fv.obj
+    if is_graph_function(obj):
+        return torch_call(frame, obj, args, kwargs)
+    if type(obj.__self__) in (dict, list) and fv.source is not None:
+        # A container from outside the trace that could not be read as a value (keys other
+        # than str/int): lookups are guarded one by one; anything else would need its contents.
+        if type(obj.__self__) is dict and obj.__name__ in _DICT_LOOKUPS:
+            return _existing_dict_lookup(frame, fv, args, kwargs)
+        raise Unsupported(f"{type(obj.__self__).__name__}.{obj.__name__}() on {attrs.describe(fv)} "
+                          "is not supported yet")
+    return None
+
+
+def _call_enum_class(frame, fv, args, kwargs):
+    # Looking a member up by value: members are fixed once the class is guarded.
+    return fold(frame, fv.obj, args, kwargs, what=f"{fv.obj.__qualname__}()")
+
+
+def _call_type(frame, fv, args, kwargs):
+    obj = fv.obj
+    if obj.__module__.startswith("torch"):
+        made = call_torch_class(frame, obj, args, kwargs)
+        if made is not None:
+            return made
+    return _call_class(frame, obj, args, kwargs)
+
+
+def _call_weakref(frame, fv, args, kwargs):
+    if type(fv.obj) is weakref.ReferenceType and fv.source is not None and not args and not kwargs:
+        # A weak reference kept from outside (nn.LSTM's to its weights): what it refers to now.
+        return wrap(frame.tx, fv.obj(), WeakRefCallSource(fv.source))
+    return None
+
+
+_BY_KIND = {
+    types.FunctionType: _call_function_object,
+    types.MethodType: _call_method_object,
+    types.BuiltinFunctionType: _call_builtin,          # also types.BuiltinMethodType: the same type
+    types.MethodDescriptorType: _call_graph_function,
+    types.WrapperDescriptorType: _call_graph_function,
+    torch._ops.OpOverloadPacket: _call_graph_function,
+    torch._ops.OpOverload: _call_graph_function,
+    enum.EnumMeta: _call_enum_class,
+    type: _call_type,
+    weakref.ReferenceType: _call_weakref,
+}
+_KIND_OF_TYPE = {}
+
+
+def _handler_of_kind(cls):
+    try:
+        return _KIND_OF_TYPE[cls]
+    except KeyError:
+        handler = next((_BY_KIND[c] for c in cls.__mro__ if c in _BY_KIND), None)
+        _KIND_OF_TYPE[cls] = handler
+        return handler
 
 
 _DICT_LOOKUPS = ("get", "__getitem__", "__contains__")

@@ -135,6 +135,14 @@ def _has_attr(frame, v, name):
 
 
 def _dict_method(frame, d, name, args, kwargs):
+    part = _DICT_PARTS.get(name)
+    if part is None:
+        raise Unsupported(f"dict.{name}() is not supported yet")
+    return part(frame, d, name, args, kwargs)
+
+
+def _dict_read(frame, d, name, args, kwargs):
+    """Methods that read a dict: views, lookups, copies, length, iteration."""
     items = d.items
     if name in ("keys", "values", "items"):
         return DictViewValue(d, name)
@@ -147,27 +155,39 @@ def _dict_method(frame, d, name, args, kwargs):
         return ConstantValue(operators.key_of(args[0]) in items)
     if name == "copy":
         return _new_like(d, items)
-    if name == "update":
-        if args:
-            other = args[0]
-            if isinstance(other, DictValue):
-                items.update(other.items)
-            elif isinstance(other, ConstantValue) and isinstance(other.value, dict):
-                # A Counter made in the frame (kept as a real object of Python values).
-                items.update({k: constant(v) for k, v in other.value.items()})
-            elif isinstance(other, UserObjectValue) and other.dict_items is not None \
-                    and other.cls.__iter__ is dict.__iter__:
-                items.update(other.dict_items.items)   # CPython copies a dict subclass's own items
-            elif isinstance(other, (UserObjectValue, ObjectValue)) and _has_attr(frame, other, "keys"):
-                # A mapping (an OrderedDict subclass such as ModelOutput): keys(), then self[k].
-                for k in iterate(frame, ops.call(frame, attrs.get_attr(frame, other, "keys"), [], {})):
-                    items[operators.key_of(k)] = operators.getitem(frame, other, k)
-            else:
-                for pair in iterate(frame, other):
-                    k, v = iterate(frame, pair)
-                    items[operators.key_of(k)] = v
-        items.update(kwargs)
-        return ConstantValue(None)
+    if name == "__len__":
+        return ConstantValue(len(items))
+    return IteratorValue(iterate(frame, d))   # __iter__
+
+
+def _dict_update(frame, d, name, args, kwargs):
+    """``d.update(other, **kwargs)`` from a dict, a Counter, a mapping or pairs, as CPython reads each."""
+    items = d.items
+    if args:
+        other = args[0]
+        if isinstance(other, DictValue):
+            items.update(other.items)
+        elif isinstance(other, ConstantValue) and isinstance(other.value, dict):
+            # A Counter made in the frame (kept as a real object of Python values).
+            items.update({k: constant(v) for k, v in other.value.items()})
+        elif isinstance(other, UserObjectValue) and other.dict_items is not None \
+                and other.cls.__iter__ is dict.__iter__:
+            items.update(other.dict_items.items)   # CPython copies a dict subclass's own items
+        elif isinstance(other, (UserObjectValue, ObjectValue)) and _has_attr(frame, other, "keys"):
+            # A mapping (an OrderedDict subclass such as ModelOutput): keys(), then self[k].
+            for k in iterate(frame, ops.call(frame, attrs.get_attr(frame, other, "keys"), [], {})):
+                items[operators.key_of(k)] = operators.getitem(frame, other, k)
+        else:
+            for pair in iterate(frame, other):
+                k, v = iterate(frame, pair)
+                items[operators.key_of(k)] = v
+    items.update(kwargs)
+    return ConstantValue(None)
+
+
+def _dict_remove(frame, d, name, args, kwargs):
+    """Methods that take items out: ``pop``, ``popitem``, ``del d[k]``, ``clear``."""
+    items = d.items
     if name == "pop":
         k = operators.key_of(args[0])
         if k in items:
@@ -175,14 +195,6 @@ def _dict_method(frame, d, name, args, kwargs):
         if len(args) > 1:
             return args[1]
         raise PythonError(f"KeyError: {k!r}", KeyError(k))
-    if name == "setdefault":
-        k = operators.key_of(args[0])
-        if k not in items:
-            items[k] = args[1] if len(args) > 1 else ConstantValue(None)
-        return items[k]
-    if name == "__setitem__":
-        items[operators.key_of(args[0])] = args[1]
-        return ConstantValue(None)
     if name == "__delitem__":
         k = operators.key_of(args[0])
         if k not in items:
@@ -203,14 +215,24 @@ def _dict_method(frame, d, name, args, kwargs):
             k = next(iter(items))
             v = items.pop(k)
         return TupleValue([ConstantValue(k) if isinstance(k, (str, int)) else ObjectValue(k), v])
-    if name == "clear":
-        items.clear()
+    items.clear()   # clear
+    return ConstantValue(None)
+
+
+def _dict_write(frame, d, name, args, kwargs):
+    """Methods that put items in or reorder them: ``setdefault``, ``d[k] = v``, ``move_to_end``, ``|``, ``|=``."""
+    items = d.items
+    if name == "setdefault":
+        k = operators.key_of(args[0])
+        if k not in items:
+            items[k] = args[1] if len(args) > 1 else ConstantValue(None)
+        return items[k]
+    if name == "__setitem__":
+        items[operators.key_of(args[0])] = args[1]
         return ConstantValue(None)
-    if name == "__len__":
-        return ConstantValue(len(items))
-    if name == "__iter__":
-        return IteratorValue(iterate(frame, d))
-    if name == "move_to_end" and d.cls is collections.OrderedDict:
+    if name == "move_to_end":
+        if d.cls is not collections.OrderedDict:
+            raise Unsupported(f"dict.{name}() is not supported yet")
         k = operators.key_of(args[0])
         last = kwargs.get("last", args[1] if len(args) > 1 else ConstantValue(True))
         if k not in items:
@@ -221,15 +243,23 @@ def _dict_method(frame, d, name, args, kwargs):
         else:
             d.items = {k: v, **items}
         return ConstantValue(None)
-    if name == "__or__" or name == "__ior__":
-        other = args[0]
-        if not isinstance(other, DictValue):
-            raise Unsupported(f"dict | {type(other).__name__.replace('Value', '').lower()}")
-        if name == "__ior__":
-            items.update(other.items)
-            return d
-        return _new_like(d, {**items, **other.items})
-    raise Unsupported(f"dict.{name}() is not supported yet")
+    other = args[0]   # __or__, __ior__
+    if not isinstance(other, DictValue):
+        raise Unsupported(f"dict | {type(other).__name__.replace('Value', '').lower()}")
+    if name == "__ior__":
+        items.update(other.items)
+        return d
+    return _new_like(d, {**items, **other.items})
+
+
+# dict method name -> the part of _dict_method that does it.
+_DICT_PARTS = {
+    **dict.fromkeys(("keys", "values", "items", "get", "__getitem__", "__contains__", "copy", "__len__", "__iter__"),
+                    _dict_read),
+    "update": _dict_update,
+    **dict.fromkeys(("pop", "popitem", "__delitem__", "clear"), _dict_remove),
+    **dict.fromkeys(("setdefault", "__setitem__", "move_to_end", "__or__", "__ior__"), _dict_write),
+}
 
 
 _SET_QUERIES = {"__contains__", "__len__", "issubset", "issuperset", "isdisjoint", "union",

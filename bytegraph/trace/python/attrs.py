@@ -47,61 +47,77 @@ def get_attr(frame, v, name):
 
 
 def _get_attr(frame, v, name):
-    if isinstance(v, TensorValue):
-        return _tensor_attr(frame, v, name)
-    if isinstance(v, NdarrayValue):
-        return numpy_calls.array_attr(frame, v, name)
+    reader = _reader_for(type(v))
+    value = reader(frame, v, name) if reader is not None else None
+    if value is None:
+        raise Unsupported(f"attribute {name!r} of {describe(v)} is not supported yet")
+    return value
+
+
+def _reader_for(cls):
+    """The attribute reader of a kind of value: the entry of ``cls`` or of its nearest base."""
+    try:
+        return _READER_OF_TYPE[cls]
+    except KeyError:
+        reader = next((_READERS[c] for c in cls.__mro__ if c in _READERS), None)
+        _READER_OF_TYPE[cls] = reader
+        return reader
+
+
+def _object_value_attr(frame, v, name):
     if numpy_calls.is_numpy_object(v):
         value = numpy_calls.object_attr(frame, v, name)
         if value is not None:
             return value
-    if isinstance(v, ConstantValue):
-        return _constant_attr(v, name)
-    if isinstance(v, ObjectValue):
-        return _object_attr(frame, v, name)
-    if isinstance(v, UserObjectValue):
-        return _user_object_attr(frame, v, name)
-    if isinstance(v, SuperValue):
-        return _super_attr(frame, v, name)
-    if isinstance(v, (ExceptionValue, GeneratorValue)):
-        return (exceptions.get_attr if isinstance(v, ExceptionValue) else ops.generator_attr)(frame, v, name)
-    if isinstance(v, TupleValue):
-        fields = getattr(v.cls, "_fields", None) or getattr(v.cls, "__match_args__", None)
-        if fields and name in fields:
-            return v.items[fields.index(name)]
-        if name in ("count", "index"):
-            return MethodOfValue(v, name)
-        if v.cls not in (tuple, torch.Size) and name not in ("_replace", "_asdict"):
-            # Methods, properties and class attributes of a namedtuple (subclass): as for any object.
-            attr, found = class_lookup(v.cls, name)
-            if found and _defined_in_python_class(v.cls, name):
-                return lookup.bind(frame, lookup.Instance(v, v.cls), name, attr)
-    if isinstance(v, (ListValue, DictValue, TupleValue)):
-        if name == "__class__":
-            return wrap(frame.tx, v.python_type(), None)   # its type is fixed (guarded if from outside)
-        if name == "default_factory" and isinstance(v, DefaultDictValue):
-            return v.factory
-        if hasattr(v.python_type(), name):
-            return MethodOfValue(v, name)
-    if isinstance(v, FunctionValue):
-        return _function_attr(frame, v, name)
-    if isinstance(v, PartialValue):
-        if name == "func":
-            return v.func
-        if name == "args":
-            return TupleValue(v.args)
-        if name == "keywords":
-            table = DictValue({})
-            table.items = v.kwargs   # the partial's own table, as in CPython
-            return table
-    if isinstance(v, ContextManagerValue) and name in ("__enter__", "__exit__"):
+    return _object_attr(frame, v, name)
+
+
+def _tuple_attr(frame, v, name):
+    fields = getattr(v.cls, "_fields", None) or getattr(v.cls, "__match_args__", None)
+    if fields and name in fields:
+        return v.items[fields.index(name)]
+    if name in ("count", "index"):
         return MethodOfValue(v, name)
-    if isinstance(v, BoundMethodValue):
-        if name == "__self__":
-            return v.self_value
-        if name == "__func__":
-            return v.func
-    raise Unsupported(f"attribute {name!r} of {describe(v)} is not supported yet")
+    if v.cls not in (tuple, torch.Size) and name not in ("_replace", "_asdict"):
+        # Methods, properties and class attributes of a namedtuple (subclass): as for any object.
+        attr, found = class_lookup(v.cls, name)
+        if found and _defined_in_python_class(v.cls, name):
+            return lookup.bind(frame, lookup.Instance(v, v.cls), name, attr)
+    return _container_attr(frame, v, name)
+
+
+def _container_attr(frame, v, name):
+    if name == "__class__":
+        return wrap(frame.tx, v.python_type(), None)   # its type is fixed (guarded if from outside)
+    if name == "default_factory" and isinstance(v, DefaultDictValue):
+        return v.factory
+    if hasattr(v.python_type(), name):
+        return MethodOfValue(v, name)
+    return None
+
+
+def _partial_attr(frame, v, name):
+    if name == "func":
+        return v.func
+    if name == "args":
+        return TupleValue(v.args)
+    if name == "keywords":
+        table = DictValue({})
+        table.items = v.kwargs   # the partial's own table, as in CPython
+        return table
+    return None
+
+
+def _context_manager_attr(frame, v, name):
+    return MethodOfValue(v, name) if name in ("__enter__", "__exit__") else None
+
+
+def _bound_method_attr(frame, v, name):
+    if name == "__self__":
+        return v.self_value
+    if name == "__func__":
+        return v.func
+    return None
 
 
 def _function_attr(frame, v, name):
@@ -712,3 +728,26 @@ def _replayable_store(obj, name, value, plain=False):
         return False
     attr, found = class_lookup(cls, name)
     return not (found and is_data_descriptor(attr)) and hasattr(obj, "__dict__")
+
+
+
+# value class -> reader(frame, v, name): the attribute's value, or None when the reader has no
+# answer for that name (an Unsupported then). A kind of value not listed has no attributes yet.
+_READERS = {
+    TensorValue: _tensor_attr,
+    NdarrayValue: numpy_calls.array_attr,
+    ConstantValue: lambda frame, v, name: _constant_attr(v, name),
+    ObjectValue: _object_value_attr,
+    UserObjectValue: _user_object_attr,
+    SuperValue: _super_attr,
+    ExceptionValue: exceptions.get_attr,
+    GeneratorValue: lambda frame, v, name: ops.generator_attr(frame, v, name),   # wired at import
+    TupleValue: _tuple_attr,
+    ListValue: _container_attr,
+    DictValue: _container_attr,
+    FunctionValue: _function_attr,
+    PartialValue: _partial_attr,
+    ContextManagerValue: _context_manager_attr,
+    BoundMethodValue: _bound_method_attr,
+}
+_READER_OF_TYPE = {}
