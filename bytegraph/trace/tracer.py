@@ -12,7 +12,7 @@ from .core.context import TraceContext
 from .machine import control_opcodes, opcodes  # noqa: F401 (control_opcodes: registering handlers)
 from .machine.frame import Frame, PendingLocal, inline_call
 from .nn import module_calls, module_enumeration  # noqa: F401 (module_enumeration: registering handlers)
-from .python import attrs, generators, iteration
+from .python import generators, iteration
 from .torch_api import pytree  # noqa: F401 (registering handlers)
 from .torch_api.torch_calls import undo_state_changes
 
@@ -24,7 +24,7 @@ ops.wire(HANDLERS=opcodes.HANDLERS,
          call=calls.call, inline_call=inline_call, fold=calls.fold, tensor_method=calls.tensor_method,
          call_stdlib_object=stdlib_calls.call_stdlib_object, iterate=iteration.iterate,
          call_method=containers.call_method, inplace_operator=containers.inplace_operator,
-         user_object_attr=attrs._user_object_attr, generator_attr=generators.get_attr)
+         generator_attr=generators.get_attr)
 
 
 @dataclass

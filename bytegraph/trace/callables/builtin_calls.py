@@ -18,14 +18,13 @@ from ... import control
 from ...datamodel import class_attr, is_callable_type
 from ...errors import Unsupported
 from ...guards import builder as g
-from ...guards.sources import RawAttrSource
 from ...values.base import (BoundMethodValue, CellValue, ConstantValue, ContextManagerValue, DictValue, DictViewValue,
                            IteratorValue, ListValue, ObjectValue, PrivateObjectValue, SuperValue, SymValue, TensorValue, TracedId, TupleValue, UserObjectValue, holds_values)
 from ...values.arrays import NdarrayValue
 from ...values.builder import wrap
 from ..core import ops
 from ..numpy_api import numpy_calls
-from ..python import attrs, generators, operators
+from ..python import attrs, generators, lookup, operators
 from ..torch_api import distributed
 from .calls import TENSOR_DATA_HINT, call, fold, has_tensor
 from ..core.basics import no_attr_name
@@ -533,21 +532,14 @@ def _object_getattribute(frame, args, kwargs):
             raise attrs.MissingAttribute(f"{no_attr_name(type(obj.obj))} object has no attribute {name!r}") from None
         return attrs.private_value(frame, value, obj)
     if isinstance(obj, ObjectValue) and obj.source is not None and not isinstance(obj.obj, torch.nn.Module):
-        # Past the class's own __getattribute__ (super().__getattribute__ inside it); guarded
-        # by reading it the same way.
-        pending = frame.tx.effects.attr_stores.get((id(obj.obj), name))
-        if pending is not None:
-            if pending[2] is attrs.DELETED:
-                raise attrs.MissingAttribute(f"{type(obj.obj).__name__!r} object has no attribute {name!r}")
-            return pending[2]
+        # Past the class's own __getattribute__ (super().__getattribute__ inside it): the generic
+        # order, with the object's own state read (and guarded) the same way.
         try:
-            value = object.__getattribute__(obj.obj, name)
-        except AttributeError:
-            frame.tx.guards.add(g.MISSING_ATTR, obj.source, name)
-            raise attrs.MissingAttribute(f"{type(obj.obj).__name__!r} object has no attribute {name!r}") from None
-        if isinstance(value, types.MethodType) and value.__self__ is obj.obj:
-            return BoundMethodValue(wrap(frame.tx, value.__func__, None), obj)
-        return wrap(frame.tx, value, RawAttrSource(obj.source, name))
+            return lookup.generic_attr(frame, lookup.ExistingInstance(obj, raw=True), name)
+        except attrs.MissingAttribute:
+            if (id(obj.obj), name) not in frame.tx.effects.attr_stores:   # (not when the trace deleted it)
+                frame.tx.guards.add(g.MISSING_ATTR, obj.source, name)
+            raise
     raise Unsupported(f"object.__getattribute__ on {attrs.describe(obj)} is not supported yet")
 
 

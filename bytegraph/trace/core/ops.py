@@ -59,18 +59,13 @@ def inplace_operator(frame, op, a, b):
     raise _not_wired("inplace_operator")
 
 
-def user_object_attr(frame, v, name):
-    """``v.name`` for an object of a user class made in the trace (attrs._user_object_attr)."""
-    raise _not_wired("user_object_attr")
-
-
 def generator_attr(frame, gen, name):
     """``gen.name`` for a generator made in the trace: send, throw, close... (generators.get_attr)."""
     raise _not_wired("generator_attr")
 
 
 _ENTRIES = ("HANDLERS", "call", "inline_call", "fold", "tensor_method", "call_stdlib_object",
-            "iterate", "call_method", "inplace_operator", "user_object_attr", "generator_attr")
+            "iterate", "call_method", "inplace_operator", "generator_attr")
 
 
 def wire(**implementations):

@@ -9,7 +9,7 @@ from ...values.base import (ConstantValue, ContextManagerValue, DictValue, Excep
 from ...values.builder import wrap
 from . import patterns, with_blocks
 from ..callables import calls
-from ..python import attrs, exceptions, generators, operators
+from ..python import attrs, exceptions, generators, lookup, operators
 from ..torch_api import torch_calls
 from ..python.generators import check_unchanged
 from ..python.iteration import iterate
@@ -149,7 +149,7 @@ def cleanup_throw(f, ins):
     exc = f.stack[-1]
     if isinstance(exc, ExceptionValue) and issubclass(exc.cls, StopIteration):
         del f.stack[-3:]
-        f.push(exceptions.get_attr(f, exc, "value"))
+        f.push(lookup.exception_attr(f, exc, "value"))
     else:
         raise exceptions.TracedRaise(f.pop())
 

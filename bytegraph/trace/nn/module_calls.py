@@ -10,14 +10,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ...datamodel import class_lookup
 from ...errors import Unsupported
-from ...guards.builder import GLOBAL_HOOKS, NO_HOOKS, NOT_OWN_ATTR
-from ...guards.sources import AttrSource
+from ...guards.builder import GLOBAL_HOOKS, NO_HOOKS
 from ...residual import has_hooks, is_fsdp_module
 from ...values.base import PrivateObjectValue
 from ...values.builder import wrap
 from . import blocks
 from ..core import ops
-from ..python import operators, protocols
+from ..python import lookup, operators
 from .hooks import call_with_hooks
 
 
@@ -79,22 +78,12 @@ def _call_forward(frame, mv, args, kwargs):
 
 def _trace_forward(frame, mv, args, kwargs):
     m = mv.obj
-    forward = m.__dict__.get("forward")
-    if forward is not None:
-        return ops.call(frame, wrap(frame.tx, forward, AttrSource(mv.source, "forward") if mv.source else None),
-                    args, kwargs)
-    if mv.source is not None:
-        # `m.forward = ...` later (a monkeypatch, a library's hook) must not find this trace.
-        frame.tx.guards.add(NOT_OWN_ATTR, mv.source, "forward")
-    fwd, _ = class_lookup(type(m), "forward")
-    src = protocols.guard_class_method(frame.tx, type(m), "forward", fwd)
-    if fwd is torch.nn.Module.forward:
+    if "forward" not in m.__dict__ and class_lookup(type(m), "forward")[0] is torch.nn.Module.forward:
         raise Unsupported(f"{type(m).__name__} has no forward()")
-    if isinstance(fwd, staticmethod):
-        return ops.call(frame, wrap(frame.tx, fwd.__func__, src), args, kwargs)
-    if isinstance(fwd, classmethod):
-        return ops.call(frame, wrap(frame.tx, fwd.__func__, src), [wrap(frame.tx, type(m), None)] + args, kwargs)
-    return ops.call(frame, wrap(frame.tx, fwd, src), [mv] + args, kwargs)
+    # ``m.forward`` in Python's order (an own entry, else the class's method bound to m), guarded
+    # as any attribute read: `m.forward = ...` later, or another forward on the class, recompiles.
+    forward = lookup.instance_attr(frame, lookup.ExistingInstance(mv), "forward")
+    return ops.call(frame, forward, args, kwargs)
 
 
 def make_module(frame, cls, args, kwargs):

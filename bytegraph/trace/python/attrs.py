@@ -740,7 +740,7 @@ _READERS = {
     ObjectValue: _object_value_attr,
     UserObjectValue: _user_object_attr,
     SuperValue: _super_attr,
-    ExceptionValue: exceptions.get_attr,
+    ExceptionValue: lookup.exception_attr,
     GeneratorValue: lambda frame, v, name: ops.generator_attr(frame, v, name),   # wired at import
     TupleValue: _tuple_attr,
     ListValue: _container_attr,

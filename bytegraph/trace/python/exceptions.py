@@ -22,7 +22,6 @@ from ...values.base import (ConstantValue, ExceptionValue, ObjectValue, TracerCa
 from ...values.builder import wrap
 from ..core import ops
 from ..core.basics import MissingAttribute, PythonError, as_constant, constant_value  # noqa: F401 (re-exported)
-from ...datamodel import class_lookup
 
 
 class TracedRaise(Exception):
@@ -262,34 +261,7 @@ def reraise_current(frame):
     raise TracedRaise(current)
 
 
-# --- reading exception objects ------------------------------------------------------------
-
-def get_attr(frame, v, name):
-    if name == "args":
-        return TupleValue(v.args)
-    if name == "__cause__":
-        return v.cause if v.cause is not None else ConstantValue(None)
-    if name == "__suppress_context__":
-        return ConstantValue(v.suppress_context)
-    if name == "__context__":
-        if v.context is None:
-            raise Unsupported("__context__ of an exception raised outside any traced handler "
-                              "(it may be the caller's exception)")
-        return v.context
-    if name == "__class__":
-        return wrap(frame.tx, v.cls, None)
-    if name in v.attrs:
-        return v.attrs[name]
-    if name == "value" and issubclass(v.cls, StopIteration):
-        return v.args[0] if v.args else ConstantValue(None)
-    if name in ("name", "obj") and issubclass(v.cls, (AttributeError, NameError)):
-        return ConstantValue(None)
-    attr, found = class_lookup(v.cls, name)
-    if found and getattr(attr, "__objclass__", None) is BaseException or name in (
-            "__traceback__", "with_traceback", "add_note", "__notes__"):
-        raise Unsupported(f"{name!r} of an exception made inside the compiled function is not supported yet")
-    return ops.user_object_attr(frame, v, name)
-
+# --- changing exception objects (reading them: lookup.exception_attr) ------------------------
 
 def set_attr(frame, v, name, value):
     if name == "__cause__":

@@ -33,7 +33,8 @@ from ...guards import builder as g
 from ...guards import stamps
 from ...guards.sources import (AttrSource, ClassEntrySource, ItemSource, ModuleEntrySource, ObjectSource,
                               RawAttrOrMissingSource, RawAttrSource)
-from ...values.base import BoundMethodValue, ConstantValue, DictValue, MethodOfValue, ObjectValue, PrivateObjectValue
+from ...values.base import (BoundMethodValue, ConstantValue, DictValue, ExceptionValue, MethodOfValue, ObjectValue,
+                             PrivateObjectValue, TupleValue)
 from ...values.builder import CONSTANT_TYPES, wrap
 from . import exceptions
 from ..core import ops
@@ -138,6 +139,52 @@ class TracedInstance(Instance):
         if getattr(v, "dict_items", None) is not None and defined_by_dict(self.cls, name):
             return dict_method(frame, v, name)   # an object of a dict subclass made in the trace
         return super().native(frame, name, attr)
+
+
+class ExceptionInstance(TracedInstance):
+    """An exception made in the trace (``ExceptionValue``): BaseException's own C attributes
+    answer from the value (``args``, the cause and context, StopIteration's ``value``,
+    AttributeError's and NameError's ``name``/``obj``); its other C attributes (tracebacks,
+    notes, its ``__dict__``) are not traced."""
+
+    def native(self, frame, name, attr):
+        v = self.value
+        if name == "args":
+            return TupleValue(v.args)
+        if name == "__cause__":
+            return v.cause if v.cause is not None else ConstantValue(None)
+        if name == "__suppress_context__":
+            return ConstantValue(v.suppress_context)
+        if name == "__context__":
+            if v.context is None:
+                raise Unsupported("__context__ of an exception raised outside any traced handler "
+                                  "(it may be the caller's exception)")
+            return v.context
+        if getattr(attr, "__objclass__", None) is BaseException or name in ("__traceback__", "with_traceback",
+                                                                            "add_note"):
+            raise Unsupported(f"{name!r} of an exception made inside the compiled function is not supported yet")
+        return super().native(frame, name, attr)
+
+    def slot(self, frame, name):
+        v = self.value
+        if name in v.attrs:
+            return v.attrs[name]
+        if name == "value" and issubclass(self.cls, StopIteration):
+            return v.args[0] if v.args else ConstantValue(None)
+        if name in ("name", "obj") and issubclass(self.cls, (AttributeError, NameError)):
+            return ConstantValue(None)
+        return super().slot(frame, name)
+
+
+def exception_attr(frame, v, name):
+    """``v.name`` for an exception made in the trace, in Python's order (``ExceptionInstance``)."""
+    try:
+        return instance_attr(frame, ExceptionInstance(v, v.cls), name)
+    except MissingAttribute:
+        if name == "__notes__":
+            raise Unsupported(f"{name!r} of an exception made inside the compiled function is not supported yet") \
+                from None
+        raise
 
 
 class ExistingInstance(Instance):
@@ -301,6 +348,8 @@ def instance_of(v):
         return PrivateInstance(v)
     if isinstance(v, ObjectValue):
         return ExistingInstance(v)
+    if isinstance(v, ExceptionValue):
+        return ExceptionInstance(v, v.cls)
     return TracedInstance(v, v.cls)
 
 
@@ -394,7 +443,7 @@ def _plain_class_attr_source(inst, name):
     follows the whole lookup again), else through the class."""
     if isinstance(inst, ExistingInstance) and inst.source is not None and not isinstance(inst, PrivateInstance):
         module = (inst.cls.__module__ or "").split(".")[0]
-        return AttrSource(inst.source, name) if module != "torch" else None
+        return inst.attr_source(name) if module != "torch" else None
     csrc = class_source(inst.cls)
     return AttrSource(csrc, name) if csrc is not None else None
 
