@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.abc
 import inspect
 import os
 import sys
@@ -11,7 +12,7 @@ from typing import Any, Callable
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from .control import torch_wrap_numpy_target, wrap_numpy
+from .control import torch_disabled_target, torch_wrap_numpy_target, wrap_numpy
 from .errors import BytegraphError
 from .backends.cudagraphs import new_invocation
 from .backends.registry import CompilerFn, lookup_backend
@@ -19,7 +20,8 @@ from .config import config
 from .debug import records
 from .debug import replay as replay_records
 from .debug.explain import BreakReason, ExplainOutput, _ops
-from .runtime import dispatch
+from .runtime import dispatch, dropin
+from .runtime.stance import set_stance
 from .runtime.dispatch import Compiler, _compilers, reset_all
 from .residual import call_ddp, call_disabled, has_hooks, is_fsdp_module
 from .trace.nn.hooks import has_unsupported_hooks
@@ -57,7 +59,8 @@ def compile(model: Callable | torch.nn.Module | None = None, *, fullgraph: bool 
                             fullgraph=fullgraph, dynamic=dynamic,
                             backend_spec=(backend, mode, options) if isinstance(backend, str) else None)
         if isinstance(target, torch.nn.Module):
-            return OptimizedModule(target, compiler, dict(fullgraph=fullgraph, dynamic=dynamic, backend=backend,
+            cls = _torch_compatible_class() if _patched is not None else OptimizedModule
+            return cls(target, compiler, dict(fullgraph=fullgraph, dynamic=dynamic, backend=backend,
                                                           mode=mode, options=options))
         return compile_callable(target, compiler)
 
@@ -72,8 +75,10 @@ def compile(model: Callable | torch.nn.Module | None = None, *, fullgraph: bool 
 # --- torch.compile on bytegraph --------------------------------------------------------------
 
 _patched = None   # (torch.compile, nn.Module.compile) as they were before patch_torch_compile()
+_replaced = []    # (module, name, original): torch.compiler / torch._dynamo functions replaced while patched
 
-# torch.compile's own arguments that bytegraph has no counterpart for: accepted at their default.
+# torch.compile's own arguments bytegraph takes with another meaning or none: accepted at these values.
+# isolate_recompiles=True is what bytegraph always does (each compile keeps its own entries).
 _TORCH_ONLY_DEFAULTS = {"name": None, "recompile_limit": None, "isolate_recompiles": False, "shapes_spec": None}
 
 
@@ -83,13 +88,40 @@ def _torch_compile_on_bytegraph(model=None, *, fullgraph=False, dynamic=None, ba
     for key, value in torch_only.items():
         if key not in _TORCH_ONLY_DEFAULTS:
             raise TypeError(f"torch.compile() got an unexpected keyword argument {key!r}")
-        if key == "recompile_limit" and value is not None:
-            continue   # bytegraph.config.cache_size_limit is global; torch's per-call limit is a hint here
-        if key != "name" and value != _TORCH_ONLY_DEFAULTS[key]:
+        if key in ("name", "recompile_limit", "isolate_recompiles"):
+            continue
+        if value != _TORCH_ONLY_DEFAULTS[key]:
             raise BytegraphError(f"torch.compile({key}={value!r}) has no bytegraph counterpart yet "
                                  "(bytegraph.patch_torch_compile is active)")
-    return compile(model, fullgraph=fullgraph, dynamic=dynamic, backend="inductor" if backend is None else backend,
-                   mode=mode, options=options, disable=disable)
+    limit = torch_only.get("recompile_limit")
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise BytegraphError(f"torch.compile: recompile_limit must be a positive int or None, got {limit!r}")
+    compiled = compile(model, fullgraph=fullgraph, dynamic=dynamic,
+                       backend="inductor" if backend is None else backend, mode=mode, options=options,
+                       disable=disable)
+    if limit is not None:
+        _set_recompile_limit(compiled, limit)
+    return compiled
+
+
+def _set_recompile_limit(compiled, limit):
+    """torch.compile(recompile_limit=N): this compile's own cache_size_limit."""
+    if callable(compiled) and not isinstance(compiled, (torch.nn.Module, types.FunctionType, types.MethodType)):
+        return _set_recompile_limit_later(compiled, limit)
+    compiler = getattr(compiled, "_compiler", None) or getattr(getattr(compiled, "__func__", compiled),
+                                                               "_bytegraph_compiler", None)
+    if compiler is not None:
+        compiler.recompile_limit = limit
+
+
+def _set_recompile_limit_later(decorator, limit):
+    # torch.compile(recompile_limit=N) used as a decorator: the limit applies to what it compiles.
+    @functools.wraps(decorator)
+    def compile_with_limit(target):
+        compiled = decorator(target)
+        _set_recompile_limit(compiled, limit)
+        return compiled
+    return compile_with_limit
 
 
 def _module_compile_on_bytegraph(self, *args, **kwargs):
@@ -100,27 +132,121 @@ def _module_compile_on_bytegraph(self, *args, **kwargs):
     self._compiled_call_impl = wrapped.__call__ if isinstance(wrapped, OptimizedModule) else None
 
 
+def _torch_reset():
+    """``torch.compiler.reset()`` / ``torch._dynamo.reset()`` while patched: bytegraph's caches,
+    and torch's own when its front end is loaded."""
+    reset()
+    for module, name, original in _replaced:
+        if name == "reset" and module.__name__ == "torch._dynamo":
+            original()
+
+
+def _torch_explain(f, *extra_args, **extra_kwargs):
+    """``torch._dynamo.explain`` while patched: bytegraph's ``explain``."""
+    return explain(f, *extra_args, **extra_kwargs)
+
+
+def _replace(module, name, value):
+    if hasattr(module, name):
+        _replaced.append((module, name, getattr(module, name)))
+        setattr(module, name, value)
+
+
+def _patch_dynamo(dynamo):
+    """Replace the control functions of ``torch._dynamo`` (``torch.compiler``'s delegate to them)."""
+    if any(m is dynamo for m, _, _ in _replaced):
+        return
+    _replace(dynamo, "set_stance", set_stance)
+    _replace(dynamo, "reset", _torch_reset)
+    _replace(dynamo, "explain", _torch_explain)
+
+
+class _PatchWhenLoaded(importlib.abc.MetaPathFinder):
+    """Patches ``torch._dynamo`` when something imports it (importing it here would cost a
+    second at ``import bytegraph`` under ``BYTEGRAPH_PATCH_TORCH_COMPILE=1``)."""
+
+    def find_spec(self, name, path, target=None):
+        if name != "torch._dynamo":
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        exec_module = loader.exec_module
+
+        def exec_then_patch(module):
+            exec_module(module)
+            del loader.exec_module
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            if _patched is not None:
+                _patch_dynamo(module)
+
+        loader.exec_module = exec_then_patch
+        return spec
+
+
+_dynamo_finder = _PatchWhenLoaded()
+
+
+def _torch_compatible_class():
+    """Under the patch, compiled modules are also instances of torch's ``OptimizedModule``
+    (libraries test ``isinstance(m, torch._dynamo.eval_frame.OptimizedModule)`` to reach
+    ``m._orig_mod``); bytegraph's class comes first, so everything else is bytegraph's."""
+    global _TorchOptimizedModule
+    if _TorchOptimizedModule is None:
+        import torch._dynamo.eval_frame as eval_frame   # patched: the first compile loads it anyway
+        _TorchOptimizedModule = type("OptimizedModule", (OptimizedModule, eval_frame.OptimizedModule),
+                                     {"__module__": __name__, "__doc__": OptimizedModule.__doc__})
+    return _TorchOptimizedModule
+
+
+_TorchOptimizedModule = None
+
+
 def patch_torch_compile() -> None:
     """Make ``torch.compile`` and ``nn.Module.compile`` compile with bytegraph, with the same
     arguments, so code written for torch.compile (HF ``Trainer(torch_compile=True)``, Lightning,
-    scripts) runs on bytegraph unchanged. ``unpatch_torch_compile()`` undoes it. Also done at
-    ``import bytegraph`` when ``BYTEGRAPH_PATCH_TORCH_COMPILE=1``, and by ``python -m bytegraph
-    script.py``."""
+    scripts) runs on bytegraph unchanged; and torch's control calls mean the same for bytegraph
+    (``torch.compiler.set_stance`` and ``reset``, ``torch._dynamo.explain``, the
+    ``torch._dynamo.config`` settings code sets; docs/dropin.md lists them all).
+    ``unpatch_torch_compile()`` undoes it. Also done at ``import bytegraph`` when
+    ``BYTEGRAPH_PATCH_TORCH_COMPILE=1``, and by ``python -m bytegraph script.py``."""
     global _patched
     if _patched is not None:
         return
     _patched = (torch.compile, torch.nn.Module.compile)
     torch.compile = _torch_compile_on_bytegraph
     torch.nn.Module.compile = _module_compile_on_bytegraph
+    _replace(torch.compiler, "set_stance", set_stance)
+    _replace(torch.compiler, "reset", _torch_reset)
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:
+        _patch_dynamo(dynamo)
+    elif _dynamo_finder not in sys.meta_path:
+        sys.meta_path.insert(0, _dynamo_finder)
+    dropin.activate()
 
 
 def unpatch_torch_compile() -> None:
-    """Give ``torch.compile`` and ``nn.Module.compile`` back their own implementations."""
+    """Give ``torch.compile``, ``nn.Module.compile`` and torch's control calls back their own
+    implementations, and ``bytegraph.config`` the settings it had before torch's were carried in."""
     global _patched
     if _patched is None:
         return
     torch.compile, torch.nn.Module.compile = _patched
     _patched = None
+    while _replaced:
+        module, name, original = _replaced.pop()
+        setattr(module, name, original)
+    if _dynamo_finder in sys.meta_path:
+        sys.meta_path.remove(_dynamo_finder)
+    dropin.deactivate()
 
 
 def _check_flag(name, value):
@@ -142,6 +268,10 @@ def compile_callable(target: Callable, compiler: Compiler) -> Callable:
         wrapped = compiler.wrap_function(target.__func__, top_level=True)
         return types.MethodType(wrapped, target.__self__)
     if isinstance(target, types.FunctionType):
+        disabled = torch_disabled_target(target)
+        if disabled is not None:
+            # torch.compile(torch.compiler.disable(f)) compiles f: torch.compile looks through the wrapper.
+            return compile_callable(disabled, compiler)
         inner = torch_wrap_numpy_target(target)
         if inner is not None:
             # torch.compiler.wrap_numpy converts eagerly, which fails for tensors on a GPU or needing
@@ -217,6 +347,12 @@ class OptimizedModule(torch.nn.Module):
     def __setattr__(self, name, value):
         if name == "__class__":
             _take_derived_class(self, value)
+            return
+        if name == "_orig_mod":
+            # A library putting back the module it unwrapped (accelerate's extract_model_from_parallel):
+            # this view compiles that module from now on (set on the module, it would contain itself).
+            if value is not self._orig_mod:
+                OptimizedModule.__init__(self, value, self._compiler, self._compile_args)
             return
         setattr(self._orig_mod, name, value)
 
@@ -309,7 +445,8 @@ def _take_derived_class(wrapper, derived):
     key = (derived, type(mod))
     cls = _derived_classes.get(key)
     if cls is None:
-        bases = tuple(type(mod) if b is OptimizedModule else b for b in derived.__bases__)
+        bases = tuple(type(mod) if isinstance(b, type) and issubclass(b, OptimizedModule) else b
+                      for b in derived.__bases__)
         if type(mod) not in bases:
             return
         namespace = {k: v for k, v in derived.__dict__.items()

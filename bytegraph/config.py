@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from typing import Any, Callable, Iterator
 
 from .errors import ConfigError
@@ -90,6 +91,14 @@ _SETTINGS = {
     "suppress_errors": (True, (bool,), "an internal error while compiling runs the frame eagerly"),
     "dynamic_shapes": (os.environ.get("BYTEGRAPH_DYNAMIC_SHAPES", "1") != "0", (bool,),
                        "allow symbolic sizes at all (BYTEGRAPH_DYNAMIC_SHAPES=0 turns them off)"),
+    "automatic_dynamic_shapes": (True, (bool,),
+                                 "with dynamic=None, a size or int seen changing between calls becomes symbolic "
+                                 "(False: every new size compiles again)"),
+    "assume_static_by_default": (True, (bool,),
+                                 "with dynamic=None, sizes are static until seen changing (False: symbolic from "
+                                 "the first compile, as dynamic=True)"),
+    "error_on_recompile": (False, (bool,),
+                           "a recompile raises bytegraph.RecompileError instead of compiling again"),
     "trace_numpy": (os.environ.get("BYTEGRAPH_TRACE_NUMPY", "1") != "0", (bool,),
                     "trace NumPy code as tensor code (BYTEGRAPH_TRACE_NUMPY=0 runs NumPy natively at graph breaks)"),
     "reuse_traced_blocks": (os.environ.get("BYTEGRAPH_REUSE_BLOCKS", "1") != "0", (bool,),
@@ -227,3 +236,14 @@ class Config:
 
 
 config = Config()
+
+_warned = set()
+
+
+def warn_once(key, message):
+    """``message`` as a RuntimeWarning the first time ``key`` comes up in this process: for
+    settings and markers of torch.compile that bytegraph has no equivalent for (never silent)."""
+    if key in _warned:
+        return
+    _warned.add(key)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)

@@ -33,6 +33,12 @@ def default_hint(reason):
             "graph, change the code that reaches it or move that code out of the compiled function")
 
 
+class RecompileError(BytegraphError, RuntimeError):
+    """A function would compile again where the settings forbid it (``set_stance("fail_on_recompile")``,
+    ``config.error_on_recompile``, a miss under ``skip_guard_eval_unsafe``); a RuntimeError, as
+    torch.compile's is."""
+
+
 class BackendError(BytegraphError):
     """A backend was unknown, misused, or failed while compiling a graph."""
 

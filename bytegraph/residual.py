@@ -21,7 +21,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .debug import logs
 from .errors import BackendError
-from .control import disallowed_in_graph, fused_optimizer_step, is_disabled, torch_disabled_target
+from .control import (disallowed_in_graph, fused_optimizer_step, is_disabled, torch_disable_recursive,
+                      torch_disabled_target)
 
 
 _log_breaks = logs.get_logger("graph_breaks")
@@ -120,10 +121,17 @@ def route(compiler, fn):
         return lambda *args, **kwargs: call_disabled(compiler, fn, args, kwargs)
     if _is_disallowed(fn):
         return fn
-    unwrapped = torch_disabled_target(fn.__func__ if isinstance(fn, types.MethodType) else fn)
+    wrapper = fn.__func__ if isinstance(fn, types.MethodType) else fn
+    unwrapped = torch_disabled_target(wrapper)
     if unwrapped is not None:
         if not (getattr(unwrapped, "__module__", None) or "").startswith("torch."):
-            return fn     # the user's own torch.compiler.disable: honoured
+            # The user's own torch.compiler.disable: honoured; with recursive=False its frame runs
+            # as it is and the functions it calls are compiled (as bytegraph.disable's).
+            if torch_disable_recursive(wrapper):
+                return fn
+            if isinstance(fn, types.MethodType):
+                return lambda *args, **kwargs: call_skipped(compiler, unwrapped, False, (fn.__self__,) + args, kwargs)
+            return lambda *args, **kwargs: call_skipped(compiler, unwrapped, False, args, kwargs)
         if _is_user_function(unwrapped):
             # torch._disable_dynamo(f) around torch code we compile: compile f (trace/torch_api/torch_wrappers.py).
             fn = unwrapped if not isinstance(fn, types.MethodType) else types.MethodType(unwrapped, fn.__self__)
@@ -235,8 +243,13 @@ def call_disabled(compiler, fn, args, kwargs):
     if isinstance(fn, types.MethodType):
         # A disabled method, bound: the wrapped function takes the object first.
         args, fn = (fn.__self__,) + tuple(args), fn.__func__
-    target = fn._bytegraph_disabled_target
-    if fn._bytegraph_recursive or compiler is None or not isinstance(target, types.FunctionType) \
+    return call_skipped(compiler, fn._bytegraph_disabled_target, fn._bytegraph_recursive, args, kwargs)
+
+
+def call_skipped(compiler, target, recursive, args, kwargs):
+    """Run ``target``'s frame as it is; not ``recursive``: the global functions it calls go
+    through ``compiler``."""
+    if recursive or compiler is None or not isinstance(target, types.FunctionType) \
             or writes_globals(target.__code__):
         return target(*args, **kwargs)
     return _run_routing_calls(compiler, target, args, kwargs)

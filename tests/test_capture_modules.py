@@ -598,7 +598,7 @@ def test_recurrent_layer_with_a_replaced_weight_recompiles():
         model.rnn.weight_hh_l0 = nn.Parameter(torch.randn_like(model.rnn.weight_hh_l0))
         assert_same(model(x), compiled(x))
         assert_same(model(x), compiled(x))
-    assert cnt.frame_count >= 2
+    assert cnt.frame_count == 2    # the new weight is another object: one recompile, then none
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

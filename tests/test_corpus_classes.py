@@ -980,6 +980,8 @@ def test_partial_attributes():
 
 def test_partial_of_existing_partial():
     check(partial_of_existing_partial, X)
+    # Tracing it did not make BASE_PARTIAL's __dict__, which stops CPython flattening it.
+    assert functools.partial(BASE_PARTIAL, b=2).func is keywords
 
 
 def test_wraps_decorator_in_frame():

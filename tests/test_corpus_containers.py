@@ -1052,7 +1052,27 @@ def max_min_of_one_element_tensors(x):
 
 
 def test_max_min_sum_over_tensors():
-    check(max_min_of_one_element_tensors, X)
+    # Python's choice among one-element tensors is made in the graph (torch.where), and the
+    # result is handed back as the chosen tensor itself where it leaves the graph: one graph,
+    # where torch.compile breaks at each bool() (3 graphs).
+    from helpers import torch_compile_graphs
+    check(max_min_of_one_element_tensors, X, graphs=1)
+    assert torch_compile_graphs(max_min_of_one_element_tensors, (X,)) == 3
+
+
+def max_then_update_it_in_place(x):
+    a, b = x[0].sum(), x[1].sum()
+    m = max(a, b)
+    m.add_(100)
+    corner = max(x[0, 0], x[1, 1])
+    corner.mul_(-1)
+    return a, b, x
+
+
+def test_max_of_tensors_is_one_of_them():
+    # An in-place update of max()'s result updates the tensor Python chose: the graph breaks
+    # before the update, where the chosen tensor itself is handed back.
+    check(max_then_update_it_in_place, X, graphs=2)
 
 
 def test_max_of_tensors_needing_grad_keeps_pythons_choice():

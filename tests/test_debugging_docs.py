@@ -41,7 +41,9 @@ def settings():
         setattr(bytegraph.config, name, value)
 
 
-@pytest.mark.parametrize("name", sorted(EXAMPLES))
+# The replay example shows what a user sees by default: an internal error runs the frame eagerly.
+@pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.suppress_errors] if name == "replay" else [])
+                                  for name in sorted(EXAMPLES)])
 def test_example(name, tmp_path, monkeypatch, settings):
     monkeypatch.chdir(tmp_path)
     tests = os.path.dirname(os.path.abspath(__file__))

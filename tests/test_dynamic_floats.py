@@ -12,6 +12,7 @@ from torch.utils import _pytree as pytree
 
 import bytegraph
 from bytegraph.testing import CompileCounter, same
+from helpers import torch_compile_graphs
 
 
 def _run(fn, calls, backend="eager"):
@@ -43,9 +44,7 @@ def test_float_keeps_tensor_dtype_rules():
         return x * s, h * s, i * s, (x.sum() / s), x.add(h.float(), alpha=s)
 
     x, h, i = torch.randn(3), torch.randn(3).half(), torch.arange(3)
-    for s in (0.1, 0.7, 3.25):
-        expected = f(x, h, i, s)
-        cnt = CompileCounter()
+    cnt = CompileCounter()
     compiled = bytegraph.compile(f, backend=cnt)
     for s in (0.1, 0.7, 3.25):
         for e, a in zip(f(x, h, i, s), compiled(x, h, i, s)):
@@ -60,8 +59,25 @@ def test_comparison_specialises_but_stays_right():
         return x - s
 
     x = torch.randn(3)
-    cnt = _run(f, [(x, 0.1), (x, 0.2), (x, 0.9), (x, 0.3), (x, 0.95)])
-    assert cnt.frame_count >= 3    # each side of the comparison is its own specialisation
+    values = (0.1, 0.2, 0.9, 0.3, 0.95)
+    cnt = _run(f, [(x, s) for s in values])
+    # The comparison specialises the float to its value: one graph per value (see below).
+    assert cnt.frame_count == len(values)
+
+
+# WORSE (correct, see above): torch.compile guards on the comparison only, so after the float
+# turns symbolic there is one graph per side: 3 for these values.
+@pytest.mark.xfail(strict=True, reason="WORSE: a compared float is specialised to its value, not to the comparison")
+def test_comparison_guards_the_comparison_only():
+    def f(x, s):
+        if s > 0.5:
+            return x * s
+        return x - s
+
+    x = torch.randn(3)
+    calls = [(x, s) for s in (0.1, 0.2, 0.9, 0.3, 0.95)]
+    cnt = _run(f, calls)
+    assert cnt.frame_count == 3 == torch_compile_graphs(f, *calls)
 
 
 def test_float_where_only_a_number_fits():

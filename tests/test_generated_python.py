@@ -13,9 +13,12 @@ eagerly; a program that fails eagerly (other than with a deliberately escaping
 KeyError/ValueError/IndexError) is regenerated from the next sub-seed. The compiled
 function (``fullgraph=False``) must then agree with eager on the return value, printed
 output, escaping exception (type and message), the module globals it mutates and its
-inputs, on two calls. The number of graphs is not asserted (many constructs graph-break
-or fall back to eager today); whether the first call compiled as one graph without a
-break is recorded per seed and summarised at the end of the run.
+inputs, over several calls with other values (and, for some sets, other shapes and state).
+Where the program breaks differs from torch.compile, so the exact number of graphs is not
+asserted; the first call must compile at least one graph wherever torch.compile makes one
+(asked when it made none), and no frame may fall back after an internal error. Whether the
+first call compiled as one graph without a break is recorded per seed and summarised at the
+end of the run.
 
 ``BYTEGRAPH_GEN_SEEDS=N`` runs N seeds per feature set (default ``DEFAULT_SEEDS``).
 """
@@ -38,7 +41,7 @@ from bytegraph.debug import records
 import bytegraph
 from bytegraph.backends.registry import lookup_backend
 from bytegraph.testing import CompileCounter
-from helpers import assert_same_run, run_observed
+from helpers import assert_no_internal_errors, assert_same_run, run_observed
 
 DEFAULT_SEEDS = 80
 N_SEEDS = int(os.environ.get("BYTEGRAPH_GEN_SEEDS", DEFAULT_SEEDS))
@@ -101,6 +104,12 @@ KNOWN_MISMATCHES = {}
 # Seeds that crash the interpreter or fail only depending on which tests ran before
 # (so cannot run as strict xfails): skipped from that Python version on.
 KNOWN_UNSTABLE = {}
+# Seeds whose first call compiles no graph where torch.compile makes some (correct, WORSE):
+# (feature set, seed) -> reason. Their results are still compared.
+KNOWN_NO_GRAPH = {
+    ("all", 25): "a native step inside try raises into its handler: the rest of the frame runs natively",
+    ("all", 75): "a native step inside try raises into its handler: the rest of the frame runs natively",
+}
 
 
 # ---- helpers the generated programs call (module-level functions of this file)
@@ -1738,27 +1747,58 @@ def make_program(feature_set, seed):
 CALL_ORDER = (0, 1, 0, 2)   # which inputs each compiled call gets
 
 
-def compare(fn, makers, rtol=1e-4, atol=1e-5, backend=None, call_order=None):
-    """check_program without the graph-count assertion (fullgraph=False), over several
-    inputs (``makers[i]()`` makes the i-th; compiled calls take them in ``call_order``);
-    True when the first call compiled the function as one graph with no break or
-    fallback. A ``with_backward`` wrapper is compiled inside: its backward runs as a user's."""
+def compare(fn, makers, rtol=1e-4, atol=1e-5, backend=None, call_order=None, may_compile_nothing=False):
+    """check_program over several inputs (``makers[i]()`` makes the i-th; compiled calls take
+    them in ``call_order``; fullgraph=False); True when the first call compiled the function
+    as one graph with no break or fallback. A ``with_backward`` wrapper is compiled inside:
+    its backward runs as a user's.
+
+    The number of graphs depends on where a program breaks, which differs from torch.compile's
+    breaks; what is asserted is that the first call compiles at least one graph wherever
+    torch.compile does (asked only when it made none), and that no frame fell back after an
+    internal error."""
     call_order = call_order or ([0, 1, 0, 2, 3][:len(makers) + 1] if len(makers) >= 3 else [0] * 2)
     inner = getattr(fn, "__wrapped_generated__", None)
     expected = [run_observed(fn, make) for make in makers]
-    compiled = bytegraph.compile(inner or fn, backend=CompileCounter(backend))
+    counter = CompileCounter(backend)
+    compiled = bytegraph.compile(inner or fn, backend=counter)
     if inner is not None:
         compiled = with_backward(compiled)
     one_graph = None
     for i, which in enumerate(call_order):
         records.clear()
         actual = run_observed(compiled, makers[which])
+        assert_no_internal_errors()
         if i == 0:
             frames = list(records.frames)
             one_graph = (len(frames) == 1 and frames[0].break_reason is None
                          and frames[0].fallback_reason is None)
+            if counter.frame_count == 0 and not may_compile_nothing:
+                made = _torch_compile_graphs(fn, makers[which])
+                assert made == 0, (f"no graph compiled on the first call, where torch.compile makes {made}:\n"
+                                   + "\n".join(f"  {r.name}: break={r.break_reason!r} fallback={r.fallback_reason!r}"
+                                                for r in frames))
         assert_same_run(expected[which], actual, f"(call {i + 1}, inputs #{which})", rtol, atol)
     return one_graph
+
+
+def _torch_compile_graphs(fn, make):
+    """The graphs torch.compile makes of ``fn`` on a first call with ``make()``'s inputs."""
+    import torch._dynamo
+    count = [0]
+
+    def backend(gm, example_inputs):
+        count[0] += 1
+        return gm.forward
+
+    inner = getattr(fn, "__wrapped_generated__", None)
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(inner or fn, backend=backend)
+        run_observed(with_backward(compiled) if inner is not None else compiled, make)
+    finally:
+        torch._dynamo.reset()
+    return count[0]
 
 
 def compare_warm_start(src, inputs, backward, rtol=1e-4, atol=1e-5):
@@ -1832,7 +1872,8 @@ def run_seed(feature_set, seed):
         order = {"shapes": SHAPES_CALL_ORDER, "moving": MOVING_CALL_ORDER}.get(feature_set)
         variants = feature_set == "moving"
         makers = [_maker(ns, a, k, i if variants else 0) for i, (a, k) in enumerate(inputs)]
-        one_graph = compare(fn, makers, backend=backend, call_order=order)
+        one_graph = compare(fn, makers, backend=backend, call_order=order,
+                            may_compile_nothing=(feature_set, seed) in KNOWN_NO_GRAPH)
         if feature_set == "grads" and seed % 4 == 0:
             # Every fourth: also saved to and loaded from the persistent cache.
             compare_warm_start(src, inputs, backward=True)
@@ -1940,3 +1981,23 @@ def test_missing_attribute_messages_name_the_type_as_cpython_does():
         return x + 1, out
 
     compare(fn, [lambda: ((torch.ones(2),), {}, lambda: None)])
+
+
+def test_division_by_zero_of_a_symbolic_int_after_an_index_out_of_range():
+    # (raising-17) The index is out of range on the last call only: fake tensors cannot see that,
+    # so the trace went on to `n // 0` with n symbolic (it changed between calls) and failed
+    # inside (ZeroDivisionError from the symbolic hint). A fold that fails on the current values
+    # raises as Python does: the graph raises eager's IndexError at run time and the frame reruns
+    # natively; on the other calls the traced ZeroDivisionError escapes, as in eager.
+    def fn(x, n, items):
+        items.append(n % 7)
+        t = torch.index_select(x.flatten(), 0, x.abs().sum().long().reshape(1)) * 2
+        return t, n // 0
+
+    def make(scale, n):
+        def fresh():
+            items = [1]
+            return (torch.full((2, 3), scale), n, items), {}, lambda: list(items)
+        return fresh
+
+    compare(fn, [make(0.1, 2), make(0.2, 3), make(5.0, 4), make(0.3, 5)], call_order=[0, 1, 3, 2])

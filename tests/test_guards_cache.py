@@ -16,6 +16,13 @@ def t(*shape):
     return torch.randn(*shape)
 
 
+def counted(fn, backend="eager"):
+    """``(compiled, counter)``: ``fn`` compiled with a CompileCounter over ``backend``."""
+    from bytegraph.backends.registry import lookup_backend
+    cnt = CompileCounter(None if backend == "eager" else lookup_backend(backend))
+    return bytegraph.compile(fn, backend=cnt), cnt
+
+
 # ---------------------------------------------------------------- recompilation
 
 def test_same_inputs_do_not_recompile():
@@ -187,6 +194,8 @@ def test_global_tensor_mutation_and_rebinding_are_seen():
         assert_same(x * 3, compiled(x))
         G_WEIGHT = torch.full((3,), -1.0)   # rebinding: a new object
         assert_same(-x, compiled(x))
+        # The global tensor is a graph input: new values, or a new tensor alike, need no graph.
+        assert cnt.frame_count == 1
     finally:
         G_WEIGHT = old
         old.fill_(1)
@@ -211,6 +220,7 @@ def test_closure_value_change_is_seen():
     assert_same(x * 2, compiled(x))
     set_k(7)
     assert_same(x * 7, compiled(x))
+    assert cnt.frame_count == 2     # the cell's new contents fail its guard: one recompile
 
 
 def test_attribute_change_on_object_is_seen():
@@ -253,7 +263,7 @@ def test_an_attribute_found_then_deleted_is_seen(owner, probe):
             return x + 1
         return x - 1
 
-    compiled = bytegraph.compile(f, backend="eager")
+    compiled, cnt = counted(f)
     x = t(3)
     for extra in (None, 7, None, 8):
         if extra is None:
@@ -261,6 +271,8 @@ def test_an_attribute_found_then_deleted_is_seen(owner, probe):
         else:
             o.extra = extra
         assert_same(f(x), compiled(x))
+    # Absent, then present (the value is printed at a break, not guarded): 2 graphs.
+    assert cnt.frame_count == 2
 
 
 @pytest.mark.parametrize("probe", ["hasattr", "getattr default", "class answer"])
@@ -285,7 +297,7 @@ def test_each_attribute_name_of_one_object_is_guarded(probe):
     def f(x):
         return x + read(names[0]) + 100 * read(names[1])
 
-    compiled = bytegraph.compile(f, backend="eager")
+    compiled, cnt = counted(f)
     x = t(3)
     for changed in (None, names[1], names[0], None):
         for n in names:
@@ -299,6 +311,7 @@ def test_each_attribute_name_of_one_object_is_guarded(probe):
             else:
                 delattr(o, changed)
         assert_same(f(x), compiled(x))
+    assert cnt.frame_count == 3     # three different states of the two names
 
 
 @pytest.mark.parametrize("patch", ["module method", "object method", "base shadowed", "staticmethod",
@@ -336,7 +349,7 @@ def test_a_method_replaced_on_the_class_after_compiling_is_run(patch):
             return self.twice(x) + self.h.helper(x) + self.h.scale(x) + Helper.offset(x) + self.inner(x)
 
     m = M()
-    compiled = bytegraph.compile(m, backend="eager")
+    compiled, cnt = counted(m)
     x = t(3)
     assert_same(m(x), compiled(x))
     owner, name, new = {
@@ -350,6 +363,7 @@ def test_a_method_replaced_on_the_class_after_compiling_is_run(patch):
     }[patch]
     setattr(owner, name, new)
     assert_same(m(x), compiled(x))
+    assert cnt.frame_count == 2     # compiled again for the new method
 
 
 @pytest.mark.parametrize("change", ["set then hasattr", "deleted then getattr default", "deleted then hasattr"])
@@ -409,13 +423,14 @@ def test_a_special_method_replaced_on_the_class_after_compiling_is_run(name):
         with op as k:
             return op(x) + (op + x) + len(op) + k
 
-    compiled = bytegraph.compile(f, backend="eager")
+    compiled, cnt = counted(f)
     x = t(3)
     assert_same(f(x), compiled(x))
     new = {"__call__": lambda self, x: x + 100, "__add__": lambda self, other: other * 200,
            "__len__": lambda self: 3000, "__enter__": lambda self: 40000}[name]
     setattr(Op, name, new)
     assert_same(f(x), compiled(x))
+    assert cnt.frame_count == 2     # compiled again for the new method
 
 
 def test_layers_appended_after_compiling_are_run():
@@ -437,7 +452,7 @@ def test_layers_appended_after_compiling_are_run():
 
     torch.manual_seed(0)
     m = Stack()
-    compiled = bytegraph.compile(m, backend="eager")
+    compiled, cnt = counted(m)
     x = t(1, 2)
     assert_same(m(x), compiled(x))
     m.layers.append(nn.Linear(2, 2))
@@ -446,6 +461,7 @@ def test_layers_appended_after_compiling_are_run():
     assert_same(m(x), compiled(x))
     m.heads["b"] = nn.Linear(2, 2)
     assert_same(m(x), compiled(x))
+    assert cnt.frame_count == 4     # one graph per state of the containers
 
 
 @pytest.mark.parametrize("which", ["submodule", "compiled module"])
@@ -459,11 +475,12 @@ def test_a_forward_set_on_the_instance_is_run(which):
             return self.lin(x)
 
     m = M()
-    compiled = bytegraph.compile(m, backend="eager")
+    compiled, cnt = counted(m)
     x = t(1, 2)
     assert_same(m(x), compiled(x))
     (m.lin if which == "submodule" else m).forward = lambda x: x * 3
     assert_same(x * 3, compiled(x))
+    assert cnt.frame_count == 2     # compiled again for the instance's forward
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
@@ -471,11 +488,12 @@ def test_autocast_dtype_change_recompiles(backend):
     def f(x):
         return x @ x
 
-    compiled = bytegraph.compile(f, backend=backend)
+    compiled, cnt = counted(f, backend)
     x = t(3, 3)
     for dtype in (torch.bfloat16, torch.float16, torch.bfloat16):
         with torch.autocast("cpu", dtype=dtype):
             assert_same(f(x), compiled(x))
+    assert cnt.frame_count == 2     # one graph per autocast dtype
 
 
 def test_a_float_zero_changing_sign_recompiles():
@@ -484,12 +502,13 @@ def test_a_float_zero_changing_sign_recompiles():
     def f(x, s, pair):
         return x + math.copysign(1.0, s) + x * s + math.copysign(1.0, pair[0])
 
-    compiled = bytegraph.compile(f, backend="eager")
+    compiled, cnt = counted(f)
     x = t(2)
     for s in (0.0, -0.0, 0.0):
         out, expected = compiled(x, s, (s,)), f(x, s, (s,))
         assert_same(expected, out)
         assert_same(1 / expected, 1 / out)
+    assert cnt.frame_count == 2     # 0.0 and -0.0
 
 
 def test_an_attribute_set_on_the_object_over_its_class_or_getattr_is_seen():
@@ -506,20 +525,21 @@ def test_an_attribute_set_on_the_object_over_its_class_or_getattr_is_seen():
     def f(x):
         return x * cfg.scale + helper.scale(x)
 
-    compiled = bytegraph.compile(f, backend="eager")
+    compiled, cnt = counted(f)
     x = t(2)
     assert_same(f(x), compiled(x))
     cfg.scale = 11.0
     assert_same(f(x), compiled(x))
     helper.scale = lambda x: x * 7
     assert_same(f(x), compiled(x))
+    assert cnt.frame_count == 3     # one graph per change
 
 
 def test_a_question_about_torch_state_is_asked_again_on_every_call():
     def f(x):
         return x * 2 if torch.are_deterministic_algorithms_enabled() else x * 3
 
-    compiled = bytegraph.compile(f, backend="eager")
+    compiled, cnt = counted(f)
     x = t(2)
     try:
         for on in (False, True, False):
@@ -527,6 +547,7 @@ def test_a_question_about_torch_state_is_asked_again_on_every_call():
             assert_same(f(x), compiled(x))
     finally:
         torch.use_deterministic_algorithms(False)
+    assert cnt.frame_count == 2     # one graph per answer
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
@@ -542,19 +563,20 @@ def test_a_torch_function_mode_entered_or_left_recompiles(backend):
     def f(x):
         return x + 3
 
-    compiled = bytegraph.compile(f, backend=backend)
+    compiled, cnt = counted(f, backend)
     x = torch.full((2,), 2.0)
     assert_same(f(x), compiled(x))
     with AddIsMul():
         assert_same(f(x), compiled(x))
     assert_same(f(x), compiled(x))
+    assert cnt.frame_count == 2     # without the mode and under it
 
 
 def test_the_default_device_for_factories_is_guarded():
     def f(x):
         return torch.ones(2) * x.sum()
 
-    compiled = bytegraph.compile(f, backend="aot_eager")
+    compiled, cnt = counted(f, "aot_eager")
     x = t(2)
     assert_same(f(x), compiled(x))
     try:
@@ -563,6 +585,7 @@ def test_the_default_device_for_factories_is_guarded():
     finally:
         torch.set_default_device(None)
     assert_same(f(x), compiled(x))
+    assert cnt.frame_count == 2     # one graph per default device
 
 
 class DropBN(nn.Module):
@@ -892,7 +915,7 @@ def test_a_function_changed_in_place_after_compiling_is_run_as_it_is_now(change)
         return (helper(x) + obj.method(x) + obj.static(x) + obj.klass(x) + obj.prop + obj.v
                 + obj(x) + inner(x))
 
-    compiled = bytegraph.compile(f, backend="eager")
+    compiled, cnt = counted(f)
     x = t(3)
     assert_same(f(x), compiled(x))
 
@@ -921,6 +944,7 @@ def test_a_function_changed_in_place_after_compiling_is_run_as_it_is_now(change)
     else:
         Inner.forward.__defaults__ = (9,)
     assert_same(f(x), compiled(x))
+    assert cnt.frame_count == 2     # compiled again for the changed function
 
 
 @pytest.mark.parametrize("kind", ["function", "module forward"])
@@ -935,7 +959,7 @@ def test_defaults_of_the_compiled_function_are_read_when_it_is_called(kind):
             return x * k + m
 
     target = f if kind == "function" else M()
-    compiled = bytegraph.compile(target, backend="eager")
+    compiled, cnt = counted(target)
     x = t(3)
     fn = f if kind == "function" else M.forward
     assert_same(target(x), compiled(x))
@@ -944,6 +968,9 @@ def test_defaults_of_the_compiled_function_are_read_when_it_is_called(kind):
     fn.__kwdefaults__ = {"m": 3}
     assert_same(target(x), compiled(x))
     assert_same(target(x, 4, m=2), compiled(x, 4, m=2))
+    # The first graph, one after k's default changed and one after m's (each then symbolic,
+    # automatic dynamic), which the explicit call hits too.
+    assert cnt.frame_count == 3
     fn.__defaults__ = None      # k is required now
     with pytest.raises(TypeError):
         target(x)

@@ -187,7 +187,9 @@ def test_inductor_compiles_the_optimizer_update_by_lanes(monkeypatch):
         q.grad = p.grad.clone()
     bytegraph.compile(opt.step, backend="inductor")()
     opt_ref.step()
-    assert len(compiles) <= 3
+    # Three distinct chunks, each compiled once: the parameters before the blocks, one block's
+    # (the same update for all 4 layers), the ones after (torch.compile has no such split).
+    assert len(compiles) == 3
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q)
 

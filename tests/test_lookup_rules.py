@@ -197,6 +197,16 @@ def test_methods_bound_on_every_read_of_a_class_do_not_recompile():
     assert cnt.frame_count == 2
 
 
+def test_tensor_attributes_the_fake_tensor_cannot_answer_break():
+    # x[0]._base is x: the fake tensor's _base is a fake (answered False); _cdata is an address.
+    def f(x):
+        v = x[0] * 1
+        w = x[0]
+        return v + 1, w._base is x, x.is_xpu, v * 2
+
+    check(f, torch.randn(3, 2), graphs=2)
+
+
 def test_an_attribute_deleted_then_found_through_getattr():
     class C:
         def __getattr__(self, name):

@@ -4,7 +4,9 @@ For each program and dtype the function is compiled anew (so the cache limit nev
 difference) without fullgraph: what is traced must equal eager NumPy (values, dtypes, result
 types), and what is not falls back to NumPy and equals it too. A failing eager call must fail
 compiled as well. The test also checks that the common programs stay traced (one graph) for
-the numeric dtypes, so the checked list in trace/numpy_api/numpy_functions.py does not silently shrink.
+the numeric dtypes, so the checked list in trace/numpy_api/numpy_functions.py does not silently shrink,
+and that for float64 the number of graphs is torch.compile's (which traces NumPy too). Each
+compiled function is called again on other values of the same dtype and shape.
 """
 import warnings
 
@@ -13,6 +15,7 @@ import pytest
 
 import bytegraph
 from bytegraph.testing import CompileCounter
+from helpers import torch_compile_graphs
 from numpy_helpers import same_np
 
 DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.float16, np.float32, np.float64,
@@ -99,6 +102,10 @@ MUST_TRACE = {
 }
 
 
+# Programs torch.compile runs natively (no graph) where bytegraph traces them (float64).
+TORCH_DOES_NOT_TRACE = {"cholesky", "det", "inv", "solve", "linspace_arange", "eye_full"}
+
+
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_program_over_dtypes(name):
     fn = PROGRAMS[name]
@@ -120,11 +127,20 @@ def test_program_over_dtypes(name):
                     f"{name}[{np.dtype(dtype)}]: eager raised {error.__name__}, compiled {type(info.value).__name__}")
                 continue
             actual = compiled(x.copy())
+            graphs = cnt.frame_count
+            other = sample(dtype)          # other values, same dtype and shape: no recompile
+            expected_other, actual_other = fn(other.copy()), compiled(other.copy())
         tol = 1e-2 if np.dtype(dtype) in (np.float16, np.complex64, np.float32) else 1e-6
         try:
             same_np(expected, actual, rtol=tol, atol=tol)
+            same_np(expected_other, actual_other, rtol=tol, atol=tol)
         except AssertionError as e:
             raise AssertionError(f"{name}[{np.dtype(dtype)}]: {e}") from None
+        assert cnt.frame_count == graphs, f"{name}[{np.dtype(dtype)}] recompiled for other values"
+        if np.dtype(dtype) == np.float64:
+            reference = 0 if name in TORCH_DOES_NOT_TRACE else torch_compile_graphs(fn, (x.copy(),))
+            assert graphs == (1 if name in TORCH_DOES_NOT_TRACE else reference), (
+                f"{name}[float64]: {graphs} graph(s), torch.compile makes {reference}")
         kinds = MUST_TRACE.get(name, "")
         if np.dtype(dtype).kind in kinds and np.dtype(dtype) != np.float16:
             assert cnt.frame_count == 1 and cnt.op_count > 0, f"{name}[{np.dtype(dtype)}] is no longer traced"

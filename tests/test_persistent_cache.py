@@ -112,16 +112,26 @@ class Stack(nn.Module):
         return x
 
 
-def test_a_saved_entry_is_not_loaded_for_other_objects(cache):
+def test_a_saved_entry_is_not_loaded_for_other_objects(cache, cache_log):
     # An identity guard read back from disk must compare the object there now: a function
     # passed as an argument, and the layers a ModuleList holds (its keys are guarded).
     x = torch.ones(1, 2)
     compiled = bytegraph.compile(apply_fn, backend="eager")
     assert_same(torch.sin(x), compiled(x, torch.sin))
-    assert_same(torch.cos(x), compiled(x, torch.cos))
+    assert len(entries(cache)) == 1
+    cache_log.clear()
+    assert_same(torch.cos(x), compiled(x, torch.cos))     # the saved entry (sin) does not apply
+    assert not loaded_from_disk(cache_log)
     for n in (1, 2, 3):
         torch.manual_seed(n)
+        cache_log.clear()
         run(Stack(n), x)
+        assert not loaded_from_disk(cache_log), n            # other layers than the saved stacks'
+    # What was saved is loaded for the objects it was saved for (as by a new process).
+    bytegraph.reset()
+    cache_log.clear()
+    assert_same(torch.cos(x), bytegraph.compile(apply_fn, backend="eager")(x, torch.cos))
+    assert loaded_from_disk(cache_log)
 
 
 class Scaler:
@@ -136,7 +146,7 @@ def apply_scaler(x):
     return SCALER(x) + 1
 
 
-def test_a_saved_entry_is_not_loaded_after_a_method_is_replaced(cache):
+def test_a_saved_entry_is_not_loaded_after_a_method_is_replaced(cache, cache_log):
     # The entry names Scaler.__call__ by reference, which finds the new function once the class
     # has another; its code tells them apart (this process loads what it saved, too).
     x = torch.ones(2)
@@ -144,11 +154,19 @@ def test_a_saved_entry_is_not_loaded_after_a_method_is_replaced(cache):
     compiled = bytegraph.compile(apply_scaler, backend="eager")
     try:
         assert_same(apply_scaler(x), compiled(x))
+        assert len(entries(cache)) == 1
         Scaler.__call__ = lambda self, x: x * 7
+        cache_log.clear()
         assert_same(apply_scaler(x), compiled(x))
+        assert not loaded_from_disk(cache_log)
     finally:
         Scaler.__call__ = original
     assert_same(apply_scaler(x), compiled(x))
+    # With the original method back, a new compile loads the entry saved for it.
+    bytegraph.reset()
+    cache_log.clear()
+    assert_same(apply_scaler(x), bytegraph.compile(apply_scaler, backend="eager")(x))
+    assert loaded_from_disk(cache_log)
 
 
 def autocast_and_no_grad_with_a_break(a):
@@ -208,6 +226,11 @@ def test_off_and_unnamed_backends_save_nothing(tmp_path):
     with bytegraph.config.patch(persistent_cache=True, cache_dir=str(tmp_path)):
         run(Net(), x, backend=lambda gm, ex: gm.forward)
     assert entries(tmp_path) == []
+    # The same compile with the cache on and a named backend saves its entry.
+    bytegraph.reset()
+    with bytegraph.config.patch(persistent_cache=True, cache_dir=str(tmp_path)):
+        run(Net(), x)
+    assert len(entries(tmp_path)) == 1
 
 
 def test_trace_relying_on_set_order_is_not_saved(cache):
@@ -223,6 +246,17 @@ def test_trace_relying_on_set_order_is_not_saved(cache):
     x = torch.ones(2)
     assert_same(f(x), compiled(x))
     assert entries(cache) == []
+
+    ordered = sorted(names)
+
+    def g(x):
+        out = []
+        for n in ordered:      # a list: its order is the same in every process
+            out.append(n)
+        return x * len(out), out
+
+    assert_same(g(x), bytegraph.compile(g, backend="eager")(x))
+    assert len(entries(cache)) == 1
 
 
 MODULE = '''

@@ -44,8 +44,11 @@ def test_torch_compile_uses_bytegraph_with_its_arguments(patched):
     # The decorator form, too.
     deco = torch.compile(backend=cnt)(_fn)
     assert same(deco(x, y), _fn(x, y))
-    with pytest.raises(bytegraph.BytegraphError, match="isolate_recompiles"):
-        torch.compile(_fn, isolate_recompiles=True)
+    # Each compile keeps its own entries in bytegraph: isolate_recompiles=True is what it always does.
+    isolated = torch.compile(_fn, backend=cnt, isolate_recompiles=True)
+    assert same(isolated(x, y), _fn(x, y))
+    with pytest.raises(bytegraph.BytegraphError, match="shapes_spec"):
+        torch.compile(_fn, shapes_spec={"x": None})
 
 
 def test_module_compile_uses_bytegraph(patched):

@@ -14,6 +14,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.utils import _pytree as pytree
 
+from ..config import warn_once
 from ..errors import BackendError
 from ..graph_facts import writes, written
 
@@ -133,6 +134,17 @@ def run_uncompiled(backend_name, gm, exc, restore):
         "backend %r cannot compile a graph (%s: %s); its ops run uncompiled",
         backend_name, type(exc).__name__, exc)
     return with_restore(gm.forward, restore)
+
+
+def note_static_addresses(example_inputs, label):
+    """``torch._dynamo.mark_static_address(t)`` asks CUDA graphs to read ``t`` where it is rather
+    than through a copy; bytegraph's CUDA graphs do not honour it yet (inputs are copied, and a
+    graph writing one is not recorded): said once, never silently."""
+    if any(isinstance(t, torch.Tensor) and getattr(t, "_dynamo_static_input_type", None) is not None
+           for t in example_inputs):
+        warn_once("mark_static_address", f"bytegraph {label}: an input marked with "
+                  "torch._dynamo.mark_static_address is copied into the CUDA graph's memory like any input "
+                  "(not kept at its address yet); results are the same, the copy costs time")
 
 
 def as_list(example_inputs):

@@ -33,7 +33,8 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import grad_presence
-from ._common import as_list, compile_failed, uncompilable_cause, flat_tuple_output, run_uncompiled, with_restore
+from ._common import (as_list, compile_failed, flat_tuple_output, note_static_addresses, run_uncompiled,
+                      uncompilable_cause, with_restore)
 from .inference import has_inference_blocks, inference_parts
 
 # Inductor's CUDA graph trees start a new generation (free the previous call's outputs for
@@ -68,6 +69,7 @@ def cudagraphs(gm, example_inputs):
 
     if has_inference_blocks(gm):
         return inference_parts("cudagraphs", gm, example_inputs, cudagraphs)
+    note_static_addresses(as_list(example_inputs), "cudagraphs")
     restore = flat_tuple_output(gm)
     grads = grad_presence.plan(gm)
     n_user_inputs = len(example_inputs)

@@ -11,8 +11,8 @@ from .lanes import compile_by_lanes
 from .regions import compile_by_regions, worth_sharing, worth_splitting
 from .subgraphs import compiling, with_shared_blocks
 from .cudagraphs import watch_static_inputs
-from ._common import (as_list, compile_failed, uncompilable_cause, flat_tuple_output, input_made_differentiable,
-                      quiet_torch_imports, run_uncompiled, watched_inner, with_restore)
+from ._common import (as_list, compile_failed, flat_tuple_output, input_made_differentiable, note_static_addresses,
+                      quiet_torch_imports, run_uncompiled, uncompilable_cause, watched_inner, with_restore)
 
 
 def mark_parameters_static(gm):
@@ -130,6 +130,7 @@ def inductor_whole(gm, example_inputs, *, config_patches=None):
     # a frame-evaluation "disable" shim); it carries a stale
     # ``_boxed_call = True`` copied by functools.wraps, which does not apply.
     if (config_patches or {}).get("triton.cudagraphs"):
+        note_static_addresses(as_list(example_inputs), "reduce-overhead")
         static = list(gm.parameters()) + list(gm.buffers())
         compiled = watch_static_inputs(compiled, [t for t in static if t.is_cuda], "reduce-overhead")
     return with_restore(grad_presence.gate(compiled, grads), restore)

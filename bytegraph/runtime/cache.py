@@ -7,11 +7,20 @@ contents) records them as its *identity*. When several entries match the same ro
 the wrapper looks the current objects up in an index instead of trying each entry in
 turn, so a decorator used on a hundred modules costs one dict lookup per call, and
 ``cache_size_limit`` counts recompiles per identity, not per code object.
+
+What the list holds also follows the compiler's stance (``stance.py``): nothing under
+``force_eager`` (every call misses, and the miss runs the original code), only the entries of
+the forced backend under ``force_backend``, and checks of the differentiating guards only under
+``skip_guard_eval_unsafe``; ``refresh`` rebuilds it when the stance changes.
 """
 import linecache
 from dataclasses import dataclass, field
 
+import torch
+
+from ..guards.builder import (GLOBAL_STATE, NDARRAY_MATCH, SHAPE_ENV, TENSOR_MATCH, GuardSet, compile_guards)
 from ..stacks import code_name
+from . import stance
 
 
 @dataclass
@@ -25,6 +34,7 @@ class CacheEntry:
     guard_source: str = ""
     fallback_reason: str = None   # set when this entry runs the frame eagerly
     identity: tuple = ()      # ((source, object), ...): root objects the guards match by identity
+    backend: object = None    # the backend it was compiled with under set_stance(force_backend=...)
 
     @property
     def keyset(self):
@@ -46,6 +56,9 @@ class CodeCache:
     auto_dynamic_scalars: set = field(default_factory=set)    # int sources whose value changed
     _key_readers: dict = field(default_factory=dict)          # keyset -> reader(*args) -> objects
     wrapper_factories: dict = field(default_factory=dict)     # which parameters have defaults -> factory
+    first_call: object = None     # set_stance("eager_then_compile"): what the eager first call was given
+    top_level: bool = False       # a function handed to compile() runs this code (not only routed calls)
+    _unsafe: tuple = None         # (entries, checks) under skip_guard_eval_unsafe
 
     def add(self, entry):
         self.entries.insert(0, entry)
@@ -59,12 +72,24 @@ class CodeCache:
         self.warned = False
         self.auto_dynamic.clear()
         self.auto_dynamic_scalars.clear()
+        self.first_call = None
+        self._unsafe = None
 
-    def entries_like(self, frame_args):
-        """Entries that could have served these arguments as far as identity goes: those
-        matching the same root objects, and those that match none."""
+    def refresh(self):
+        """Rebuild the dispatch list (the stance changed)."""
+        self._rebuild_dispatch()
+
+    def current_entries(self):
+        """The entries the current stance may run: those compiled with the backend it forces, or
+        (no backend forced) with the compiler's own."""
+        forced = stance.current[0].force_backend
+        return [e for e in self.entries if e.backend == forced]
+
+    def entries_like(self, frame_args, entries=None):
+        """Entries (of ``entries``, default all) that could have served these arguments as far as
+        identity goes: those matching the same root objects, and those that match none."""
         out = []
-        for entry in self.entries:
+        for entry in self.entries if entries is None else entries:
             if not entry.identity:
                 out.append(entry)
                 continue
@@ -83,13 +108,27 @@ class CodeCache:
         return reader
 
     def _rebuild_dispatch(self):
+        now = stance.current[0]
+        if now.changes_hits:
+            if now.name == "force_eager":
+                checks = []
+            elif now.skip_guard_eval_unsafe:
+                checks = self._unsafe_checks(self.current_entries())
+            else:
+                checks = [e.guard for e in self.current_entries()]
+            self.dispatch[:] = checks
+            return
         groups = {}
         for entry in self.entries:
+            if entry.backend is not None:
+                continue
             if entry.identity:
                 groups.setdefault(entry.keyset, []).append(entry)
         keyed = {keyset: group for keyset, group in groups.items() if len(group) > 1}
         checks, placed = [], set()
         for entry in self.entries:
+            if entry.backend is not None:
+                continue
             keyset = entry.keyset if entry.identity else None
             if keyset not in keyed:
                 checks.append(entry.guard)
@@ -98,6 +137,34 @@ class CodeCache:
                 checks.append(self._keyed_check(keyset, keyed[keyset]))
         # In place: the wrappers hold this very list.
         self.dispatch[:] = checks
+
+    def _unsafe_checks(self, entries):
+        """Checks for ``set_stance(skip_guard_eval_unsafe=True)``: each entry's guards on tensor
+        metadata (not parameters), symbolic sizes and global state, and those of its other guards
+        that tell it apart from the code's other entries (missing in one, or expecting another
+        value); torch.compile's "differentiating guards"."""
+        if self._unsafe is not None and self._unsafe[0] == [id(e) for e in entries]:
+            return self._unsafe[1]
+        seen = [{_guard_key(g): g.expected for g in e.guards} for e in entries]
+        differing = set()
+        for keys in seen:
+            for key, expected in keys.items():
+                if any(key not in other or not _same_expected(other[key], expected) for other in seen):
+                    differing.add(key)
+        checks = []
+        for i, entry in enumerate(entries):
+            kept = GuardSet()
+            for g in entry.guards:
+                if _guard_key(g) in differing or g.kind in (GLOBAL_STATE, SHAPE_ENV, NDARRAY_MATCH) \
+                        or (g.kind == TENSOR_MATCH and g.expected.cls is not torch.nn.Parameter):
+                    kept.add(g.kind, g.source, g.expected, g.detail, g.dynamic_dims)
+            label = code_name(self.code)
+            check, _, _ = compile_guards(kept, list(self.params), self.globals,
+                                         name=f"unsafe_guard_{label if label.isidentifier() else 'code'}_{i}",
+                                         hit=entry.run)
+            checks.append(check)
+        self._unsafe = ([id(e) for e in entries], checks)
+        return checks
 
     def _keyed_check(self, keyset, group):
         index = {}
@@ -110,6 +177,23 @@ class CodeCache:
                 f"        __run = __check({args})",
                 "        if __run is not None:", "            return __run", "    return None"]
         return _generate(self, "dispatch_by_identity", body, {"__index": index})
+
+
+def _guard_key(g):
+    # One source can carry several guards of a kind that names an attribute (MISSING_ATTR...).
+    return g.kind, g.source, g.detail, g.expected if isinstance(g.expected, str) else None
+
+
+def _same_expected(a, b):
+    if a is b:
+        return True
+    slots = getattr(type(a), "__slots__", None)
+    if slots and type(a) is type(b):    # guards.builder.TensorMeta, ArrayMeta: field by field
+        return all(_same_expected(getattr(a, n, None), getattr(b, n, None)) for n in slots)
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:   # noqa: BLE001 - values that cannot be compared are told apart
+        return False
 
 
 def _tuple(parts):

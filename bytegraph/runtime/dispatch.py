@@ -14,13 +14,20 @@ import warnings
 import weakref
 from typing import Callable
 
+import numpy as np
+import torch
+
 from ..backends.cudagraphs import new_invocation
-from ..backends.registry import CompilerFn, replays_cuda_graphs
+from ..backends.registry import CompilerFn, lookup_backend, replays_cuda_graphs
 from ..config import config
 from ..debug import debug_dir, logs, progress, records, timing
+from ..errors import RecompileError
+from ..guards.builder import NDARRAY_MATCH, TENSOR_MATCH
+from ..guards.sources import LocalSource
 from ..residual import GraphRaised
 from ..stacks import code_name
 from ..trace.tracer import frame_params
+from . import stance
 from .cache import CodeCache
 from .compile_frame import compile_frame, eager_entry
 from .signature import UNSET, _signature_parts, default_now, default_reads, kwdefault_now
@@ -51,6 +58,8 @@ class Compiler:
         # callable may wrap ``mode="reduce-overhead"``, so it is told too.
         self.marks_invocations = self.cuda_graphs or backend_spec is None
         self.caches = {}           # code object (or (code, id(globals))) -> CodeCache
+        self.recompile_limit = None    # torch.compile(recompile_limit=N): this compile's own cache_size_limit
+        self._forced = {}          # set_stance(force_backend=b): the compiler compiling with b
         self._wrappers = weakref.WeakKeyDictionary()   # function -> its wrapper (residual calls)
         self._code_wrappers = {}   # (code, id(globals)) -> wrapper taking the closure as an argument
         _compilers.add(self)
@@ -87,6 +96,8 @@ class Compiler:
         if not all(n.isidentifier() for n in fn.__code__.co_varnames[:_param_count(fn.__code__)]):
             return fn   # e.g. a comprehension's hidden ".0" argument: no wrapper can spell it
         cache = self.cache_for(fn.__code__, fn.__globals__)
+        if top_level:
+            cache.top_level = True
         params, passthrough, original, defaults = _signature_parts(fn)
         # Functions sharing a code may differ in which parameters have defaults.
         marks = top_level and self.marks_invocations
@@ -122,48 +133,174 @@ class Compiler:
         """Compile ``fn`` for these arguments; return the entry's run function or None (run eagerly)."""
         if cache.eager_forever or frozen[0]:
             return None
-        like = cache.entries_like(frame_args) if cache.entries else []
-        if cache.entries:
-            previous = like[0] if like else cache.entries[0]
+        now = stance.current[0]
+        compiler = self
+        if now is not stance.DEFAULT:
+            if not _compile_under_stance(now, fn, cache, frame_args):
+                return None
+            if now.force_backend is not None:
+                compiler = self.forcing(now.force_backend)
+        for sync in before_miss:
+            sync()
+        entries = cache.current_entries() if now.force_backend is not None else cache.entries
+        like = cache.entries_like(frame_args, entries) if entries else []
+        if entries:
+            previous = like[0] if like else entries[0]
             reason = previous.explain(*frame_args) or "unknown guard failure"
             cache.recompile_reasons.append(reason)
             code = fn.__code__
             log_recompiles.debug("recompiling %s (%s:%s): %s", fn.__qualname__, code.co_filename,
                                  code.co_firstlineno, reason)
-            limit_hit = (len(like) >= config.cache_size_limit
+            if config.error_on_recompile:
+                raise RecompileError(f"{fn.__qualname__} ({code.co_filename}:{code.co_firstlineno}) would be "
+                                     f"compiled again (config.error_on_recompile): {reason}")
+            limit_value = self.recompile_limit or config.cache_size_limit
+            limit_hit = (len(like) >= limit_value
                          or _total_entries[0] >= config.accumulated_cache_size_limit)
             records.recompiles.append(records.RecompileRecord(fn.__qualname__, code.co_filename,
                                                               code.co_firstlineno, reason, limit_hit))
             if limit_hit:
                 debug_dir.recompile_given_up(records.recompiles[-1])
-                limit = ("cache_size_limit" if len(like) >= config.cache_size_limit
-                         else "accumulated_cache_size_limit")
+                per_code = len(like) >= limit_value
+                limit = ("cache_size_limit" if self.recompile_limit is None else "recompile_limit") if per_code \
+                    else "accumulated_cache_size_limit"
+                shown = limit_value if per_code else config.accumulated_cache_size_limit
+                if compiler.fullgraph:
+                    # fullgraph promises compiled code: running eagerly instead would break it (torch.compile
+                    # raises here too).
+                    raise RecompileError(f"{fn.__qualname__} ({code.co_filename}:{code.co_firstlineno}) reached "
+                                         f"{limit} ({shown}) with fullgraph=True. Last guard failure: {reason}")
                 warnings.warn(
                     f"bytegraph: {fn.__qualname__} ({fn.__code__.co_filename}:{fn.__code__.co_firstlineno}) "
-                    f"reached config.{limit} ({getattr(config, limit)}); it runs eagerly from now on. "
-                    f"Last guard failure: {reason}", RuntimeWarning, stacklevel=3)
+                    f"reached {'config.' if limit != 'recompile_limit' else 'compile(...) '}{limit} ({shown}); "
+                    f"it runs eagerly from now on. Last guard failure: {reason}", RuntimeWarning, stacklevel=3)
                 identity = _identity_now(cache, like, frame_args)
-                if identity is None or limit != "cache_size_limit":
+                if identity is None or not per_code:
                     cache.eager_forever = True
                     return None
                 # Only the objects this call is made for (this module, this decorated
                 # function) run eagerly; others sharing the code keep their own budget.
                 entry = eager_entry(fn, cache, identity, reason)
+                entry.backend = now.force_backend
                 cache.add(entry)
                 return entry.run
-        if not cache.entries and _total_entries[0] >= config.accumulated_cache_size_limit:
+        if not entries and _total_entries[0] >= config.accumulated_cache_size_limit:
             cache.eager_forever = True
             warnings.warn(
                 f"bytegraph: {fn.__qualname__} ({fn.__code__.co_filename}:{fn.__code__.co_firstlineno}) "
                 f"not compiled: config.accumulated_cache_size_limit ({config.accumulated_cache_size_limit}) "
                 "cache entries exist over all functions; it runs eagerly", RuntimeWarning, stacklevel=3)
             return None
-        if like and self.dynamic is None:
+        if like and self.dynamic is None and config.automatic_dynamic_shapes:
             _note_changed_sizes(cache, like[0], frame_args)
-        entry = compile_frame(fn, frame_args, self, cache)
+        entry = compile_frame(fn, frame_args, compiler, cache)
+        entry.backend = now.force_backend
         cache.add(entry)
         _total_entries[0] += 1
         return entry.run
+
+    def forcing(self, backend):
+        """The compiler that compiles what this one does, with ``backend`` (``set_stance(force_backend=...)``)."""
+        key = backend if isinstance(backend, str) else id(backend)
+        forced = self._forced.get(key)
+        if forced is None:
+            named = backend if isinstance(backend, str) else getattr(backend, "__name__", type(backend).__name__)
+            forced = Compiler(lookup_backend(backend), backend_name=named, fullgraph=self.fullgraph,
+                              dynamic=self.dynamic,
+                              backend_spec=(backend, None, None) if isinstance(backend, str) else None)
+            forced.recompile_limit = self.recompile_limit
+            self._forced[key] = forced
+        return forced
+
+
+# Called before each miss compiles (patch_torch_compile reads torch._dynamo.config here).
+before_miss = []
+
+
+def _compile_under_stance(now, fn, cache, frame_args):
+    """Under a stance other than the default: may this miss compile? (False: run eagerly.)"""
+    name = now.name
+    if name in ("force_eager", "eager_on_recompile"):
+        return False
+    code = fn.__code__
+    where = f"{fn.__qualname__} ({code.co_filename}:{code.co_firstlineno})"
+    entries = cache.current_entries()
+    if now.skip_guard_eval_unsafe:
+        raise RecompileError(f"{where} would recompile under set_stance(skip_guard_eval_unsafe=True): no "
+                             "compiled entry matches these arguments. Warm the function up with every kind of "
+                             "input it will see before skipping guards"
+                             + _first_failure(entries, frame_args))
+    if name == "fail_on_recompile":
+        if getattr(cache, "top_level", False) or _has_tensor_work(fn, frame_args):
+            raise RecompileError(f"{where} would be compiled under set_stance('fail_on_recompile')"
+                                 + _first_failure(entries, frame_args))
+        return False
+    if name in ("eager_then_compile", "aot_eager_then_compile"):
+        # The first miss under this stance runs eagerly, what it was given kept; later misses compile,
+        # with the sizes and ints that differ from that first one symbolic from the start.
+        if cache.first_call is None:
+            cache.first_call = [_observed(v) for v in frame_args]
+            return False
+        for param, before, value in zip(cache.params, cache.first_call, frame_args):
+            after = _observed(value)
+            if before is None or after is None or type(before) is not type(after):
+                continue
+            if isinstance(before, tuple) and len(before) == len(after):
+                changed = {d for d, (a, b) in enumerate(zip(before, after)) if a != b}
+                if changed:
+                    cache.auto_dynamic.setdefault(LocalSource(param), set()).update(changed)
+            elif isinstance(before, int) and before != after:
+                cache.auto_dynamic_scalars.add(LocalSource(param))
+    return True
+
+
+def _first_failure(entries, frame_args):
+    for entry in entries:
+        reason = entry.explain(*frame_args)
+        if reason:
+            return f"; guard failure: {reason}"
+    return ""
+
+
+def _observed(value):
+    """What ``eager_then_compile`` compares between the first two calls: a tensor's or array's
+    sizes, an int."""
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        return tuple(value.shape)
+    if type(value) is int:
+        return value
+    return None
+
+
+def _has_tensor_work(fn, frame_args):
+    """Would torch.compile compile this frame at all: tensors, modules or arrays in its
+    arguments (inside lists, tuples and dicts too), or torch / NumPy among its globals?"""
+    fn_globals = fn.__globals__
+    for name in fn.__code__.co_names:
+        value = fn_globals.get(name)
+        if isinstance(value, types.ModuleType) and (value.__name__.split(".")[0] in ("torch", "numpy")):
+            return True
+    seen = set()
+
+    def holds(v):
+        if isinstance(v, (torch.Tensor, torch.nn.Module, np.ndarray, np.generic)):
+            return True
+        if type(v) in (list, tuple, dict) and id(v) not in seen:
+            seen.add(id(v))
+            return any(holds(x) for x in (v.values() if type(v) is dict else v))
+        return False
+
+    return any(holds(v) for v in frame_args)
+
+
+def _refresh_dispatch(old, new):
+    if old.changes_hits or new.changes_hits:
+        for compiler in list(_compilers):
+            for cache in list(compiler.caches.values()):
+                cache.refresh()
+
+
+stance.on_change(_refresh_dispatch)
 
 
 def _identity_now(cache, like, frame_args):

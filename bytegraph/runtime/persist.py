@@ -41,6 +41,7 @@ import tempfile
 import types
 
 import torch
+import torch.compiler._cache as _cache
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
@@ -427,10 +428,19 @@ def save(fn: types.FunctionType, compiler, tx, entry, builder, graph) -> None:
         return
     directory = os.path.join(config.cache_dir, key)
     path = os.path.join(directory, hashlib.sha256(data).hexdigest()[:32] + _SUFFIX)
+    if not _write_entry(directory, path, data):
+        return
+    _loaded.setdefault((config.cache_dir, key), {})[path] = record
+    _record_artifact(key, path, data)
+    log.debug("saved %s to %s", fn.__qualname__, path)
+
+
+def _write_entry(directory, path, data):
+    """Write one entry file (through a temporary file renamed into place); False if it cannot be."""
     try:
         os.makedirs(directory, exist_ok=True)
         if os.path.exists(path):
-            return
+            return True
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=_SUFFIX)
         try:
             with os.fdopen(fd, "wb") as f:
@@ -444,9 +454,46 @@ def save(fn: types.FunctionType, compiler, tx, entry, builder, graph) -> None:
             raise
     except OSError as e:
         log.debug("cannot write the persistent cache at %s: %s", directory, e)
-        return
-    _loaded.setdefault((config.cache_dir, key), {})[path] = record
-    log.debug("saved %s to %s", fn.__qualname__, path)
+        return False
+    return True
+
+
+# --- torch.compiler.save_cache_artifacts / load_cache_artifacts -------------------------------
+#
+# torch gathers what its caches wrote or used in a process ("mega-cache" artifacts, one type per
+# cache) and serializes them on save_cache_artifacts(); load_cache_artifacts(bytes) in another
+# process hands each one back to its cache. Entries of this cache are one type among them, so the
+# bytes torch's own functions give carry bytegraph's compiled frames along with Inductor's and
+# AOTAutograd's caches, with or without patch_torch_compile.
+
+ARTIFACT_TYPE = "bytegraph"
+
+
+class _Artifact(_cache.CacheArtifact):
+    """One saved entry: ``key`` is "<frame key>/<file name>", ``content`` the file's bytes."""
+
+    @staticmethod
+    def type():
+        return ARTIFACT_TYPE
+
+    def populate_cache(self):
+        frame_key, _, name = self.key.partition("/")
+        if not (re.fullmatch(r"[0-9a-f]{32}", frame_key) and re.fullmatch(r"[0-9a-f]{32}" + re.escape(_SUFFIX), name)):
+            log.debug("ignoring a cache artifact with a malformed name: %r", self.key)
+            return
+        _write_entry(os.path.join(config.cache_dir, frame_key), os.path.join(config.cache_dir, frame_key, name),
+                     self.content)
+
+
+if ARTIFACT_TYPE not in _cache.CacheArtifactFactory._artifact_types:
+    _cache.CacheArtifactFactory.register(_Artifact)
+
+
+def _record_artifact(key, path, data):
+    try:
+        _cache.CacheArtifactManager.record_artifact(ARTIFACT_TYPE, f"{key}/{os.path.basename(path)}", data)
+    except Exception as e:   # noqa: BLE001 - never fail a compile because of the artifact list
+        log.debug("cache artifact not recorded: %s: %s", type(e).__name__, e)
 
 
 # --- loading ------------------------------------------------------------------------------
@@ -482,7 +529,7 @@ def _records(key):
             known[path] = None
             continue
         known[path] = record
-    return [r for r in known.values() if r is not None]
+    return [(path, r) for path, r in known.items() if r is not None]
 
 
 class _Resolver:
@@ -530,7 +577,7 @@ def load(c, values: list) -> tuple | None:
     key = frame_key(fn, c.compiler)
     if key is None:
         return None
-    for record in _records(key):
+    for path, record in _records(key):
         try:
             entry = _instantiate(c, values, record)
         except NotPortable as e:
@@ -541,6 +588,11 @@ def load(c, values: list) -> tuple | None:
             continue
         if entry is not None:
             log.debug("%s loaded from the persistent cache", fn.__qualname__)
+            try:
+                with open(path, "rb") as f:
+                    _record_artifact(key, path, f.read())
+            except OSError:
+                pass
             return entry
     return None
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ... import control
-from ...errors import Unsupported
+from ...errors import BytegraphError, Unsupported
 from ...guards.builder import DICT_KEYS, ID_MATCH
 from ...guards.sources import AttrSource, DefaultSource, ItemSource, MappingGetSource, WeakRefCallSource
 from ...values.base import (BoundMethodValue, ConstantValue, ContextManagerValue, DictValue, ExitValue, FunctionValue,
@@ -278,6 +278,15 @@ def _control_call(frame, obj, args, kwargs):
     if obj is is_compiling or (getattr(obj, "__name__", None) == "is_compiling"
                                and (getattr(obj, "__module__", None) or "").startswith("torch")):
         return ConstantValue(True)
+    if control.is_forbidden(obj):
+        # Changing the stance or marking dims mid-compile has no meaning; torch.compile refuses too.
+        raise BytegraphError(f"{_callable_name(obj)} cannot be called inside a compiled function; call it "
+                             "before calling the compiled function (as under torch.compile)")
+    if control.assumed_constant(obj) and all(isinstance(a, ConstantValue) for a in [*args, *kwargs.values()]):
+        return fold(frame, obj, args, kwargs)   # torch._dynamo.assume_constant_result: its value, unguarded
+    substitute = control.torch_substitute(obj)
+    if substitute is not None:     # torch.compiler.substitute_in_graph: trace the substitute instead
+        return call(frame, wrap(frame.tx, substitute, None), args, kwargs)
     try:
         if obj is control.graph_break:
             raise Unsupported("bytegraph.graph_break() called", hint="remove the call to keep one graph")

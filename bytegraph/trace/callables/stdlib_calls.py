@@ -7,6 +7,7 @@ wrappers, operator getters, methods of sets/deques/Counters made in the frame).
 import collections
 import copy
 import functools
+import gc
 import itertools
 import logging
 import operator
@@ -254,12 +255,21 @@ def _reduce(frame, args, kwargs):
     return acc
 
 
+def _has_instance_dict(p):
+    """Whether the partial ``p`` has made its ``__dict__``, read without making it: CPython
+    flattens a partial of a partial only while that dict was never made, and reading
+    ``p.__dict__`` makes it (so a trace that read it changed what eager does from then on).
+    The dict shows among the objects the partial references, next to its keywords dict."""
+    keywords = p.keywords
+    return any(type(r) is dict and r is not keywords for r in gc.get_referents(p))
+
+
 @builtin(functools.partial)
 def _partial(frame, args, kwargs):
     fn = args[0]
     if isinstance(fn, PartialValue):
         return PartialValue(fn.func, fn.args + list(args[1:]), {**fn.kwargs, **kwargs})
-    if isinstance(fn, ObjectValue) and type(fn.obj) is functools.partial and not fn.obj.__dict__:
+    if isinstance(fn, ObjectValue) and type(fn.obj) is functools.partial and not _has_instance_dict(fn.obj):
         # CPython flattens a partial of a plain partial: one function, the arguments joined.
         inner, src = fn.obj, fn.source
         func = wrap(frame.tx, inner.func, AttrSource(src, "func") if src else None)

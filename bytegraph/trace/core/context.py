@@ -3,6 +3,7 @@
 import torch
 
 from ...config import config
+from ...control import marked_dims
 from ...stacks import frame_summary
 from ...graph.builder import GraphBuilder
 from ...guards.builder import GuardSet, add_global_state_guards
@@ -83,25 +84,26 @@ class TraceContext:
         mode = getattr(self.options, "dynamic", None)
         if not config.dynamic_shapes:
             return False
+        if mode is None and not config.assume_static_by_default:
+            return True     # every size symbolic from the first compile (torch's dynamic=True is this)
         return mode
 
     def dynamic_dims_for(self, tensor, source):
         """dim -> (min, max) for the dims of an input tensor (or np.ndarray) that should be symbolic."""
         mode = self._dynamic_mode()
-        if mode is False:
+        if not config.dynamic_shapes:
             return {}
-        dims = dict(getattr(tensor, "_bytegraph_dynamic", {}) or {})
+        # bytegraph's and torch's mark_dynamic / mark_static (control.marked_dims): an explicit
+        # dynamic mark wins over mark_static and over dynamic=False, as under torch.compile.
+        marked, static = marked_dims(tensor)
+        dims = {}
         if mode is True:
-            for d in range(tensor.ndim):
-                dims.setdefault(d, (None, None))
-        else:
-            for d in self.auto_dynamic.get(source, ()):
-                dims.setdefault(d, (None, None))
-        static = getattr(tensor, "_bytegraph_static", None)
-        if static == "all":
-            return {}
-        for d in static or ():
+            dims = dict.fromkeys(range(tensor.ndim), (None, None))
+        elif mode is None:
+            dims = dict.fromkeys(self.auto_dynamic.get(source, ()), (None, None))
+        for d in static:
             dims.pop(d, None)
+        dims.update(marked)
         return {d: b for d, b in dims.items() if d < tensor.ndim}
 
     def is_dynamic_float(self, source):

@@ -33,6 +33,8 @@ _TENSOR_META = {"dtype", "device", "ndim", "requires_grad", "is_cuda", "is_cpu",
                 "itemsize", "nbytes", "is_mkldnn"}
 # Tensor attributes that are tensors computed in the graph.
 _TENSOR_VIEWS = {"T", "mT", "H", "mH", "real", "imag"}
+# Tensor flags that follow from the device type (guarded with the tensor).
+_TENSOR_DEVICE_FLAGS = {"is_ipu", "is_maia", "is_mtia", "is_sparse_csr", "is_vulkan", "is_xla", "is_xpu", "volatile"}
 
 
 def get_attr(frame, v, name):
@@ -290,7 +292,13 @@ def _tensor_attr(frame, v, name):
         raise MissingAttribute(f"'Tensor' object has no attribute {name!r}")
     if callable(attr):
         return TensorMethodValue(v, name)
-    return ConstantValue(getattr(v.fake, name))
+    if name in _TENSOR_DEVICE_FLAGS:
+        return ConstantValue(getattr(v.fake, name))   # fixed by the device, which is guarded
+    # The fake tensor cannot answer the rest for the real one: `_base` is another tensor (the
+    # view's base), `_cdata` an address, `retains_grad`/`output_nr`/hooks autograd's state.
+    raise Unsupported(f"Tensor.{name} is not supported in a graph: the traced tensor cannot say what the "
+                      "real one holds there",
+                      hint="read it outside the compiled function, or pass what you need as an argument")
 
 
 def _shape_value(frame, v):

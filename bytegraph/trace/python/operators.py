@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from ...datamodel import class_lookup
-from ...errors import Unsupported
+from ...errors import BytegraphError, Unsupported
 from ...null import NULL
 from ...guards.builder import NOT_ALIAS
 from ...guards.sources import ModuleEntrySource
@@ -151,7 +151,14 @@ def _sym_op(frame, fn, args):
     for a in args:
         if not isinstance(a, (SymValue, ConstantValue)):
             raise Unsupported(f"{fn.__name__} of a symbolic size and {attrs.describe(a)} is not supported yet")
-    return frame.tx.graph.sym_call(fn, args)
+    try:
+        return frame.tx.graph.sym_call(fn, args)
+    except BytegraphError:
+        raise
+    except Exception:
+        # It fails on the current values (`n // 0`, a negative shift): fold on them, guarded, so the
+        # traced code raises what Python raises (never an internal error).
+        return constant_fold(frame, fn, args, getattr(fn, "__name__", "operator"))
 
 
 def _tuple_parts(v):
