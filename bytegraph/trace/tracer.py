@@ -1,5 +1,8 @@
 """Trace one frame from its real arguments: the entry point of the interpreter."""
+from __future__ import annotations
+
 import inspect
+import types
 from dataclasses import dataclass
 
 import torch
@@ -34,7 +37,7 @@ class TraceResult:
     frame: Frame = None        # the root frame, for its stack and locals at a break
 
 
-def frame_params(code):
+def frame_params(code: types.CodeType) -> list[str]:
     """Names of a code object's parameters in ``co_varnames`` order: positional, keyword-only, *args, **kwargs."""
     n = code.co_argcount + code.co_kwonlyargcount
     if code.co_flags & inspect.CO_VARARGS:
@@ -44,7 +47,8 @@ def frame_params(code):
     return list(code.co_varnames[:n])
 
 
-def trace_frame(fn, frame_args, options, stop_before=None, cache=None, reuse_blocks=True):
+def trace_frame(fn: types.FunctionType, frame_args: list, options, stop_before: int | None = None, cache=None,
+                reuse_blocks: bool = True) -> TraceResult:
     """Run ``fn``'s bytecode symbolically on ``frame_args`` (values of its parameters, in order).
 
     With ``stop_before`` (an instruction index), tracing stops the first time the

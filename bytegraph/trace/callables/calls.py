@@ -5,6 +5,8 @@ call is inlined (user functions, methods, ``nn.Module.forward``), becomes a
 graph node (torch functions, tensor methods), is folded to a constant (pure
 builtins on constants), or is unsupported.
 """
+from __future__ import annotations
+
 import enum
 import operator
 import types
@@ -35,9 +37,12 @@ from ..core.handlers import BUILTIN_HANDLERS
 from ..nn.module_calls import call_module, make_module
 from ..core.state import is_compiling
 from ..torch_api.torch_calls import apply_state, call_torch_class, current_state, decorate, is_graph_function, torch_call
+from typing import Callable
+from ...values.base import Value
+from ..core.context import RunningFrame
 
 
-def call(frame, fn, args, kwargs):
+def call(frame: RunningFrame, fn: Value, args: list[Value], kwargs: dict[str, Value]) -> Value:
     if isinstance(fn, TensorMethodValue):
         return tensor_method(frame, fn.tensor, fn.name, args, kwargs)
     if isinstance(fn, NdarrayMethodValue):
@@ -335,7 +340,7 @@ def _traced_hop_code(fn):
     return module in _TRACED_HOP_MODULES or (module, fn.__qualname__) in _TRACED_HOP_FUNCTIONS
 
 
-def call_python_function(frame, fv, args, kwargs):
+def call_python_function(frame: RunningFrame, fv: ObjectValue, args: list[Value], kwargs: dict[str, Value]) -> Value:
     fn = fv.obj
     if args and isinstance(args[0], PrivateObjectValue) and isinstance(args[0].obj, torch.nn.Module) \
             and (fn.__module__ or "").startswith("torch.") \
@@ -486,7 +491,8 @@ def _is_foldable(obj):
     return False
 
 
-def fold(frame, fn, args, kwargs, what=None, hold=None):
+def fold(frame: RunningFrame, fn: Callable, args: list[Value], kwargs: dict[str, Value], what: str | None = None,
+         hold=None) -> Value:
     """Call a pure function on constant arguments at trace time.
 
     ``hold``: for a method of a container made in the frame that may hold values the trace
@@ -546,7 +552,7 @@ TENSOR_DATA_HINT = ("keep the value a tensor (e.g. x.sum() instead of x.sum().it
                     "an if), or move this call out of the compiled function; without fullgraph=True it runs eagerly at a graph break")
 
 
-def tensor_method(frame, tensor, name, args, kwargs):
+def tensor_method(frame: RunningFrame, tensor: TensorValue, name: str, args: list[Value], kwargs: dict[str, Value]) -> Value:
     if name == "numpy":
         return numpy_calls.tensor_method_to_array(frame, tensor, name, args, kwargs)
     if name == "requires_grad_" and not tensor.fake.requires_grad and not kwargs \

@@ -5,6 +5,8 @@ on its symbolic copy, so later reads in the trace see the change, and recorded
 in ``TraceContext.effects.mutated``: the transformed function updates the real object
 in place after the graph (``codegen.transformed.replay_side_effects``).
 """
+from __future__ import annotations
+
 import collections
 
 from ...errors import Unsupported
@@ -19,6 +21,8 @@ from ..python.exceptions import PythonError
 from .builtin_calls import sort_values
 from .calls import enter_context, exit_context
 from ..python.iteration import iterate
+from ...values.base import Value
+from ..core.context import RunningFrame
 
 _MUTATING = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse",
              "update", "setdefault", "popitem", "__setitem__", "__delitem__", "add", "discard",
@@ -26,7 +30,7 @@ _MUTATING = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "re
              "__iadd__", "move_to_end", "__ior__"}
 
 
-def call_method(frame, owner, name, args, kwargs):
+def call_method(frame: RunningFrame, owner: Value, name: str, args: list[Value], kwargs: dict[str, Value]) -> Value:
     if isinstance(owner, ContextManagerValue):
         if name == "__enter__":
             enter_context(frame, owner)
@@ -297,7 +301,7 @@ _SET_INPLACE = {"|=": "update", "&=": "intersection_update", "-=": "difference_u
                 "^=": "symmetric_difference_update"}
 
 
-def inplace_operator(frame, op, a, b):
+def inplace_operator(frame: RunningFrame, op: str, a: Value, b: Value) -> Value | None:
     """``a op= b`` that changes the container ``a`` itself (as CPython does), or None."""
     if isinstance(a, ListValue) and op == "+=":
         items = iterate(frame, b)

@@ -4,6 +4,8 @@ Handlers register into ``core.handlers.BUILTIN_HANDLERS``; ``call_stdlib_object`
 handles callable *objects* of the standard library (partials, ``lru_cache``
 wrappers, operator getters, methods of sets/deques/Counters made in the frame).
 """
+from __future__ import annotations
+
 import collections
 import copy
 import functools
@@ -27,6 +29,8 @@ from .calls import call, call_python_function, fold
 from ..python.iteration import iterate
 from ..core.handlers import BUILTIN_HANDLERS, builtin
 from .containers import call_method
+from ...values.base import Value
+from ..core.context import RunningFrame
 
 
 # --- functools, itertools, operator, collections -------------------------------------
@@ -57,7 +61,7 @@ def _is_memo_argument(v):
 
 # Iterators are finite lists of values, made at once (like generators, see frame.py).
 
-def call_stdlib_object(frame, fv, args, kwargs):
+def call_stdlib_object(frame: RunningFrame, fv: ObjectValue, args: list[Value], kwargs: dict[str, Value]) -> Value | None:
     """Calls of stdlib callable objects: partials, lru_cache wrappers, operator getters,
     and methods of sets/deques/Counters made in the frame (kept as real constants)."""
     obj = fv.obj

@@ -1,5 +1,8 @@
 """State shared by every frame of one trace: the graph, the guards, the memo, the side effects."""
 
+import types
+import typing
+
 import torch
 
 from ...config import config
@@ -127,3 +130,11 @@ class TraceContext:
         """FrameSummary list for the active frames (or a snapshot of them), outermost first."""
         return [frame_summary(code, ins) for code, ins in (snapshot or self.stack_snapshot())]
 
+
+class RunningFrame(typing.Protocol):
+    """The running frame as the rooms below the machine see it in their signatures: they pass it
+    on and read its trace context, code and globals (the class is ``machine.frame.Frame``, a room
+    above them)."""
+    tx: TraceContext
+    code: types.CodeType
+    globals: dict

@@ -6,10 +6,20 @@ kwargs) -> value``; ``trace.callables.calls`` consults it for every call. The ta
 the bottom of trace/ so each room registers the callables it understands (``@builtin(fn)``)
 without importing the room that reads it.
 """
-BUILTIN_HANDLERS = {}
+from __future__ import annotations
+
+from typing import Callable
+
+from ...values.base import Value
+from .context import RunningFrame
+
+# handler(frame, args, kwargs) -> the call's value
+Handler = Callable[[RunningFrame, list[Value], dict[str, Value]], Value]
+
+BUILTIN_HANDLERS: dict[Callable, Handler] = {}
 
 
-def builtin(*fns):
+def builtin(*fns: Callable) -> Callable[[Handler], Handler]:
     """Register the decorated function as the handler of each of ``fns``."""
     def register(h):
         for fn in fns:

@@ -10,56 +10,66 @@ through this module, as ``ops.call(frame, fn, args, kwargs)``. ``trace/tracer.py
 of trace/, imports every room and wires each name below to its implementation (``wire``)
 before anything is traced.
 
-Each entry is looked up at call time (``ops.call(...)``), never imported by name.
+Each entry is looked up at call time (``ops.call(...)``), never imported by name. The
+signatures name the running frame ``RunningFrame`` (``core.context``): the class is
+``machine.frame.Frame``, in a room above.
 """
+from __future__ import annotations
+
+import types
+from typing import Callable
+
+from ...values.base import Value
+from .context import RunningFrame
 
 # opcode name -> handler(frame, instruction): ``opcodes.HANDLERS``, read by ``Frame.run``.
 HANDLERS = None
 
 
-def call(frame, fn, args, kwargs):
+def call(frame: RunningFrame, fn: Value, args: list[Value], kwargs: dict[str, Value]) -> Value:
     """``fn(*args, **kwargs)`` in the trace: inlined, a graph node, folded or Unsupported (calls.call)."""
     raise _not_wired("call")
 
 
-def inline_call(parent, code, fn_globals, name, defaults, kwdefaults, closure, args, kwargs):
+def inline_call(parent: RunningFrame, code: types.CodeType, fn_globals: dict, name: str, defaults, kwdefaults, closure,
+                args: list[Value], kwargs: dict[str, Value]) -> Value:
     """Run a Python function's code in a child frame and return its result value (frame.inline_call)."""
     raise _not_wired("inline_call")
 
 
-def fold(frame, fn, args, kwargs, what=None):
+def fold(frame: RunningFrame, fn: Callable, args: list[Value], kwargs: dict[str, Value], what: str | None = None) -> Value:
     """Call a pure function on constant arguments at trace time (calls.fold)."""
     raise _not_wired("fold")
 
 
-def tensor_method(frame, tensor, name, args, kwargs):
+def tensor_method(frame: RunningFrame, tensor: Value, name: str, args: list[Value], kwargs: dict[str, Value]) -> Value:
     """``tensor.name(*args, **kwargs)``: a graph node or a known constant (calls.tensor_method)."""
     raise _not_wired("tensor_method")
 
 
-def call_stdlib_object(frame, fv, args, kwargs):
+def call_stdlib_object(frame: RunningFrame, fv: Value, args: list[Value], kwargs: dict[str, Value]) -> Value | None:
     """A call of a standard-library callable object (partial, lru_cache wrapper...), or None
     (stdlib_calls.call_stdlib_object)."""
     raise _not_wired("call_stdlib_object")
 
 
-def iterate(frame, v):
+def iterate(frame: RunningFrame, v: Value) -> list[Value]:
     """All items of an iterable value, as a new list (iteration.iterate)."""
     raise _not_wired("iterate")
 
 
-def call_method(frame, owner, name, args, kwargs):
+def call_method(frame: RunningFrame, owner: Value, name: str, args: list[Value], kwargs: dict[str, Value]) -> Value:
     """A method of a list, dict, set, tuple or torch context manager value (containers.call_method)."""
     raise _not_wired("call_method")
 
 
-def inplace_operator(frame, op, a, b):
+def inplace_operator(frame: RunningFrame, op: str, a: Value, b: Value) -> Value | None:
     """``a op= b`` on a container value, changing it in place; None if it does not apply
     (containers.inplace_operator)."""
     raise _not_wired("inplace_operator")
 
 
-def generator_attr(frame, gen, name):
+def generator_attr(frame: RunningFrame, gen: Value, name: str) -> Value:
     """``gen.name`` for a generator made in the trace: send, throw, close... (generators.get_attr)."""
     raise _not_wired("generator_attr")
 

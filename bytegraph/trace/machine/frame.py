@@ -3,12 +3,15 @@
 The root frame is the compiled function; inlined calls run in child frames
 that share the TraceContext. Opcode handlers live in ``opcodes.py``.
 """
+from __future__ import annotations
+
 import inspect
+import types
 
 from ...bytecode.analysis import live_locals
 from ...bytecode.instructions import decode
 from ...errors import Unsupported
-from ...values.base import CellValue, ConstantValue, DictValue, TupleValue
+from ...values.base import CellValue, ConstantValue, DictValue, TupleValue, Value
 from ...values.builder import wrap
 from ..core import ops
 from ..core.context import MAX_INLINE_DEPTH
@@ -52,7 +55,7 @@ class Frame:
         self.fresh_containers = ()  # root frame only: names of its *args / **kwargs parameters
         self.stopped = False
 
-    def run(self):
+    def run(self) -> Value | None:
         HANDLERS = ops.HANDLERS
         tx = self.tx
         tx.frames.append(self)
@@ -193,7 +196,8 @@ def bind_arguments(code, name, defaults, kwdefaults, args, kwargs):
     return bound
 
 
-def inline_call(parent, code, fn_globals, name, defaults, kwdefaults, closure, args, kwargs):
+def inline_call(parent: Frame, code: types.CodeType, fn_globals: dict, name: str, defaults, kwdefaults, closure,
+                args: list[Value], kwargs: dict[str, Value]) -> Value:
     """Run a Python function's code in a child frame; return its result value."""
     tx = parent.tx
     if code.co_flags & (_GENERATOR_FLAGS & ~inspect.CO_GENERATOR):

@@ -31,6 +31,8 @@ per-instance state without a source, returned something a copy cannot make) is n
 recorded, and anything a check refuses is traced normally. ``config.reuse_traced_blocks``
 (``BYTEGRAPH_REUSE_BLOCKS=0``) turns this off; the graphs and guards are the same either way.
 """
+from __future__ import annotations
+
 import types
 
 import torch
@@ -42,6 +44,9 @@ from ...guards.sources import AttrSource, DefaultSource, ItemSource, ModuleEntry
 from ...values.base import (ConstantValue, DictValue, ListValue, ObjectValue, SymValue, TensorValue,
                            TupleValue)
 from ...values.builder import CONSTANT_TYPES, wrap
+from typing import Callable
+from ...values.base import Value
+from ..core.context import RunningFrame
 
 MAX_TEMPLATES_PER_CLASS = 4
 # node.meta key: the (template id, instance) of each copied or recorded block a node is in, outermost first
@@ -493,7 +498,8 @@ def _map_result(v, vmap, nmap, made):
 
 # --- the entry point ---------------------------------------------------------------------------
 
-def call_forward(frame, mv, args, kwargs, trace_forward):
+def call_forward(frame: RunningFrame, mv: ObjectValue, args: list[Value], kwargs: dict[str, Value],
+                 trace_forward: Callable[[], Value]) -> Value:
     """``trace_forward()`` traces ``mv``'s forward on ``args``/``kwargs``; this replays an earlier
     trace of the same class instead when one applies, and records this one otherwise."""
     tx = frame.tx

@@ -6,6 +6,8 @@ may replace the output). The hook tables are read through their sources, so the
 guards check their keys (hook handles) and the identity of each hook function:
 adding or removing a hook recompiles.
 """
+from __future__ import annotations
+
 from torch.nn.modules import module as mm
 
 from ...errors import Unsupported
@@ -13,6 +15,9 @@ from ...values.base import DictValue, TupleValue
 from ..core import ops
 from ..python import attrs
 from ..python.operators import is_none
+from typing import Callable
+from ...values.base import ObjectValue, Value
+from ..core.context import RunningFrame
 
 
 def has_unsupported_hooks(m):
@@ -21,7 +26,8 @@ def has_unsupported_hooks(m):
                 or m._backward_pre_hooks or mm._global_backward_hooks or mm._global_backward_pre_hooks)
 
 
-def call_with_hooks(frame, mv, args, kwargs, call_forward):
+def call_with_hooks(frame: RunningFrame, mv: ObjectValue, args: list[Value], kwargs: dict[str, Value],
+                    call_forward: Callable[[list[Value], dict[str, Value]], Value]) -> Value:
     """Trace ``mv(*args, **kwargs)`` with its forward pre-hooks and forward hooks."""
     m = mv.obj
     if has_unsupported_hooks(m):

@@ -5,6 +5,8 @@
 natively (DDP, FSDP2, a recurrent layer on a GPU, a padded ``TransformerEncoder``) are refused
 with the reason. ``Layer(...)`` inside forward makes a module private to the trace.
 """
+from __future__ import annotations
+
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
@@ -18,9 +20,11 @@ from . import blocks
 from ..core import ops
 from ..python import lookup, operators
 from .hooks import call_with_hooks
+from ...values.base import ObjectValue, Value
+from ..core.context import RunningFrame
 
 
-def call_module(frame, mv, args, kwargs):
+def call_module(frame: RunningFrame, mv: ObjectValue, args: list[Value], kwargs: dict[str, Value]) -> Value:
     """``module(*args)``: inline its forward, and its forward hooks if it has any (trace/nn/hooks.py)."""
     m = mv.obj
     if isinstance(m, DistributedDataParallel):
@@ -45,7 +49,7 @@ def call_module(frame, mv, args, kwargs):
     return _call_forward(frame, mv, args, kwargs)
 
 
-def refuse_native_module(m, padding_mask):
+def refuse_native_module(m: torch.nn.Module, padding_mask: bool) -> None:
     """Raise for a torch.nn module whose call runs natively, whether called from compiled code
     (``call_module``) or compiled itself (``tracer.trace_frame``); ``padding_mask``: whether a
     ``src_key_padding_mask`` was given.
@@ -86,7 +90,7 @@ def _trace_forward(frame, mv, args, kwargs):
     return ops.call(frame, forward, args, kwargs)
 
 
-def make_module(frame, cls, args, kwargs):
+def make_module(frame: RunningFrame, cls: type, args: list[Value], kwargs: dict[str, Value]) -> Value:
     """``Layer(...)`` for an ``nn.Module`` subclass inside forward (an activation picked from a
     table, a small helper layer): a real module private to the trace (``PrivateObjectValue``).
 

@@ -15,6 +15,8 @@ non-numeric and unsupported dtypes, ndarray subclasses and masked arrays, ufunc 
 objects with ``__array_function__``-style protocols, ``.ctypes``, random numbers, and any
 function without a checked implementation (``TRACED``).
 """
+from __future__ import annotations
+
 import operator
 import types
 
@@ -40,6 +42,8 @@ from .numpy_values import (DATA_HINT, _device_guard, _dtype_of, _enabled, _graph
                            _is_function_like, _new_array, _plain, _protocol_object, involves_arrays,
                            is_numpy_callable, is_numpy_object, numpy_object_reason, object_attr, storage_key,
                            unsupported)
+from ...values.base import Value
+from ..core.context import RunningFrame
 
 
 # --- calling NumPy ---------------------------------------------------------------------------------
@@ -63,7 +67,7 @@ def qualname(obj):
     return name
 
 
-def call_numpy(frame, fv, args, kwargs):
+def call_numpy(frame: RunningFrame, fv: ObjectValue, args: list[Value], kwargs: dict[str, Value]) -> Value:
     """``fn(*args, **kwargs)`` for a NumPy callable ``fv.obj``."""
     obj = fv.obj
     name = qualname(obj)
@@ -369,7 +373,7 @@ _NOT_TRACED_ATTRS = {"ctypes": "ndarray.ctypes is not traced", "flags": "ndarray
 _ATTR_ARRAYS = {"T": "T", "mT": "mT", "real": "real", "imag": "imag"}
 
 
-def array_attr(frame, a, name):
+def array_attr(frame: RunningFrame, a: NdarrayValue, name: str) -> Value:
     """``a.name`` for a traced array."""
     if name == "shape":
         return shape_value(frame, a)

@@ -1,4 +1,6 @@
 """Attribute reads on values: ``value.name`` while tracing."""
+from __future__ import annotations
+
 import types
 from collections import OrderedDict
 
@@ -25,6 +27,8 @@ from .exceptions import MissingAttribute, set_attr as set_exception_attr, super_
 from .lookup import (_DICT_READS, defined_by_dict as _defined_by_dict, dict_method, note_store as _note_store,  # noqa: F401
                      private_value, set_item as _set_item, table_of as _table_of)
 from .protocols import guard_class_method
+from ...values.base import Value
+from ..core.context import RunningFrame
 
 
 # Tensor attributes answered from the fake tensor (fixed by the tensor's guard).
@@ -37,7 +41,7 @@ _TENSOR_VIEWS = {"T", "mT", "H", "mH", "real", "imag"}
 _TENSOR_DEVICE_FLAGS = {"is_ipu", "is_maia", "is_mtia", "is_sparse_csr", "is_vulkan", "is_xla", "is_xpu", "volatile"}
 
 
-def get_attr(frame, v, name):
+def get_attr(frame: RunningFrame, v: Value, name: str) -> Value:
     try:
         return _get_attr(frame, v, name)
     except MissingAttribute:
@@ -529,7 +533,7 @@ def _noop_init(*args, **kwargs):
     return None
 
 
-def set_attr(frame, obj, name, value, plain=False):
+def set_attr(frame: RunningFrame, obj: Value, name: str, value: Value, plain: bool = False) -> None:
     """``obj.name = value``: on objects made while tracing, or recorded and replayed after the graph.
 
     ``plain``: ``object.__setattr__`` itself, skipping a ``__setattr__`` the class defines.
@@ -647,7 +651,7 @@ def _module_plain_store(module, name, value):
     return not any(name in module.__dict__.get(t, ()) for t in ("_parameters", "_buffers", "_modules"))
 
 
-def del_attr(frame, obj, name):
+def del_attr(frame: RunningFrame, obj: Value, name: str) -> None:
     """``del obj.name`` / ``delattr(obj, name)``: on objects made while tracing (or private to
     it) at once (a Python ``__delattr__``, a property's deleter, or the attribute itself); on an
     existing plain object through a Python descriptor's deleter, or recorded like a store and

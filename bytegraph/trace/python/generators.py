@@ -8,6 +8,8 @@ generator's effects interleave with the consumer's exactly as in Python.
 over such iterators are ``LazyIteratorValue``s that pull items one at a time
 in CPython's order. ``next_item`` is the one way to advance any iterator value.
 """
+from __future__ import annotations
+
 import itertools
 
 from ...bytecode.analysis import inside_user_handler
@@ -23,6 +25,7 @@ from ..numpy_api import numpy_calls
 from ..core.basics import as_constant, item_value
 from .exceptions import TracedRaise, new, raise_new, to_exception, unwind
 from .operators import element_equal, truth
+from ..core.context import RunningFrame
 
 EXHAUSTED = object()   # next_item's answer when the iterator is done
 
@@ -558,7 +561,7 @@ def any_all(frame, fn, it):
 
 # --- generator methods: send, throw, close ------------------------------------------------------
 
-def get_attr(frame, gen, name):
+def get_attr(frame: RunningFrame, gen: Value, name: str) -> Value:
 
     def send(f, args, kwargs):
         kind, value = resume(gen, sent=args[0])

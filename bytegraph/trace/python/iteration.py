@@ -1,4 +1,6 @@
 """Turning iterable values into lists of values (loops are unrolled)."""
+from __future__ import annotations
+
 import enum
 
 import torch
@@ -15,9 +17,11 @@ from ..core.basics import item_value
 from .exceptions import PythonError
 from ..core.basics import note_process_local
 from .operators import getitem
+from ...values.base import Value
+from ..core.context import RunningFrame
 
 
-def iterate(frame, v):
+def iterate(frame: RunningFrame, v: Value) -> list[Value]:
     """All items of an iterable value, as a new list."""
     if isinstance(v, (TupleValue, ListValue)):
         return list(v.items)

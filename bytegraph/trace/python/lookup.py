@@ -19,6 +19,8 @@ depended on is guarded: a function or descriptor found on the class by identity 
 (``protocols.guard_class_method``), a plain class attribute by its value read through the
 class, and the instance's not having an attribute of its own where the class answered.
 """
+from __future__ import annotations
+
 import collections
 import functools
 import types
@@ -42,6 +44,8 @@ from ..core.basics import MissingAttribute, no_attr_name
 from ..core.context import DELETED
 from .exceptions import TracedRaise
 from .protocols import guard_class_method
+from ...values.base import Value
+from ..core.context import RunningFrame
 
 # Builtin types whose ``__getattribute__`` is CPython's generic one (``object.__getattribute__``'s
 # order; each type has its own wrapper of it).
@@ -176,7 +180,7 @@ class ExceptionInstance(TracedInstance):
         return super().slot(frame, name)
 
 
-def exception_attr(frame, v, name):
+def exception_attr(frame: RunningFrame, v: ExceptionValue, name: str) -> Value:
     """``v.name`` for an exception made in the trace, in Python's order (``ExceptionInstance``)."""
     try:
         return instance_attr(frame, ExceptionInstance(v, v.cls), name)
@@ -353,7 +357,7 @@ def instance_of(v):
     return TracedInstance(v, v.cls)
 
 
-def instance_attr(frame, inst, name):
+def instance_attr(frame: RunningFrame, inst: Instance, name: str) -> Value:
     """``inst.value.name`` in Python's order (module docstring)."""
     cls = inst.cls
     getattribute = class_lookup(cls, "__getattribute__")[0]

@@ -1,4 +1,6 @@
 """Python operators on values: arithmetic, comparison, truth, subscripts."""
+from __future__ import annotations
+
 import enum
 import operator
 
@@ -22,6 +24,9 @@ from ..numpy_api import numpy_calls
 from ..core.basics import as_constant, constant_value, held_item, is_constant, refuse_traced_ids
 from .exceptions import PythonError, raise_new, to_str
 from .protocols import is_not_implemented
+from typing import Callable
+from ...values.base import Value
+from ..core.context import RunningFrame
 
 BINARY = {
     "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
@@ -77,7 +82,7 @@ def _user_objects(*values):
     return any(isinstance(v, (UserObjectValue, ObjectValue)) for v in values)
 
 
-def binary(frame, op, a, b):
+def binary(frame: RunningFrame, op: str, a: Value, b: Value) -> Value:
     fn = BINARY[op]
     if numpy_calls.involves_arrays(a, b):
         return numpy_calls.binary(frame, op, a, b)
@@ -174,7 +179,7 @@ def _empty(cls):
     return torch.Size([]) if cls is torch.Size else ()
 
 
-def compare(frame, op, a, b):
+def compare(frame: RunningFrame, op: str, a: Value, b: Value) -> Value:
     fn = COMPARE[op]
     if numpy_calls.involves_arrays(a, b):
         return numpy_calls.compare(frame, op, a, b)
@@ -326,7 +331,7 @@ def float_op(frame, fn, args):
     return constant_fold(frame, fn, args, getattr(fn, "__name__", "operator"))
 
 
-def unary(frame, fn, v):
+def unary(frame: RunningFrame, fn: Callable, v: Value) -> Value:
     if numpy_calls.involves_arrays(v):
         return numpy_calls.unary(frame, fn, v)
     if isinstance(v, TensorValue):
@@ -343,7 +348,7 @@ DATA_DEPENDENT_BRANCH = ("make the condition static (decide on shapes, Python va
                          "torch.cond is not traced by bytegraph yet")
 
 
-def truth(frame, v):
+def truth(frame: RunningFrame, v: Value) -> bool:
     if isinstance(v, ConstantValue):
         return bool(v.value)
     if isinstance(v, FloatTensorValue):
@@ -431,7 +436,7 @@ def make_slice(start, stop, step):
     return SliceValue(start, stop, step)
 
 
-def getitem(frame, obj, index):
+def getitem(frame: RunningFrame, obj: Value, index: Value) -> Value:
     if numpy_calls.involves_arrays(obj, index):
         return numpy_calls.getitem(frame, obj, index)
     if isinstance(obj, TensorValue):
@@ -518,7 +523,7 @@ def _module_item(frame, mv, index):
     raise Unsupported(f"indexing {type(m).__name__} is not supported")
 
 
-def setitem(frame, obj, index, value):
+def setitem(frame: RunningFrame, obj: Value, index: Value, value: Value) -> None:
     if numpy_calls.involves_arrays(obj, index, value):
         numpy_calls.setitem(frame, obj, index, value)
         return

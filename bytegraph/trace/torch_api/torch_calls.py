@@ -1,4 +1,6 @@
 """torch functions, tensor-method descriptors and torch's global-state context managers."""
+from __future__ import annotations
+
 import operator
 import types
 
@@ -15,6 +17,9 @@ from ..core import ops
 from ..numpy_api import numpy_calls
 from ..python import attrs, operators
 from ..core.handlers import BUILTIN_HANDLERS
+from typing import Callable
+from ...values.base import Value
+from ..core.context import RunningFrame
 
 # Python modules of torch whose functions go into the graph as one node each.
 _GRAPH_MODULE_PREFIXES = ("torch.nn.functional", "torch.functional", "torch._refs", "torch.special",
@@ -32,7 +37,7 @@ _STATEFUL_NAMES = {"manual_seed", "seed", "initial_seed", "set_rng_state", "get_
                    "set_float32_matmul_precision"}
 
 
-def is_graph_function(obj):
+def is_graph_function(obj: object) -> bool:
     """True for callables that become one graph node: torch ops and tensor-method descriptors."""
     if isinstance(obj, (types.MethodDescriptorType, types.WrapperDescriptorType)):
         return getattr(obj, "__objclass__", None) in (torch._C.TensorBase, torch.Tensor)
@@ -59,7 +64,7 @@ def is_graph_function(obj):
 _TORCH_PY_OPS = {"is_floating_point", "is_complex", "numel", "typename", "is_storage"}
 
 
-def torch_call(frame, fn, args, kwargs):
+def torch_call(frame: RunningFrame, fn: Callable, args: list[Value], kwargs: dict[str, Value]) -> Value:
     name = getattr(fn, "__name__", "")
     if fn is torch._C._set_grad_enabled and len(args) == 1 and not kwargs:
         # What grad-mode managers written in Python (__enter__/__exit__) call: a graph node that
