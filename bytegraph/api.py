@@ -1,9 +1,13 @@
 """The user-facing entry points: compile(), the module wrapper, reset()."""
+from __future__ import annotations
+
 import functools
 import importlib.abc
 import inspect
+import os
 import sys
 import types
+from typing import Any, Callable
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -11,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 from .control import torch_disabled_target, torch_wrap_numpy_target, wrap_numpy
 from .errors import BytegraphError
 from .backends.cudagraphs import new_invocation
-from .backends.registry import lookup_backend
+from .backends.registry import CompilerFn, lookup_backend
 from .config import config
 from .debug import records
 from .debug import replay as replay_records
@@ -20,14 +24,15 @@ from .runtime import dispatch, dropin
 from .runtime.stance import set_stance
 from .runtime.dispatch import Compiler, _compilers, reset_all
 from .residual import call_ddp, call_disabled, has_hooks, is_fsdp_module
-from .trace.hooks import has_unsupported_hooks
-from .trace.state import is_compiling
+from .trace.nn.hooks import has_unsupported_hooks
+from .trace.core.state import is_compiling
 
 _MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
-def compile(model=None, *, fullgraph=False, dynamic=None, backend="inductor",
-            mode=None, options=None, disable=False):
+def compile(model: Callable | torch.nn.Module | None = None, *, fullgraph: bool = False, dynamic: bool | None = None,
+            backend: str | CompilerFn = "inductor", mode: str | None = None, options: dict | None = None,
+            disable: bool = False) -> Callable:
     """Compile a function, bound method or ``nn.Module``; same meaning as ``torch.compile``.
 
     Used bare (``bytegraph.compile(fn)``), or as a decorator with or without
@@ -204,7 +209,7 @@ def _torch_compatible_class():
 _TorchOptimizedModule = None
 
 
-def patch_torch_compile():
+def patch_torch_compile() -> None:
     """Make ``torch.compile`` and ``nn.Module.compile`` compile with bytegraph, with the same
     arguments, so code written for torch.compile (HF ``Trainer(torch_compile=True)``, Lightning,
     scripts) runs on bytegraph unchanged; and torch's control calls mean the same for bytegraph
@@ -228,7 +233,7 @@ def patch_torch_compile():
     dropin.activate()
 
 
-def unpatch_torch_compile():
+def unpatch_torch_compile() -> None:
     """Give ``torch.compile``, ``nn.Module.compile`` and torch's control calls back their own
     implementations, and ``bytegraph.config`` the settings it had before torch's were carried in."""
     global _patched
@@ -255,7 +260,7 @@ def _backend_name(backend):
     return getattr(backend, "__name__", type(backend).__name__)
 
 
-def compile_callable(target, compiler):
+def compile_callable(target: Callable, compiler: Compiler) -> Callable:
     """Wrap any callable so that its Python code runs through ``compiler``."""
     if getattr(target, "_bytegraph_disabled", False):
         return functools.wraps(target)(lambda *a, **k: call_disabled(compiler, target, a, k))
@@ -302,7 +307,7 @@ class OptimizedModule(torch.nn.Module):
     # Marks the class itself for values.builder, which unwraps such modules and cannot import api.
     _bytegraph_compiled_module = True
 
-    def __init__(self, mod, compiler, compile_args=None):
+    def __init__(self, mod: torch.nn.Module, compiler: Compiler, compile_args: dict | None = None) -> None:
         object.__setattr__(self, "_orig_mod", mod)
         object.__setattr__(self, "_compiler", compiler)
         # (the forward set on the module instance when compiled, or None; its class's forward;
@@ -357,7 +362,7 @@ class OptimizedModule(torch.nn.Module):
     def __dir__(self):
         return dir(self._orig_mod)
 
-    def forward(self, *args, **kwargs):
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         if isinstance(self._orig_mod, DistributedDataParallel):
             return call_ddp(self._compiler, self._orig_mod, args, kwargs)
         mod = self._orig_mod
@@ -366,7 +371,7 @@ class OptimizedModule(torch.nn.Module):
             forward = self._forward_changed(mod)
         return forward(*args, **kwargs)
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         mod = self._orig_mod
         if isinstance(mod, DistributedDataParallel):
             # DDP's own forward runs natively around the module it wraps, which is compiled.
@@ -386,11 +391,11 @@ class OptimizedModule(torch.nn.Module):
             new_invocation()
         return compiler.wrapper_for(_call_module)(mod, *args, **kwargs)
 
-    def train(self, mode=True):
+    def train(self, mode: bool = True) -> OptimizedModule:
         self._orig_mod.train(mode)
         return self
 
-    def eval(self):
+    def eval(self) -> OptimizedModule:
         return self.train(False)
 
     def __repr__(self):
@@ -482,7 +487,7 @@ def _call_with_hooks(mod, forward, args, kwargs):
         del mod.__dict__["forward"]
 
 
-def reset():
+def reset() -> None:
     """Forget every compiled artefact: caches, recorded reasons, counters."""
     reset_all()
 
@@ -490,7 +495,7 @@ def reset():
 __all__ = ["compile", "reset", "OptimizedModule", "is_compiling", "inspect"]
 
 
-def run(fn):
+def run(fn: Callable) -> Callable:
     """Frozen mode: call ``fn`` using only code already compiled for it; never compile.
 
     ``fn`` is something returned by ``bytegraph.compile`` (or the function or module it
@@ -526,7 +531,7 @@ def _find_compiled(fn):
     return fn
 
 
-def explain(fn, *extra_args, **extra_kwargs):
+def explain(fn: Callable, *extra_args: Any, **extra_kwargs: Any) -> ExplainOutput | Callable[..., ExplainOutput]:
     """``explain(fn)(*args, **kwargs)`` -> ExplainOutput (``explain(fn, *args)`` also works)."""
 
     def run(*args, **kwargs):
@@ -560,7 +565,7 @@ def explain(fn, *extra_args, **extra_kwargs):
     return run
 
 
-def replay(record_path):
+def replay(record_path: str | os.PathLike) -> Any:
     """Retrace the frame of a replay record (``config.replay_record_enabled``) and return its result.
 
     The record's function is rebuilt (code, the globals it read, closure, defaults) and called

@@ -3,9 +3,12 @@
 Every environment variable bytegraph reads is read here, once, at import.
 Setting an unknown key or a value of the wrong type raises ConfigError.
 """
+from __future__ import annotations
+
 import contextlib
 import os
 import warnings
+from typing import Any, Callable, Iterator
 
 from .errors import ConfigError
 
@@ -156,7 +159,7 @@ DIRECTORY_SETTINGS = {"debug_dir": "BYTEGRAPH_DEBUG_DIR", "repro_dir": "BYTEGRAP
 _watchers = {}
 
 
-def watch(name, on_change):
+def watch(name: str, on_change: Callable[[Any], None]) -> None:
     """Call ``on_change(value)`` whenever setting ``name`` is assigned."""
     _watchers.setdefault(name, []).append(on_change)
 
@@ -175,7 +178,7 @@ class Config:
             if problem:
                 raise ConfigError(f"{var}={value!r} cannot be written to: {problem}")
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: Any) -> None:
         if name not in _SETTINGS:
             known = ", ".join(sorted(_SETTINGS))
             raise ConfigError(f"bytegraph.config has no setting {name!r}; known settings: {known}")
@@ -213,15 +216,15 @@ class Config:
         for on_change in _watchers.get(name, ()):
             on_change(value)
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         known = ", ".join(sorted(_SETTINGS))
         raise ConfigError(f"bytegraph.config has no setting {name!r}; known settings: {known}")
 
-    def as_dict(self):
+    def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in _SETTINGS}
 
     @contextlib.contextmanager
-    def patch(self, **changes):
+    def patch(self, **changes: Any) -> Iterator[Config]:
         """Temporarily change settings: ``with config.patch(cache_size_limit=2): ...``"""
         old = {name: getattr(self, name) for name in changes}
         for name, value in changes.items():
@@ -232,7 +235,7 @@ class Config:
             for name, value in old.items():
                 setattr(self, name, value)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         body = ", ".join(f"{k}={v!r}" for k, v in self.as_dict().items())
         return f"bytegraph.config({body})"
 

@@ -2,9 +2,12 @@
 ``wrap_numpy`` (NumPy code as a function of tensors); and torch's own markers of the same kinds
 (``torch.compiler.allow_in_graph``, ``torch._dynamo.mark_dynamic``...), read as the data they
 leave on what they mark, so code written for torch.compile means the same under bytegraph."""
+from __future__ import annotations
+
 import functools
 import sys
 import types
+from typing import Callable
 
 import numpy as np
 import torch
@@ -48,11 +51,11 @@ allowed_in_graph = _MarkedSet("_allowed_callable_ids", own_only=True)
 disallowed_in_graph = _MarkedSet("_disallowed_callable_ids", own_only=False)
 
 
-def graph_break():
+def graph_break() -> None:
     """Ends the current graph here; compilation resumes after this call."""
 
 
-def allow_in_graph(fn):
+def allow_in_graph(fn: Callable) -> Callable:
     """Put calls to ``fn`` in the graph as a single node instead of tracing into it.
 
     ``fn`` must be functional: its outputs depend only on its inputs, it mutates
@@ -67,7 +70,7 @@ def allow_in_graph(fn):
     return fn
 
 
-def disallow_in_graph(fn):
+def disallow_in_graph(fn: Callable) -> Callable:
     """Never put ``fn`` in a graph: each call to it is a graph break and runs eagerly."""
     if isinstance(fn, (list, tuple)):
         return [disallow_in_graph(f) for f in fn]
@@ -78,7 +81,7 @@ def disallow_in_graph(fn):
     return fn
 
 
-def disable(fn=None, recursive=True):
+def disable(fn: Callable | None = None, recursive: bool = True) -> Callable:
     """Run ``fn`` without compiling it (also as ``@disable`` / ``@disable(recursive=False)``).
 
     With ``recursive=False`` only ``fn``'s own frame is skipped: the global
@@ -104,7 +107,7 @@ def disable(fn=None, recursive=True):
     return disabled
 
 
-def is_disabled(fn):
+def is_disabled(fn: Callable) -> bool:
     return getattr(fn, "_bytegraph_disabled", False)
 
 
@@ -186,7 +189,7 @@ def fused_optimizer_step(opt, name):
             and all(g.get("fused") is True for g in opt.param_groups))
 
 
-def mark_dynamic(t, dim, min=None, max=None):
+def mark_dynamic(t: torch.Tensor, dim: int | list[int], min: int | None = None, max: int | None = None) -> None:
     """Treat ``t``'s size in ``dim`` (an int or a list of ints) as symbolic from the first compile."""
     if not isinstance(t, torch.Tensor):
         raise BytegraphError(f"mark_dynamic expects a tensor, got {type(t).__name__}")
@@ -202,7 +205,7 @@ def mark_dynamic(t, dim, min=None, max=None):
 mark_dynamic._bytegraph_forbidden = True
 
 
-def mark_static(t, dim=None):
+def mark_static(t: torch.Tensor, dim: int | list[int] | None = None) -> None:
     """Keep ``t``'s size in ``dim`` (all dims if None) static, even under dynamic=True (an explicit
     ``mark_dynamic`` of the same dim wins, as torch's does)."""
     if not isinstance(t, torch.Tensor):
@@ -247,7 +250,7 @@ def marked_dims(t):
 
 # --- NumPy code on tensors --------------------------------------------------------------------------
 
-def wrap_numpy(fn):
+def wrap_numpy(fn: Callable) -> Callable:
     """Make ``fn``, written for ``np.ndarray``s, a function of ``torch.Tensor``s.
 
     Tensor arguments (also inside tuples, lists and dicts) are handed to ``fn`` as arrays

@@ -2,7 +2,7 @@
 
 Where a class finds a name (``class_lookup``: its MRO's dicts, in order, never calling
 ``__get__``), and which descriptors answer before an instance's own ``__dict__``
-(``is_data_descriptor``). The tracer's attribute lookup (``trace.lookup``) and the guards'
+(``is_data_descriptor``). The tracer's attribute lookup (``trace.python.lookup``) and the guards'
 coverage (``guards.coverage``) both decide by these, so they cannot disagree.
 """
 import types

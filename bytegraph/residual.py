@@ -99,7 +99,7 @@ def _is_user_function(fn):
         return False
     module = getattr(fn, "__module__", None) or ""
     if module.startswith(_COMPILED_LIBRARIES):
-        # Not the fused optimizer kernels (trace/torch_wrappers.py says why), nor the schedulers (Python
+        # Not the fused optimizer kernels (trace/torch_api/torch_wrappers.py says why), nor the schedulers (Python
         # on floats: nothing for a graph).
         return not (getattr(fn, "__name__", "").startswith("_fused_")
                     or module.startswith(_NOT_COMPILED_LIBRARIES))
@@ -134,7 +134,7 @@ def route(compiler, fn):
                 return lambda *args, **kwargs: call_skipped(compiler, unwrapped, False, (fn.__self__,) + args, kwargs)
             return lambda *args, **kwargs: call_skipped(compiler, unwrapped, False, args, kwargs)
         if _is_user_function(unwrapped):
-            # torch._disable_dynamo(f) around torch code we compile: compile f (trace/torch_wrappers.py).
+            # torch._disable_dynamo(f) around torch code we compile: compile f (trace/torch_api/torch_wrappers.py).
             fn = unwrapped if not isinstance(fn, types.MethodType) else types.MethodType(unwrapped, fn.__self__)
     if isinstance(fn, DistributedDataParallel):
         return lambda *args, **kwargs: call_ddp(compiler, fn, args, kwargs)
@@ -391,4 +391,6 @@ def replay_warning(message, category, filename, lineno, module, module_globals):
     """A warning the trace met, shown (or not: filters, once per place) as ``warnings.warn`` would
     have from that place: its module's registry, file and line."""
     registry = module_globals.setdefault("__warningregistry__", {})
-    warnings.warn_explicit(message, category, filename, lineno, module, registry, module_globals)
+    # No module_globals, as warnings.warn passes none: its loader is not asked for the source
+    # (a `python -c` program's __main__ has no source to give).
+    warnings.warn_explicit(message, category, filename, lineno, module, registry)

@@ -1,5 +1,8 @@
 """Helpers for tests: backends that count what they are given."""
+from __future__ import annotations
+
 import dataclasses
+from typing import Any, Callable
 
 import torch
 
@@ -9,14 +12,14 @@ from .debug.counting import count_ops
 class CompileCounter:
     """A backend that records every graph it receives and runs it as is."""
 
-    def __init__(self, inner=None):
-        self.frame_count = 0
-        self.op_count = 0
-        self.graphs = []
-        self.example_inputs = []
+    def __init__(self, inner: Callable | None = None) -> None:
+        self.frame_count: int = 0            # graphs received
+        self.op_count: int = 0               # call nodes in them
+        self.graphs: list[torch.fx.GraphModule] = []
+        self.example_inputs: list[list] = []
         self._inner = inner
 
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs):
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         self.frame_count += 1
         self.op_count += count_ops(gm)
         self.graphs.append(gm)
@@ -25,11 +28,11 @@ class CompileCounter:
             return self._inner(gm, example_inputs)
         return gm.forward
 
-    def clear(self):
+    def clear(self) -> None:
         self.__init__(self._inner)
 
 
-def same(a, b, rtol=1e-5, atol=1e-6, *, inputs=None):
+def same(a: Any, b: Any, rtol: float = 1e-5, atol: float = 1e-6, *, inputs: tuple | None = None) -> bool:
     """Structural equality of eager (``a``) and compiled (``b``) results.
 
     Tensors must agree in shape, dtype, device, values (allclose, NaNs equal) and strides (of the

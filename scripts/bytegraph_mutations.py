@@ -88,7 +88,7 @@ def _no_side_effects():
     real = transformed.replay_side_effects
 
     def replay_side_effects(tx, rb, live=()):
-        if tx.has_side_effects():
+        if tx.effects.has_any():
             _fire()
             return []
         return real(tx, rb, live)

@@ -877,7 +877,7 @@ def test_an_input_written_before_a_failing_op_is_written_once(index):
 
 
 def _graph_of(fn, *args):
-    from bytegraph.codegen.transformed import restart_plan
+    from bytegraph.graph_facts import restart_plan
     seen = []
 
     def keep(gm, example_inputs):

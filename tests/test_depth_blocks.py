@@ -1,4 +1,4 @@
-"""Trace a repeated block once (trace/blocks.py): a module's forward traced for one module is
+"""Trace a repeated block once (trace/nn/blocks.py): a module's forward traced for one module is
 copied for the next module of its class. With the feature on and off the graphs (their code)
 and the guards must be the same, and the results those of eager; where a layer differs in
 something its trace depends on, it is traced anew."""
@@ -32,7 +32,7 @@ def capture(make_model, make_inputs, reuse, grad=False, dynamic=None, train=Fals
     inputs = make_inputs()
     counter = CompileCounter()
     replayed = []
-    from bytegraph.trace import blocks
+    from bytegraph.trace.nn import blocks
     original = blocks.Template.replay
 
     def counting(self, frame, leaves):

@@ -1276,7 +1276,7 @@ class ProgramGen:
             out.append("")
         # modules of one class built differently (how many submodules, an activation or not, a
         # constant): a block traced for one must not be copied for another it differs from
-        # (trace/blocks.py; torchvision's Conv2dNormActivation with and without an activation)
+        # (trace/nn/blocks.py; torchvision's Conv2dNormActivation with and without an activation)
         if r.random() < 0.7:
             out += ["class Step(torch.nn.Module):", "    def __init__(self, k):", "        super().__init__()",
                     "        self.k = k", "    def forward(self, t):", "        return t * self.k + 1", "",

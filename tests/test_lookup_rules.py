@@ -2,7 +2,7 @@
 
 The programs of issue 34 and the smallest reproducers of what the lookup generator
 (tests/generated_lookup.py) found: each gave a different result compiled than eager, with
-no error and no graph break, before ``trace/lookup.py`` answered lookups in Python's order.
+no error and no graph break, before ``trace/python/lookup.py`` answered lookups in Python's order.
 """
 import functools
 import itertools

@@ -4,7 +4,7 @@ For each program and dtype the function is compiled anew (so the cache limit nev
 difference) without fullgraph: what is traced must equal eager NumPy (values, dtypes, result
 types), and what is not falls back to NumPy and equals it too. A failing eager call must fail
 compiled as well. The test also checks that the common programs stay traced (one graph) for
-the numeric dtypes, so the checked list in trace/numpy_functions.py does not silently shrink,
+the numeric dtypes, so the checked list in trace/numpy_api/numpy_functions.py does not silently shrink,
 and that for float64 the number of graphs is torch.compile's (which traces NumPy too). Each
 compiled function is called again on other values of the same dtype and shape.
 """

@@ -2,7 +2,7 @@
 
 torch's optimizers wrap their step in compiler helpers (a profiler range, grad mode set in a
 ``_use_grad_for_differentiable`` wrapper with ``torch._dynamo.graph_break()`` around the update,
-``torch._disable_dynamo`` on ``zero_grad``); trace/torch_wrappers.py decides each. The update itself is
+``torch._disable_dynamo`` on ``zero_grad``); trace/torch_api/torch_wrappers.py decides each. The update itself is
 one graph per optimizer state layout (the first step, which creates the state, and the rest).
 """
 import copy

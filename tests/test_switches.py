@@ -21,7 +21,7 @@ import torch
 import bytegraph
 from bytegraph.backends import regions
 from bytegraph.demo.models import GPTConfig, TinyGPT
-from bytegraph.trace import blocks
+from bytegraph.trace.nn import blocks
 from helpers import splitting_backend
 import replay_fault
 

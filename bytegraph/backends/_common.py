@@ -6,7 +6,6 @@ Nothing here imports torch._inductor or AOTAutograd at module level, so that
 import contextlib
 import functools
 import logging
-import operator
 import warnings
 
 import torch
@@ -19,7 +18,7 @@ from torch.utils import _pytree as pytree
 
 from ..config import warn_once
 from ..errors import BackendError
-from ..inplace import is_inplace_operator
+from ..graph_facts import writes, written
 
 
 # Set by the runtime at its import (runtime.compile_frame): a function (inner compiler, backend
@@ -183,72 +182,3 @@ def quiet_torch_imports():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.jit")
         yield
-
-
-# torch.nn.functional ops that update tensors they are given (running statistics).
-_STATS_UPDATING = {"batch_norm", "instance_norm"}
-
-
-_RANDOM = ("rand", "normal", "bernoulli", "dropout", "multinomial", "uniform", "exponential", "poisson",
-           "cauchy", "geometric", "log_normal", "random", "gumbel")
-
-
-def is_random(n):
-    """Is ``n`` an op that may draw random numbers (by its name)?"""
-    name = n.target if n.op == "call_method" else getattr(n.target, "__name__", "")
-    return isinstance(name, str) and any(word in name for word in _RANDOM)
-
-
-def draws_random(n):
-    """Does ``n`` draw random numbers? A dropout of probability 0 or outside training does not."""
-    if n.target is torch.nn.functional.scaled_dot_product_attention:
-        p = n.kwargs.get("dropout_p", n.args[4] if len(n.args) > 4 else 0.0)
-        return not (type(p) in (int, float) and p == 0)
-    if not is_random(n):
-        return False
-    name = n.target if n.op == "call_method" else getattr(n.target, "__name__", "")
-    if "dropout" in name and n.op == "call_function":
-        p = n.kwargs.get("p", n.args[1] if len(n.args) > 1 else 0.5)
-        training = n.kwargs.get("training", n.args[2] if len(n.args) > 2 else True)
-        return not (training is False or (type(p) in (int, float) and p == 0))
-    return True
-
-
-def updates_running_stats(node):
-    """Does ``node`` update a normalization layer's running statistics (in training)?"""
-    return getattr(node.target, "__name__", None) in _STATS_UPDATING
-
-
-def writes(node):
-    """May the graph node ``node`` write a tensor in place (``x.add_(y)``, ``x[i] = v``,
-    ``inplace=True``, ``out=``, running statistics)?"""
-    if node.op not in ("call_function", "call_method"):
-        return False
-    if "out" in node.kwargs or node.kwargs.get("inplace") is True:
-        return True
-    target = node.target
-    if updates_running_stats(node):
-        return True
-    if target is operator.setitem or is_inplace_operator(target):
-        return True
-    name = target if isinstance(target, str) else getattr(target, "__name__", "")
-    return name.endswith("_") and not name.endswith("__")
-
-
-def written(node):
-    """The nodes a writing ``node`` may write: its first argument (``x.add_(y)``,
-    ``_foreach_mul_(xs, s)``, ``setitem``) or ``out=``; any argument for the rest (running
-    statistics, fused kernels)."""
-    if "out" in node.kwargs:
-        args = node.kwargs["out"]
-    else:
-        name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
-        if node.args and (node.target is operator.setitem or node.kwargs.get("inplace") is True
-                          or is_inplace_operator(node.target)
-                          or (name.endswith("_") and not name.startswith("_fused"))):
-            args = node.args[0]
-        else:
-            args = (node.args, node.kwargs)
-    out = []
-    fx.node.map_arg(args, out.append)
-    return out

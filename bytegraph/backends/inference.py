@@ -1,7 +1,7 @@
 """Graphs with ``with torch.inference_mode()`` blocks, for the AOTAutograd-based backends.
 
 The tracer puts such a block in the graph as torch's own ``_enter_inference_mode`` /
-``_exit_inference_mode`` nodes (trace/torch_calls.py), which a graph run as it is handles as
+``_exit_inference_mode`` nodes (trace/torch_api/torch_calls.py), which a graph run as it is handles as
 eager does. AOTAutograd does not: it refuses some ops on inference tensors while it traces
 (``detach`` inside the block), and the function it compiles runs outside autograd, so what eager
 refuses with the tensors the block made (saving one for backward, changing one in place after
@@ -15,7 +15,8 @@ import torch
 import torch.fx as fx
 
 from ._common import flat_tuple_output, run_uncompiled
-from .regions import _GlobalStates, _Part, is_state_node, part_caller
+from ..graph_facts import is_state_node
+from .regions import _GlobalStates, _Part, part_caller
 
 # The tracer's nodes for a block's ends (bytegraph.residual, a floor above backends: named here).
 _ENTER_NAME, _EXIT_NAME = "enter_inference_mode", "exit_inference_mode"

@@ -28,8 +28,8 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..config import config
-from ._common import is_random, writes, written
-from .regions import is_state_node, meta_key, part_caller
+from ..graph_facts import is_random, is_state_node, writes, written
+from .regions import meta_key, part_caller
 
 # Fewer lanes than this: compiled whole (nothing to gain).
 MIN_LANES = 16

@@ -1,6 +1,6 @@
 """Regional compilation: compile a repeated block once and call it for every layer.
 
-The tracer copies the trace of a repeated block (``trace/blocks.py``) and tags the nodes of each
+The tracer copies the trace of a repeated block (``trace/nn/blocks.py``) and tags the nodes of each
 copy with ``node.meta["bytegraph_region"]``: the ``(template, instance)`` of every block the node is
 in, outermost first (a model traced as a block around its layers: the layers are what repeat). A backend whose
 compile time grows with the graph (Inductor) can then split the graph at those regions:
@@ -26,8 +26,9 @@ import torch
 import torch.fx as fx
 
 from ..config import config
+from ..graph_facts import is_state_node
 
-REGION = "bytegraph_region"   # the node.meta key trace/blocks.py sets
+REGION = "bytegraph_region"   # the node.meta key trace/nn/blocks.py sets
 
 
 # A region smaller than this (call nodes) is left inside its neighbours: splitting a graph at
@@ -53,16 +54,6 @@ def _region_of(gm):
                 chosen[n] = tag
                 break
     return chosen
-
-
-# Nodes that set grad mode or autocast (as `with` blocks become in a graph): (module, name).
-_STATE_FUNCTIONS = {("torch._C", "_set_grad_enabled"), ("torch.amp.autocast_mode", "_enter_autocast"),
-                    ("torch.amp.autocast_mode", "_exit_autocast"), ("bytegraph.residual", "set_autocast_state")}
-
-
-def is_state_node(n):
-    return n.op == "call_function" and (getattr(n.target, "__module__", None),
-                                        getattr(n.target, "__name__", None)) in _STATE_FUNCTIONS
 
 
 def _parts(gm):

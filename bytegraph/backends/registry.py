@@ -11,9 +11,13 @@ heavy pieces (AOTAutograd, TorchInductor) are only imported inside the
 backend functions and inside ``lookup_backend`` when inductor settings have
 to be checked.
 """
+from __future__ import annotations
+
 import difflib
 import functools
 import typing
+
+import torch
 
 from ..errors import BackendError
 
@@ -23,7 +27,10 @@ from .cudagraphs import cudagraphs
 from .eager import eager
 from .inductor import inductor
 
-__all__ = ["register_backend", "lookup_backend", "list_backends", "replays_cuda_graphs"]
+__all__ = ["register_backend", "lookup_backend", "list_backends", "replays_cuda_graphs", "CompilerFn"]
+
+# A backend: (graph module, example inputs) -> the callable that runs the graph.
+CompilerFn = typing.Callable[[torch.fx.GraphModule, list], typing.Callable[..., typing.Any]]
 
 # name -> compiler function; name -> tags
 _BACKENDS = {}
@@ -33,7 +40,8 @@ _TAGS = {}
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
-def register_backend(compiler_fn=None, name=None, tags=()):
+def register_backend(compiler_fn: CompilerFn | None = None, name: str | None = None,
+                     tags: tuple | str = ()) -> CompilerFn | typing.Callable[[CompilerFn], CompilerFn]:
     """Register ``compiler_fn`` under ``name`` (default: its ``__name__``).
 
     Usable as ``@register_backend``, ``@register_backend(name="x")`` or
@@ -66,7 +74,7 @@ def register_backend(compiler_fn=None, name=None, tags=()):
     return compiler_fn
 
 
-def list_backends(exclude_tags=("debug", "experimental")):
+def list_backends(exclude_tags: tuple | None = ("debug", "experimental")) -> list[str]:
     """Sorted names of the registered backends, leaving out those with any of ``exclude_tags``.
 
     ``exclude_tags=None`` (or an empty tuple) lists every backend.
@@ -75,7 +83,7 @@ def list_backends(exclude_tags=("debug", "experimental")):
     return sorted(n for n in _BACKENDS if not excluded.intersection(_TAGS.get(n, ())))
 
 
-def lookup_backend(backend, mode=None, options=None):
+def lookup_backend(backend: str | CompilerFn, mode: str | None = None, options: dict | None = None) -> CompilerFn:
     """Resolve ``backend`` to a compiler function ``(gm, example_inputs) -> callable``.
 
     ``backend`` is a registered name or any callable (returned as is).
@@ -121,7 +129,7 @@ def lookup_backend(backend, mode=None, options=None):
     return compiler_fn
 
 
-def replays_cuda_graphs(compiler_fn):
+def replays_cuda_graphs(compiler_fn: CompilerFn) -> bool:
     """Does this compiler function replay CUDA graphs (``cudagraphs``, ``mode="reduce-overhead"``)?"""
     if compiler_fn is cudagraphs:
         return True

@@ -4,7 +4,7 @@ block traced, partitioned and compiled once inside it.
 ``regions.compile_by_regions`` splits a graph into parts compiled one by one: every part is its
 own AOTAutograd function, which costs Python on every call (a wrapper and, in training, an
 autograd node per part). Here the graph stays whole. Each instance of a repeated block
-(``node.meta["bytegraph_region"]``, set by ``trace/blocks.py``) becomes one call of the
+(``node.meta["bytegraph_region"]``, set by ``trace/nn/blocks.py``) becomes one call of the
 ``invoke_subgraph`` operator on a graph module of the block, every instance whose block graph
 is the same (``regions.meta_key`` of its inputs, the same code once named alike) sharing one
 module and identifier. AOTAutograd traces and partitions the shared module once per identifier
@@ -26,8 +26,8 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..config import config
-from ._common import draws_random, writes
-from .regions import _GlobalStates, _flat, _parts, _Part, _static, is_state_node
+from ..graph_facts import draws_random, is_state_node, writes
+from .regions import _GlobalStates, _flat, _parts, _Part, _static
 
 SUBGRAPH_PREFIX = "bytegraph_block_"
 

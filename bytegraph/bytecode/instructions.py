@@ -7,15 +7,31 @@ One raw instruction may become several rows that share its offset (a 3.13
 superinstruction, 3.13's COMPARE_OP that converts to bool, LOAD_GLOBAL's NULL,
 RETURN_CONST). Native code can only start or stop at a raw instruction's
 boundary: ``first_part`` and ``offset_after`` say where those are.
+
+Rows are immutable: ``decode`` is cached, so every trace of a code object shares them.
 """
+from __future__ import annotations
+
 import dis
 from dataclasses import dataclass
 from functools import lru_cache
 
 from . import versions
 
+# Operand bits of MAKE_FUNCTION (3.11, 3.12: which optional parts it pops) and of
+# SET_FUNCTION_ATTRIBUTE (3.13: which part it sets), as the ``dis`` documentation gives them.
+FUNCTION_DEFAULTS = 0x01
+FUNCTION_KWDEFAULTS = 0x02
+FUNCTION_ANNOTATIONS = 0x04
+FUNCTION_CLOSURE = 0x08
 
-@dataclass(slots=True)
+# FORMAT_VALUE's operand (3.11, 3.12): the conversion in its low bits (0 none, 1 str, 2 repr,
+# 3 ascii), and whether a format spec is on the stack.
+FORMAT_CONVERSION_MASK = 0x03
+FORMAT_WITH_SPEC = 0x04
+
+
+@dataclass(frozen=True, slots=True)
 class Instruction:
     opname: str          # normalised name (see versions.RENAMED etc.)
     arg: object          # raw oparg (int) or None
@@ -36,7 +52,7 @@ _JUMPS = frozenset({"JUMP", "POP_JUMP_IF_FALSE", "POP_JUMP_IF_TRUE", "POP_JUMP_I
 
 
 @lru_cache(maxsize=4096)
-def decode(code):
+def decode(code) -> tuple[Instruction, ...]:
     """Normalised instructions of ``code``, with jump targets as list indices."""
     rows = []
     jump_offsets = []
@@ -73,27 +89,28 @@ def decode(code):
             rows.append(Instruction("COMPARE_OP", ins.arg, argval, ins.offset, line))
             name, argval = "TO_BOOL", None
         elif name == "BINARY_OP":
-            argval = dis._nb_ops[ins.arg][1]
+            argval = ins.argrepr        # the operator's symbol: "+", "+=", "**"...
         elif name in _JUMPS:
             jump_offsets.append(len(rows))
         rows.append(Instruction(name, ins.arg, argval, ins.offset, line))
     if versions.LOAD_FAST_LOADS_CELLS:
         cell_names = set(code.co_cellvars) | set(code.co_freevars)
         plain = _comprehension_loads(rows, cell_names)
-        for row in rows:
-            if row.opname == "LOAD_FAST" and row.argval in cell_names and id(row) not in plain:
-                row.opname = "LOAD_CLOSURE"
+        rows = [Instruction("LOAD_CLOSURE", row.arg, row.argval, row.offset, row.line)
+                if row.opname == "LOAD_FAST" and row.argval in cell_names and id(row) not in plain else row
+                for row in rows]
     by_offset = {}
     for i, row in enumerate(rows):
-        row.index = i
         by_offset.setdefault(row.offset, i)
+    targets = {}
     for i in jump_offsets:
         row = rows[i]
         target = _index_at_or_after(by_offset, row.argval, rows)
         if row.opname == "FOR_ITER":
             target = _skip_loop_end(code, row.argval, rows, target)
-        row.target = target
-    return tuple(rows)
+        targets[i] = target
+    return tuple(Instruction(row.opname, row.arg, row.argval, row.offset, row.line, targets.get(i), i)
+                 for i, row in enumerate(rows))
 
 
 def first_part(rows, index):
@@ -144,9 +161,9 @@ def _index_at_or_after(by_offset, offset, rows):
     # Ignored instructions (NOP, END_FOR...) may sit at a target; take the next kept one.
     if offset in by_offset:
         return by_offset[offset]
-    for row in rows:
+    for i, row in enumerate(rows):
         if row.offset >= offset:
-            return row.index
+            return i
     return len(rows)
 
 
@@ -161,4 +178,7 @@ def _skip_loop_end(code, target_offset, rows, target):
     resume_offset = raw[pos + skip].offset if pos + skip < len(raw) else None
     if resume_offset is None:
         return len(rows)
-    return _index_at_or_after({r.offset: r.index for r in reversed(rows)}, resume_offset, rows)
+    first_at = {}
+    for i, r in enumerate(rows):
+        first_at.setdefault(r.offset, i)
+    return _index_at_or_after(first_at, resume_offset, rows)

@@ -5,13 +5,16 @@ values, performs the one step the tracer could not (a call, a branch on a
 tensor, the next step of an opaque iterator, a store), and hands over to a
 resume function that continues the original code after that step.
 """
+from __future__ import annotations
+
 import dis
 import types
+from typing import Callable
 
 import torch
 
 from ..bytecode import analysis
-from ..bytecode.instructions import decode, first_part, is_last_part, offset_after
+from ..bytecode.instructions import Instruction, decode, first_part, is_last_part, offset_after
 from ..bytecode.resume import CLOSURE_PARAM, NULL_SLOT, closure_names, resume_code, step_code
 from ..bytecode.versions import split_call_prefix
 from ..debug import debug_dir, logs
@@ -21,7 +24,7 @@ from ..residual import (AutocastExit, Continuation, GradModeExit, exit_inference
                         resolve)
 from ..stacks import CUT_FROM, code_name
 from ..values.base import CellValue, ExitValue
-from ..trace.frame import PendingLocal
+from ..trace.machine.frame import PendingLocal
 from .rebuild import Namespace, Rebuilder
 from .transformed import emit, finish_graph, replay_side_effects, side_effect_values
 
@@ -55,7 +58,7 @@ _BRANCHES = {"POP_JUMP_IF_FALSE", "POP_JUMP_IF_TRUE"}
 _KEEP_BRANCHES = {"JUMP_IF_FALSE_OR_POP", "JUMP_IF_TRUE_OR_POP"}
 
 
-def plan_break(fn, index):
+def plan_break(fn: types.FunctionType, index: int) -> tuple[str, int]:
     """(kind of native step, index of the row to stop before) for a break at row ``index``.
 
     A step done in Python ends at row ``index`` and resumes after it, which needs that
@@ -81,45 +84,88 @@ def plan_break(fn, index):
     return kind, index
 
 
-def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resume, compile_graph):
-    """Source and function for a frame stopped before ``ins``. Returns (run, source, graph)."""
+def generate_break(fn: types.FunctionType, result, ins: Instruction, kind: str, compiler, guard_params: list[str],
+                   name: str, is_resume: bool,
+                   compile_graph: Callable) -> tuple[Callable, str, torch.fx.GraphModule | None]:
+    """Source and function for a frame stopped before ``ins``. Returns (run, source, graph).
+
+    In order: the graph is finished (leaving grad mode and autocast as it found them), the
+    live values rebuilt and the side effects replayed, active ``with`` blocks re-entered
+    natively, then the native step (``_STEPS``, by ``kind``) and the hand-over to the resume
+    function after it."""
     tx = result.tx
     frame = result.frame
     code = fn.__code__
-    rows = decode(code)
     stack = list(frame.stack)
     bound = {n: v for n, v in frame.locals.items()}
     ns = Namespace(fn.__globals__)
     ns.ns.update({"__MethodType": types.MethodType, "__route": route, "__compiler": compiler, "__resolve": resolve,
                   "__Continuation": Continuation, "__GradModeExit": GradModeExit,
                   "__AutocastExit": AutocastExit})
-    graph = tx.graph.graph
-
-    # The graph leaves global state as it found it; the code below re-enters what is active.
     active = [v.manager for v in stack if isinstance(v, ExitValue)]
-    for mgr in reversed(active):
-        if mgr.kind == "autocast":
-            graph.create_node("call_function", torch.amp._exit_autocast, (mgr.saved[0],), {})
-        elif mgr.kind == "inference_mode" and mgr.saved is not None:
-            graph.create_node("call_function", exit_inference_mode, (mgr.saved[0],), {})
     entry_grad = tx.entry_grad_mode
     break_grad = getattr(tx, "break_grad_mode", entry_grad)
-    if break_grad != entry_grad:
-        graph.create_node("call_function", torch._C._set_grad_enabled, (entry_grad,), {})
+    _leave_state_in_graph(tx.graph.graph, active, entry_grad, break_grad)
 
-    # Locals the rest of the frame never reads are no graph outputs: they would keep tensors
-    # alive, and through AOTAutograd send (zero) gradients back into ops eager never
-    # differentiates (a dead ``torch.unique(x).sum()`` whose backward does not exist).
-    read_later = analysis.live_locals(code, ins.offset)
-    live_names = [n for n in code.co_varnames if n in bound and n not in code.co_cellvars and n in read_later]
-    live_values = stack + [bound[n] for n in live_names if not isinstance(bound[n], PendingLocal)]
-    live_values += [frame.cells[n].contents for n in code.co_cellvars
-                    if isinstance(frame.cells.get(n), CellValue) and frame.cells[n].contents is not None]
+    live_names, live_values = _live_values(code, frame, ins, stack, bound)
     lines, tensor_exprs, gm = finish_graph(tx, ns, live_values + side_effect_values(tx), compile_graph)
     rb = Rebuilder(ns, tensor_exprs, tx.guards)
     # Side effects traced before the break happen now, before the native step.
     rb.lines.extend(replay_side_effects(tx, rb, [v for v in live_values
                                                  if v is not NULL and not isinstance(v, ExitValue)]))
+    exits = _reenter_blocks(active, stack, rb, ns)
+    if break_grad != entry_grad:
+        rb.lines.append(f"torch._C._set_grad_enabled({break_grad!r})")
+
+    closure = _closure_expr(code, frame, rb)
+    # Every live value is read now, before the native step: a value read from a cell, an
+    # attribute or a global (``n6 = n`` of a cell ``n``) is the object it was then, even when
+    # the step (a call) stores something else there before the resume function gets it.
+    for v in stack + [bound[n] for n in live_names]:
+        if v is not NULL and not isinstance(v, ExitValue):
+            try:
+                rb.bind(v)
+            except Unsupported:
+                pass    # reported where the value is needed, if it is
+
+    site = _BreakSite(fn, frame, ins, stack, bound, live_names, rb, ns, compiler, is_resume, closure,
+                      {id(m): e for m, e in exits})
+    step, tail = _STEPS.get(kind, _generic_step)(site)
+    body = lines + rb.lines + _guarded(step, [e for _, e in exits]) + tail
+    line = ins.line if ins.line is not None else code.co_firstlineno
+    run, src = emit(name, guard_params, body, ns, stands_for=(CUT_FROM.get(code, code), line))
+    return run, src, gm
+
+
+def _leave_state_in_graph(graph, active, entry_grad, break_grad):
+    """The graph leaves global state as it found it (the generated code re-enters what is active)."""
+    for mgr in reversed(active):
+        if mgr.kind == "autocast":
+            graph.create_node("call_function", torch.amp._exit_autocast, (mgr.saved[0],), {})
+        elif mgr.kind == "inference_mode" and mgr.saved is not None:
+            graph.create_node("call_function", exit_inference_mode, (mgr.saved[0],), {})
+    if break_grad != entry_grad:
+        graph.create_node("call_function", torch._C._set_grad_enabled, (entry_grad,), {})
+
+
+def _live_values(code, frame, ins, stack, bound):
+    """(names of the locals the rest of the frame reads, the values the code after the graph
+    needs: the stack, those locals, the cells' contents).
+
+    Locals the rest of the frame never reads are no graph outputs: they would keep tensors
+    alive, and through AOTAutograd send (zero) gradients back into ops eager never
+    differentiates (a dead ``torch.unique(x).sum()`` whose backward does not exist)."""
+    read_later = analysis.live_locals(code, ins.offset)
+    live_names = [n for n in code.co_varnames if n in bound and n not in code.co_cellvars and n in read_later]
+    live_values = stack + [bound[n] for n in live_names if not isinstance(bound[n], PendingLocal)]
+    live_values += [frame.cells[n].contents for n in code.co_cellvars
+                    if isinstance(frame.cells.get(n), CellValue) and frame.cells[n].contents is not None]
+    return live_names, live_values
+
+
+def _reenter_blocks(active, stack, rb, ns):
+    """Lines (added to ``rb``) entering the active ``with`` blocks again natively; returns
+    [(manager, expression of its exit)], what the step's failure and the resume function call."""
     exits = []
     exit_values = {id(v.manager): v for v in stack if isinstance(v, ExitValue)}
     for i, mgr in enumerate(active):
@@ -135,106 +181,122 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
         elif mgr.kind in ("grad", "set_grad"):
             exits.append((mgr, f"__GradModeExit({mgr.saved!r})"))
         elif mgr.kind == "inference_mode" and mgr.saved is not None:
-            # Entered again natively: the resume function leaves it natively (trace/calls.py).
+            # Entered again natively: the resume function leaves it natively (trace/callables/calls.py).
             ctx = f"__ctx{i}"
             rb.lines.append(f"{ctx} = {ns.ref(torch.inference_mode, 'inference_mode')}({mgr.args[0]!r})")
             rb.lines.append(f"{ctx}.__enter__()")
             exits.append((mgr, f"{ctx}.__exit__"))
         else:
             exits.append((mgr, "(lambda *a: None)"))
-    exit_exprs = {id(m): e for m, e in exits}
-    if break_grad != entry_grad:
-        rb.lines.append(f"torch._C._set_grad_enabled({break_grad!r})")
+    return exits
 
-    closure = _closure_expr(code, frame, rb)
-    # Every live value is read now, before the native step: a value read from a cell, an
-    # attribute or a global (``n6 = n`` of a cell ``n``) is the object it was then, even when
-    # the step (a call) stores something else there before the resume function gets it.
-    for v in stack + [bound[n] for n in live_names]:
-        if v is not NULL and not isinstance(v, ExitValue):
-            try:
-                rb.bind(v)
-            except Unsupported:
-                pass    # reported where the value is needed, if it is
 
-    def slot_expr(v):
+def _guarded(step, exits):
+    """The step's lines; inside ``with`` blocks, wrapped so a failure leaves them (innermost first)."""
+    if not (exits and step):
+        return step
+    body = ["try:"] + ["    " + s for s in step] + ["except BaseException as __e:"]
+    body += [f"    {e}(type(__e), __e, __e.__traceback__)" for e in reversed(exits)]
+    return body + ["    raise"]
+
+
+class _BreakSite:
+    """What the native step at a break is written from: the frame's state there, how a stack
+    slot reads (``slot_expr``) and how to hand over to the code after an offset (``resume``)."""
+
+    def __init__(self, fn, frame, ins, stack, bound, live_names, rb, ns, compiler, is_resume, closure, exit_exprs):
+        self.fn, self.code, self.frame, self.ins = fn, fn.__code__, frame, ins
+        self.rows = decode(self.code)
+        self.stack, self.bound, self.live_names = stack, bound, live_names
+        self.rb, self.ns, self.compiler, self.is_resume, self.closure = rb, ns, compiler, is_resume, closure
+        self.exit_exprs = exit_exprs
+        self.next_offset = offset_after(self.rows, ins.index)
+
+    def slot_expr(self, v):
         if isinstance(v, ExitValue):
-            return exit_exprs[id(v.manager)]
-        return rb.expr(v)
+            return self.exit_exprs[id(v.manager)]
+        return self.rb.expr(v)
 
-    def resume(target_offset, new_stack):
+    def jump_offset(self):
+        return self.rows[self.ins.target].offset
+
+    def resume(self, target_offset, new_stack):
+        """``return`` of the hand-over to the resume function at ``target_offset`` with ``new_stack``
+        (values, or names of locals the step set)."""
+        code = self.code
         layout, args = [], []
         for i, v in enumerate(new_stack):
             if v is NULL:
                 layout.append(NULL_SLOT)
             else:
                 layout.append(f"__stack{i}")
-                args.append(v if isinstance(v, str) else slot_expr(v))
-        live = [n for n in live_names if n in analysis.live_locals(code, target_offset)]
-        args += [rb.expr(bound[n]) for n in live]
+                args.append(v if isinstance(v, str) else self.slot_expr(v))
+        live = [n for n in self.live_names if n in analysis.live_locals(code, target_offset)]
+        args += [self.rb.expr(self.bound[n]) for n in live]
         if closure_names(code):
-            args.append(closure)   # the resume function runs over this call's cells
-        ref = ns.ref(_resume_wrapper(compiler, fn, code, target_offset, layout, live), "resume")
-        call = "__Continuation" if is_resume else "__resolve"
+            args.append(self.closure)   # the resume function runs over this call's cells
+        ref = self.ns.ref(_resume_wrapper(self.compiler, self.fn, code, target_offset, layout, live), "resume")
+        call = "__Continuation" if self.is_resume else "__resolve"
         return f"return {call}({ref}, ({', '.join(args)}{',' if len(args) == 1 else ''}))"
 
-    next_offset = offset_after(rows, ins.index)
-    step = []
-    tail = []
-    if kind in _CALLS:
-        consumed, call_expr = _call_step(frame, ins, stack, slot_expr)
-        step.append(f"__r = {call_expr}")
-        tail.append(resume(next_offset, stack[:len(stack) - consumed] + ["__r"]))
-    elif kind in _BRANCHES:
-        test = slot_expr(stack[-1])
-        rest = stack[:-1]
-        jump_if = kind == "POP_JUMP_IF_TRUE"
-        target = rows[ins.target].offset
-        step.append(f"__test = bool({test})")
-        tail += ["if __test:", "    " + resume(target if jump_if else next_offset, rest)]
-        tail.append(resume(next_offset if jump_if else target, rest))
-    elif kind in _KEEP_BRANCHES:
-        test = slot_expr(stack[-1])
-        jump_if = kind == "JUMP_IF_TRUE_OR_POP"
-        target = rows[ins.target].offset
-        step.append(f"__test = bool({test})")
-        keep = resume(target, stack)
-        pop = resume(next_offset, stack[:-1])
-        tail += ["if __test:", "    " + (keep if jump_if else pop)]
-        tail.append(pop if jump_if else keep)
-    elif kind == "TO_BOOL":
-        step.append(f"__r = bool({slot_expr(stack[-1])})")
-        tail.append(resume(next_offset, stack[:-1] + ["__r"]))
-    elif kind == "FOR_ITER":
-        step.append(f"__it = {slot_expr(stack[-1])}")
-        exit_offset = rows[ins.target].offset if ins.target < len(rows) else None
-        step += ["try:", "    __item = next(__it)", "except StopIteration:",
-                 "    " + resume(exit_offset, stack[:-1])]
-        tail.append(resume(next_offset, stack[:-1] + ["__it", "__item"]))
-    elif kind == "STORE_ATTR":
-        step.append(f"{slot_expr(stack[-1])}.{ins.argval} = {slot_expr(stack[-2])}")
-        tail.append(resume(next_offset, stack[:-2]))
-    elif kind == "STORE_SUBSCR":
-        step.append(f"{slot_expr(stack[-2])}[{slot_expr(stack[-1])}] = {slot_expr(stack[-3])}")
-        tail.append(resume(next_offset, stack[:-3]))
-    else:
-        tail.append(_generic_step(fn, code, ins, stack, live_names, bound, slot_expr, rb, ns, compiler,
-                                  is_resume, rows, closure))
 
-    body = lines + rb.lines
-    if exits and step:
-        body.append("try:")
-        body += ["    " + s for s in step]
-        body.append("except BaseException as __e:")
-        for _, e in reversed(exits):
-            body.append(f"    {e}(type(__e), __e, __e.__traceback__)")
-        body.append("    raise")
-    else:
-        body += step
-    body += tail
-    line = ins.line if ins.line is not None else code.co_firstlineno
-    run, src = emit(name, guard_params, body, ns, stands_for=(CUT_FROM.get(code, code), line))
-    return run, src, gm
+# The native steps done in Python, by the kind ``plan_break`` chose: (step lines, hand-over lines).
+
+def _call(site):
+    consumed, call_expr = _call_step(site.frame, site.ins, site.stack, site.slot_expr)
+    return [f"__r = {call_expr}"], [site.resume(site.next_offset, site.stack[:len(site.stack) - consumed] + ["__r"])]
+
+
+def _branch(site):
+    stack = site.stack
+    test = site.slot_expr(stack[-1])
+    rest = stack[:-1]
+    jump_if = site.ins.opname == "POP_JUMP_IF_TRUE"
+    target = site.jump_offset()
+    tail = ["if __test:", "    " + site.resume(target if jump_if else site.next_offset, rest)]
+    tail.append(site.resume(site.next_offset if jump_if else target, rest))
+    return [f"__test = bool({test})"], tail
+
+
+def _keep_branch(site):
+    stack = site.stack
+    test = site.slot_expr(stack[-1])
+    jump_if = site.ins.opname == "JUMP_IF_TRUE_OR_POP"
+    target = site.jump_offset()
+    keep = site.resume(target, stack)
+    pop = site.resume(site.next_offset, stack[:-1])
+    return [f"__test = bool({test})"], ["if __test:", "    " + (keep if jump_if else pop), pop if jump_if else keep]
+
+
+def _to_bool(site):
+    step = [f"__r = bool({site.slot_expr(site.stack[-1])})"]
+    return step, [site.resume(site.next_offset, site.stack[:-1] + ["__r"])]
+
+
+def _for_iter(site):
+    stack, ins, rows = site.stack, site.ins, site.rows
+    step = [f"__it = {site.slot_expr(stack[-1])}"]
+    exit_offset = rows[ins.target].offset if ins.target < len(rows) else None
+    step += ["try:", "    __item = next(__it)", "except StopIteration:",
+             "    " + site.resume(exit_offset, stack[:-1])]
+    return step, [site.resume(site.next_offset, stack[:-1] + ["__it", "__item"])]
+
+
+def _store_attr(site):
+    stack = site.stack
+    step = [f"{site.slot_expr(stack[-1])}.{site.ins.argval} = {site.slot_expr(stack[-2])}"]
+    return step, [site.resume(site.next_offset, stack[:-2])]
+
+
+def _store_subscr(site):
+    stack = site.stack
+    step = [f"{site.slot_expr(stack[-2])}[{site.slot_expr(stack[-1])}] = {site.slot_expr(stack[-3])}"]
+    return step, [site.resume(site.next_offset, stack[:-3])]
+
+
+_STEPS = {**{name: _call for name in _CALLS}, **{name: _branch for name in _BRANCHES},
+          **{name: _keep_branch for name in _KEEP_BRANCHES},
+          "TO_BOOL": _to_bool, "FOR_ITER": _for_iter, "STORE_ATTR": _store_attr, "STORE_SUBSCR": _store_subscr}
 
 
 class Handover:
@@ -248,9 +310,11 @@ class Handover:
         return resolve(self.wrapper, args)
 
 
-def _generic_step(fn, code, ins, stack, live_names, bound, slot_expr, rb, ns, compiler, is_resume, rows,
-                  closure):
+def _generic_step(site):
     """Run the breaking instruction natively in a copy of the code, then resume after it."""
+    fn, code, ins, stack, rows = site.fn, site.code, site.ins, site.stack, site.rows
+    live_names, bound, slot_expr, rb, ns = site.live_names, site.bound, site.slot_expr, site.rb, site.ns
+    compiler, is_resume, closure = site.compiler, site.is_resume, site.closure
     raw = next(i for i in analysis._raw(code) if i.offset == ins.offset)
     if ins.opname == "CALL":
         effect = 1 - (ins.arg + 2)
@@ -298,7 +362,7 @@ def _generic_step(fn, code, ins, stack, live_names, bound, slot_expr, rb, ns, co
     else:
         step_fn = ns.ref(types.FunctionType(step, fn.__globals__, step_name), "step")
     call = "__Continuation" if is_resume else "__resolve"
-    return f"return {call}({step_fn}, ({', '.join(args)}{',' if len(args) == 1 else ''}))"
+    return [], [f"return {call}({step_fn}, ({', '.join(args)}{',' if len(args) == 1 else ''}))"]
 
 
 def _closure_expr(code, frame, rb):

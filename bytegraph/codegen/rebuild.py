@@ -20,10 +20,9 @@ from ..errors import Unsupported
 from ..bytecode.resume import CLOSURE_PARAM
 from ..null import NULL
 from ..datamodel import class_attr
-from ..guards.builder import HAS_ATTR, TYPE_MATCH
-from ..guards.sources import AttrSource, ClosureSource, ObjectSource, RawAttrSource
-from ..trace.exceptions import rebuild_expr, values_inside
-from ..trace.frame import PendingLocal
+from ..guards.sources import AttrSource, ClosureSource, ObjectSource
+from ..trace.python.exceptions import rebuild_expr, values_inside
+from ..trace.machine.frame import PendingLocal
 from ..values import arrays
 from ..values.arrays import NdarrayMethodValue, NdarrayValue
 from ..values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, CellValue, ConstantValue, ContextManagerValue,
@@ -32,6 +31,7 @@ from ..values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, CellValue, 
                            MethodOfValue, ObjectValue, PartialValue, PrivateObjectValue, RealCell, SymValue,
                            TensorMethodValue, TensorValue, TracedId, TupleValue, UserObjectValue, holds_values,
                            reaches)
+from .added_guards import guard_reread_constant
 
 
 class Namespace:
@@ -142,143 +142,162 @@ class Rebuilder:
         return out
 
     def _expr(self, v):
-        if isinstance(v, TensorValue) and v.selected is not None:
+        build = _builder_for(type(v))
+        if build is None:
+            raise Unsupported(f"cannot rebuild a {type(v).__name__} outside the graph yet")
+        return build(self, v)
+
+    # What each kind of value is rebuilt as (``_BUILDERS``, by value class).
+
+    def _graph_value(self, v):
+        """A tensor, symbolic int or float of the graph: its output, or its source re-read."""
+        return self.tensor_exprs[id(v)]
+
+    def _tensor(self, v):
+        if v.selected is not None:
             # The object max()/min() chose in eager, picked again by the graph's comparisons.
             first, picks = v.selected
             out = self.expr(first)
             for cond, item in picks:
                 out = f"({self.expr(item)} if {self.expr(cond)} else {out})"
             return self.temp(out)
-        if isinstance(v, (TensorValue, SymValue, FloatTensorValue)):
-            return self.tensor_exprs[id(v)]
-        if isinstance(v, NdarrayValue) and v.view_of is not None:
+        return self.tensor_exprs[id(v)]
+
+    def _ndarray(self, v):
+        if v.view_of is not None:
             return self._negative_stride_view(v)
-        if isinstance(v, NdarrayValue):
-            expr = self.tensor_exprs[id(v)]
-            if isinstance(expr, ArrayExpr):
-                return expr.text
-            # Each array value is converted once: one object, however often it is used.
-            convert = arrays.tensor_to_scalar if v.scalar else arrays.tensor_to_array
-            return self.temp(f"{self.ns.ref(convert, convert.__name__)}({expr})")
-        if isinstance(v, NdarrayMethodValue):
-            return f"{self.expr(v.array)}.{v.name}"
-        if isinstance(v, ConstantValue):
-            if v.source is not None:
-                if v._pending_guard is not None and self.guards is not None:
-                    # A constant passed along unguarded is re-read here: whatever its value now,
-                    # the attribute must still be there (`del obj.attr` between calls).
-                    if isinstance(v.source, AttrSource):
-                        self.guards.add(HAS_ATTR, v.source.base, v.source.attr)
-                    elif isinstance(v.source, RawAttrSource):
-                        # (hasattr would ask the class's __getattr__): a read that fails misses.
-                        self.guards.add(TYPE_MATCH, v.source, type(v._value))
-                return self.ns.source(v.source)
-            c = v.value
-            if c is None or isinstance(c, (bool, str)) or type(c) is int:
-                return repr(c)
-            if reaches(c, FakeTensor):
-                # A fake value of the trace made into a constant would be returned in place of
-                # the real tensor (a last guard: the tracer should have refused it earlier).
-                raise Unsupported(f"a {type(c).__name__} holding tensors computed while tracing would be frozen "
-                                  "into the compiled code")
-            if isinstance(c, TracedId):
-                return self.traced_id(c)
-            if isinstance(c, (set, frozenset, collections.deque)) and holds_values(c):
-                return self.temp(self._holding(c))
-            if isinstance(c, MUTABLE_CONSTANT_TYPES):
-                # A set/deque/Counter made in the frame: a new copy per call, never the trace's own.
-                if id(c) not in self._mutable_copies:
-                    self.ns.ns["__copy"] = copy.copy
-                    self._mutable_copies[id(c)] = self.temp(f"__copy({self.ns.ref(c)})")
-                return self._mutable_copies[id(c)]
-            if type(c) in (list, dict):
-                # A container read from an object private to the trace: each call gets its own.
-                self.ns.ns["__deepcopy"] = copy.deepcopy
-                return self.temp(f"__deepcopy({self.ns.ref(c)})")
-            return self.ns.ref(c)
-        if isinstance(v, PrivateObjectValue):
-            raise Unsupported(f"a {type(v.obj).__qualname__} object deep-copied inside the compiled function "
-                              "is returned or kept after it; that is not supported yet")
-        if isinstance(v, ObjectValue):
-            return self.ns.source(v.source) if v.source is not None else self.ns.ref(v.obj, "obj")
-        if isinstance(v, TupleValue):
-            parts = [self.expr(i) for i in v.items]
-            if v.cls is tuple:
-                return f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
-            if v.cls is torch.Size:
-                return f"torch.Size([{', '.join(parts)}])"
-            cls = self.ns.ref(v.cls, "cls")
-            if hasattr(v.cls, "n_fields"):
-                return f"{cls}(({', '.join(parts)},))"
-            return f"{cls}({', '.join(parts)})"
-        if isinstance(v, ListValue):
-            if v.source is not None:
-                return self.ns.source(v.source)
-            return self.temp(f"[{', '.join(self.expr(i) for i in v.items)}]")
-        if isinstance(v, DictValue):
-            if v.source is not None:
-                return self.ns.source(v.source)
-            body = ", ".join(f"{self.key(k)}: {self.expr(i)}" for k, i in v.items.items())
-            if isinstance(v, DefaultDictValue):
-                return self.temp(f"{self.ns.ref(v.cls, 'cls')}({self.expr(v.factory)}, {{{body}}})")
-            if v.cls is dict:
-                return self.temp(f"{{{body}}}")
-            return self.temp(f"{self.ns.ref(v.cls, 'cls')}({{{body}}})")
-        if isinstance(v, (MethodOfValue, TensorMethodValue)):
-            owner = v.owner if isinstance(v, MethodOfValue) else v.tensor
-            return f"{self.expr(owner)}.{v.name}"
-        if isinstance(v, BoundMethodValue):
-            self.ns.ns["__MethodType"] = types.MethodType
-            return f"__MethodType({self.expr(v.func)}, {self.expr(v.self_value)})"
-        if isinstance(v, FunctionValue):
-            return self._function(v)
-        if isinstance(v, UserObjectValue):
-            # __slots__ members are set through their descriptors; the rest is the new object's
-            # own __dict__ (set past any descriptor of the class, as the trace stored it).
-            slots = {k for k in v.attrs if isinstance(class_attr(v.cls, k), types.MemberDescriptorType)}
-            own = ", ".join(f"{k!r}: {self.expr(i)}" for k, i in v.attrs.items() if k not in slots)
-            slot_values = ", ".join(f"{k!r}: {self.expr(i)}" for k, i in v.attrs.items() if k in slots)
-            self.ns.ns["__new_object"] = new_object
-            items = ", ".join(f"({self.key(k)}, {self.expr(i)})" for k, i in v.dict_items.items.items()) \
-                if v.dict_items is not None else None
-            extra = f", [{items}]" if items is not None else (", None" if slot_values else "")
-            extra += f", {{{slot_values}}}" if slot_values else ""
-            return self.temp(f"__new_object({self.ns.ref(v.cls, 'cls')}, {{{own}}}{extra})")
-        if isinstance(v, PartialValue):
-            parts = [self.expr(v.func)] + [self.expr(a) for a in v.args] \
-                + [f"{k}={self.expr(a)}" for k, a in v.kwargs.items()]
-            return self.temp(f"{self.ns.ref(functools.partial, 'partial')}({', '.join(parts)})")
-        if isinstance(v, IteratorValue):
-            if v.remake is not None:
-                # Over containers the code after a break may still change: the same lazy
-                # iterator over the (rebuilt or re-read) containers, moved past what was consumed.
-                maker, args = v.remake
-                self.ns.ns["__advanced"] = advanced
-                parts = ", ".join(self.expr(a) for a in args)
-                return self.temp(f"__advanced({self.ns.ref(maker, 'builtin')}({parts}), {v.pos})")
-            rest = v.items[v.pos:]
-            return self.temp(f"iter([{', '.join(self.expr(i) for i in rest)}])")
-        if isinstance(v, DictViewValue):
-            return f"{self.expr(v.dict_value)}.{v.kind}()"
-        if isinstance(v, ExceptionValue):
-            return rebuild_expr(self, v)
-        if isinstance(v, GeneratorValue):
-            return self._generator(v)
-        if isinstance(v, ContextManagerValue) and v.kind == "inference_mode":
+        expr = self.tensor_exprs[id(v)]
+        if isinstance(expr, ArrayExpr):
+            return expr.text
+        # Each array value is converted once: one object, however often it is used.
+        convert = arrays.tensor_to_scalar if v.scalar else arrays.tensor_to_array
+        return self.temp(f"{self.ns.ref(convert, convert.__name__)}({expr})")
+
+    def _ndarray_method(self, v):
+        return f"{self.expr(v.array)}.{v.name}"
+
+    def _constant(self, v):
+        if v.source is not None:
+            if v._pending_guard is not None and self.guards is not None:
+                guard_reread_constant(self.guards, v.source, v._value)
+            return self.ns.source(v.source)
+        c = v.value
+        if c is None or isinstance(c, (bool, str)) or type(c) is int:
+            return repr(c)
+        if reaches(c, FakeTensor):
+            # A fake value of the trace made into a constant would be returned in place of
+            # the real tensor (a last guard: the tracer should have refused it earlier).
+            raise Unsupported(f"a {type(c).__name__} holding tensors computed while tracing would be frozen "
+                              "into the compiled code")
+        if isinstance(c, TracedId):
+            return self.traced_id(c)
+        if isinstance(c, (set, frozenset, collections.deque)) and holds_values(c):
+            return self.temp(self._holding(c))
+        if isinstance(c, MUTABLE_CONSTANT_TYPES):
+            # A set/deque/Counter made in the frame: a new copy per call, never the trace's own.
+            if id(c) not in self._mutable_copies:
+                self.ns.ns["__copy"] = copy.copy
+                self._mutable_copies[id(c)] = self.temp(f"__copy({self.ns.ref(c)})")
+            return self._mutable_copies[id(c)]
+        if type(c) in (list, dict):
+            # A container read from an object private to the trace: each call gets its own.
+            self.ns.ns["__deepcopy"] = copy.deepcopy
+            return self.temp(f"__deepcopy({self.ns.ref(c)})")
+        return self.ns.ref(c)
+
+    def _private_object(self, v):
+        raise Unsupported(f"a {type(v.obj).__qualname__} object deep-copied inside the compiled function "
+                          "is returned or kept after it; that is not supported yet")
+
+    def _object(self, v):
+        return self.ns.source(v.source) if v.source is not None else self.ns.ref(v.obj, "obj")
+
+    def _tuple(self, v):
+        parts = [self.expr(i) for i in v.items]
+        if v.cls is tuple:
+            return f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
+        if v.cls is torch.Size:
+            return f"torch.Size([{', '.join(parts)}])"
+        cls = self.ns.ref(v.cls, "cls")
+        if hasattr(v.cls, "n_fields"):
+            return f"{cls}(({', '.join(parts)},))"
+        return f"{cls}({', '.join(parts)})"
+
+    def _list(self, v):
+        if v.source is not None:
+            return self.ns.source(v.source)
+        return self.temp(f"[{', '.join(self.expr(i) for i in v.items)}]")
+
+    def _dict(self, v):
+        if v.source is not None:
+            return self.ns.source(v.source)
+        body = ", ".join(f"{self.key(k)}: {self.expr(i)}" for k, i in v.items.items())
+        if isinstance(v, DefaultDictValue):
+            return self.temp(f"{self.ns.ref(v.cls, 'cls')}({self.expr(v.factory)}, {{{body}}})")
+        if v.cls is dict:
+            return self.temp(f"{{{body}}}")
+        return self.temp(f"{self.ns.ref(v.cls, 'cls')}({{{body}}})")
+
+    def _method_of(self, v):
+        owner = v.owner if isinstance(v, MethodOfValue) else v.tensor
+        return f"{self.expr(owner)}.{v.name}"
+
+    def _bound_method(self, v):
+        self.ns.ns["__MethodType"] = types.MethodType
+        return f"__MethodType({self.expr(v.func)}, {self.expr(v.self_value)})"
+
+    def _user_object(self, v):
+        # __slots__ members are set through their descriptors; the rest is the new object's
+        # own __dict__ (set past any descriptor of the class, as the trace stored it).
+        slots = {k for k in v.attrs if isinstance(class_attr(v.cls, k), types.MemberDescriptorType)}
+        own = ", ".join(f"{k!r}: {self.expr(i)}" for k, i in v.attrs.items() if k not in slots)
+        slot_values = ", ".join(f"{k!r}: {self.expr(i)}" for k, i in v.attrs.items() if k in slots)
+        self.ns.ns["__new_object"] = new_object
+        items = ", ".join(f"({self.key(k)}, {self.expr(i)})" for k, i in v.dict_items.items.items()) \
+            if v.dict_items is not None else None
+        extra = f", [{items}]" if items is not None else (", None" if slot_values else "")
+        extra += f", {{{slot_values}}}" if slot_values else ""
+        return self.temp(f"__new_object({self.ns.ref(v.cls, 'cls')}, {{{own}}}{extra})")
+
+    def _partial(self, v):
+        parts = [self.expr(v.func)] + [self.expr(a) for a in v.args] \
+            + [f"{k}={self.expr(a)}" for k, a in v.kwargs.items()]
+        return self.temp(f"{self.ns.ref(functools.partial, 'partial')}({', '.join(parts)})")
+
+    def _iterator(self, v):
+        if v.remake is not None:
+            # Over containers the code after a break may still change: the same lazy
+            # iterator over the (rebuilt or re-read) containers, moved past what was consumed.
+            maker, args = v.remake
+            self.ns.ns["__advanced"] = advanced
+            parts = ", ".join(self.expr(a) for a in args)
+            return self.temp(f"__advanced({self.ns.ref(maker, 'builtin')}({parts}), {v.pos})")
+        rest = v.items[v.pos:]
+        return self.temp(f"iter([{', '.join(self.expr(i) for i in rest)}])")
+
+    def _dict_view(self, v):
+        return f"{self.expr(v.dict_value)}.{v.kind}()"
+
+    def _exception(self, v):
+        return rebuild_expr(self, v)
+
+    def _context_manager(self, v):
+        if v.kind == "inference_mode":
             return f"torch.inference_mode({v.args[0]!r})"
-        if isinstance(v, FormattedTextValue):
-            pieces = []
-            for part in v.parts:
-                if isinstance(part, str):
-                    pieces.append(repr(part))
-                    continue
-                value, conv, spec = part
-                inner = self.expr(value)
-                if conv is not None:
-                    inner = f"{conv.__name__}({inner})"
-                pieces.append(f"format({inner}, {spec!r})")
-            return self.temp(" + ".join(pieces) if pieces else "''")
         raise Unsupported(f"cannot rebuild a {type(v).__name__} outside the graph yet")
+
+    def _formatted_text(self, v):
+        pieces = []
+        for part in v.parts:
+            if isinstance(part, str):
+                pieces.append(repr(part))
+                continue
+            value, conv, spec = part
+            inner = self.expr(value)
+            if conv is not None:
+                inner = f"{conv.__name__}({inner})"
+            pieces.append(f"format({inner}, {spec!r})")
+        return self.temp(" + ".join(pieces) if pieces else "''")
 
     def traced_id(self, c):
         """``id()`` of the object an id taken while tracing was of, as it is at run time."""
@@ -336,6 +355,46 @@ class Rebuilder:
         made = f"{fn}({', '.join(args)})"
         # Suspended: the copy starts at the same yield, and one next() stops it there.
         return self.temp(f"__primed({made})" if v.state == "suspended" else made)
+
+
+# How ``Rebuilder.expr`` rebuilds a value, by its class (a subclass not listed here is rebuilt
+# as its nearest listed base is).
+_BUILDERS = {
+    TensorValue: Rebuilder._tensor,
+    SymValue: Rebuilder._graph_value,
+    FloatTensorValue: Rebuilder._graph_value,
+    NdarrayValue: Rebuilder._ndarray,
+    NdarrayMethodValue: Rebuilder._ndarray_method,
+    ConstantValue: Rebuilder._constant,
+    PrivateObjectValue: Rebuilder._private_object,
+    ObjectValue: Rebuilder._object,
+    TupleValue: Rebuilder._tuple,
+    ListValue: Rebuilder._list,
+    DictValue: Rebuilder._dict,
+    MethodOfValue: Rebuilder._method_of,
+    TensorMethodValue: Rebuilder._method_of,
+    BoundMethodValue: Rebuilder._bound_method,
+    FunctionValue: Rebuilder._function,
+    UserObjectValue: Rebuilder._user_object,
+    PartialValue: Rebuilder._partial,
+    IteratorValue: Rebuilder._iterator,
+    DictViewValue: Rebuilder._dict_view,
+    ExceptionValue: Rebuilder._exception,
+    GeneratorValue: Rebuilder._generator,
+    ContextManagerValue: Rebuilder._context_manager,
+    FormattedTextValue: Rebuilder._formatted_text,
+}
+_builder_cache = {}
+
+
+def _builder_for(cls):
+    """The builder of ``cls`` or of its nearest base in ``_BUILDERS``; None: cannot be rebuilt."""
+    try:
+        return _builder_cache[cls]
+    except KeyError:
+        build = next((_BUILDERS[c] for c in cls.__mro__ if c in _BUILDERS), None)
+        _builder_cache[cls] = build
+        return build
 
 
 def _held_values(c):

@@ -3,28 +3,31 @@
 It is generated Python source with a ``linecache`` entry, so tracebacks,
 ``inspect.getsource`` and ``pdb`` show real lines.
 """
+from __future__ import annotations
+
 import ast
 import linecache
 import types
+from typing import Callable
 
 import torch
 import torch.fx as fx
 
-from ..backends._common import draws_random, is_random, updates_running_stats, writes, written
-from ..backends.regions import is_state_node
-from ..guards import builder as g
+from ..graph_facts import restart_plan, state_left
 from ..errors import Unsupported
 from ..guards.sources import AttrSource, ClosureSource, GlobalSource
 from ..debug.counting import count_ops
-from ..residual import (copy_inputs, enter_inference_mode, exit_inference_mode, graph_raised, inference_depth,
+from ..residual import (copy_inputs, enter_inference_mode, graph_raised, inference_depth,
                         leave_inference_blocks, put_inputs_back, replay_warning)
-from ..trace.context import DELETED
-from ..values.base import ConstantValue, DictValue, IteratorValue, ListValue, ObjectValue, TensorValue, holds_values
+from ..trace.core.context import DELETED, TraceContext
+from ..values.base import (ConstantValue, DictValue, IteratorValue, ListValue, ObjectValue, TensorValue, Value,
+                           holds_values)
 from ..values import arrays
+from .added_guards import guard_finished_graph
 from .rebuild import Namespace, Rebuilder, array_input_name, graph_value_exprs, tensors_in
 
 
-def finish_graph(tx, ns, live_values, compile_graph):
+def finish_graph(tx: TraceContext, ns: Namespace, live_values: list, compile_graph: Callable):
     """Close the graph over the tensors in ``live_values``; return (lines calling it, exprs, gm or None).
 
     ``exprs`` maps each tensor/symbolic int in ``live_values`` to the Python
@@ -35,12 +38,11 @@ def finish_graph(tx, ns, live_values, compile_graph):
     used = set(exprs.values())
     referenced = [i for i in tx.graph.inputs if i.array_mode is not None and array_input_name(i) in used]
     gm = tx.graph.output(outputs)
-    guard_input_aliasing(tx, gm)
-    guard_container_aliasing(tx)
+    guard_finished_graph(tx, gm)
     lines, write_back = array_input_lines(tx, ns, referenced)
     if count_ops(gm) == 0:
         return lines, exprs, None
-    left = _state_left(gm, tx.entry_grad_mode)
+    left = _state_lines(gm, tx.entry_grad_mode)
     state_lines = left[1] if left is not None else []
     if left is not None and left[0]:
         # Nothing but grad-mode and autocast switches (an optimizer's step entered no_grad, a
@@ -80,132 +82,6 @@ def finish_graph(tx, ns, live_values, compile_graph):
         ns.ns["__own_memory"] = own_memory
         call.append(f"__out = __own_memory(__out, {kept!r})")
     return lines + call + state_lines + write_back, exprs, gm
-
-
-# Graph nodes that must not run twice (besides those drawing random numbers, ``draws_random``:
-# the generator moves on): autocast switches, seeding, collectives (other processes wait for each
-# one). (Grad mode is set back to the frame's on entry before it runs again.)
-_NOT_TWICE = ("seed", "rng", "autocast", "all_reduce", "all_gather", "reduce_scatter", "broadcast",
-              "all_to_all", "wait_tensor", "barrier")
-
-
-def restart_plan(gm):
-    """Can ``gm`` be run again after it raised, with nothing left of the failed run?
-
-    A list of the placeholder and get_attr nodes to copy before each call and put back after a
-    failure when it can (empty when it writes none of them in place). None when it cannot: it
-    writes such a tensor that needs grad, its sizes, or running statistics (batch norm in
-    training); draws random numbers, switches autocast state or calls a collective; or writes
-    such a tensor and has no op expected to fail (``_may_fail_on_values``; an op before the
-    write counts as well as one after it). Copying costs on every call, so only a graph with
-    such an op pays it (an optimizer step writes every parameter and has none)."""
-    given = None    # storage -> the placeholder and get_attr nodes over it (at the first write)
-    copied = {}
-    may_fail = False
-    seen = {}     # (op, target) -> _traits (a graph calls a few targets many times)
-    for m in gm.modules():
-        if not isinstance(m, torch.fx.GraphModule):
-            continue
-        for node in m.graph.nodes:
-            if node.op == "call_module" and not isinstance(m.get_submodule(node.target), torch.fx.GraphModule):
-                return None   # a module called as a leaf: what it does is not in the graph
-            if node.op not in ("call_function", "call_method"):
-                continue
-            if is_state_node(node) and node.target is not torch._C._set_grad_enabled:
-                return None
-            try:
-                traits = seen.get((node.op, node.target))
-                if traits is None:
-                    traits = seen[node.op, node.target] = _traits(node)
-            except TypeError:    # an unhashable target
-                traits = _traits(node)
-            name, never_twice, maybe_random = traits
-            if never_twice or maybe_random and draws_random(node):
-                return None
-            if m is gm and not may_fail:
-                may_fail = _may_fail_on_values(node, name, gm)
-            if not writes(node):
-                continue
-            if m is not gm or updates_running_stats(node):
-                # (a normalization layer's running statistics: a copy of every layer's on every
-                # training step would cost a CNN ~5 µs a tensor; such a graph is not rerun)
-                return None
-            if given is None:
-                given = _given_by_storage(gm)
-            for n in _written_inputs(node, given):
-                if n is None or name.rsplit(".", 1)[-1] in _METADATA_WRITERS \
-                        or n.op == "get_attr" and not isinstance(n.meta.get("real_tensor"), torch.Tensor):
-                    return None
-                fake = n.meta.get("example_value")
-                if not isinstance(fake, torch.Tensor) or fake.requires_grad:
-                    return None
-                copied[n] = True
-    if copied and not may_fail:
-        return None
-    return list(copied)
-
-
-def _traits(node):
-    """What ``restart_plan`` needs of a node that depends on its target alone: (its lower-case
-    name, must not run twice, may draw random numbers)."""
-    name = _target_name(node.target)
-    never_twice = any(word in name for word in _NOT_TWICE) or "distributed" in name or "c10d" in name
-    maybe_random = is_random(node) or node.target is torch.nn.functional.scaled_dot_product_attention
-    return name, never_twice, maybe_random
-
-
-def _target_name(target):
-    return (target if isinstance(target, str)
-            else f"{getattr(target, '__module__', '')}.{getattr(target, '__name__', '')}").lower()
-
-
-def _given_by_storage(gm):
-    given = {}
-    for n in gm.graph.nodes:
-        fake = n.meta.get("example_value") if n.op in ("placeholder", "get_attr") else None
-        if isinstance(fake, torch.Tensor):
-            given.setdefault(fake.untyped_storage()._cdata, []).append(n)
-    return given
-
-
-def _written_inputs(node, given):
-    """The nodes of ``given`` (storage -> placeholder and get_attr nodes) over whose storage
-    ``node`` writes; None for a written value whose storage is unknown."""
-    found = []
-    for arg in written(node):
-        fake = arg.meta.get("example_value")
-        if not isinstance(fake, torch.Tensor):
-            return [None]
-        found += given.get(fake.untyped_storage()._cdata, [])
-    return found
-
-
-# Ops whose failure depends on the values they are given, not only on shapes and dtypes (which
-# the trace checked): indices out of range, singular or indefinite matrices, class targets.
-_FAILING_ON_VALUES = ("index", "gather", "scatter", "take", "embedding", "nll_loss", "cross_entropy",
-                      "one_hot", "bincount", "linalg", "inverse", "cholesky", "solve", "_assert", "histc",
-                      "repeat_interleave", "unpool", "ctc_loss")
-# In-place ops that change a tensor's sizes or strides, which copying values back does not undo.
-_METADATA_WRITERS = {"resize_", "resize_as_", "set_", "as_strided_", "t_", "transpose_", "squeeze_",
-                     "unsqueeze_", "swapdims_", "swapaxes_", "detach_", "requires_grad_"}
-
-
-def _may_fail_on_values(node, name, gm):
-    """May ``node`` (its target's lower-case ``name``) raise for some values of tensors whose
-    shapes and dtypes the trace has checked?"""
-    short = name.rsplit(".", 1)[-1]
-    if short in ("getitem", "setitem"):     # with a tensor of indices
-        index = []
-        fx.node.map_arg(node.args[1:2], index.append)
-        return any(isinstance(n.meta.get("example_value"), torch.Tensor) for n in index)
-    if any(word in short for word in ("div", "remainder", "fmod")):   # integers by zero
-        out = node.meta.get("example_value")
-        return isinstance(out, torch.Tensor) and not (out.is_floating_point() or out.is_complex())
-    if short in ("lu", "put", "put_") or any(word in name for word in _FAILING_ON_VALUES):
-        return True
-    # A higher-order op's body (checkpoint, cond, a traced function): anything may be inside.
-    return any(a.op == "get_attr" and isinstance(getattr(gm, a.target, None), torch.fx.GraphModule)
-               for a in node.all_input_nodes)
 
 
 def _stored_outputs(tx, outputs):
@@ -252,56 +128,20 @@ def scalar_tensor(value):
     return torch.tensor(value, dtype=torch.float64)
 
 
-_INFERENCE_NODES = (enter_inference_mode, exit_inference_mode)
-
-
-def _state_left(gm, entry_grad_mode):
+def _state_lines(gm, entry_grad_mode):
     """(does ``gm`` do nothing but switch grad mode and autocast?, lines setting the grad mode
     and autocast state it leaves for the code after it), or None where that cannot be read off
-    its nodes.
+    its nodes (``graph_facts.state_left``).
 
     A compiled graph need not switch anything when it runs (AOTAutograd's does not: the switches
     decided how it was traced), so what a graph leaves behind is set again after it: the grad
     mode of its last ``_set_grad_enabled``, and the autocast state of a ``set_autocast_state``
     (the end of a ``with torch.autocast`` block entered before a resume function began; without
-    this line, autocast stayed on after such a function returned). ``with`` blocks inside the
-    graph end in it and leave nothing."""
-    only_states = True
-    grad = entry_grad_mode
-    autocast = {}       # device -> (enabled, dtype, cache) set last
-    depth = 0           # autocast blocks open
-    inference = []      # grad mode at the start of each inference_mode block open
-    for node in gm.graph.nodes:
-        if node.op not in ("call_function", "call_method", "call_module"):
-            continue
-        if node.target in _INFERENCE_NODES:
-            # A `with torch.inference_mode()` block ends in the graph too, and its end puts grad
-            # mode back as it was at its start.
-            if node.target is _INFERENCE_NODES[0]:
-                inference.append(grad)
-            elif not inference:
-                return None
-            else:
-                grad = inference.pop()
-            continue
-        if not is_state_node(node):
-            only_states = False
-            continue
-        name = node.target.__name__
-        if name == "_enter_autocast":
-            depth += 1
-        elif name == "_exit_autocast":
-            depth -= 1
-        elif any(isinstance(a, torch.fx.Node) for a in node.args):
-            return None
-        elif name == "_set_grad_enabled":
-            grad = node.args[0]
-        elif depth:
-            return None     # a block's state changed inside another block: not from `with` code
-        else:
-            autocast[node.args[0]] = node.args[1:]
-    if depth or inference:
+    this line, autocast stayed on after such a function returned)."""
+    left = state_left(gm, entry_grad_mode)
+    if left is None:
         return None
+    only_states, grad, autocast = left
     lines = [] if grad == entry_grad_mode else [f"torch._C._set_grad_enabled({grad!r})"]
     for device, (enabled, dtype, cache) in autocast.items():
         lines += [f"torch.set_autocast_enabled({device!r}, {enabled!r})",
@@ -310,73 +150,7 @@ def _state_left(gm, entry_grad_mode):
     return only_states, lines
 
 
-def guard_input_aliasing(tx, gm):
-    """A graph that mutates tensor inputs was traced for one aliasing of its tensor inputs (the same
-    tensor twice, views of one storage, or none): guard that later calls alias them the same way,
-    as a backend that functionalizes the graph (AOTAutograd) relies on it. Graphs that mutate no
-    input (an optimizer's, whose parameters and state are module state) need no such guard; the
-    check is one pass over the inputs' storages (``storage_groups``), not one per pair."""
-    tensors = [i for i in tx.graph.inputs if isinstance(i.example, torch.Tensor) and not i.scalar]
-    if len(tensors) < 2 or not _mutates_inputs(gm, [i.node for i in tensors]):
-        return
-    guard_array_overlap(tx)
-    tensors = [i for i in tensors if i.array_mode is None]
-    if len(tensors) >= 2:
-        groups = g.storage_groups([i.example for i in tensors])
-        tx.guards.add(g.STORAGE_GROUPS, None, ([i.source for i in tensors], groups), detail="input storage")
-
-
-def _mutates_inputs(gm, placeholders, nodes=None, unknown=False):
-    """Does a node that mutates (of ``nodes``, by default all of ``gm``'s) write to (a view of)
-    one of ``placeholders``? ``unknown``: what a written value is unknown counts as yes."""
-    storages = set()
-    for p in placeholders:
-        fake = p.meta.get("example_value")
-        if isinstance(fake, torch.Tensor):
-            storages.add(fake.untyped_storage()._cdata)
-    for node in gm.graph.nodes if nodes is None else nodes:
-        if not writes(node):
-            continue
-        for arg in written(node):
-            fake = arg.meta.get("example_value")
-            if isinstance(fake, torch.Tensor) and fake.untyped_storage()._cdata in storages \
-                    or unknown and not isinstance(fake, torch.Tensor):
-                return True
-    return False
-
-
-def guard_array_overlap(tx):
-    """An np.ndarray input of a graph that mutates must not overlap another array or tensor input in
-    memory (each is its own tensor in the graph, so the graph could not see one change through the
-    other): guard that they do not; inputs that overlap now run eagerly."""
-    inputs = tx.graph.inputs
-    for i, a in enumerate(inputs):
-        for b in inputs[i + 1:]:
-            if a.array_mode is None and b.array_mode is None:
-                continue
-            x = a.array if a.array_mode is not None else a.example
-            y = b.array if b.array_mode is not None else b.example
-            if not g.memory_apart(x, y):
-                raise Unsupported(f"{a.source.name()} and {b.source.name()} overlap in memory and the graph changes "
-                                  "arrays in place; that is not traced")
-            tx.guards.add(g.ARRAYS_APART, a.source, b.source, detail=b.source.name())
-
-
-def guard_container_aliasing(tx):
-    """A container the trace changed was distinct from every other container it read: guard
-    that later calls do not pass the same list (say) through two sources."""
-    for m in tx.mutated.values():
-        for other in tx.existing_containers.values():
-            if other is not m and other.source is not None and _kind(other) is _kind(m):
-                tx.guards.add(g.NOT_ALIAS, m.source, other.source, detail=other.source.name())
-
-
-def _kind(container):
-    # Without reading a constant's value (that would guard it).
-    return type(container._value) if isinstance(container, ConstantValue) else type(container)
-
-
-def emit(name, params, body, ns, stands_for=None):
+def emit(name: str, params: list[str], body: list[str], ns: Namespace, stands_for: tuple | None = None):
     """Define the generated function ``name``; return (function, source).
 
     Without ``stands_for`` its code is named ``<bytegraph name>`` (with a linecache entry, for
@@ -407,36 +181,54 @@ def emit(name, params, body, ns, stands_for=None):
 
 def _setattr_traced(obj):
     """Is ``obj`` an object whose class's Python ``__setattr__`` the trace runs on stores
-    (``trace.attrs.set_attr``; modules' stores are replayed through their hook instead)?"""
+    (``trace.python.attrs.set_attr``; modules' stores are replayed through their hook instead)?"""
     if not isinstance(obj, ObjectValue) or isinstance(obj.obj, (torch.nn.Module, type, types.ModuleType)):
         return False
     return isinstance(type(obj.obj).__setattr__, types.FunctionType)
 
 
-def replay_side_effects(tx, rb, live=()):
+def replay_side_effects(tx: TraceContext, rb: Rebuilder, live=()) -> list[str]:
     """Lines doing, for real, the side effects the trace recorded.
 
-    Everything is read before anything changes: first the objects to change
-    (through their sources), then the new contents and stored values and the
-    ``live`` values the caller will use afterwards (so a source re-read after
-    the effects cannot see the new state), then the effects themselves:
-    containers updated in place (identity kept), attributes, globals, cells;
-    last, live iterators remade over containers (over the containers read before).
+    Everything is read before anything changes (``_read_before_effects``): first the objects
+    to change (through their sources), then the new contents and stored values and the
+    ``live`` values the caller will use afterwards (so a source re-read after the effects
+    cannot see the new state); then the effects themselves (``_effect_lines``): containers
+    updated in place (identity kept), attributes, globals, cells; last, live iterators
+    remade over containers (over the containers read before).
     """
-    if not tx.has_side_effects():
+    if not tx.effects.has_any():
         return []
+    cells, contents, remade = _read_before_effects(tx, rb, live)
+    lines = list(rb.lines)
+    rb.lines.clear()
+    lines += _effect_lines(tx, rb, cells, contents)
+    for v in remade:
+        try:
+            rb.bind(v)
+        except Unsupported:
+            pass
+    lines += rb.lines
+    rb.lines.clear()
+    return lines
+
+
+def _read_before_effects(tx, rb, live):
+    """Bind (in ``rb``'s lines) everything the effects and the caller read: (cell expressions
+    by store key, new contents of each mutated container by key, the live iterators to remake
+    after the effects)."""
     ns = rb.ns
     # 1. The objects to change, as they are on entry.
-    for v in tx.mutated.values():
+    for v in tx.effects.mutated.values():
         rb.bind(v)
-    for obj, _, _ in tx.attr_stores.values():
+    for obj, _, _ in tx.effects.attr_stores.values():
         rb.bind(obj)
-    for obj, _, _ in tx.item_stores.values():
+    for obj, _, _ in tx.effects.item_stores.values():
         rb.bind(obj)
-    cells = {key: rb.temp(_cell_expr(ns, cell.source)) for key, (cell, _) in tx.cell_stores.items()}
+    cells = {key: rb.temp(_cell_expr(ns, cell.source)) for key, (cell, _) in tx.effects.cell_stores.items()}
     # 2. Everything computed from the traced values.
     contents = {}
-    for key, v in tx.mutated.items():
+    for key, v in tx.effects.mutated.items():
         if isinstance(v, ListValue):
             contents[key] = rb.temp(f"[{', '.join(rb.expr(i) for i in v.items)}]")
         elif isinstance(v, DictValue):
@@ -446,10 +238,7 @@ def replay_side_effects(tx, rb, live=()):
             contents[key] = rb.temp(rb._holding(v.value))
         else:
             contents[key] = ns.ref(frozenset(v.value), "set")
-    stored = [value for _, _, value in tx.attr_stores.values() if value is not DELETED]
-    stored += [value for _, value in tx.global_stores.values() if value is not DELETED]
-    stored += [value for _, value in tx.cell_stores.values()]
-    stored += [value for _, _, value in tx.item_stores.values() if value is not DELETED]
+    stored = tx.effects.stored_values()
     # An iterator remade over containers iterates them as the effects leave them (and a
     # dict or set iterator made before they change would fail): its containers are read
     # now, the iterator itself is made after the effects.
@@ -463,20 +252,25 @@ def replay_side_effects(tx, rb, live=()):
             if v in stored:
                 raise
             # A live value the caller may not need; it reports the failure if it does.
-    lines = list(rb.lines)
-    rb.lines.clear()
-    # 3. The effects. Warnings first: what follows them in eager cannot have changed what they show.
-    for message, category, filename, lineno, module, module_globals in tx.warnings:
+    return cells, contents, remade
+
+
+def _effect_lines(tx, rb, cells, contents):
+    """3. The effects, over what ``_read_before_effects`` bound. Warnings first: what follows
+    them in eager cannot have changed what they show."""
+    ns = rb.ns
+    lines = []
+    for message, category, filename, lineno, module, module_globals in tx.effects.warnings:
         lines.append(f"{ns.ref(replay_warning, 'replay_warning')}({ns.ref(message, 'warning')}, "
                      f"{ns.ref(category, 'warning_category')}, {filename!r}, {lineno!r}, {module!r}, "
                      f"{ns.ref(module_globals, 'module_globals')})")
-    for key, v in tx.mutated.items():
+    for key, v in tx.effects.mutated.items():
         target = rb.expr(v)
         if isinstance(v, ListValue):
             lines.append(f"{target}[:] = {contents[key]}")
         else:
             lines += [f"{target}.clear()", f"{target}.update({contents[key]})"]
-    for obj, name, value in tx.attr_stores.values():
+    for obj, name, value in tx.effects.attr_stores.values():
         if value is DELETED:
             lines.append(f"del {rb.expr(obj)}.{name}")
         elif _setattr_traced(obj):
@@ -485,7 +279,7 @@ def replay_side_effects(tx, rb, live=()):
             lines.append(f"{ns.ref(object.__setattr__, 'object_setattr')}({rb.expr(obj)}, {name!r}, {rb.expr(value)})")
         else:
             lines.append(f"{rb.expr(obj)}.{name} = {rb.expr(value)}")
-    for source, value in tx.global_stores.values():
+    for source, value in tx.effects.global_stores.values():
         if value is DELETED:
             # The trace checked that the name exists (it may have been made by this trace).
             if isinstance(source, GlobalSource):
@@ -495,18 +289,11 @@ def replay_side_effects(tx, rb, live=()):
             lines.append(f"{table}.pop({key!r}, None)")
         else:
             lines.append(f"{ns.source(source)} = {rb.expr(value)}")
-    for key, (_, value) in tx.cell_stores.items():
+    for key, (_, value) in tx.effects.cell_stores.items():
         lines.append(f"{cells[key]}.cell_contents = {rb.expr(value)}")
-    for obj, key, value in tx.item_stores.values():
+    for obj, key, value in tx.effects.item_stores.values():
         lines.append(f"{rb.expr(obj)}.pop({key!r}, None)" if value is DELETED
                      else f"{rb.expr(obj)}[{key!r}] = {rb.expr(value)}")
-    for v in remade:
-        try:
-            rb.bind(v)
-        except Unsupported:
-            pass
-    lines += rb.lines
-    rb.lines.clear()
     return lines
 
 
@@ -521,16 +308,16 @@ def _cell_expr(ns, source):
 
 def side_effect_values(tx):
     """Values the effects store: their tensors must come out of the graph."""
-    out = [value for _, _, value in tx.attr_stores.values() if value is not DELETED]
+    effects = tx.effects
+    out = effects.stored_values()
     # Tensors made in the graph that get an attribute (``t.grad = g``, ``t.requires_grad_()``).
-    out += [obj for obj, _, _ in tx.attr_stores.values() if isinstance(obj, TensorValue)]
-    out += [v for v in tx.mutated.values() if not isinstance(v, ConstantValue) or holds_values(v.value)]
-    out += [value for _, value in tx.global_stores.values() if value is not DELETED]
-    out += [value for _, value in tx.cell_stores.values()]
+    out += [obj for obj, _, _ in effects.attr_stores.values() if isinstance(obj, TensorValue)]
+    out += [v for v in effects.mutated.values() if not isinstance(v, ConstantValue) or holds_values(v.value)]
     return out
 
 
-def generate(name, params, tx, returned, fn_globals, compile_graph):
+def generate(name: str, params: list[str], tx: TraceContext, returned: Value, fn_globals: dict,
+             compile_graph: Callable) -> tuple[Callable, str, fx.GraphModule | None]:
     """(function, source, graph or None) for a frame traced to its return."""
     ns = Namespace(fn_globals)
     lines, exprs, gm = finish_graph(tx, ns, [returned] + side_effect_values(tx), compile_graph)

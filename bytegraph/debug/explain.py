@@ -1,5 +1,8 @@
 """What ``bytegraph.explain(fn)(*args)`` reports: graphs, breaks, ops and guards (``api.explain`` runs it)."""
+from __future__ import annotations
 from dataclasses import dataclass, field
+
+import torch
 
 from ..stacks import format_stack
 
@@ -9,21 +12,21 @@ class BreakReason:
     reason: str
     user_stack: list          # traceback.FrameSummary, outermost first, the breaking line last
     graph_break: bool = True  # False: the whole frame ran eagerly instead of resuming
-    hint: str = None          # what the user can do to avoid the break
+    hint: str | None = None   # what the user can do to avoid the break
 
 
 @dataclass
 class ExplainOutput:
-    graphs: list = field(default_factory=list)
+    graphs: list[torch.fx.GraphModule] = field(default_factory=list)
     graph_count: int = 0
     graph_break_count: int = 0
-    break_reasons: list = field(default_factory=list)
+    break_reasons: list[BreakReason] = field(default_factory=list)
     op_count: int = 0
-    ops_per_graph: list = field(default_factory=list)
-    out_guards: list = field(default_factory=list)
+    ops_per_graph: list[list] = field(default_factory=list)
+    out_guards: list = field(default_factory=list)          # guards.builder.Guard
     ddp_splits: list = field(default_factory=list)   # backends.ddp.DDPSplit: graphs cut for DDP's buckets
 
-    def __str__(self):
+    def __str__(self) -> str:
         lines = [f"Graph Count: {self.graph_count}",
                  f"Graph Break Count: {self.graph_break_count}",
                  f"Op Count: {self.op_count}",

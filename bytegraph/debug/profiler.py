@@ -8,33 +8,39 @@
 Inside the ``with`` block ``config.cache_size_limit`` is 1, so every recompile
 shows up as a guard failure in the report (the worst case).
 """
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
 from ..config import config
 from . import records
 from .counting import count_ops
 
 
 class CompileProfiler:
-    def __init__(self):
-        self.graphs = []
+    def __init__(self) -> None:
+        self.graphs: list[torch.fx.GraphModule] = []
         self._frames_start = 0
         self._recompiles_start = 0
         self._patch = None
         self.__name__ = "CompileProfiler"
 
     # --- as a backend --------------------------------------------------------------------
-    def __call__(self, gm, example_inputs):
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         self.graphs.append(gm)
         return gm.forward
 
     # --- as a context manager ------------------------------------------------------------
-    def __enter__(self):
+    def __enter__(self) -> CompileProfiler:
         self._frames_start = len(records.frames)
         self._recompiles_start = len(records.recompiles)
         self._patch = config.patch(cache_size_limit=1)
         self._patch.__enter__()
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc) -> bool:
         self._patch.__exit__(*exc)
         self._frames = records.frames[self._frames_start:]
         self._recompiles = records.recompiles[self._recompiles_start:]
@@ -49,7 +55,7 @@ class CompileProfiler:
             recompiles = self._recompiles
         return frames, recompiles
 
-    def report(self):
+    def report(self) -> str:
         frames, recompiles = self._collected()
         breaks = [f for f in frames if f.break_reason or f.fallback_reason]
         names = []

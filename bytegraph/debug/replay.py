@@ -19,6 +19,7 @@ import builtins
 import io
 import importlib
 import importlib.util
+import inspect
 import marshal
 import os
 import pickle
@@ -216,10 +217,10 @@ def rebuild(record):
     args = list(values[:n_pos])
     kwargs = dict(zip(code.co_varnames[n_pos:n_pos + n_kw], values[n_pos:n_pos + n_kw]))
     i = n_pos + n_kw
-    if code.co_flags & 0x04:
+    if code.co_flags & inspect.CO_VARARGS:
         args += list(values[i])
         i += 1
-    if code.co_flags & 0x08:
+    if code.co_flags & inspect.CO_VARKEYWORDS:
         kwargs.update(values[i])
     return fn, args, kwargs
 

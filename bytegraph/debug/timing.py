@@ -1,4 +1,6 @@
 """Where compile time goes, per frame and phase: ``bytegraph.compile_times()``."""
+from __future__ import annotations
+
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -35,7 +37,7 @@ def clear():
     _counts.clear()
 
 
-def compile_times(repr="str", aggregate=False):
+def compile_times(repr: str = "str", aggregate: bool = False) -> str | dict | tuple:
     """Time spent compiling, per frame and phase.
 
     ``repr="str"`` (default): a table. ``repr="dict"``: ``{frame: {phase: seconds}, "total": {...}}``.

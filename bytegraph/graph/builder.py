@@ -324,7 +324,7 @@ class GraphBuilder:
         return self.wrap_result(node, result, fake_args, fake_kwargs, args, kwargs)
 
     def _check_data_aliases(self, writes, args, kwargs):
-        """``t.data`` changed in place (``trace.attrs._tensor_data``): the graph may not also read
+        """``t.data`` changed in place (``trace.python.attrs._tensor_data``): the graph may not also read
         ``t`` or a view of it. AOTAutograd refuses an input mutated through another input that
         shares its storage without being a view of it, and a write it makes back would move
         ``t``'s version (eager's does not: backward then raises where eager's runs)."""
@@ -365,7 +365,7 @@ class GraphBuilder:
         self.no_mutation[value.fake.untyped_storage()._cdata] = reason
     def replay_node(self, template, nmap):
         """A copy of ``template`` (a call node made earlier in this graph) over the nodes
-        ``nmap`` maps its inputs to, its fake result computed again (trace.blocks)."""
+        ``nmap`` maps its inputs to, its fake result computed again (trace.nn.blocks)."""
         args = fx.node.map_arg(template.args, nmap.__getitem__)
         kwargs = fx.node.map_arg(template.kwargs, nmap.__getitem__)
         fake_args = fx.node.map_arg(args, _example)

@@ -1,7 +1,7 @@
 """What graph nodes of higher-order operations call: a traced body (an ``fx.GraphModule``) run
 under torch.func transforms, activation checkpointing, or as a custom autograd Function.
 
-The tracer (``trace/higher_order.py``) traces the body into a graph of its own; the node in
+The tracer (``trace/torch_api/higher_order.py``) traces the body into a graph of its own; the node in
 the enclosing graph calls one of the callables here with the body (a get_attr of a submodule)
 and its inputs. They run the same way on fake tensors (while tracing), on real tensors (the
 ``eager`` backend) and under AOTAutograd, which traces through them into ATen ops (the

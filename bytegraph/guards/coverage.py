@@ -15,7 +15,7 @@ module's own state, which bumps the epoch (``stamps``). That holds when:
   hook tables are stamped (NO_HOOKS), the presence of a module's own attribute (HAS_ATTR) or its absence
   from the instance (NOT_OWN_ATTR).
 
-Anything else (tensors' metadata, contents of plain lists/dicts held by modules, attributes of
+Each kind's rule is its ``covered`` method (``kinds``). Anything else (tensors' metadata, contents of plain lists/dicts held by modules, attributes of
 plain objects, globals, closure cells, arguments, shapes, global state) is checked on every
 call as before.
 """
@@ -25,9 +25,9 @@ from ..datamodel import class_lookup, is_data_descriptor
 from . import stamps
 from .sources import AttrSource, ItemSource, ModuleEntrySource
 
-_IMMUTABLE_CONSTANTS = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis),
-                        type(NotImplemented), torch.dtype, torch.device, torch.layout, torch.memory_format,
-                        slice, range, torch.Size, tuple, frozenset)
+IMMUTABLE_CONSTANTS = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis),
+                       type(NotImplemented), torch.dtype, torch.device, torch.layout, torch.memory_format,
+                       slice, range, torch.Size, tuple, frozenset)
 
 
 def _data_descriptor(cls, name):
@@ -35,7 +35,7 @@ def _data_descriptor(cls, name):
     return found and is_data_descriptor(attr)
 
 
-def _own_attribute(m, name):
+def own_attribute(m, name) -> bool:
     """Is ``name`` one of module ``m``'s own attributes, parameters, buffers or submodules?"""
     d = m.__dict__
     if name in d:
@@ -48,7 +48,7 @@ class Coverage:
 
     def __init__(self, guards):
         self.objects = guards.objects           # source -> the object read there while tracing
-        self.pinned = {g.source for g in guards if g.kind == "ID_MATCH" and g.source is not None}
+        self.pinned = {g.source for g in guards if g.kind.pins and g.source is not None}
         self._owner = {}
         self._fixed = {}
         self.modules = {}                       # id -> module watched by the covered guards
@@ -95,7 +95,8 @@ class Coverage:
             stamps.watch(m)
             self.modules[id(m)] = m
 
-    def _watch_if(self, m):
+    def watch_if(self, m):
+        """Is ``m`` watched (now, if it can be)?"""
         if id(m) in self.modules:
             return True
         if not stamps.watchable(m):
@@ -104,44 +105,18 @@ class Coverage:
         return True
 
     def covers(self, g):
-        kind, source = g.kind, g.source
-        if source is None:
+        """Does the stamp cover ``g``? What each kind asks is its own (``kinds``, ``covered``)."""
+        if g.source is None:
             return False
-        value = self.objects.get(source)
-        if kind == "NO_HOOKS":
-            return isinstance(value, torch.nn.Module) and self.stable(source) and self._watch_if(value) \
-                and stamps.hooks_watched(value)
-        if kind == "TYPE_MATCH" and isinstance(value, torch.nn.Module):
-            # ``m.__class__ = C`` goes through nn.Module.__setattr__.
-            return self.stable(source) and self._watch_if(value)
-        if not self.fixed(source):
-            return False
-        if kind == "ID_MATCH":
-            return True
-        if kind == "NOT_OWN_ATTR":
-            # Setting it on a module goes through its (stamped) __setattr__.
-            return isinstance(value, torch.nn.Module) and self._watch_if(value)
-        if kind == "HAS_ATTR":
-            # A module's own attribute goes away only through its (stamped) __delattr__.
-            return isinstance(value, torch.nn.Module) and _own_attribute(value, g.expected) \
-                and self._watch_if(value)
-        if kind in ("ALIAS", "NOT_ALIAS"):
-            return self.fixed(g.expected)
-        if kind == "CONSTANT_MATCH":
-            return isinstance(g.expected, _IMMUTABLE_CONSTANTS)
-        if kind == "TYPE_MATCH":
-            return not (g.expected.__flags__ & _HEAPTYPE)   # a builtin type: __class__ cannot change
-        if kind in ("DICT_KEYS", "LENGTH_MATCH"):
-            if isinstance(value, tuple):
-                return True
-            # Only a module's own tables, and only when stamped (hook tables are, while empty).
-            m = self.owner(source)
-            return isinstance(source, AttrSource) and source.attr in stamps.TABLES \
-                and type(m.__dict__.get(source.attr)) in stamps.STAMPED
-        return False
+        return g.kind.covered(self, g, self.objects.get(g.source))
 
 
-_HEAPTYPE = 1 << 9
+_HEAPTYPE = 1 << 9    # Py_TPFLAGS_HEAPTYPE (no Python module names it)
+
+
+def is_heap_type(cls) -> bool:
+    """A class made by a class statement (its ``__class__`` can be assigned), not a builtin type."""
+    return bool(cls.__flags__ & _HEAPTYPE)
 
 
 def partition(guards):

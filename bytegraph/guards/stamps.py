@@ -23,7 +23,7 @@ A module is watchable when its class keeps ``nn.Module``'s ``__setattr__``, ``__
 ``__getattribute__`` (or the torch ones known to call them) and its tables are plain
 ``dict``/``OrderedDict``; the guards of any other module are checked on every call.
 
-Not seen (documented in docs/architecture.md): writes that bypass all of the above, i.e.
+Not seen (documented in docs/depth.md): writes that bypass all of the above, i.e.
 ``m.__dict__[k] = v``, ``object.__setattr__(m, k, v)``, ``dict.__setitem__(m._modules, ...)``,
 changes to a module's class, and tensor-level changes to a parameter (``p.requires_grad_()``,
 ``p.data = t``). In-place changes of parameter data (optimizer steps, ``load_state_dict``)

@@ -1,4 +1,6 @@
 """A cache miss, end to end: trace, build guards, hand the graph to the backend, generate code."""
+from __future__ import annotations
+
 import contextlib
 import dis
 import gc
@@ -20,10 +22,10 @@ from ..codegen.breaks import RESUME_INFO, generate_break, plan_break
 from ..codegen.transformed import generate
 from ..residual import routing_globals, writes_globals
 from ..stacks import CUT_FROM, frame_summary, function_entry
-from ..trace.blocks import ReplayError
+from ..trace.nn.blocks import ReplayError
 from ..trace.tracer import frame_params, trace_frame
 from . import persist
-from .cache import CacheEntry
+from .cache import CacheEntry, CodeCache
 from .signature import _signature_parts
 
 _counter = [0]
@@ -87,7 +89,7 @@ class _Compile:
         try:
             result = trace_frame(self.fn, values, self.compiler, stop_before=stop_before, cache=self.cache)
         except ReplayError as e:
-            # Copying a traced block failed half-way (trace/blocks.py): trace it all.
+            # Copying a traced block failed half-way (trace/nn/blocks.py): trace it all.
             log_breaks.debug("tracing %s again without copying traced blocks: %s", self.name, e)
             result = trace_frame(self.fn, values, self.compiler, stop_before=stop_before, cache=self.cache,
                                  reuse_blocks=False)
@@ -166,7 +168,7 @@ class _Compile:
                           guard_source=guard_source, identity=identity_of(guards))
 
 
-def compile_frame(fn, frame_args, compiler, cache=None):
+def compile_frame(fn: types.FunctionType, frame_args: list, compiler, cache: CodeCache | None = None) -> CacheEntry:
     if config.debug_function and not selected(fn.__code__):
         return _skipped_entry(fn, compiler, cache)
     c = _Compile(fn, compiler, cache)
@@ -311,7 +313,7 @@ def _skipped_entry(fn, compiler, cache):
                        routing=None if writes_globals(fn.__code__) else compiler)
 
 
-def eager_entry(fn, cache, identity, reason, routing=None):
+def eager_entry(fn: types.FunctionType, cache: CodeCache, identity: tuple, reason: str, routing=None) -> CacheEntry:
     """A cache entry running the frame as it is, for these root objects (``identity``: pairs
     of source and object) in the current global state. With a ``routing`` compiler, the
     functions the frame reads from its globals are handed to that compiler."""

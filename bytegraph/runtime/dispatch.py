@@ -4,17 +4,21 @@ For each compiled Python function we generate a wrapper with the *same
 signature*, so CPython binds arguments for us. A call then costs: one loop
 over the cache entries, one guard call, one call of the transformed code.
 """
+from __future__ import annotations
+
+import inspect
 import linecache
 import math
 import types
 import warnings
 import weakref
+from typing import Callable
 
 import numpy as np
 import torch
 
 from ..backends.cudagraphs import new_invocation
-from ..backends.registry import lookup_backend, replays_cuda_graphs
+from ..backends.registry import CompilerFn, lookup_backend, replays_cuda_graphs
 from ..config import config
 from ..debug import debug_dir, logs, progress, records, timing
 from ..errors import RecompileError
@@ -30,7 +34,8 @@ from .signature import UNSET, _signature_parts, default_now, default_reads, kwde
 
 _compilers = weakref.WeakSet()
 frozen = [False]    # True inside bytegraph.run(...): use cached code only, never compile
-_NOT_A_PLAIN_FRAME = 0x20 | 0x80 | 0x100 | 0x200   # generator, coroutine, iterable coroutine, async generator
+_NOT_A_PLAIN_FRAME = (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE
+                      | inspect.CO_ASYNC_GENERATOR)
 _total_entries = [0]
 log_recompiles = logs.get_logger("recompiles")
 
@@ -38,7 +43,8 @@ log_recompiles = logs.get_logger("recompiles")
 class Compiler:
     """What one ``bytegraph.compile(...)`` call compiles with, and its caches."""
 
-    def __init__(self, compiler_fn, backend_name, fullgraph, dynamic, backend_spec=None):
+    def __init__(self, compiler_fn: CompilerFn, backend_name: str, fullgraph: bool, dynamic: bool | None,
+                 backend_spec: tuple | None = None) -> None:
         self.compiler_fn = compiler_fn
         self.backend_name = backend_name
         # (name, mode, options) when the backend was named: compiles the persistent cache may keep
@@ -58,7 +64,7 @@ class Compiler:
         self._code_wrappers = {}   # (code, id(globals)) -> wrapper taking the closure as an argument
         _compilers.add(self)
 
-    def cache_for(self, code, fn_globals):
+    def cache_for(self, code: types.CodeType, fn_globals: dict) -> CodeCache:
         """The cache of ``code`` run with ``fn_globals`` (the guards and generated code read them)."""
         cache = self.caches.get(code)
         if cache is None:
@@ -70,14 +76,14 @@ class Compiler:
                 cache = self.caches[key] = CodeCache(code, fn_globals, tuple(_guard_params(code)))
         return cache
 
-    def wrapper_for(self, fn):
+    def wrapper_for(self, fn: types.FunctionType) -> Callable:
         """The compiled wrapper of ``fn`` under this compiler, made once."""
         wrapper = self._wrappers.get(fn)
         if wrapper is None:
             wrapper = self._wrappers[fn] = self.wrap_function(fn)
         return wrapper
 
-    def wrap_function(self, fn, top_level=False):
+    def wrap_function(self, fn: types.FunctionType, top_level: bool = False) -> Callable:
         """The compiled wrapper of ``fn``; ``top_level`` for the callable handed to the user,
         whose every call is a new invocation (residual calls from generated code are not)."""
         original = getattr(fn, "_bytegraph_original", None)
@@ -111,7 +117,7 @@ class Compiler:
         wrapper._bytegraph_cache = cache
         return wrapper
 
-    def wrapper_for_code(self, code, fn_globals):
+    def wrapper_for_code(self, code: types.CodeType, fn_globals: dict) -> Callable:
         """A compiled wrapper for functions made by the generated code from ``code`` (resume
         functions): it takes the closure as its last argument (when the code has free
         variables), so each call runs over the cells of the call that reached it."""
@@ -123,7 +129,7 @@ class Compiler:
             wrapper._bytegraph_cache = cache
         return wrapper
 
-    def miss(self, fn, cache, frame_args):
+    def miss(self, fn: types.FunctionType, cache: CodeCache, frame_args: tuple) -> Callable | None:
         """Compile ``fn`` for these arguments; return the entry's run function or None (run eagerly)."""
         if cache.eager_forever or frozen[0]:
             return None
@@ -313,7 +319,8 @@ def _guard_params(code):
 
 
 def _param_count(code):
-    return code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)
+    return code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & inspect.CO_VARARGS) \
+        + bool(code.co_flags & inspect.CO_VARKEYWORDS)
 
 
 def _note_changed_sizes(cache, entry, frame_args):
@@ -325,7 +332,7 @@ def _note_changed_sizes(cache, entry, frame_args):
     for g, now in zip(check.observed, observe(*frame_args)):
         if now is None:
             continue
-        if g.kind in (TENSOR_MATCH, NDARRAY_MATCH):
+        if g.kind.observation(g) == "shape":
             before = g.expected.shape
             if len(now) == len(before):
                 changed = {d for d, (a, b) in enumerate(zip(before, now)) if a != b}
@@ -339,7 +346,7 @@ def _note_changed_sizes(cache, entry, frame_args):
             cache.auto_dynamic_scalars.add(g.source)
 
 
-def reset_all():
+def reset_all() -> None:
     for compiler in list(_compilers):
         for cache in compiler.caches.values():
             cache.clear()

@@ -29,6 +29,8 @@ relied on nothing true in this process only (``tx.process_local``: set order of 
 ``lru_cache`` results, ``hash()``; ``tx.unguarded_reads``). Writes go to a temporary file
 renamed into place, so concurrent writers and readers never see half a file.
 """
+from __future__ import annotations
+
 import hashlib
 import linecache
 import os
@@ -48,7 +50,7 @@ from ..backends.regions import global_state_kept
 from ..config import config
 from ..debug import logs
 from ..guards import builder as g
-from ..guards import stamps
+from ..guards.kinds import kind_named
 from ..guards.stamps import EPOCH
 from ..guards.sources import (AttrSource, BuiltinSource, ClosureSource, DefaultSource, GlobalSource, ItemSource,
                               LocalSource, ModuleEntrySource, ObjectSource)
@@ -162,7 +164,7 @@ def _fingerprints_hold(prints):
     return None
 
 
-def frame_key(fn, compiler):
+def frame_key(fn: types.FunctionType, compiler) -> str | None:
     """The key of ``fn``'s frames under ``compiler``, or None when they are not saved."""
     if compiler.backend_spec is None:
         return None
@@ -296,48 +298,52 @@ def _meta_matches(obj, saved):
             and obj.requires_grad == requires_grad)
 
 
+def _identity_out(expected):
+    if expected is None:
+        return ("none",)
+    if isinstance(expected, torch.nn.Module):
+        return ("module", _ref(type(expected)))
+    if isinstance(expected, torch.Tensor):
+        return ("tensor", _meta_out(expected))
+    if isinstance(expected, types.CodeType):
+        return ("code", _code_hash(expected))
+    if isinstance(expected, types.FunctionType):
+        # Named by reference, a function is whatever the name holds when read back: in this
+        # process that can be another function (``A.helper = f`` after saving). Its code and
+        # defaults say whether it is still the one traced.
+        return ("function", _ref(expected), _code_hash(expected.__code__),
+                _value((expected.__defaults__, expected.__kwdefaults__)))
+    return ("ref", _ref(expected))
+
+
+def _tensor_meta_out(guard):
+    if guard.dynamic_dims:
+        raise NotPortable("symbolic sizes")
+    t = guard.expected
+    return ("tensor_meta", (_ref(t.cls), str(t.dtype), str(t.device), t.shape, t.stride, t.requires_grad,
+                            t.contiguous))
+
+
+# How a guard's ``expected`` is written, by its kind's ``persisted_as`` (guards.kinds).
+_EXPECTED_OUT = {
+    "identity": lambda guard: _identity_out(guard.expected),
+    "ref": lambda guard: ("ref", _ref(guard.expected)),
+    "value": lambda guard: ("value", _value(guard.expected)),
+    "keys": lambda guard: ("value", _value(list(guard.expected))),
+    "tensor_meta": _tensor_meta_out,
+    "source": lambda guard: ("source", _source_out(guard.expected)),
+    "storage": lambda guard: ("storage", _source_out(guard.expected[0]), bool(guard.expected[1])),
+    "none": lambda guard: ("none",),
+}
+
+
 def _guard_out(guard):
-    kind, source, expected = guard.kind, guard.source, guard.expected
+    kind, source = guard.kind, guard.source
     src = _source_out(source) if source is not None else None
-    if kind == g.ID_MATCH:
-        if expected is None:
-            exp = ("none",)
-        elif isinstance(expected, torch.nn.Module):
-            exp = ("module", _ref(type(expected)))
-        elif isinstance(expected, torch.Tensor):
-            exp = ("tensor", _meta_out(expected))
-        elif isinstance(expected, types.CodeType):
-            exp = ("code", _code_hash(expected))
-        elif isinstance(expected, types.FunctionType):
-            # Named by reference, a function is whatever the name holds when read back: in this
-            # process that can be another function (``A.helper = f`` after saving). Its code and
-            # defaults say whether it is still the one traced.
-            exp = ("function", _ref(expected), _code_hash(expected.__code__),
-                   _value((expected.__defaults__, expected.__kwdefaults__)))
-        else:
-            exp = ("ref", _ref(expected))
-    elif kind == g.TYPE_MATCH:
-        exp = ("ref", _ref(expected))
-    elif kind in (g.CONSTANT_MATCH, g.GLOBAL_STATE, g.LENGTH_MATCH, g.MISSING_ATTR, g.HAS_ATTR, g.NOT_OWN_ATTR,
-                  g.STATE_MATCH):
-        exp = ("value", _value(expected))
-    elif kind == g.DICT_KEYS:
-        exp = ("value", _value(list(expected)))
-    elif kind == g.TENSOR_MATCH:
-        if guard.dynamic_dims:
-            raise NotPortable("symbolic sizes")
-        t = expected
-        exp = ("tensor_meta", (_ref(t.cls), str(t.dtype), str(t.device), t.shape, t.stride, t.requires_grad,
-                               t.contiguous))
-    elif kind in (g.ALIAS, g.NOT_ALIAS):
-        exp = ("source", _source_out(expected))
-    elif kind == g.STORAGE_SHARED:
-        exp = ("storage", _source_out(expected[0]), bool(expected[1]))
-    elif kind in (g.NO_HOOKS, g.GLOBAL_HOOKS):
-        exp = ("none",)
-    else:
+    write = _EXPECTED_OUT.get(kind.persisted_as)
+    if write is None:
         raise NotPortable(f"{kind} guards are not portable")
-    return (kind, src, exp, guard.detail)
+    return (str(kind), src, write(guard), guard.detail)
 
 
 class _NodeRef:
@@ -390,7 +396,7 @@ def _namespace_out(run):
 
 # --- saving -------------------------------------------------------------------------------
 
-def save(fn, compiler, tx, entry, builder, graph):
+def save(fn: types.FunctionType, compiler, tx, entry, builder, graph) -> None:
     """Write ``entry`` (a whole frame just compiled) to the cache, if it can be carried."""
     if not config.persistent_cache:
         return
@@ -563,7 +569,7 @@ class _Resolver:
         return obj
 
 
-def load(c, values):
+def load(c, values: list) -> tuple | None:
     """(guards, run, transformed source, graph) for this call from the persistent cache, or None."""
     if not config.persistent_cache:
         return None
@@ -604,7 +610,8 @@ def _instantiate(c, values, record):
     resolve = _Resolver(fn, c.params, values)
     guards = g.GuardSet()
     guards.epoch = -1     # the first check runs the detailed guards too
-    for kind, src, exp, detail in record["guards"]:
+    for name, src, exp, detail in record["guards"]:
+        kind = kind_named(name)
         source = _source_in(src) if src is not None else None
         expected = _expected_in(kind, source, exp, resolve)
         if source is not None:
@@ -650,45 +657,14 @@ def _instantiate(c, values, record):
 def _holds(guard, resolve):
     """Does ``guard`` hold on this call (read through ``resolve``)? Identity guards were checked
     as they were read back (``_expected_in``)."""
-    kind = guard.kind
-    if kind == g.GLOBAL_STATE:
-        now = {detail: value for detail, _, value in g.global_state_snapshot()}
-        return now.get(guard.detail, object()) == guard.expected[1]
-    if kind == g.GLOBAL_HOOKS:
-        return not stamps.global_hooks()
-    if kind == g.ID_MATCH:
+    if guard.kind.pins:
         return True
-    try:
-        obj = resolve(guard.source)
-    except AttributeError:
-        return kind == g.MISSING_ATTR
-    except Exception:
-        return False
-    expected = guard.expected
-    if kind == g.TYPE_MATCH:
-        plain = stamps.PLAIN.get(type(obj), type(obj))
-        return type(obj) is expected or plain is stamps.PLAIN.get(expected, expected)
-    holds = g.value_holds(kind, obj, expected)
-    if holds is not None:
-        return holds
-    if kind in (g.ALIAS, g.NOT_ALIAS):
-        return (obj is resolve(expected)) == (kind == g.ALIAS)
-    if kind == g.STATE_MATCH:
-        return obj.__dict__ == expected
-    if kind == g.STORAGE_SHARED:
-        other, shared = expected
-        return (obj.untyped_storage().data_ptr() == resolve(other).untyped_storage().data_ptr()) == shared
-    if kind == g.TENSOR_MATCH:
-        t = expected
-        return (type(obj) is t.cls and obj.dtype == t.dtype and obj.device == t.device
-                and tuple(obj.shape) == t.shape and tuple(obj.stride()) == t.stride
-                and obj.requires_grad == t.requires_grad)
-    return False
+    return guard.kind.evaluate(guard, resolve)
 
 
 def _expected_in(kind, source, exp, resolve):
     tag = exp[0]
-    if kind == g.ID_MATCH:
+    if kind.persisted_as == "identity":
         obj = resolve(source)
         if tag == "none":
             if obj is not None:

@@ -1,5 +1,6 @@
 """A function's signature spelled as Python text, for the wrappers that dispatch and
 compile_frame generate with the same parameters as the function."""
+import inspect
 
 
 class _Unset:
@@ -66,7 +67,7 @@ def _signature_parts(fn):
         original.append(name)
     pos = nargs + nkwonly
     star = None
-    if code.co_flags & 0x04:
+    if code.co_flags & inspect.CO_VARARGS:
         star = names[pos]
         params.append(f"*{star}")
         original.append(f"*{star}")
@@ -86,7 +87,7 @@ def _signature_parts(fn):
     # the order of frame_params, which names the guard and transformed functions' parameters.
     if star is not None:
         passthrough.append(star)
-    if code.co_flags & 0x08:
+    if code.co_flags & inspect.CO_VARKEYWORDS:
         dstar = names[pos]
         params.append(f"**{dstar}")
         passthrough.append(dstar)

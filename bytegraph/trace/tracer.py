@@ -1,25 +1,35 @@
 """Trace one frame from its real arguments: the entry point of the interpreter."""
+from __future__ import annotations
+
+import inspect
+import types
 from dataclasses import dataclass
 
 import torch
 
 from ..guards.sources import ClosureSource, LocalSource
 from ..values.base import RealCell
-from . import (attrs, builtin_calls, calls, containers, environ_pytree, generators, iteration, opcodes, ops,  # noqa: F401 (environ_pytree: its handlers)
-               state, stdlib_calls)
-from . import higher_order_flex, higher_order_loops, higher_order_regions  # noqa: F401 (register their calls with trace.higher_order)
-from .context import TraceContext
-from .frame import Frame, PendingLocal
-from .torch_calls import undo_state_changes
+from .callables import builtin_calls, calls, containers, environ, stdlib_calls  # noqa: F401 (registering handlers)
+from .core import ops, state
+from .core.context import TraceContext
+from .machine import control_opcodes, opcodes  # noqa: F401 (control_opcodes: registering handlers)
+from .machine.frame import Frame, PendingLocal, inline_call
+from .nn import module_calls, module_enumeration  # noqa: F401 (module_enumeration: registering handlers)
+from .python import generators, iteration
+from .torch_api import pytree  # noqa: F401 (registering handlers)
+from .torch_api import higher_order_flex, higher_order_loops  # noqa: F401 (register their calls with higher_order)
+from .nn import higher_order_regions  # noqa: F401 (registers its calls with torch_api.higher_order)
+from .torch_api.torch_calls import undo_state_changes
 
-# The interpreter assembled. Lower modules of trace/ reach the operations of higher ones
-# through trace.ops (see there); point each of its entries at its implementation. Importing
-# opcodes, builtin_calls, stdlib_calls and environ_pytree also fills their handler tables.
-ops.wire(HANDLERS=opcodes.HANDLERS, BUILTIN_HANDLERS=builtin_calls.BUILTIN_HANDLERS,
-         call=calls.call, fold=calls.fold, tensor_method=calls.tensor_method,
+# The interpreter assembled. Lower rooms of trace/ reach the operations of higher ones through
+# trace.core.ops (see there); point each of its entries at its implementation. Importing
+# opcodes, control_opcodes, builtin_calls, stdlib_calls, environ, pytree, module_enumeration and
+# with_blocks also fills the handler tables (opcodes.HANDLERS, core.handlers.BUILTIN_HANDLERS).
+ops.wire(HANDLERS=opcodes.HANDLERS,
+         call=calls.call, inline_call=inline_call, fold=calls.fold, tensor_method=calls.tensor_method,
          call_stdlib_object=stdlib_calls.call_stdlib_object, iterate=iteration.iterate,
          call_method=containers.call_method, inplace_operator=containers.inplace_operator,
-         user_object_attr=attrs._user_object_attr, generator_attr=generators.get_attr)
+         generator_attr=generators.get_attr)
 
 
 @dataclass
@@ -29,17 +39,18 @@ class TraceResult:
     frame: Frame = None        # the root frame, for its stack and locals at a break
 
 
-def frame_params(code):
+def frame_params(code: types.CodeType) -> list[str]:
     """Names of a code object's parameters in ``co_varnames`` order: positional, keyword-only, *args, **kwargs."""
     n = code.co_argcount + code.co_kwonlyargcount
-    if code.co_flags & 0x04:
+    if code.co_flags & inspect.CO_VARARGS:
         n += 1
-    if code.co_flags & 0x08:
+    if code.co_flags & inspect.CO_VARKEYWORDS:
         n += 1
     return list(code.co_varnames[:n])
 
 
-def trace_frame(fn, frame_args, options, stop_before=None, cache=None, reuse_blocks=True):
+def trace_frame(fn: types.FunctionType, frame_args: list, options, stop_before: int | None = None, cache=None,
+                reuse_blocks: bool = True) -> TraceResult:
     """Run ``fn``'s bytecode symbolically on ``frame_args`` (values of its parameters, in order).
 
     With ``stop_before`` (an instruction index), tracing stops the first time the
@@ -50,8 +61,8 @@ def trace_frame(fn, frame_args, options, stop_before=None, cache=None, reuse_blo
     module = frame_args[0] if frame_args else None
     if isinstance(module, (torch.nn.RNNBase, torch.nn.TransformerEncoder)) \
             and code is getattr(type(module).forward, "__code__", None):
-        # A module compiled itself, rather than called from compiled code (calls.call_module).
-        calls.refuse_native_module(module, dict(zip(params, frame_args)).get("src_key_padding_mask") is not None)
+        # A module compiled itself, rather than called from compiled code (module_calls.call_module).
+        module_calls.refuse_native_module(module, dict(zip(params, frame_args)).get("src_key_padding_mask") is not None)
     tx = TraceContext(options, fn.__globals__,
                       cache.auto_dynamic if cache is not None else None,
                       cache.auto_dynamic_scalars if cache is not None else None)
@@ -65,8 +76,8 @@ def trace_frame(fn, frame_args, options, stop_before=None, cache=None, reuse_blo
         frame = Frame(tx, code, fn.__globals__, local_values, cells)
         frame.stop_before = stop_before
         n = code.co_argcount + code.co_kwonlyargcount
-        frame.fresh_containers = tuple(code.co_varnames[n:n + bool(code.co_flags & 0x04)
-                                                        + bool(code.co_flags & 0x08)])
+        frame.fresh_containers = tuple(code.co_varnames[n:n + bool(code.co_flags & inspect.CO_VARARGS)
+                                                        + bool(code.co_flags & inspect.CO_VARKEYWORDS)])
         ret = frame.run()
         if frame.stopped:
             tx.break_grad_mode = torch.is_grad_enabled()

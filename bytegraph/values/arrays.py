@@ -5,7 +5,7 @@ hands the graph ``torch.from_numpy(array)`` (the same memory, so in-place update
 the caller's array), or a copy where sharing is impossible (another default device under
 ``with torch.device(...)``, negative strides, a read-only array), written back after the
 graph if the graph changed it. Arrays made in the frame are graph nodes. What NumPy
-operations do to them is ``trace/numpy_calls.py``; the graph's vocabulary for them is
+operations do to them is ``trace/numpy_api/numpy_calls.py``; the graph's vocabulary for them is
 ``graph/numpy_ops.py`` (``torch._numpy`` on tensors).
 
 This module also holds the run-time conversions the generated code calls.
@@ -38,7 +38,7 @@ class NdarrayValue(Value):
 
     ``view_of``: eager NumPy has a view with negative strides here (``x[::-1]``, ``np.flip``),
     which torch cannot express, so the trace holds a copy; writing to it, or to the array it
-    copies, is refused (trace/numpy_calls.py). Where it outlives the graph it is made again as
+    copies, is refused (trace/numpy_api/numpy_calls.py). Where it outlives the graph it is made again as
     eager makes it, from its base: ``view_of`` is ``(function, argument values, keyword
     values)`` to call at run time (``operator.getitem``, ``np.flip``...), or
     ``UNREBUILDABLE`` when that cannot be done (then it cannot leave the graph).

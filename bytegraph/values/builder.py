@@ -57,7 +57,7 @@ def wrap(tx, obj, source):
     if source is not None and not isinstance(obj, CONSTANT_TYPES):
         guards.objects[source] = obj   # what guards.builder needs to tell module-owned state
     if guards.recorders and source is not None and not guards.in_wrap:
-        # trace.blocks records each read of the world made by a module's forward.
+        # trace.nn.blocks records each read of the world made by a module's forward.
         memo = tx.memo.get(id(obj))
         hit = memo is not None and memo[0] is obj and not isinstance(obj, CONSTANT_TYPES)
         for r in guards.recorders:
@@ -101,23 +101,8 @@ def _guard(tx, kind, source, expected):
 
 
 def _wrap(tx, obj, source):
-    t = type(obj)
-    if t is AutocastExit:
-        mgr = ContextManagerValue("autocast_resumed", (obj.device_type,))
-        mgr.saved = obj.prev
-        _guard(tx, g.TYPE_MATCH, source, t)
-        if source is not None:
-            _guard(tx, g.CONSTANT_MATCH, AttrSource(source, "prev"), obj.prev)
-            _guard(tx, g.CONSTANT_MATCH, AttrSource(source, "device_type"), obj.device_type)
-        return ExitValue(mgr, source)
-    if t is GradModeExit:
-        # The __exit__ of a grad-mode block that a resume function continues.
-        mgr = ContextManagerValue("grad", (None,))
-        mgr.saved = obj.mode
-        _guard(tx, g.TYPE_MATCH, source, t)
-        if source is not None:
-            _guard(tx, g.CONSTANT_MATCH, AttrSource(source, "mode"), obj.mode)
-        return ExitValue(mgr)
+    """The value of an object not seen before in this trace: by its type (``_handler_for``), else
+    an object the trace relies on by identity or by type (``_wrap_object``)."""
     original = _compiled_original(obj)
     if original is not None:
         # Something compiled separately, called from traced code: trace what it wraps.
@@ -125,102 +110,208 @@ def _wrap(tx, obj, source):
                                              else "_bytegraph_original") if source is not None else None)
     if isinstance(obj, torch.Tensor):
         return _wrap_tensor(tx, obj, source)
-    if t is np.ndarray and config.trace_numpy and array_unsupported_reason(obj) is None:
+    handler = _handler_for(type(obj))
+    if handler is not None:
+        value = handler(tx, obj, source)
+        if value is not None:
+            return value
+    return _wrap_object(tx, obj, source)
+
+
+def _wrap_autocast_exit(tx, obj, source):
+    t = type(obj)
+    mgr = ContextManagerValue("autocast_resumed", (obj.device_type,))
+    mgr.saved = obj.prev
+    _guard(tx, g.TYPE_MATCH, source, t)
+    if source is not None:
+        _guard(tx, g.CONSTANT_MATCH, AttrSource(source, "prev"), obj.prev)
+        _guard(tx, g.CONSTANT_MATCH, AttrSource(source, "device_type"), obj.device_type)
+    return ExitValue(mgr, source)
+
+
+def _wrap_grad_mode_exit(tx, obj, source):
+    # The __exit__ of a grad-mode block that a resume function continues.
+    mgr = ContextManagerValue("grad", (None,))
+    mgr.saved = obj.mode
+    _guard(tx, g.TYPE_MATCH, source, type(obj))
+    if source is not None:
+        _guard(tx, g.CONSTANT_MATCH, AttrSource(source, "mode"), obj.mode)
+    return ExitValue(mgr)
+
+
+def _wrap_array(tx, obj, source):
+    if config.trace_numpy and array_unsupported_reason(obj) is None:
         return _wrap_ndarray(tx, obj, source)
-    if t in CONSTANT_TYPES or isinstance(obj, (np.generic, np.dtype)) and _module_is_numpy(t):
-        if source is None:
-            return ConstantValue(obj)
-        if t is int and tx.is_dynamic_scalar(source):
-            _guard(tx, g.TYPE_MATCH, source, int)
-            return tx.graph.add_sym_input(obj, source)
-        if t is float and tx.is_dynamic_float(source) and math.isfinite(obj):
-            # A float seen changing (a scheduled learning rate): an input of the graph, not a constant.
-            _guard(tx, g.TYPE_MATCH, source, float)
-            return tx.graph.add_float_input(obj, source, lambda: _guard(tx, g.CONSTANT_MATCH, source, obj))
-        kind = g.ID_MATCH if t in (torch.dtype, torch.layout, torch.memory_format) else g.CONSTANT_MATCH
-        return ConstantValue(obj, source, pending_guard=lambda: _guard(tx, kind, source, obj))
-    if t is frozenset and all(type(x) in (str, int, bool, bytes, type(None)) for x in obj):
-        # Immutable: a constant, checked by value when the trace looks at it (diffusers keeps the
-        # devices without float64 in one).
-        if source is None:
-            return ConstantValue(obj)
-        return ConstantValue(obj, source, pending_guard=lambda: _guard(tx, g.CONSTANT_MATCH, source, obj))
-    if t is tuple or (isinstance(obj, tuple) and hasattr(t, "_fields")):
-        _guard(tx, g.TYPE_MATCH, source, t)
-        _guard(tx, g.LENGTH_MATCH, source, len(obj))
-        items = [wrap(tx, x, _item(source, i)) for i, x in enumerate(obj)]
-        return TupleValue(items, source, cls=t)
-    if t is list:
-        _guard(tx, g.TYPE_MATCH, source, t)
-        _guard(tx, g.LENGTH_MATCH, source, len(obj))
-        return _existing(tx, ListValue([wrap(tx, x, _item(source, i)) for i, x in enumerate(obj)], source))
-    if t is dict or (isinstance(obj, dict) and (t.__module__ == "collections" or t in stamps.STAMPED)):
-        if all(isinstance(k, (str, int)) or g.plain_key(k) or _identity_key(k) for k in obj):
-            _guard(tx, g.TYPE_MATCH, source, t)
-            _guard(tx, g.DICT_KEYS, source, list(obj))
-            items = {k: wrap(tx, v, _key_item(source, k)) for k, v in obj.items()}
-            if id(obj) in tx.param_groups and items.get("capturable") is not None:
-                # An optimizer's step is traced on its "capturable" path (as torch.compile does):
-                # the same update with the step count kept a tensor, where the other path needs
-                # it as a Python number (a data-dependent read). Only the trace sees this value:
-                # code run natively after a graph break re-reads the real flag from its source.
-                items["capturable"] = ConstantValue(True, items["capturable"].source)
-            if t is collections.defaultdict:
-                factory = wrap(tx, obj.default_factory, AttrSource(source, "default_factory") if source else None)
-                return _existing(tx, DefaultDictValue(items, factory, source))
-            # A module's table watched by guards.stamps is traced as the dict it stands for.
-            return _existing(tx, DictValue(items, source, cls=stamps.PLAIN.get(t, t)))
-    if t is set and all(type(x) in CONSTANT_TYPES for x in obj):
-        # A set of constants is a constant the trace may change (a copy; the guard keeps a
-        # snapshot of the contents seen here).
-        snapshot = set(obj)
-        return _existing(tx, ConstantValue(set(obj), source, pending_guard=lambda: _guard(
-            tx, g.CONSTANT_MATCH, source, snapshot)))
-    if t is types.FunctionType and source is not None and "<locals>" in obj.__qualname__:
-        # A nested function is made anew by each call of the function that makes it: guard
-        # its code; its cells and defaults are read through sources (and guarded) when used.
-        _guard(tx, g.TYPE_MATCH, source, t)
-        _guard(tx, g.ID_MATCH, AttrSource(source, "__code__"), obj.__code__)
-        return ObjectValue(obj, source)
-    if t is functools.partial and source is not None:
-        # A partial is often made anew for each call (a callback with its settings, passed in):
-        # guard its type, not its identity; its function, arguments and keywords are read
-        # through sources (and guarded) when it is used.
-        _guard(tx, g.TYPE_MATCH, source, t)
-        return ObjectValue(obj, source)
-    if t is types.MethodType and source is not None:
-        # A bound method is made anew on each attribute read: guard its function and the
-        # type of its object, not its own identity.
-        _guard(tx, g.TYPE_MATCH, source, t)
-        _guard(tx, g.ID_MATCH, AttrSource(source, "__func__"), obj.__func__)
-        owner = obj.__self__
-        owner_kind = g.ID_MATCH if isinstance(owner, (torch.nn.Module, type, types.ModuleType)) else g.TYPE_MATCH
-        _guard(tx, owner_kind, AttrSource(source, "__self__"), owner if owner_kind == g.ID_MATCH else type(owner))
-        return ObjectValue(obj, source)
-    if t in (types.MethodWrapperType, types.BuiltinMethodType) and source is not None \
-            and getattr(obj, "__self__", None) is not None and not isinstance(obj.__self__, types.ModuleType):
-        # A method bound to an object (``d.get``, ``f.__get__``) is made anew on each read, so its
-        # identity never holds: guard its type and its object (the name is fixed by the source).
-        owner = obj.__self__
-        _guard(tx, g.TYPE_MATCH, source, t)
-        if type(owner) in CONSTANT_TYPES:
-            _guard(tx, g.CONSTANT_MATCH, AttrSource(source, "__self__"), owner)
-        else:
-            _guard(tx, g.ID_MATCH, AttrSource(source, "__self__"), owner)
-        return ObjectValue(obj, source)
+    return None
+
+
+def _wrap_constant(tx, obj, source):
+    t = type(obj)
+    if source is None:
+        return ConstantValue(obj)
+    if t is int and tx.is_dynamic_scalar(source):
+        _guard(tx, g.TYPE_MATCH, source, int)
+        return tx.graph.add_sym_input(obj, source)
+    if t is float and tx.is_dynamic_float(source) and math.isfinite(obj):
+        # A float seen changing (a scheduled learning rate): an input of the graph, not a constant.
+        _guard(tx, g.TYPE_MATCH, source, float)
+        return tx.graph.add_float_input(obj, source, lambda: _guard(tx, g.CONSTANT_MATCH, source, obj))
+    kind = g.ID_MATCH if t in (torch.dtype, torch.layout, torch.memory_format) else g.CONSTANT_MATCH
+    return ConstantValue(obj, source, pending_guard=lambda: _guard(tx, kind, source, obj))
+
+
+def _wrap_frozenset(tx, obj, source):
+    if not all(type(x) in (str, int, bool, bytes, type(None)) for x in obj):
+        return None
+    # Immutable: a constant, checked by value when the trace looks at it (diffusers keeps the
+    # devices without float64 in one).
+    if source is None:
+        return ConstantValue(obj)
+    return ConstantValue(obj, source, pending_guard=lambda: _guard(tx, g.CONSTANT_MATCH, source, obj))
+
+
+def _wrap_tuple(tx, obj, source):
+    t = type(obj)
+    _guard(tx, g.TYPE_MATCH, source, t)
+    _guard(tx, g.LENGTH_MATCH, source, len(obj))
+    items = [wrap(tx, x, _item(source, i)) for i, x in enumerate(obj)]
+    return TupleValue(items, source, cls=t)
+
+
+def _wrap_list(tx, obj, source):
+    _guard(tx, g.TYPE_MATCH, source, list)
+    _guard(tx, g.LENGTH_MATCH, source, len(obj))
+    return _existing(tx, ListValue([wrap(tx, x, _item(source, i)) for i, x in enumerate(obj)], source))
+
+
+def _wrap_dict(tx, obj, source):
+    if not all(isinstance(k, (str, int)) or g.plain_key(k) or _identity_key(k) for k in obj):
+        return None
+    t = type(obj)
+    _guard(tx, g.TYPE_MATCH, source, t)
+    _guard(tx, g.DICT_KEYS, source, list(obj))
+    items = {k: wrap(tx, v, _key_item(source, k)) for k, v in obj.items()}
+    if id(obj) in tx.param_groups and items.get("capturable") is not None:
+        # An optimizer's step is traced on its "capturable" path (as torch.compile does):
+        # the same update with the step count kept a tensor, where the other path needs
+        # it as a Python number (a data-dependent read). Only the trace sees this value:
+        # code run natively after a graph break re-reads the real flag from its source.
+        items["capturable"] = ConstantValue(True, items["capturable"].source)
+    if t is collections.defaultdict:
+        factory = wrap(tx, obj.default_factory, AttrSource(source, "default_factory") if source else None)
+        return _existing(tx, DefaultDictValue(items, factory, source))
+    # A module's table watched by guards.stamps is traced as the dict it stands for.
+    return _existing(tx, DictValue(items, source, cls=stamps.PLAIN.get(t, t)))
+
+
+def _wrap_set(tx, obj, source):
+    if not all(type(x) in CONSTANT_TYPES for x in obj):
+        return None
+    # A set of constants is a constant the trace may change (a copy; the guard keeps a
+    # snapshot of the contents seen here).
+    snapshot = set(obj)
+    return _existing(tx, ConstantValue(set(obj), source, pending_guard=lambda: _guard(
+        tx, g.CONSTANT_MATCH, source, snapshot)))
+
+
+def _wrap_function(tx, obj, source):
+    if source is None or "<locals>" not in obj.__qualname__:
+        return None
+    # A nested function is made anew by each call of the function that makes it: guard
+    # its code; its cells and defaults are read through sources (and guarded) when used.
+    _guard(tx, g.TYPE_MATCH, source, types.FunctionType)
+    _guard(tx, g.ID_MATCH, AttrSource(source, "__code__"), obj.__code__)
+    return ObjectValue(obj, source)
+
+
+def _wrap_partial(tx, obj, source):
+    if source is None:
+        return None
+    # A partial is often made anew for each call (a callback with its settings, passed in):
+    # guard its type, not its identity; its function, arguments and keywords are read
+    # through sources (and guarded) when it is used.
+    _guard(tx, g.TYPE_MATCH, source, functools.partial)
+    return ObjectValue(obj, source)
+
+
+def _wrap_method(tx, obj, source):
+    if source is None:
+        return None
+    # A bound method is made anew on each attribute read: guard its function and the
+    # type of its object, not its own identity.
+    _guard(tx, g.TYPE_MATCH, source, types.MethodType)
+    _guard(tx, g.ID_MATCH, AttrSource(source, "__func__"), obj.__func__)
+    owner = obj.__self__
+    owner_kind = g.ID_MATCH if isinstance(owner, (torch.nn.Module, type, types.ModuleType)) else g.TYPE_MATCH
+    _guard(tx, owner_kind, AttrSource(source, "__self__"), owner if owner_kind == g.ID_MATCH else type(owner))
+    return ObjectValue(obj, source)
+
+
+def _wrap_builtin_method(tx, obj, source):
+    if source is None or getattr(obj, "__self__", None) is None or isinstance(obj.__self__, types.ModuleType):
+        return None
+    # A method bound to an object (``d.get``, ``f.__get__``) is made anew on each read, so its
+    # identity never holds: guard its type and its object (the name is fixed by the source).
+    owner = obj.__self__
+    _guard(tx, g.TYPE_MATCH, source, type(obj))
+    if type(owner) in CONSTANT_TYPES:
+        _guard(tx, g.CONSTANT_MATCH, AttrSource(source, "__self__"), owner)
+    else:
+        _guard(tx, g.ID_MATCH, AttrSource(source, "__self__"), owner)
+    return ObjectValue(obj, source)
+
+
+def _wrap_object(tx, obj, source):
+    """Any other object: modules, enum members, functions, classes and C callables by identity;
+    the rest by type, their attributes guarded as they are read."""
     if isinstance(obj, (torch.nn.Module, enum.Enum) + _IDENTITY_TYPES) or (callable(obj) and _is_c_callable(obj)):
         _guard(tx, g.ID_MATCH, source, obj)
         return ObjectValue(obj, source)
     if isinstance(obj, torch.optim.Optimizer):
         tx.note_optimizer(obj)
-    # Other user objects: the type is fixed; attributes get guards as they are read.
-    _guard(tx, g.TYPE_MATCH, source, t)
+    _guard(tx, g.TYPE_MATCH, source, type(obj))
     return ObjectValue(obj, source)
+
+
+# How an object of each exact type is wrapped; a handler returning None leaves the object to
+# ``_wrap_object``. (Subclasses: ``_handler_for``.)
+_BY_TYPE = {
+    AutocastExit: _wrap_autocast_exit,
+    GradModeExit: _wrap_grad_mode_exit,
+    np.ndarray: _wrap_array,
+    **{t: _wrap_constant for t in CONSTANT_TYPES},
+    frozenset: _wrap_frozenset,
+    tuple: _wrap_tuple,
+    list: _wrap_list,
+    dict: _wrap_dict,
+    set: _wrap_set,
+    types.FunctionType: _wrap_function,
+    functools.partial: _wrap_partial,
+    types.MethodType: _wrap_method,
+    types.MethodWrapperType: _wrap_builtin_method,
+    types.BuiltinMethodType: _wrap_builtin_method,
+}
+
+
+def _handler_for(t):
+    """The handler of objects of type ``t``: by exact type, else NumPy scalars and dtypes as
+    constants, named tuples as tuples, the dicts of ``collections`` and the stamped module
+    tables as dicts."""
+    handler = _BY_TYPE.get(t)
+    if handler is not None:
+        return handler
+    if issubclass(t, (np.generic, np.dtype)) and _module_is_numpy(t):
+        return _wrap_constant
+    if issubclass(t, tuple) and hasattr(t, "_fields"):
+        return _wrap_tuple
+    if issubclass(t, dict) and (t.__module__ == "collections" or t in stamps.STAMPED):
+        return _wrap_dict
+    return None
 
 
 def _existing(tx, value):
     """Remember that ``value`` stands for a real container: changing it is a side effect."""
-    tx.existing_containers[id(value)] = value
+    tx.effects.existing_containers[id(value)] = value
     return value
 
 

@@ -1,0 +1,116 @@
+"""What guard checks read besides their sources: global state, storages, memory spans.
+
+Generated guard functions call these by name (``kinds``, each kind's ``namespace``); the
+tracer reads the same state through them when it records a guard, so both see one value.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils._device import DeviceContext
+
+from ..residual import warning_is_error
+
+_CPU = torch.device("cpu")
+
+
+def _byte_span(x):
+    """[first byte, past the last byte) an array or CPU tensor reads, or None (empty, not in host memory)."""
+    if isinstance(x, np.ndarray):
+        if x.size == 0:
+            return None
+        start, steps, item = x.__array_interface__["data"][0], zip(x.shape, x.strides), x.itemsize
+    elif isinstance(x, torch.Tensor):
+        if x.device.type != "cpu" or x.numel() == 0:
+            return None
+        item = x.element_size()
+        start, steps = x.data_ptr(), [(n, s * item) for n, s in zip(x.shape, x.stride())]
+    else:
+        return None
+    lo = hi = start
+    for n, step in steps:
+        if step < 0:
+            lo += (n - 1) * step
+        else:
+            hi += (n - 1) * step
+    return lo, hi + item
+
+
+def memory_apart(x, y) -> bool:
+    """Whether two arrays/tensors certainly use different bytes (conservative: ranges, not elements)."""
+    a, b = _byte_span(x), _byte_span(y)
+    return a is None or b is None or a[1] <= b[0] or b[1] <= a[0]
+
+
+def storage_groups(tensors) -> tuple:
+    """For each tensor, the index of the first one sharing its storage's address (which inputs
+    alias); for one that shares it, with its storage offset too: AOTAutograd rebuilds inputs
+    that alias from one base with the offsets of the call it compiled for (the rows of a tensor
+    a loop iterates, each passed with the tensor to a graph that changes it)."""
+    first = {}
+    groups = [first.setdefault(t.untyped_storage().data_ptr(), i) for i, t in enumerate(tensors)]
+    shared = {g for i, g in enumerate(groups) if g != i}
+    return tuple((g, t.storage_offset()) if g in shared else g for g, t in zip(groups, tensors))
+
+
+def function_modes() -> tuple:
+    """The TorchFunctionModes entered around a call, as what a graph traced under them depends
+    on: the types of the modes other than a device context (``with torch.device(...)``,
+    ``set_default_device``), then the default device unless it is the CPU (so a device context
+    naming the CPU is the same as none)."""
+    n = torch._C._len_torch_function_stack()
+    if not n:
+        return ()
+    modes = [torch._C._get_function_stack_at(i) for i in range(n)]
+    kinds = tuple(type(m) for m in modes if not isinstance(m, DeviceContext))
+    device = torch.get_default_device()
+    return kinds if device == _CPU else kinds + (str(device),)
+
+
+def default_device() -> torch.device:
+    """``torch.get_default_device()``, cheaply when no torch function mode is active."""
+    if not torch._C._len_torch_function_stack():
+        return _CPU
+    return torch.get_default_device()
+
+
+def process_group_state():
+    """(rank, world size, group name) in the default process group; None before
+    ``init_process_group`` (what traced ``dist.get_rank()`` and friends were read from)."""
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    world = dist.group.WORLD
+    return dist.get_rank(), dist.get_world_size(), world.group_name
+
+
+def global_state_snapshot() -> list:
+    """(detail, expression, current value) for every piece of global state a graph depends on.
+    An autocast's dtype only while that autocast is on (the guard that it is on fails first)."""
+    state = [
+        ("grad mode", "_is_grad_enabled()", torch.is_grad_enabled()),
+        ("default dtype", "_get_default_dtype()", torch.get_default_dtype()),
+        ("autocast (cpu)", "_autocast_enabled('cpu')", torch.is_autocast_enabled("cpu")),
+        ("autocast (cuda)", "_autocast_enabled('cuda')", torch.is_autocast_enabled("cuda")),
+        ("inference mode", "_inference_mode()", torch.is_inference_mode_enabled()),
+        # A TorchFunctionMode entered around the call: what a backend like AOTAutograd traced
+        # under it, or without it, is not what runs now; factories follow the default device.
+        ("torch function modes", "(_function_modes() if _mode_count() else ())", function_modes()),
+    ]
+    for device in ("cpu", "cuda"):
+        if torch.is_autocast_enabled(device):
+            state.append((f"autocast dtype ({device})", f"_autocast_dtype('{device}')",
+                          torch.get_autocast_dtype(device)))
+    return state
+
+
+# The names the expressions of ``global_state_snapshot`` (and ``process_group_state``) call.
+GLOBAL_STATE_NAMES = {
+    "_is_grad_enabled": torch.is_grad_enabled,
+    "_get_default_dtype": torch.get_default_dtype,
+    "_autocast_enabled": torch.is_autocast_enabled, "_autocast_dtype": torch.get_autocast_dtype,
+    "_inference_mode": torch.is_inference_mode_enabled,
+    "_function_modes": function_modes, "_mode_count": torch._C._len_torch_function_stack,
+    "_default_device": default_device, "_process_group_state": process_group_state,
+    "_warning_is_error": warning_is_error,
+}
