@@ -14,6 +14,7 @@ import dis
 import sys
 import threading
 import types
+import weakref
 
 import torch
 from torch.nn.modules import module as mm
@@ -137,6 +138,8 @@ def route(compiler, fn):
             fn = unwrapped if not isinstance(fn, types.MethodType) else types.MethodType(unwrapped, fn.__self__)
     if isinstance(fn, DistributedDataParallel):
         return lambda *args, **kwargs: call_ddp(compiler, fn, args, kwargs)
+    if isinstance(fn, types.MethodType) and fn.__func__ is _FUNCTION_APPLY and isinstance(fn.__self__, type):
+        return function_with_compiled_forward(compiler, fn.__self__).apply
     if isinstance(fn, torch.nn.Module) and is_fsdp_module(fn):
         return lambda *args, **kwargs: call_fsdp(compiler, fn, args, kwargs)
     if isinstance(fn, types.FunctionType) and _is_user_function(fn) and not hasattr(fn, "_bytegraph_original"):
@@ -152,6 +155,37 @@ def route(compiler, fn):
         if isinstance(forward, types.FunctionType) and _is_user_function(forward):
             return types.MethodType(compiler.wrapper_for(forward), fn)
     return fn
+
+
+_FUNCTION_APPLY = torch.autograd.Function.apply.__func__
+# (compiler, custom Function class) -> the class whose forward is compiled by that compiler
+_compiled_functions = weakref.WeakKeyDictionary()
+
+
+def function_with_compiled_forward(compiler, cls):
+    """What ``cls.apply`` is replaced with when residual code calls it: a subclass whose
+    ``forward`` is ``cls.forward`` compiled by ``compiler``, or ``cls`` itself when forward is not
+    user Python code. Autograd calls ``forward`` from C++, where no routing reaches; so a
+    custom Function the trace could not take whole (its backward is not traceable, it is called
+    at a break) still has its forward compiled as a frame of its own, as under torch.compile's
+    frame hook. ``backward``, ``setup_context`` and the rest are inherited unchanged."""
+    per_compiler = _compiled_functions.get(cls)
+    if per_compiler is None:
+        per_compiler = _compiled_functions[cls] = weakref.WeakKeyDictionary()
+    derived = per_compiler.get(compiler)
+    if derived is None:
+        forward = cls.__dict__.get("forward")
+        forward = forward.__func__ if isinstance(forward, staticmethod) else None
+        if forward is None or cls.apply.__func__ is not _FUNCTION_APPLY or not isinstance(forward, types.FunctionType) \
+                or not _is_user_function(forward) or getattr(cls, "_bytegraph_disabled", False):
+            derived = cls
+        else:
+            derived = type(cls)(cls.__name__, (cls,), {"forward": staticmethod(compiler.wrapper_for(forward)),
+                                                       "__module__": cls.__module__,
+                                                       "__qualname__": cls.__qualname__,
+                                                       "__doc__": cls.__doc__})
+        per_compiler[compiler] = derived
+    return derived
 
 
 def call_ddp(compiler, ddp, args, kwargs):

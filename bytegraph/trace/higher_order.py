@@ -580,6 +580,8 @@ def _autograd_function(frame, cls, args, kwargs):
         raise Unsupported(f"{what} is overridden")
     tx = frame.tx
     args = list(args)
+    if not (torch.is_grad_enabled() and any(isinstance(a, TensorValue) and a.fake.requires_grad for a in args)):
+        return _apply_recording_nothing(frame, cls, args)
     tensor_positions = [i for i, a in enumerate(args) if isinstance(a, TensorValue)]
     for a in args:
         if not isinstance(a, (TensorValue, ConstantValue)):
@@ -677,6 +679,46 @@ def _autograd_function(frame, cls, args, kwargs):
     flat = tx.graph.call("call_function", AutogradFunctionCall(plan), inputs, {}, describe=what)
     items = flat.items if isinstance(flat, (TupleValue, ListValue)) else [flat]
     return to_value(out_structure.build(list(items)))
+
+
+# --- issue 40: apply where autograd records nothing (no grad mode, no input needing grad) ---
+
+def _apply_recording_nothing(frame, cls, args):
+    """``cls.apply(*args)`` when autograd records no node for it: grad mode is off, or no tensor
+    argument requires grad. Eager then runs ``forward`` under no_grad and returns its outputs as
+    they are (an input returned comes back as an alias of it), so ``forward`` is traced inline,
+    like any function: its arguments may be anything (modules, lists it appends to, configs)."""
+    tx = frame.tx
+    grad_was = torch.is_grad_enabled()
+    set_grad = wrap(tx, torch._C._set_grad_enabled, None)
+    ctx = UserObjectValue(FunctionCtx, {"needs_input_grad": to_value(tuple(False for _ in args))})
+    if grad_was:
+        ops.call(frame, set_grad, [ConstantValue(False)], {})   # a graph node, as in eager
+    try:
+        if cls.setup_context is not _SINGLE_LEVEL_SETUP_CONTEXT:
+            out = ops.call(frame, wrap(tx, cls.forward, None), list(args), {})
+            ops.call(frame, wrap(tx, cls.setup_context, None), [ctx, TupleValue(list(args)), out], {})
+        else:
+            out = ops.call(frame, wrap(tx, cls.forward, None), [ctx] + list(args), {})
+    finally:
+        if grad_was:
+            ops.call(frame, set_grad, [ConstantValue(True)], {})
+    if "_bytegraph_saved_forward" in ctx.attrs:
+        raise Unsupported(f"{cls.__qualname__}.apply: save_for_forward (forward-mode AD) is not supported yet",
+                          hint=_BODY_HINT)
+    dirty = ctx.attrs.get("_bytegraph_dirty", TupleValue([]))
+    dirty = dirty.items if isinstance(dirty, TupleValue) else []
+    inputs = [a for a in args if isinstance(a, TensorValue)]
+    leaves = []
+    structure = flatten(out, leaves, f"{cls.__qualname__}.apply")
+    fresh = []
+    for leaf in leaves:
+        if any(leaf is a for a in inputs) and not any(leaf is d for d in dirty):
+            # An input returned unchanged: eager returns a new tensor over its storage.
+            name = "detach" if leaf.fake.requires_grad else "view_as"
+            leaf = ops.tensor_method(frame, leaf, name, [leaf] if name == "view_as" else [], {})
+        fresh.append(leaf)
+    return to_value(structure.build(fresh))
 
 
 class _BackwardRunner:
