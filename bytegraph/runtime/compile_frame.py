@@ -22,6 +22,7 @@ from ..residual import routing_globals, writes_globals
 from ..stacks import CUT_FROM, frame_summary, function_entry
 from ..trace.blocks import ReplayError
 from ..trace.tracer import frame_params, trace_frame
+from ..values.base import ObjectValue
 from . import persist
 from .cache import CacheEntry
 from .signature import _signature_parts
@@ -187,9 +188,14 @@ def _compile(c, fn, frame_args, compiler):
         code = fn.__code__
         log_bytecode.debug("ORIGINAL BYTECODE %s %s:%s\n%s", c.name, code.co_filename,
                            code.co_firstlineno, dis.Bytecode(code).dis())
+    hinted = _take_break_hint(compiler, fn, values)
     loaded = persist.load(c, values)
     if loaded is not None:
         return c.entry_from(*loaded)
+    if hinted is not None:
+        entry = _split_at_hinted_break(c, values, hinted)
+        if entry is not None:
+            return entry
     try:
         return _whole_frame(c, c.trace(values))
     except Unsupported as e:
@@ -261,8 +267,74 @@ def _split_at_break(c, values, err):
         log_breaks.debug("cannot resume %s after its graph break: %s", c.name, e.reason)
         return None
     log_breaks.debug("graph break in %s: %s", c.name, err)
-    return c.entry(result.tx, run, source, gm, break_reason=err.reason, user_stack=err.user_stack,
-                   hint=err.hint)
+    entry = c.entry(result.tx, run, source, gm, break_reason=err.reason, user_stack=err.user_stack,
+                    hint=err.hint)
+    _leave_break_hint(c.compiler, fn, err, ins, kind)
+    return entry
+
+
+# --- Break hints (issue 40) ---------------------------------------------------------------------
+# A break met inside inlined calls F1 -> F2 -> ... -> Fk splits the compiled frame at its call of
+# F1, which then runs through its own wrapper, is compiled (traced to the same break inside Fk),
+# split at its call of F2, and so on: each level would be traced twice, once to find the break
+# and once to stop before it, every trace inlining all the levels below. The first trace already
+# saw where each level stands, so the split leaves a hint for the compile that comes next (the
+# native step's call of F1): that compile traces F1 once, stopping before its call of F2. A hint
+# only chooses where to stop: the stop trace must reach that call, else the frame is compiled as
+# without one; a break there is correct even where tracing further would not have broken.
+
+def _leave_break_hint(compiler, fn, err, ins, kind):
+    frames = err.frames
+    if not frames or len(frames) < 2 or frames[0].code is not fn.__code__ or frames[0].current is None \
+            or frames[0].current.index != err.root_index or ins.opname not in _CALL_NAMES \
+            or any(f.current is None for f in frames):
+        return
+    compiler.break_hint = (frames[1].code, err)
+
+
+def _take_break_hint(compiler, fn, frame_args):
+    """The break hint left for this compile, if it is for ``fn``'s code and these arguments (any
+    compile consumes it)."""
+    hint = getattr(compiler, "break_hint", None)
+    if hint is None:
+        return None
+    compiler.break_hint = None
+    code, err = hint
+    if code is not fn.__code__ or compiler.fullgraph:
+        return None
+    # The same objects (a module, a config) as in the trace that left it: not the call of another
+    # loop iteration reaching the same instruction first.
+    inner = err.frames[1]
+    names = code.co_varnames[:len(frame_args)]
+    for name, real in zip(names, frame_args):
+        traced = inner.locals.get(name)
+        obj = getattr(traced, "obj", _NO_OBJECT) if isinstance(traced, ObjectValue) else _NO_OBJECT
+        if obj is not _NO_OBJECT and obj is not real:
+            return None
+    return err
+
+
+_NO_OBJECT = object()
+
+
+def _split_at_hinted_break(c, values, outer):
+    """The frame split where ``outer`` (the caller's break) says it breaks, or None."""
+    frames = outer.frames[1:]
+    err = Unsupported(outer.reason, hint=outer.hint)
+    err.frames = frames
+    err.root_index = frames[0].current.index
+    n = len(frames)
+    err.user_stack = list(outer.user_stack[-n:]) if len(outer.user_stack) >= n else []
+    if not err.user_stack:
+        err.user_stack = [function_entry(c.fn)]
+    try:
+        return _split_at_break(c, values, err)
+    except Exception as e:   # noqa: BLE001 - the frame is compiled as without a hint
+        log_breaks.debug("break hint for %s not taken: %r", c.name, e)
+        return None
+
+
+_CALL_NAMES = ("CALL", "CALL_KW", "CALL_FUNCTION_EX")
 
 
 def _fallback(c, err):
