@@ -106,7 +106,26 @@ ZOO = {
                       ctc_loss_reduction="mean"), "audio"),
 }
 
+# Architectures whose code breaks the graph (data-dependent steps, custom autograd Functions):
+# both compilers split them into many graphs; tests/test_capture_after_break.py checks that
+# bytegraph keeps compiling after each break (ops in graphs against torch.compile's).
+BREAKING = {
+    # `.item()` in the encoder, `nonzero` for the global-attention indices (global_attention_mask)
+    "longformer": ("LongformerConfig", "LongformerForMaskedLM",
+                   dict(_BERT_LIKE, attention_window=4, max_position_embeddings=80, pad_token_id=1), "longformer"),
+    # `.item()` in the axial position embeddings, a reversible autograd Function over a ModuleList,
+    # torch.manual_seed before hashing (hash_seed makes LSH attention deterministic)
+    "reformer": ("ReformerConfig", "ReformerModelWithLMHead",
+                 dict(_D, hidden_size=32, num_attention_heads=2, attention_head_size=16, feed_forward_size=64,
+                      axial_pos_shape=(4, 4), axial_pos_embds_dim=(16, 16), attn_layers=["local", "lsh"],
+                      local_attn_chunk_length=4, lsh_attn_chunk_length=4, num_buckets=2,
+                      max_position_embeddings=16, is_decoder=True, pad_token_id=0, eos_token_id=2, hash_seed=0),
+                 "reformer"),
+}
+_ALL = {**ZOO, **BREAKING}
+
 NAMES = tuple(ZOO)
+BREAKING_NAMES = tuple(BREAKING)
 # Dropout arguments of the configs above (whichever a config has are set).
 _DROPOUTS = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob", "attention_probs_dropout_prob",
              "attention_dropout", "dropout", "dropout_rate", "hidden_dropout", "activation_dropout",
@@ -120,9 +139,9 @@ _DROPOUTS = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob", "
 def build(name, dropout=0.0, seed=0):
     """The model ``name`` (one of ``NAMES``), in training mode as transformers makes it."""
     import transformers as t   # optional (the test extra): imported only to build these models
-    if name not in ZOO:
-        raise ValueError(f"unknown model {name!r}; known: {', '.join(NAMES)}")
-    cfg_name, model_name, kwargs, _ = ZOO[name]
+    if name not in _ALL:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(NAMES + BREAKING_NAMES)}")
+    cfg_name, model_name, kwargs, _ = _ALL[name]
     cfg = getattr(t, cfg_name)(**kwargs)
     for attr in _DROPOUTS:
         if hasattr(cfg, attr) and isinstance(getattr(cfg, attr), (int, float)) \
@@ -135,8 +154,9 @@ def build(name, dropout=0.0, seed=0):
 
 
 def kind(name):
-    """What inputs the model takes: causal, encoder, seq2seq, speech2seq, vision, segmentation, clip, audio."""
-    return ZOO[name][3]
+    """What inputs the model takes: causal, encoder, seq2seq, speech2seq, vision, segmentation, clip, audio
+    (longformer, reformer: those of an encoder / a decoder, and their own)."""
+    return _ALL[name][3]
 
 
 def inputs(name, labels=False, batch=2, seq=16, seed=1, use_cache=None, mask=True):
@@ -146,6 +166,11 @@ def inputs(name, labels=False, batch=2, seq=16, seed=1, use_cache=None, mask=Tru
     g = torch.Generator().manual_seed(seed)
     k = kind(name)
     kw = {}
+    own = None
+    if k == "longformer":
+        k, own = "encoder", k
+    elif k == "reformer":
+        k, own = "causal", k
 
     def ids(n):
         return torch.randint(3, VOCAB - 3, (batch, n), generator=g)
@@ -190,6 +215,10 @@ def inputs(name, labels=False, batch=2, seq=16, seed=1, use_cache=None, mask=Tru
         kw["labels"] = lab
     if use_cache is not None and k in ("causal", "seq2seq", "speech2seq"):
         kw["use_cache"] = use_cache
+    if own == "longformer":
+        # Global attention on the first token: the path with `nonzero` and data-dependent sizes.
+        kw["global_attention_mask"] = torch.zeros_like(kw["input_ids"])
+        kw["global_attention_mask"][:, 0] = 1
     return kw
 
 
