@@ -42,7 +42,9 @@ def _gc_paused():
     """No cyclic garbage collection while a frame is traced: tracing makes many objects that live
     as long as the trace, so collections during it find little and cost much (a full one, over
     torch's and the trace's objects, took 60-190 ms inside the capture of a 64-layer model);
-    whatever the trace left is collected as usual afterwards."""
+    whatever the trace left is collected as usual afterwards. The whole compile of a frame runs
+    paused (code generation too, which allocates over the trace's objects): a model that breaks
+    into ~60 frames spent 0.7 s of its 2-3 s capture in collections (Longformer), 0.1 s paused."""
     if not gc.isenabled():
         yield
         return
@@ -174,7 +176,8 @@ def compile_frame(fn, frame_args, compiler, cache=None):
     timing.count_compile(c.name)
     c.dump = debug_dir.begin_frame(fn, cache)
     try:
-        return _compile(c, fn, frame_args, compiler)
+        with _gc_paused():
+            return _compile(c, fn, frame_args, compiler)
     except BaseException as e:
         c.dump.finish("error", c.times, reason=f"{type(e).__name__}: {e}")
         raise
