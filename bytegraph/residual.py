@@ -11,6 +11,7 @@ and ``resolve(resume, args)`` (a loop) when it was entered by the user. So a
 loop whose body breaks resumes once per iteration at constant stack depth.
 """
 import dis
+import functools
 import sys
 import threading
 import types
@@ -146,6 +147,12 @@ def _is_user_function(fn):
     return module.split(".")[0] not in _STDLIB
 
 
+def _is_container(forward):
+    """``nn.Sequential``'s forward (torch's Python, over user modules): when residual code calls a
+    Sequential, its frame is compiled, so the modules it runs are traced (or routed in their turn)."""
+    return getattr(forward, "__module__", None) == "torch.nn.modules.container"
+
+
 def has_hooks(m):
     """True if calling ``m`` would run hooks (its own or global ones)."""
     return bool(m._forward_hooks or m._forward_pre_hooks or mm._global_forward_hooks
@@ -188,12 +195,28 @@ def route(compiler, fn):
             and _is_user_function(fn.__func__) and not hasattr(fn.__func__, "_bytegraph_original") \
             and not fused_optimizer_step(fn.__self__, fn.__name__):
         return types.MethodType(compiler.wrapper_for(fn.__func__), fn.__self__)
-    if isinstance(fn, torch.nn.Module) and not has_hooks(fn) and "forward" not in fn.__dict__:
-        forward = next((k.__dict__["forward"] for k in type(fn).__mro__ if "forward" in k.__dict__), None)
-        if isinstance(forward, staticmethod) and _is_user_function(forward.__func__):
-            return compiler.wrapper_for(forward.__func__)
-        if isinstance(forward, types.FunctionType) and _is_user_function(forward):
-            return types.MethodType(compiler.wrapper_for(forward), fn)
+    if isinstance(fn, torch.nn.Module):
+        if has_hooks(fn):
+            # Its hooks run natively around its forward, which is compiled (as under torch.compile).
+            forward = fn.__dict__.get("forward", getattr(type(fn), "forward", None))
+            forward = getattr(forward, "__func__", forward)
+            if isinstance(forward, types.FunctionType) and (_is_user_function(forward) or _is_container(forward)):
+                return lambda *args, **kwargs: call_with_compiled_forward(compiler, fn, lambda: fn(*args, **kwargs))
+            return fn
+        if "forward" not in fn.__dict__:
+            forward = next((k.__dict__["forward"] for k in type(fn).__mro__ if "forward" in k.__dict__), None)
+            if isinstance(forward, staticmethod) and _is_user_function(forward.__func__):
+                return compiler.wrapper_for(forward.__func__)
+            if isinstance(forward, types.FunctionType) and (_is_user_function(forward) or _is_container(forward)):
+                return types.MethodType(compiler.wrapper_for(forward), fn)
+        return fn
+    if type(fn) is functools.partial:
+        return functools.partial(route(compiler, fn.func), *fn.args, **fn.keywords)
+    call = getattr(type(fn), "__call__", None)
+    if isinstance(call, types.FunctionType) and not isinstance(fn, type) and _is_user_function(call) \
+            and not hasattr(call, "_bytegraph_original"):
+        # An object of a user class called: its __call__ is a frame of its own.
+        return types.MethodType(compiler.wrapper_for(call), fn)
     return fn
 
 
