@@ -76,46 +76,6 @@ def resolve(fn, args):
     return result
 
 
-class LoopIterator:
-    """The iterator of a ``for`` loop over a list or tuple, handed to a resume function that starts
-    inside the loop: what ``iter(seq)`` advanced ``pos`` items would do, written in Python so that
-    the trace of the resume function can follow it (a real ``list_iterator`` cannot be read
-    without being consumed) and keep unrolling the loop. Only the loop itself holds it."""
-
-    def __init__(self, seq, pos):
-        self.seq = seq
-        self.pos = pos
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        seq = self.seq
-        pos = self.pos
-        if pos < len(seq):
-            self.pos = pos + 1
-            return seq[pos]
-        self.seq = ()    # as a list iterator, once exhausted it stays so
-        raise StopIteration
-
-
-class LoopEnumerate:
-    """``enumerate(it, count)`` for a loop resumed after a break (see ``LoopIterator``)."""
-
-    def __init__(self, it, count):
-        self.it = it
-        self.count = count
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        item = next(self.it)
-        count = self.count
-        self.count = count + 1
-        return count, item
-
-
 class GradModeExit:
     """Stands where ``__exit__`` of a grad-mode ``with`` block was: restores the saved mode."""
     __slots__ = ("mode",)

@@ -20,7 +20,7 @@ from ..null import NULL
 from ..residual import (AutocastExit, Continuation, GradModeExit, exit_inference_mode, route,
                         resolve)
 from ..stacks import CUT_FROM, code_name
-from ..values.base import CellValue, ExitValue, IteratorValue, LazyIteratorValue
+from ..values.base import CellValue, ExitValue
 from ..trace.frame import PendingLocal
 from .rebuild import Namespace, Rebuilder
 from .transformed import emit, finish_graph, replay_side_effects, side_effect_values
@@ -117,7 +117,6 @@ def generate_break(fn, result, ins, kind, compiler, guard_params, name, is_resum
                     if isinstance(frame.cells.get(n), CellValue) and frame.cells[n].contents is not None]
     lines, tensor_exprs, gm = finish_graph(tx, ns, live_values + side_effect_values(tx), compile_graph)
     rb = Rebuilder(ns, tensor_exprs, tx.guards)
-    rb.loop_iterators = _loop_iterators(stack, [bound[n] for n in live_names])
     # Side effects traced before the break happen now, before the native step.
     rb.lines.extend(replay_side_effects(tx, rb, [v for v in live_values
                                                  if v is not NULL and not isinstance(v, ExitValue)]))
@@ -300,24 +299,6 @@ def _generic_step(fn, code, ins, stack, live_names, bound, slot_expr, rb, ns, co
         step_fn = ns.ref(types.FunctionType(step, fn.__globals__, step_name), "step")
     call = "__Continuation" if is_resume else "__resolve"
     return f"return {call}({step_fn}, ({', '.join(args)}{',' if len(args) == 1 else ''}))"
-
-
-def _loop_iterators(stack, local_values):
-    """ids of the iterators on the stack that no live local holds (a ``for`` loop's own, and the
-    iterators an ``enumerate`` of the loop reads): nothing but the loop can see their type."""
-    held = {id(v) for v in local_values}
-    out = set()
-    todo = [v for v in stack if isinstance(v, (IteratorValue, LazyIteratorValue))]
-    while todo:
-        v = todo.pop()
-        if id(v) in held or id(v) in out:
-            continue
-        if isinstance(v, IteratorValue):
-            out.add(id(v))
-        elif v.kind == "enumerate":
-            out.add(id(v))
-            todo += [p for p in v.parts if isinstance(p, (IteratorValue, LazyIteratorValue))]
-    return out
 
 
 def _closure_expr(code, frame, rb):

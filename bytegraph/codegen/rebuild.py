@@ -20,7 +20,6 @@ from ..bytecode.resume import NULL_SLOT, resume_code
 from ..errors import Unsupported
 from ..bytecode.resume import CLOSURE_PARAM
 from ..null import NULL
-from ..residual import LoopEnumerate, LoopIterator
 from ..datamodel import class_attr
 from ..guards.builder import HAS_ATTR, TYPE_MATCH
 from ..guards.sources import AttrSource, ClosureSource, ObjectSource, RawAttrSource
@@ -70,9 +69,6 @@ class Rebuilder:
         self.lines = []
         self._done = {}
         self._temps = 0
-        # ids of iterator values only a ``for`` loop holds (the stack at a break): rebuilt as
-        # Python iterators the resume function's trace can follow (residual.LoopIterator)
-        self.loop_iterators = set()
 
     def cell(self, c):
         """A real cell for the cell value ``c``: one per trace cell (every function rebuilt over
@@ -253,18 +249,6 @@ class Rebuilder:
             parts = [self.expr(v.func)] + [self.expr(a) for a in v.args] \
                 + [f"{k}={self.expr(a)}" for k, a in v.kwargs.items()]
             return self.temp(f"{self.ns.ref(functools.partial, 'partial')}({', '.join(parts)})")
-        if isinstance(v, IteratorValue) and id(v) in self.loop_iterators:
-            if v.remake is not None and v.remake[0] is iter and len(v.remake[1]) == 1 \
-                    and isinstance(v.remake[1][0], (ListValue, TupleValue)):
-                seq, pos = self.expr(v.remake[1][0]), v.pos
-            else:
-                rest = [self.expr(i) for i in v.items[v.pos:]]
-                seq, pos = f"({', '.join(rest)}{',' if len(rest) == 1 else ''})", 0
-            return self.temp(f"{self.ns.ref(LoopIterator, 'LoopIterator')}({seq}, {pos})")
-        if isinstance(v, LazyIteratorValue) and v.kind == "enumerate" and id(v) in self.loop_iterators \
-                and not v.done:
-            return self.temp(f"{self.ns.ref(LoopEnumerate, 'LoopEnumerate')}({self.expr(v.parts[0])}, "
-                             f"{v.state['count']!r})")
         if isinstance(v, IteratorValue):
             if v.remake is not None:
                 # Over containers the code after a break may still change: the same lazy
