@@ -8,6 +8,7 @@ test compares the compiled result with eager's and the ops that run inside graph
 with torch.compile's (the reference, counted by the same kind of backend).
 """
 import functools
+import os
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ import bytegraph
 from bytegraph.debug import records
 from bytegraph.debug.counting import count_ops
 from bytegraph.testing import same
+import generated_breaks
 
 
 class RunCounter:
@@ -354,3 +356,13 @@ def test_hf_model_that_breaks_captures_as_much_as_torch_compile(name):
     assert same(expected, first, rtol=1e-4, atol=1e-5) and same(expected, second, rtol=1e-4, atol=1e-5)
     tc = results["tc"][2]
     assert bg.ran >= 0.95 * tc.ran, f"ops run in graphs per call: bytegraph {bg.ran}, torch.compile {tc.ran}"
+
+
+# --- the generated family (tests/generated_breaks.py) ---------------------------------------------
+
+_GEN_SEEDS = int(os.environ.get("BYTEGRAPH_GEN_SEEDS", 16))
+
+
+@pytest.mark.parametrize("seed", range(_GEN_SEEDS))
+def test_generated_program_breaking_in_callees_captures_the_resumed_work(seed):
+    generated_breaks.run_seed(seed)
