@@ -325,6 +325,37 @@ def test_submodule_to_in_forward_is_traced():
     assert cnt.graphs == 1 and cnt.ran >= 2 * 4, (cnt.graphs, cnt.ran)
 
 
+# --- 0-d integer tensors used as numbers ----------------------------------------------------------
+
+def _sizes_from_a_count(x, n):
+    # n: a 0-d int64 tensor (a count computed by an earlier graph, e.g. before a break)
+    rest = x.size(1) - n
+    y = x.new_zeros(2, n * 2 + 1) + 1
+    return x.narrow(1, n, rest).exp() * 2, torch.arange(n).float().sum() + y.sum(), x.view(n, -1).sum()
+
+
+def test_int_tensor_input_used_as_a_size_keeps_one_graph():
+    x = torch.randn(4, 6)
+    cnt = RunCounter()
+    compiled = bytegraph.compile(_sizes_from_a_count, backend=cnt)
+    for value in (2, 4, 2, 1):
+        n = torch.tensor(value)
+        assert same(_sizes_from_a_count(x, n), compiled(x, n)), value
+    assert not [r for r in records.frames if r.break_reason or r.fallback_reason]
+
+
+def test_int_tensor_input_written_by_the_graph_before_its_use_still_breaks():
+    def f(x, n):
+        n.add_(1)           # the number read before the graph would be stale: a break, as before
+        return x.new_zeros(n, 2) + x.sum()
+    x = torch.randn(3)
+    expected = f(x, torch.tensor(2))
+    n = torch.tensor(2)
+    assert same(expected, bytegraph.compile(f, backend="eager")(x, n))
+    assert n.item() == 3
+    assert any("needs a tensor's value" in (r.break_reason or "") for r in records.frames)
+
+
 # --- HF models that break (transformers) ----------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["longformer", "reformer"])
