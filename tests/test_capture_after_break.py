@@ -302,6 +302,52 @@ def test_function_apply_that_breaks_runs_its_forward_compiled_with_eager_gradien
     assert cnt.ran >= 8, cnt.ran
 
 
+class _ThroughModules(torch.autograd.Function):
+    """Takes a module, a ModuleList and a config object; its backward reads the module."""
+
+    @staticmethod
+    def forward(ctx, x, layer, layers, cfg):
+        h = layer(x) * cfg.scale
+        for sub in layers:
+            h = sub(h).tanh()
+        ctx.layer = layer
+        ctx.save_for_backward(x)
+        return h * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g.sum(-1, keepdim=True) * ctx.layer.weight.sum(0) + x * 0, None, None, None
+
+
+class _Config:
+    scale = 0.5
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_function_apply_with_module_arguments_is_traced_with_its_backward(backend):
+    from bytegraph.backends.registry import lookup_backend
+    from bytegraph.testing import CompileCounter
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(4, 4)
+    layers = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(2)])
+    cfg = _Config()
+
+    def f(x):
+        return _ThroughModules.apply(x * 2, layer, layers, cfg).pow(2).sum()
+    x = torch.randn(3, 4, requires_grad=True)
+    x_c = x.detach().clone().requires_grad_()
+    expected = f(x)
+    expected.backward()
+    cnt = CompileCounter(lookup_backend(backend))
+    actual = bytegraph.compile(f, backend=cnt, fullgraph=True)(x_c)
+    actual.backward()
+    assert cnt.frame_count == 1
+    assert torch.allclose(expected, actual) and torch.allclose(x.grad, x_c.grad)
+    # forward runs under no_grad in eager: the modules' parameters get no gradient through it
+    assert all(p.grad is None for p in list(layer.parameters()) + list(layers.parameters()))
+
+
 # --- Module.to inside forward ---------------------------------------------------------------------
 
 def test_submodule_to_in_forward_is_traced():

@@ -585,6 +585,8 @@ def _autograd_function(frame, cls, args, kwargs):
     tensor_positions = [i for i, a in enumerate(args) if isinstance(a, TensorValue)]
     for a in args:
         if not isinstance(a, (TensorValue, ConstantValue)):
+            if _passes_as_object(a):
+                continue    # issue 40: a module, a config...: forward reads it; tensors read are lifted
             flatten(a, [], what)    # containers of constants are fine; tensors inside them are not
             if _contains_tensor(a):
                 raise Unsupported(f"{what}: tensors inside containers are not supported", hint=_BODY_HINT)
@@ -633,8 +635,10 @@ def _autograd_function(frame, cls, args, kwargs):
     saved_structure = flatten(saved, saved_values, what)
     user_attrs = {k: v for k, v in ctx.attrs.items() if k not in _CTX_RECORDS and k != "needs_input_grad"}
     attr_structures = {}
+    passed = {k: v for k, v in user_attrs.items() if _passes_as_object(v)}   # issue 40: backward reads them
     for k, v in user_attrs.items():
-        attr_structures[k] = flatten(v, saved_values, what)
+        if k not in passed:
+            attr_structures[k] = flatten(v, saved_values, what)
     if not all(isinstance(v, TensorValue) for v in saved_values):
         raise Unsupported(f"{what}: ctx holds symbolic sizes", hint=_BODY_HINT)
     fwd_gm = fwd.finish(outs + saved_values)
@@ -649,7 +653,7 @@ def _autograd_function(frame, cls, args, kwargs):
     bwd_saved = to_value(saved_structure.build(saved_inputs[:n_saved]))
     rest = saved_inputs[n_saved:]
     bwd_attrs = {"needs_input_grad": to_value(needs_input_grad), "saved_tensors": bwd_saved,
-                 "saved_variables": bwd_saved}
+                 "saved_variables": bwd_saved, **passed}
     offset = 0
     for k, s in attr_structures.items():
         n = s.leaf_count()
@@ -679,6 +683,19 @@ def _autograd_function(frame, cls, args, kwargs):
     flat = tx.graph.call("call_function", AutogradFunctionCall(plan), inputs, {}, describe=what)
     items = flat.items if isinstance(flat, (TupleValue, ListValue)) else [flat]
     return to_value(out_structure.build(list(items)))
+
+
+def _passes_as_object(v):
+    """issue 40: an argument (or ctx attribute) of a custom Function that reaches its forward and
+    backward as it is: an object from outside the compiled function (a module, a list of modules,
+    a config), or a tuple/list of those and constants. Tensors the bodies read from it are lifted
+    as inputs of their graphs; like eager, forward gives them no gradient."""
+    if isinstance(v, ObjectValue) and v.source is not None and not isinstance(v.obj, torch.Tensor):
+        return True
+    if isinstance(v, (TupleValue, ListValue)):
+        return bool(v.items) and all(isinstance(i, ConstantValue) or _passes_as_object(i) for i in v.items) \
+            and any(not isinstance(i, ConstantValue) for i in v.items)
+    return False
 
 
 # --- issue 40: apply where autograd records nothing (no grad mode, no input needing grad) ---
