@@ -443,3 +443,27 @@ _GEN_SEEDS = int(os.environ.get("BYTEGRAPH_GEN_SEEDS", 16))
 @pytest.mark.parametrize("seed", range(_GEN_SEEDS))
 def test_generated_program_breaking_in_callees_captures_the_resumed_work(seed):
     generated_breaks.run_seed(seed)
+
+
+@pytest.mark.parametrize("name", ["longformer", "reformer"])
+def test_hf_model_that_breaks_trains_as_eager(name):
+    # aot_eager over every graph; Reformer's reversible Function (a backward that re-runs its
+    # layers under enable_grad) runs natively with its forward compiled.
+    pytest.importorskip("transformers")
+    from bytegraph.backends.registry import lookup_backend
+    from bytegraph.demo.hf_models import build, inputs, loss_of
+    eager_model = build(name).train()
+    compiled_model = build(name).train()
+    compiled_model.load_state_dict(eager_model.state_dict())
+    kw = inputs(name, labels=True)
+    eager_loss = loss_of(eager_model(**kw))
+    eager_loss.backward()
+    loss = loss_of(bytegraph.compile(compiled_model, backend=lookup_backend("aot_eager"))(**kw))
+    loss.backward()
+    assert torch.allclose(eager_loss, loss, rtol=1e-4, atol=1e-5)
+    eager_params = dict(eager_model.named_parameters())
+    for pname, p in compiled_model.named_parameters():
+        ref = eager_params[pname].grad
+        assert (ref is None) == (p.grad is None), pname
+        if ref is not None:
+            assert torch.allclose(ref, p.grad, rtol=1e-3, atol=1e-5), pname

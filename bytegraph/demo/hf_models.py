@@ -133,7 +133,7 @@ _DROPOUTS = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob", "
              "summary_first_dropout", "hidden_dropout_prob", "classifier_dropout_prob", "attention_probs_dropout",
              "feat_proj_dropout", "final_dropout", "layerdrop", "encoder_layerdrop", "decoder_layerdrop",
              "drop_path_rate", "mask_time_prob", "attn_dropout", "resid_dropout", "embed_dropout", "ffn_dropout",
-             "emb_dropout")
+             "emb_dropout", "local_attention_probs_dropout_prob", "lsh_attention_probs_dropout_prob")
 
 
 def build(name, dropout=0.0, seed=0):
