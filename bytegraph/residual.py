@@ -21,6 +21,7 @@ import torch
 from torch.nn.modules import module as mm
 from torch.nn.parallel import DistributedDataParallel
 
+from .datamodel import class_attr
 from .debug import logs
 from .errors import BackendError
 from .control import (disallowed_in_graph, fused_optimizer_step, is_disabled, torch_disable_recursive,
@@ -172,7 +173,7 @@ def route(compiler, fn):
         return fn
     if type(fn) is functools.partial:
         return functools.partial(route(compiler, fn.func), *fn.args, **fn.keywords)
-    call = getattr(type(fn), "__call__", None)
+    call = class_attr(type(fn), "__call__")     # a plain function there binds to the object
     if isinstance(call, types.FunctionType) and not isinstance(fn, type) and _is_user_function(call) \
             and not hasattr(call, "_bytegraph_original"):
         # An object of a user class called: its __call__ is a frame of its own.
