@@ -10,7 +10,8 @@ forward under ``torch.no_grad()`` in ``eval()`` mode, with an attention mask (pa
 one row) and ``use_cache=True`` where the model takes them. For each compiler:
 
 - **graphs / ops**: graphs the backend received and their call nodes (functions,
-  methods, modules), over two calls (so a recompile shows);
+  methods, modules; those of a subgraph a node runs, such as a vmap's body, too), over two
+  calls (so a recompile shows);
 - **ops run per call**: call nodes of the graphs that ran during the second call: how much of
   one call's work runs inside graphs (a graph recompiled for the second call counts once);
 - **breaks**: graph breaks and eager frames with their reasons (bytegraph's
@@ -56,7 +57,7 @@ class Recorder:
 
     def __call__(self, gm, example_inputs):
         self.graphs.append(gm)
-        ops = count_ops(gm)
+        ops = count_ops(gm, nested=True)
         forward = gm.forward
 
         def run(*args):
@@ -99,8 +100,8 @@ def count_bytegraph(model, kw):
         if reason:
             breaks.append(_short(reason))
     bytegraph.reset()
-    return dict(graphs=len(rec.graphs), ops=sum(count_ops(g) for g in rec.graphs), ran=rec.ran, breaks=breaks,
-                same=ok)
+    ops = sum(count_ops(g, nested=True) for g in rec.graphs)
+    return dict(graphs=len(rec.graphs), ops=ops, ran=rec.ran, breaks=breaks, same=ok)
 
 
 def count_dynamo(model, kw):
@@ -116,8 +117,8 @@ def count_dynamo(model, kw):
     explained = _dynamo.explain(model)(**kw)
     breaks = [_short(b.reason) for b in explained.break_reasons]
     _dynamo.reset()
-    return dict(graphs=len(rec.graphs), ops=sum(count_ops(g) for g in rec.graphs), ran=rec.ran, breaks=breaks,
-                same=ok)
+    ops = sum(count_ops(g, nested=True) for g in rec.graphs)
+    return dict(graphs=len(rec.graphs), ops=ops, ran=rec.ran, breaks=breaks, same=ok)
 
 
 def capture_once(engine, model, kw):
