@@ -358,8 +358,8 @@ class GraphBuilder:
             return None
         if node.op == "placeholder":
             inp = next((i for i in self.inputs if i.node is node), None)
-            if inp is None or inp.source is None or not isinstance(inp.example, torch.Tensor) \
-                    or self._input_storage_written(inp.example):
+            if inp is None or inp.source is None or type(inp.example) is not torch.Tensor \
+                    or inp.example.device.type == "meta" or self._input_storage_written(inp.example):
                 return None
             memo = self.__dict__.setdefault("_numbers", {})
             if inp.source not in memo:
