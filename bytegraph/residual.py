@@ -15,7 +15,6 @@ import functools
 import sys
 import threading
 import types
-import weakref
 
 import torch
 from torch.nn.modules import module as mm
@@ -182,8 +181,6 @@ def route(compiler, fn):
 
 
 _FUNCTION_APPLY = torch.autograd.Function.apply.__func__
-# (compiler, custom Function class) -> the class whose forward is compiled by that compiler
-_compiled_functions = weakref.WeakKeyDictionary()
 
 
 def function_with_compiled_forward(compiler, cls):
@@ -193,10 +190,8 @@ def function_with_compiled_forward(compiler, cls):
     custom Function the trace could not take whole (its backward is not traceable, it is called
     at a break) still has its forward compiled as a frame of its own, as under torch.compile's
     frame hook. ``backward``, ``setup_context`` and the rest are inherited unchanged."""
-    per_compiler = _compiled_functions.get(cls)
-    if per_compiler is None:
-        per_compiler = _compiled_functions[cls] = weakref.WeakKeyDictionary()
-    derived = per_compiler.get(compiler)
+    per_compiler = compiler.__dict__.setdefault("function_classes", {})   # made once per compiler
+    derived = per_compiler.get(cls)
     if derived is None:
         forward = cls.__dict__.get("forward")
         forward = forward.__func__ if isinstance(forward, staticmethod) else None
@@ -208,7 +203,7 @@ def function_with_compiled_forward(compiler, cls):
                                                        "__module__": cls.__module__,
                                                        "__qualname__": cls.__qualname__,
                                                        "__doc__": cls.__doc__})
-        per_compiler[compiler] = derived
+        per_compiler[cls] = derived
     return derived
 
 
