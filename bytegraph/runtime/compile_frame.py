@@ -206,6 +206,7 @@ def _compile(c, fn, frame_args, compiler):
             # Met after the trace (building code for the break or the result): the function itself.
             e.user_stack = [function_entry(fn)]
         if compiler.fullgraph:
+            e.frames = None    # the trace's frames are not kept with the error
             raise
         try:
             entry = _split_at_break(c, values, e)
@@ -217,6 +218,7 @@ def _compile(c, fn, frame_args, compiler):
                 raise
             log_breaks.debug("internal error while splitting %s at a break: %r", c.name, internal)
             entry = None
+        e.frames = None
         return entry if entry is not None else _fallback(c, e)
     except BytegraphError:
         raise
@@ -286,13 +288,36 @@ def _split_at_break(c, values, err):
 # only chooses where to stop: the stop trace must reach that call, else the frame is compiled as
 # without one; a break there is correct even where tracing further would not have broken.
 
+class _Level:
+    """One level of a break hint: a code, the instruction it stands at (its call of the next
+    level, or the break), and the objects its locals held (modules, configs)."""
+    __slots__ = ("code", "current", "locals")
+
+    def __init__(self, code, current, local_values):
+        self.code = code
+        self.current = current
+        self.locals = {k: v for k, v in local_values.items() if isinstance(v, ObjectValue)}
+
+
+class _BreakHint:
+    __slots__ = ("levels", "reason", "hint", "user_stack")
+
+    def __init__(self, levels, reason, hint, user_stack):
+        self.levels = levels          # _Level of each callee F1..Fk
+        self.reason = reason
+        self.hint = hint
+        self.user_stack = user_stack
+
+
 def _leave_break_hint(compiler, fn, err, ins, kind):
     frames = err.frames
+    err.frames = None      # the trace's frames are not kept past this
     if not frames or len(frames) < 2 or frames[0].code is not fn.__code__ or frames[0].current is None \
             or frames[0].current.index != err.root_index or ins.opname not in _CALL_NAMES \
             or any(f.current is None for f in frames):
         return
-    compiler.break_hint = (frames[1].code, err)
+    levels = [_Level(f.code, f.current, f.locals) for f in frames[1:]]
+    compiler.break_hint = _BreakHint(levels, err.reason, err.hint, list(err.user_stack))
 
 
 def _take_break_hint(compiler, fn, frame_args):
@@ -302,34 +327,26 @@ def _take_break_hint(compiler, fn, frame_args):
     if hint is None:
         return None
     compiler.break_hint = None
-    code, err = hint
-    if code is not fn.__code__ or compiler.fullgraph:
+    inner = hint.levels[0]
+    if inner.code is not fn.__code__ or compiler.fullgraph:
         return None
     # The same objects (a module, a config) as in the trace that left it: not the call of another
     # loop iteration reaching the same instruction first.
-    inner = err.frames[1]
-    names = code.co_varnames[:len(frame_args)]
+    names = inner.code.co_varnames[:len(frame_args)]
     for name, real in zip(names, frame_args):
         traced = inner.locals.get(name)
-        obj = getattr(traced, "obj", _NO_OBJECT) if isinstance(traced, ObjectValue) else _NO_OBJECT
-        if obj is not _NO_OBJECT and obj is not real:
+        if traced is not None and traced.obj is not real:
             return None
-    return err
+    return hint
 
 
-_NO_OBJECT = object()
-
-
-def _split_at_hinted_break(c, values, outer):
-    """The frame split where ``outer`` (the caller's break) says it breaks, or None."""
-    frames = outer.frames[1:]
-    err = Unsupported(outer.reason, hint=outer.hint)
-    err.frames = frames
-    err.root_index = frames[0].current.index
-    n = len(frames)
-    err.user_stack = list(outer.user_stack[-n:]) if len(outer.user_stack) >= n else []
-    if not err.user_stack:
-        err.user_stack = [function_entry(c.fn)]
+def _split_at_hinted_break(c, values, hint):
+    """The frame split where ``hint`` (left by the caller's break) says it breaks, or None."""
+    err = Unsupported(hint.reason, hint=hint.hint)
+    err.frames = hint.levels
+    err.root_index = hint.levels[0].current.index
+    n = len(hint.levels)
+    err.user_stack = list(hint.user_stack[-n:]) if len(hint.user_stack) >= n else [function_entry(c.fn)]
     try:
         return _split_at_break(c, values, err)
     except Exception as e:   # noqa: BLE001 - the frame is compiled as without a hint
