@@ -100,6 +100,23 @@ def test_break_three_calls_deep_resumes_every_level():
     assert bg.ran >= 15     # the work after the break at each level is in graphs
 
 
+def test_each_level_of_a_nested_break_is_traced_once(monkeypatch):
+    # The first trace saw where every level stands: each callee is then traced once, stopping
+    # before its call of the next level (a break hint), not once to the break and once to stop.
+    from bytegraph.runtime import compile_frame
+    traced = []
+    original = compile_frame._Compile.trace
+
+    def counting(self, values, stop_before=None):
+        traced.append(self.name)
+        return original(self, values, stop_before)
+    monkeypatch.setattr(compile_frame._Compile, "trace", counting)
+    x = torch.randn(5, 5)
+    assert same(_level1(x), bytegraph.compile(_level1, backend="eager")(x))
+    assert traced.count("_level1") == 2          # to the break, then to stop before _level2(a)
+    assert traced.count("_level2") == 1 and traced.count("_level3") == 1 and traced.count("_positive") == 1
+
+
 class _Block(torch.nn.Module):
     def __init__(self, breaks):
         super().__init__()
