@@ -22,6 +22,9 @@ class Unsupported(BytegraphError):
         # The frame that met this must run eagerly as a whole, not resume after a break here
         # (the operation reads the running frame itself, e.g. locals()).
         self.eager_frame = False
+        # the trace frames active where it was met, outermost first (None: not known; empty:
+        # inside a handled exception, where breaks move back)
+        self.frames = None
 
     def __str__(self):
         return format_error(self.reason, self.user_stack, self.hint)

@@ -11,6 +11,7 @@ and ``resolve(resume, args)`` (a loop) when it was entered by the user. So a
 loop whose body breaks resumes once per iteration at constant stack depth.
 """
 import dis
+import functools
 import sys
 import threading
 import types
@@ -20,6 +21,7 @@ import torch
 from torch.nn.modules import module as mm
 from torch.nn.parallel import DistributedDataParallel
 
+from .datamodel import class_attr
 from .debug import logs
 from .errors import BackendError
 from .control import (disallowed_in_graph, fused_optimizer_step, is_disabled, torch_disable_recursive,
@@ -106,6 +108,12 @@ def _is_user_function(fn):
     return module.split(".")[0] not in _STDLIB
 
 
+def _is_container(forward):
+    """``nn.Sequential``'s forward (torch's Python, over user modules): when residual code calls a
+    Sequential, its frame is compiled, so the modules it runs are traced (or routed in their turn)."""
+    return getattr(forward, "__module__", None) == "torch.nn.modules.container"
+
+
 def has_hooks(m):
     """True if calling ``m`` would run hooks (its own or global ones)."""
     return bool(m._forward_hooks or m._forward_pre_hooks or mm._global_forward_hooks
@@ -138,6 +146,8 @@ def route(compiler, fn):
             fn = unwrapped if not isinstance(fn, types.MethodType) else types.MethodType(unwrapped, fn.__self__)
     if isinstance(fn, DistributedDataParallel):
         return lambda *args, **kwargs: call_ddp(compiler, fn, args, kwargs)
+    if isinstance(fn, types.MethodType) and fn.__func__ is _FUNCTION_APPLY and isinstance(fn.__self__, type):
+        return function_with_compiled_forward(compiler, fn.__self__).apply
     if isinstance(fn, torch.nn.Module) and is_fsdp_module(fn):
         return lambda *args, **kwargs: call_fsdp(compiler, fn, args, kwargs)
     if isinstance(fn, types.FunctionType) and _is_user_function(fn) and not hasattr(fn, "_bytegraph_original"):
@@ -146,13 +156,56 @@ def route(compiler, fn):
             and _is_user_function(fn.__func__) and not hasattr(fn.__func__, "_bytegraph_original") \
             and not fused_optimizer_step(fn.__self__, fn.__name__):
         return types.MethodType(compiler.wrapper_for(fn.__func__), fn.__self__)
-    if isinstance(fn, torch.nn.Module) and not has_hooks(fn) and "forward" not in fn.__dict__:
-        forward = next((k.__dict__["forward"] for k in type(fn).__mro__ if "forward" in k.__dict__), None)
-        if isinstance(forward, staticmethod) and _is_user_function(forward.__func__):
-            return compiler.wrapper_for(forward.__func__)
-        if isinstance(forward, types.FunctionType) and _is_user_function(forward):
-            return types.MethodType(compiler.wrapper_for(forward), fn)
+    if isinstance(fn, torch.nn.Module):
+        if has_hooks(fn):
+            # Its hooks run natively around its forward, which is compiled (as under torch.compile).
+            forward = fn.__dict__.get("forward", getattr(type(fn), "forward", None))
+            forward = getattr(forward, "__func__", forward)
+            if isinstance(forward, types.FunctionType) and (_is_user_function(forward) or _is_container(forward)):
+                return lambda *args, **kwargs: call_with_compiled_forward(compiler, fn, lambda: fn(*args, **kwargs))
+            return fn
+        if "forward" not in fn.__dict__:
+            forward = next((k.__dict__["forward"] for k in type(fn).__mro__ if "forward" in k.__dict__), None)
+            if isinstance(forward, staticmethod) and _is_user_function(forward.__func__):
+                return compiler.wrapper_for(forward.__func__)
+            if isinstance(forward, types.FunctionType) and (_is_user_function(forward) or _is_container(forward)):
+                return types.MethodType(compiler.wrapper_for(forward), fn)
+        return fn
+    if type(fn) is functools.partial:
+        return functools.partial(route(compiler, fn.func), *fn.args, **fn.keywords)
+    call = class_attr(type(fn), "__call__")     # a plain function there binds to the object
+    if isinstance(call, types.FunctionType) and not isinstance(fn, type) and _is_user_function(call) \
+            and not hasattr(call, "_bytegraph_original"):
+        # An object of a user class called: its __call__ is a frame of its own.
+        return types.MethodType(compiler.wrapper_for(call), fn)
     return fn
+
+
+_FUNCTION_APPLY = torch.autograd.Function.apply.__func__
+
+
+def function_with_compiled_forward(compiler, cls):
+    """What ``cls.apply`` is replaced with when residual code calls it: a subclass whose
+    ``forward`` is ``cls.forward`` compiled by ``compiler``, or ``cls`` itself when forward is not
+    user Python code. Autograd calls ``forward`` from C++, where no routing reaches; so a
+    custom Function the trace could not take whole (its backward is not traceable, it is called
+    at a break) still has its forward compiled as a frame of its own, as under torch.compile's
+    frame hook. ``backward``, ``setup_context`` and the rest are inherited unchanged."""
+    per_compiler = compiler.__dict__.setdefault("function_classes", {})   # made once per compiler
+    derived = per_compiler.get(cls)
+    if derived is None:
+        forward = cls.__dict__.get("forward")
+        forward = forward.__func__ if isinstance(forward, staticmethod) else None
+        if forward is None or cls.apply.__func__ is not _FUNCTION_APPLY or not isinstance(forward, types.FunctionType) \
+                or not _is_user_function(forward) or getattr(cls, "_bytegraph_disabled", False):
+            derived = cls
+        else:
+            derived = type(cls)(cls.__name__, (cls,), {"forward": staticmethod(compiler.wrapper_for(forward)),
+                                                       "__module__": cls.__module__,
+                                                       "__qualname__": cls.__qualname__,
+                                                       "__doc__": cls.__doc__})
+        per_compiler[cls] = derived
+    return derived
 
 
 def call_ddp(compiler, ddp, args, kwargs):

@@ -3,7 +3,9 @@
     python scripts/run_generated.py --sets closures,raising --seeds 5000 [--start 0] [--out fails.txt]
 
 The set ``lookup`` runs tests/generated_lookup.py's programs (attribute lookup and protocol
-builtins on classes, descriptors and modules) instead.
+builtins on classes, descriptors and modules) instead; the set ``breaks`` runs
+tests/generated_breaks.py's (breaks inside callees at several depths: equal to eager, and at least
+torch.compile's ops inside graphs).
 
 Each seed's program (tests/test_generated_python.py) is compared with eager as the test
 does; the script prints, per feature set, how many seeds agreed, how many differed (and the
@@ -30,6 +32,7 @@ def _worker(root, tests_dir, jobs, results):
     import warnings
     warnings.simplefilter("ignore")
     import bytegraph
+    import generated_breaks
     import generated_lookup
     import test_generated_python as g
     while True:
@@ -43,6 +46,8 @@ def _worker(root, tests_dir, jobs, results):
             with contextlib.redirect_stderr(io.StringIO()):
                 if name == "lookup":   # tests/generated_lookup.py: Python's attribute lookup rules
                     generated_lookup.run_seed(seed)
+                elif name == "breaks":   # tests/generated_breaks.py: capture after breaks in callees
+                    generated_breaks.run_seed(seed)
                 else:
                     g.run_seed(name, seed)
         except BaseException as e:  # noqa: BLE001 - we classify everything

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dis
 import types
 from typing import Callable
+import weakref
 
 import torch
 
@@ -301,10 +302,19 @@ _STEPS = {**{name: _call for name in _CALLS}, **{name: _branch for name in _BRAN
 
 class Handover:
     """Called at the end of a step function: continue in the next resume function."""
-    __slots__ = ("wrapper",)
+    __slots__ = ("wrapper", "steps", "__weakref__")
+    _made = weakref.WeakKeyDictionary()   # wrapper -> its Handover (lives as long as the wrapper)
 
     def __init__(self, wrapper):
         self.wrapper = wrapper
+        self.steps = {}    # step code handing over here, per instruction and layouts: made once
+
+    @classmethod
+    def of(cls, wrapper):
+        handover = cls._made.get(wrapper)
+        if handover is None:
+            handover = cls._made[wrapper] = cls(wrapper)
+        return handover
 
     def __call__(self, *args):
         return resolve(self.wrapper, args)
@@ -338,7 +348,7 @@ def _generic_step(site):
     if next_offset is not None:
         after_live = [n for n in live_names if n in analysis.live_locals(code, next_offset)]
         resume_layout = [NULL_SLOT if s is NULL_SLOT else f"__stack{i}" for i, s in enumerate(after)]
-        handover = Handover(_resume_wrapper(compiler, fn, code, next_offset, resume_layout, after_live))
+        handover = Handover.of(_resume_wrapper(compiler, fn, code, next_offset, resume_layout, after_live))
     else:
         handover = None
     live_before = [n for n in live_names if n in analysis.live_locals(code, ins.offset)]
@@ -346,7 +356,12 @@ def _generic_step(site):
     info = RESUME_INFO.get(code)
     origin = info.name if info is not None else code.co_name
     step_name = f"step_in_{_clean(origin)}_at_line_{ins.line}"
-    step = step_code(original, orig_offset, before, live_before, after, after_live, handover, step_name)
+    key = (original, orig_offset, tuple(before), tuple(live_before), tuple(after), tuple(after_live), step_name)
+    step = handover.steps.get(key) if handover is not None else None
+    if step is None:
+        step = step_code(original, orig_offset, before, live_before, after, after_live, handover, step_name)
+        if handover is not None:
+            handover.steps[key] = step
     CUT_FROM[step] = original
     _log_code("STEP FUNCTION", step)
     debug_dir.generated_code("step function", step)

@@ -9,6 +9,7 @@ import collections
 import copy
 import dis
 import functools
+import itertools
 import types
 
 import torch
@@ -27,10 +28,10 @@ from ..values import arrays
 from ..values.arrays import NdarrayMethodValue, NdarrayValue
 from ..values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, CellValue, ConstantValue, ContextManagerValue,
                            DefaultDictValue, DictValue, DictViewValue, ExceptionValue, FloatTensorValue,
-                           FormattedTextValue, FunctionValue, GeneratorValue, HeldValue, IteratorValue, ListValue,
-                           MethodOfValue, ObjectValue, PartialValue, PrivateObjectValue, RealCell, SymValue,
-                           TensorMethodValue, TensorValue, TracedId, TupleValue, UserObjectValue, holds_values,
-                           reaches)
+                           FormattedTextValue, FunctionValue, GeneratorValue, HeldValue, IteratorValue,
+                           LazyIteratorValue, ListValue, MethodOfValue, ObjectValue, PartialValue,
+                           PrivateObjectValue, RealCell, SymValue, TensorMethodValue, TensorValue, TracedId,
+                           TupleValue, UserObjectValue, Value, holds_values, reaches)
 from .added_guards import guard_reread_constant
 
 
@@ -275,6 +276,15 @@ class Rebuilder:
         rest = v.items[v.pos:]
         return self.temp(f"iter([{', '.join(self.expr(i) for i in rest)}])")
 
+    def _lazy_iterator(self, v):
+        if v.kind not in _LAZY_REMAKE:
+            raise Unsupported(f"cannot rebuild a {v.kind} iterator outside the graph yet")
+        # The same combinator over its (rebuilt) parts, each already advanced as far as the
+        # trace took it: a break inside ``for i, m in enumerate(self.layers)`` resumes the loop.
+        if v.done:
+            return self.temp("iter(())")
+        return self.temp(_LAZY_REMAKE[v.kind](self, v))
+
     def _dict_view(self, v):
         return f"{self.expr(v.dict_value)}.{v.kind}()"
 
@@ -378,6 +388,7 @@ _BUILDERS = {
     UserObjectValue: Rebuilder._user_object,
     PartialValue: Rebuilder._partial,
     IteratorValue: Rebuilder._iterator,
+    LazyIteratorValue: Rebuilder._lazy_iterator,
     DictViewValue: Rebuilder._dict_view,
     ExceptionValue: Rebuilder._exception,
     GeneratorValue: Rebuilder._generator,
@@ -470,6 +481,8 @@ def tensors_in(values, out):
             tensors_in(v.remake[1] if v.remake is not None else v.items[v.pos:], out)
         elif isinstance(v, DictViewValue):
             tensors_in([v.dict_value], out)
+        elif isinstance(v, LazyIteratorValue):
+            tensors_in(v.parts + [x for x in v.state.values() if isinstance(x, Value)], out)
         elif isinstance(v, PartialValue):
             tensors_in([v.func] + v.args + list(v.kwargs.values()), out)
         elif isinstance(v, TensorMethodValue):
@@ -500,6 +513,21 @@ def tensors_in(values, out):
             tensors_in(list(v.defaults) + list(v.kwdefaults.values()) + list(v.attrs.values())
                        + [c.contents for c in v.closure if isinstance(c, CellValue) and c.contents is not None], out)
     return out
+
+
+def _lazy_parts(rb, v):
+    return ", ".join(rb.expr(p) for p in v.parts)
+
+
+# LazyIteratorValue kinds rebuilt at a break: the combinator over its parts as they are now.
+_LAZY_REMAKE = {
+    "enumerate": lambda rb, v: f"enumerate({_lazy_parts(rb, v)}, {v.state['count']!r})",
+    "zip": lambda rb, v: f"zip({_lazy_parts(rb, v)}{', strict=True' if v.state.get('strict') else ''})",
+    "map": lambda rb, v: f"map({rb.expr(v.state['fn'])}, {_lazy_parts(rb, v)})",
+    "filter": lambda rb, v: f"filter({rb.expr(v.state['fn']) if v.state['fn'] is not None else 'None'}, "
+                            f"{_lazy_parts(rb, v)})",
+    "count": lambda rb, v: f"{rb.ns.ref(itertools.count, 'count')}({v.state['n']!r}, {v.state['step']!r})",
+}
 
 
 def _key_expr(k, ns):

@@ -106,7 +106,24 @@ ZOO = {
                       ctc_loss_reduction="mean"), "audio"),
 }
 
+# Architectures whose code breaks the graph (data-dependent steps, custom autograd Functions):
+# both compilers split them into many graphs; tests/test_capture_after_break.py checks that
+# bytegraph keeps compiling after each break (ops in graphs against torch.compile's).
+BREAKING = {
+    # `.item()` in the encoder, `nonzero` for the global-attention indices (global_attention_mask)
+    "longformer": ("LongformerConfig", "LongformerForMaskedLM",
+                   dict(_BERT_LIKE, attention_window=4, max_position_embeddings=80, pad_token_id=1), "longformer"),
+    # `.item()` in the axial position embeddings, a reversible autograd Function over a ModuleList,
+    # torch.manual_seed before hashing (hash_seed makes LSH attention deterministic)
+    "reformer": ("ReformerConfig", "ReformerModelWithLMHead",
+                 dict(_D, hidden_size=32, num_attention_heads=2, attention_head_size=16, feed_forward_size=64,
+                      axial_pos_shape=(4, 4), axial_pos_embds_dim=(16, 16), attn_layers=["local", "lsh"],
+                      local_attn_chunk_length=4, lsh_attn_chunk_length=4, num_buckets=2,
+                      max_position_embeddings=16, is_decoder=True, pad_token_id=0, eos_token_id=2, hash_seed=0),
+                 "reformer"),
+}
 NAMES = tuple(ZOO)
+BREAKING_NAMES = tuple(BREAKING)
 # Dropout arguments of the configs above (whichever a config has are set).
 _DROPOUTS = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob", "attention_probs_dropout_prob",
              "attention_dropout", "dropout", "dropout_rate", "hidden_dropout", "activation_dropout",
@@ -114,15 +131,16 @@ _DROPOUTS = ("resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob", "
              "summary_first_dropout", "hidden_dropout_prob", "classifier_dropout_prob", "attention_probs_dropout",
              "feat_proj_dropout", "final_dropout", "layerdrop", "encoder_layerdrop", "decoder_layerdrop",
              "drop_path_rate", "mask_time_prob", "attn_dropout", "resid_dropout", "embed_dropout", "ffn_dropout",
-             "emb_dropout")
+             "emb_dropout", "local_attention_probs_dropout_prob", "lsh_attention_probs_dropout_prob")
 
 
 def build(name, dropout=0.0, seed=0):
     """The model ``name`` (one of ``NAMES``), in training mode as transformers makes it."""
     import transformers as t   # optional (the test extra): imported only to build these models
-    if name not in ZOO:
-        raise ValueError(f"unknown model {name!r}; known: {', '.join(NAMES)}")
-    cfg_name, model_name, kwargs, _ = ZOO[name]
+    spec = _spec(name)
+    if spec is None:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(NAMES + BREAKING_NAMES)}")
+    cfg_name, model_name, kwargs, _ = spec
     cfg = getattr(t, cfg_name)(**kwargs)
     for attr in _DROPOUTS:
         if hasattr(cfg, attr) and isinstance(getattr(cfg, attr), (int, float)) \
@@ -135,8 +153,14 @@ def build(name, dropout=0.0, seed=0):
 
 
 def kind(name):
-    """What inputs the model takes: causal, encoder, seq2seq, speech2seq, vision, segmentation, clip, audio."""
-    return ZOO[name][3]
+    """What inputs the model takes: causal, encoder, seq2seq, speech2seq, vision, segmentation, clip, audio
+    (longformer, reformer: those of an encoder / a decoder, and their own)."""
+    return _spec(name)[3]
+
+
+def _spec(name):
+    # Looked up at each call: tests change ZOO's entries (deeper configs).
+    return ZOO.get(name) or BREAKING.get(name)
 
 
 def inputs(name, labels=False, batch=2, seq=16, seed=1, use_cache=None, mask=True):
@@ -146,6 +170,11 @@ def inputs(name, labels=False, batch=2, seq=16, seed=1, use_cache=None, mask=Tru
     g = torch.Generator().manual_seed(seed)
     k = kind(name)
     kw = {}
+    own = None
+    if k == "longformer":
+        k, own = "encoder", k
+    elif k == "reformer":
+        k, own = "causal", k
 
     def ids(n):
         return torch.randint(3, VOCAB - 3, (batch, n), generator=g)
@@ -190,6 +219,10 @@ def inputs(name, labels=False, batch=2, seq=16, seed=1, use_cache=None, mask=Tru
         kw["labels"] = lab
     if use_cache is not None and k in ("causal", "seq2seq", "speech2seq"):
         kw["use_cache"] = use_cache
+    if own == "longformer":
+        # Global attention on the first token: the path with `nonzero` and data-dependent sizes.
+        kw["global_attention_mask"] = torch.zeros_like(kw["input_ids"])
+        kw["global_attention_mask"][:, 0] = 1
     return kw
 
 

@@ -21,7 +21,7 @@ from torch._subclasses.fake_tensor import (
 )
 
 from ..errors import Unsupported
-from ..guards.sources import AttrSource
+from ..guards.sources import AttrSource, TensorItemSource
 from ..inplace import is_inplace_operator
 from ..values import arrays
 from ..values.arrays import NdarrayValue
@@ -300,6 +300,12 @@ class GraphBuilder:
                 if grad_check is not None:
                     grad_check.run(fake_args, fake_kwargs)
         except (DataDependentOutputException, DynamicOutputShapeException) as e:
+            numbered = self._inputs_as_numbers(args, kwargs) if isinstance(e, DataDependentOutputException) else None
+            if numbered is not None:
+                try:
+                    return self._call(kind, target, *numbered, describe=describe)
+                except Unsupported:
+                    pass
             raise data_dependent(describe or _target_name(target), e, backward=False) from e
         except BackwardDataDependent as e:
             raise data_dependent(describe or _target_name(target), e.__cause__, backward=True) from e
@@ -322,6 +328,66 @@ class GraphBuilder:
             target = printable(target, node_args)
         node = self.graph.create_node(kind, target, tuple(node_args), dict(node_kwargs))
         return self.wrap_result(node, result, fake_args, fake_kwargs, args, kwargs)
+
+    def _inputs_as_numbers(self, args, kwargs):
+        """(args, kwargs) with each 0-d int64 tensor among them that is a graph input (or integer
+        arithmetic on such inputs and Python ints) replaced by its value as a symbolic int, read
+        where the graph is called (``t.item()``, an input of its own); None when there is none.
+        An op that takes a Python number there (a size, ``narrow``'s start, an ``arange`` end) then
+        computes what eager computes, which reads the number at that point, and the graph goes on
+        instead of breaking (torch.compile goes on too, through an unbacked size). Only for inputs
+        the graph has not written so far: the number read before the graph must be the one the op
+        would read."""
+        numbers = {}
+        for v in _tensor_values(args, kwargs).values():
+            if v.fake.dim() == 0 and v.fake.dtype == torch.int64 and v.fake._version == 0:
+                number = self._number_of(v.node, 0)
+                if number is not None:
+                    numbers[id(v)] = number
+        if not numbers:
+            return None
+        return _swap_values(args, numbers), _swap_values(kwargs, numbers)
+
+    def _number_of(self, node, depth):
+        """The SymValue equal to the 0-d int64 tensor ``node`` computes, or None."""
+        if not isinstance(node, fx.Node) or depth > 8:
+            return None
+        fake = node.meta.get("example_value")
+        if not isinstance(fake, torch.Tensor) or fake.dim() != 0 or fake.dtype != torch.int64 \
+                or fake._version != 0 or fake.requires_grad:
+            return None
+        if node.op == "placeholder":
+            inp = next((i for i in self.inputs if i.node is node), None)
+            if inp is None or inp.source is None or type(inp.example) is not torch.Tensor \
+                    or inp.example.device.type == "meta" or self._input_storage_written(inp.example):
+                return None
+            memo = self.__dict__.setdefault("_numbers", {})
+            if inp.source not in memo:
+                memo[inp.source] = self.add_sym_input(int(inp.example.item()), TensorItemSource(inp.source))
+            return memo[inp.source]
+        if node.op == "call_function" and node.target in _INT_ARITHMETIC and not node.kwargs:
+            operands = []
+            for a in node.args:
+                if type(a) is int:
+                    operands.append(ConstantValue(a))
+                else:
+                    number = self._number_of(a, depth + 1)
+                    if number is None:
+                        return None
+                    operands.append(number)
+            result = self.sym_call(node.target, operands)
+            return result if isinstance(result, (SymValue, ConstantValue)) else None
+        return None
+
+    def _input_storage_written(self, real):
+        """Has the graph so far written an input over ``real``'s storage (``real`` itself, a view)?"""
+        key = real.untyped_storage()._cdata
+        for inp in self.inputs:
+            fake = inp.node.meta.get("example_value")
+            if isinstance(fake, torch.Tensor) and fake._version != 0 and isinstance(inp.example, torch.Tensor) \
+                    and inp.example.untyped_storage()._cdata == key:
+                return True
+        return False
 
     def _check_data_aliases(self, writes, args, kwargs):
         """``t.data`` changed in place (``trace.python.attrs._tensor_data``): the graph may not also read
@@ -639,6 +705,27 @@ def _find_alias(result, args, kwargs):
         if isinstance(v, TensorValue) and v.fake is result:
             return v
     return None
+
+
+# Integer arithmetic whose result on 0-d int64 tensors is the same as on Python ints.
+_INT_ARITHMETIC = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.neg,
+                   torch.add, torch.sub, torch.mul}
+
+
+def _swap_values(obj, swaps):
+    """``obj`` (values, possibly in lists/tuples/dicts) with the values whose id is in ``swaps``
+    replaced by what it maps them to."""
+    if id(obj) in swaps:
+        return swaps[id(obj)]
+    if isinstance(obj, dict):
+        return {k: _swap_values(v, swaps) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_swap_values(v, swaps) for v in obj)
+    if isinstance(obj, TupleValue):
+        return TupleValue([_swap_values(v, swaps) for v in obj.items], cls=obj.cls)
+    if isinstance(obj, ListValue):
+        return ListValue([_swap_values(v, swaps) for v in obj.items])
+    return obj
 
 
 def _unwrap(obj, node_of=None):

@@ -333,6 +333,27 @@ class MappingGetSource(Source):
 
 
 @_source
+class TensorItemSource(Source):
+    """``base.item()``: the Python number a 0-d integer tensor argument holds, read where the
+    graph is called (graph.builder: a graph input used where an op takes a Python number)."""
+    base: Source
+
+    def expr_over(self, render):
+        return f"{render(self.base)}.item()"
+
+    def name(self):
+        return f"{_plain(self.base)}.item()"
+
+    @property
+    def root(self):
+        return self.base.root
+
+    @property
+    def base_source(self):
+        return self.base
+
+
+@_source
 class WeakRefCallSource(Source):
     """``base()`` for a weak reference: the object it refers to now (None once that is gone)."""
     base: Source

@@ -15,7 +15,7 @@ from ...values.base import CellValue, ConstantValue, DictValue, TupleValue, Valu
 from ...values.builder import wrap
 from ..core import ops
 from ..core.context import MAX_INLINE_DEPTH
-from ..python.exceptions import TracedRaise, break_index, converted, escape_error, unwind
+from ..python.exceptions import TracedRaise, break_index, converted, escape_error, handled, unwind
 from ..python.generators import check_finished_generators, make_generator
 
 _GENERATOR_FLAGS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
@@ -102,6 +102,8 @@ class Frame:
         except Unsupported as e:
             if not e.user_stack:
                 e.user_stack = tx.user_stack()
+            if e.frames is None:   # issue 40: runtime.compile_frame's break hints
+                e.frames = list(tx.frames) if handled(tx) is None else []
             if self.parent is None and e.root_index is None:
                 e.root_index = break_index(self) if self.current is not None else None
             raise

@@ -217,6 +217,8 @@ def _set_tensor_attr(frame, v, name, value):
     elif name == "data":
         if _is_data_of(value, v):
             return     # ``t.data -= u``: the in-place op changed t's storage; storing it back is a no-op
+        if value is v:
+            return     # issue 40: ``p.data = p`` (Module._apply when ``p.to(...)`` changed nothing): a no-op
         raise Unsupported("setting Tensor.data to another tensor (the tensor then shares that tensor's "
                           "storage) is not supported in a graph; change it in place (t.data.copy_(u))")
     elif hasattr(torch.Tensor, name) or name.startswith("__"):

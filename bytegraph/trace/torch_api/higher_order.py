@@ -641,9 +641,13 @@ def _autograd_function(frame, cls, args, kwargs):
         raise Unsupported(f"{what} is overridden")
     tx = frame.tx
     args = list(args)
+    if not (torch.is_grad_enabled() and any(isinstance(a, TensorValue) and a.fake.requires_grad for a in args)):
+        return _apply_recording_nothing(frame, cls, args)
     tensor_positions = [i for i, a in enumerate(args) if isinstance(a, TensorValue)]
     for a in args:
         if not isinstance(a, (TensorValue, ConstantValue)):
+            if _passes_as_object(a):
+                continue    # issue 40: a module, a config...: forward reads it; tensors read are lifted
             flatten(a, [], what)    # containers of constants are fine; tensors inside them are not
             if _contains_tensor(a):
                 raise Unsupported(f"{what}: tensors inside containers are not supported", hint=_BODY_HINT)
@@ -692,8 +696,10 @@ def _autograd_function(frame, cls, args, kwargs):
     saved_structure = flatten(saved, saved_values, what)
     user_attrs = {k: v for k, v in ctx.attrs.items() if k not in _CTX_RECORDS and k != "needs_input_grad"}
     attr_structures = {}
+    passed = {k: v for k, v in user_attrs.items() if _passes_as_object(v)}   # issue 40: backward reads them
     for k, v in user_attrs.items():
-        attr_structures[k] = flatten(v, saved_values, what)
+        if k not in passed:
+            attr_structures[k] = flatten(v, saved_values, what)
     if not all(isinstance(v, TensorValue) for v in saved_values):
         raise Unsupported(f"{what}: ctx holds symbolic sizes", hint=_BODY_HINT)
     fwd_gm = fwd.finish(outs + saved_values)
@@ -708,7 +714,7 @@ def _autograd_function(frame, cls, args, kwargs):
     bwd_saved = to_value(saved_structure.build(saved_inputs[:n_saved]))
     rest = saved_inputs[n_saved:]
     bwd_attrs = {"needs_input_grad": to_value(needs_input_grad), "saved_tensors": bwd_saved,
-                 "saved_variables": bwd_saved}
+                 "saved_variables": bwd_saved, **passed}
     offset = 0
     for k, s in attr_structures.items():
         n = s.leaf_count()
@@ -738,6 +744,59 @@ def _autograd_function(frame, cls, args, kwargs):
     flat = tx.graph.call("call_function", AutogradFunctionCall(plan), inputs, {}, describe=what)
     items = flat.items if isinstance(flat, (TupleValue, ListValue)) else [flat]
     return to_value(out_structure.build(list(items)))
+
+
+def _passes_as_object(v):
+    """issue 40: an argument (or ctx attribute) of a custom Function that reaches its forward and
+    backward as it is: an object from outside the compiled function (a module, a list of modules,
+    a config), or a tuple/list of those and constants. Tensors the bodies read from it are lifted
+    as inputs of their graphs; like eager, forward gives them no gradient."""
+    if isinstance(v, ObjectValue) and v.source is not None and not isinstance(v.obj, torch.Tensor):
+        return True
+    if isinstance(v, (TupleValue, ListValue)):
+        return bool(v.items) and all(isinstance(i, ConstantValue) or _passes_as_object(i) for i in v.items) \
+            and any(not isinstance(i, ConstantValue) for i in v.items)
+    return False
+
+
+# --- issue 40: apply where autograd records nothing (no grad mode, no input needing grad) ---
+
+def _apply_recording_nothing(frame, cls, args):
+    """``cls.apply(*args)`` when autograd records no node for it: grad mode is off, or no tensor
+    argument requires grad. Eager then runs ``forward`` under no_grad and returns its outputs as
+    they are (an input returned comes back as an alias of it), so ``forward`` is traced inline,
+    like any function: its arguments may be anything (modules, lists it appends to, configs)."""
+    tx = frame.tx
+    grad_was = torch.is_grad_enabled()
+    set_grad = wrap(tx, torch._C._set_grad_enabled, None)
+    ctx = UserObjectValue(FunctionCtx, {"needs_input_grad": to_value(tuple(False for _ in args))})
+    if grad_was:
+        ops.call(frame, set_grad, [ConstantValue(False)], {})   # a graph node, as in eager
+    try:
+        if cls.setup_context is not _SINGLE_LEVEL_SETUP_CONTEXT:
+            out = ops.call(frame, wrap(tx, cls.forward, None), list(args), {})
+            ops.call(frame, wrap(tx, cls.setup_context, None), [ctx, TupleValue(list(args)), out], {})
+        else:
+            out = ops.call(frame, wrap(tx, cls.forward, None), [ctx] + list(args), {})
+    finally:
+        if grad_was:
+            ops.call(frame, set_grad, [ConstantValue(True)], {})
+    if "_bytegraph_saved_forward" in ctx.attrs:
+        raise Unsupported(f"{cls.__qualname__}.apply: save_for_forward (forward-mode AD) is not supported yet",
+                          hint=_BODY_HINT)
+    dirty = ctx.attrs.get("_bytegraph_dirty", TupleValue([]))
+    dirty = dirty.items if isinstance(dirty, TupleValue) else []
+    inputs = [a for a in args if isinstance(a, TensorValue)]
+    leaves = []
+    structure = flatten(out, leaves, f"{cls.__qualname__}.apply")
+    fresh = []
+    for leaf in leaves:
+        if any(leaf is a for a in inputs) and not any(leaf is d for d in dirty):
+            # An input returned unchanged: eager returns a new tensor over its storage.
+            name = "detach" if leaf.fake.requires_grad else "view_as"
+            leaf = ops.tensor_method(frame, leaf, name, [leaf] if name == "view_as" else [], {})
+        fresh.append(leaf)
+    return to_value(structure.build(fresh))
 
 
 class _BackwardRunner:
