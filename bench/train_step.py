@@ -27,6 +27,16 @@ loss after the timed steps (the same seed everywhere: eager's and the compilers'
 a few digits), ``graphs`` the graphs compiled. Each process starts with empty compile caches
 (Inductor's, AOTAutograd's, Triton's, bytegraph's), so ``first call`` is a cold compile for both
 compilers; ``--warm-caches`` keeps the ordinary on-disk caches instead.
+
+The host side (CUDA): ``host`` is the CPU time to issue one step, measured while the GPU is still
+busy (a ``torch.cuda._sleep`` queued ahead of it), so the time is the Python and launch work of
+the step, not the GPU's; ``--host-profile`` adds the functions where that time goes (cProfile of
+issued steps, top entries by own time) to the JSON. ``--slow-host`` runs every process pinned with
+``taskset`` to one core that a busy process shares: the CPU-bound case of a slow or busy host, on
+any machine. ``--processes N`` runs each row N times (fresh processes) and reports medians with
+the spread (min-max), so a 10% difference can be told from noise. ``--compilers`` picks the
+columns; ``bytegraph-whole`` is bytegraph with regional compilation off
+(``BYTEGRAPH_REGIONAL_COMPILE=0``).
 """
 import argparse
 import json
@@ -59,6 +69,7 @@ ROWS = ["whole step, AdamW foreach", "whole step, AdamW fused", "model compiled,
         "whole step + LR scheduler", "inference batch 1, reduce-overhead"]
 CHECKPOINT_ROWS = ["whole step, no checkpointing", "whole step, checkpointed blocks"]
 COMPILERS = ["eager", "torch.compile", "bytegraph"]
+VARIANT_ENV = {"bytegraph-whole": ("bytegraph", {"BYTEGRAPH_REGIONAL_COMPILE": "0"})}
 
 
 def sizes(args):
@@ -227,6 +238,10 @@ def measure(row, compiler, args):
     pipelined = (time.perf_counter() - t0) / args.iters * 1e3
     result = {"row": row, "compiler": compiler, "first_ms": first * 1e3, "median_ms": statistics.median(times),
               "pipelined_ms": pipelined}
+    if device == "cuda":
+        result["host_ms"], profile = host_time(fn, inputs, args)
+        if profile:
+            result["host_profile"] = profile
     value = out if out.dim() == 0 else out.float().abs().mean()
     result["loss"] = float(value)
     result["graphs"] = counter[0] if compiler == "bytegraph" else torch_graphs() if compiler == "torch.compile" else None
@@ -239,6 +254,36 @@ def measure(row, compiler, args):
         else:
             result["memory_mb"] = saved_bytes(fn, inputs) / 2 ** 20
     return result
+
+
+def host_time(fn, inputs, args):
+    """(median CPU ms to issue one step while the GPU is busy with earlier work, top entries of
+    a cProfile of those steps or None)."""
+    times = []
+    profiler = None
+    if args.host_profile:
+        import cProfile
+        profiler = cProfile.Profile()
+    for _ in range(args.iters):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(200_000_000)      # ~0.1 s of GPU cycles: the step is queued behind it
+        if profiler is not None:
+            profiler.enable()
+        t = time.perf_counter()
+        fn(*inputs)
+        times.append((time.perf_counter() - t) * 1e3)
+        if profiler is not None:
+            profiler.disable()
+    torch.cuda.synchronize()
+    if profiler is None:
+        return statistics.median(times), None
+    import pstats
+    stats = pstats.Stats(profiler).stats
+    top = sorted(stats.items(), key=lambda kv: -kv[1][2])[:args.host_profile]
+    return statistics.median(times), [
+        {"function": f"{os.path.basename(k[0])}:{k[1]}({k[2]})", "calls": v[1],
+         "own_ms_per_step": v[2] / args.iters * 1e3, "cum_ms_per_step": v[3] / args.iters * 1e3}
+        for k, v in top]
 
 
 def saved_bytes(fn, inputs):
@@ -258,23 +303,11 @@ def run_all(args):
     if args.rows:
         rows = [r for r in rows if any(k in r for k in args.rows.split(","))]
     results = []
+    compilers = args.compilers.split(",") if args.compilers else COMPILERS
     for row in rows:
-        for compiler in COMPILERS:
-            cmd = [sys.executable, os.path.abspath(__file__), "--only-row", row, "--only-compiler", compiler,
-                   "--device", args.device, "--backend", args.backend, "--iters", str(args.iters),
-                   "--warmup", str(args.warmup), "--layers", str(args.layers), "--d", str(args.d),
-                   "--heads", str(args.heads), "--batch", str(args.batch), "--tokens", str(args.tokens)]
-            if args.tiny:
-                cmd.append("--tiny")
-            if args.warm_caches:
-                cmd.append("--warm-caches")
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-            line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("{")), None)
-            if line is None:
-                err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-                results.append({"row": row, "compiler": compiler, "error": err[:160]})
-            else:
-                results.append(json.loads(line))
+        for compiler in compilers:
+            runs = [run_one(row, compiler, args) for _ in range(args.processes)]
+            results.append(combine(runs))
             print(f"  done: {row} / {compiler}", file=sys.stderr, flush=True)
     print_table(results, args)
     if args.json:
@@ -282,20 +315,75 @@ def run_all(args):
             json.dump({"args": vars(args), "torch": torch.__version__, "results": results}, f, indent=1)
 
 
+def combine(runs):
+    """One row from several processes' results: medians, and the spread of each figure."""
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return runs[0]
+    out = dict(ok[0])
+    for key in ("first_ms", "median_ms", "pipelined_ms", "host_ms"):
+        values = [r[key] for r in ok if key in r]
+        if values:
+            out[key] = statistics.median(values)
+            out[key + "_spread"] = [min(values), max(values)]
+    out["processes"] = len(ok)
+    out["runs"] = [{k: r.get(k) for k in ("first_ms", "median_ms", "pipelined_ms", "host_ms", "loss")} for r in ok]
+    return out
+
+
+def run_one(row, compiler, args):
+    """One fresh process measuring ``row`` with ``compiler`` (under ``taskset`` with a busy
+    neighbour on the same core for ``--slow-host``)."""
+    real, extra_env = VARIANT_ENV.get(compiler, (compiler, {}))
+    env = dict(os.environ, **extra_env)
+    cmd = [sys.executable, os.path.abspath(__file__), "--only-row", row, "--only-compiler", real,
+           "--device", args.device, "--backend", args.backend, "--iters", str(args.iters),
+           "--warmup", str(args.warmup), "--layers", str(args.layers), "--d", str(args.d),
+           "--heads", str(args.heads), "--batch", str(args.batch), "--tokens", str(args.tokens),
+           "--host-profile", str(args.host_profile)]
+    if args.tiny:
+        cmd.append("--tiny")
+    if args.warm_caches:
+        cmd.append("--warm-caches")
+    busy = None
+    if args.slow_host:
+        cmd = ["taskset", "-c", "0"] + cmd
+        busy = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", "while True: pass"])
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
+    finally:
+        if busy is not None:
+            busy.kill()
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("{")), None)
+    if line is None:
+        err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"row": row, "compiler": compiler, "error": err[:160]}
+    result = json.loads(line)
+    result["compiler"] = compiler
+    return result
+
+
 def print_table(results, args):
     device = torch.cuda.get_device_name() if args.device == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     print(f"\n{device}, torch {torch.__version__}, backend {args.backend}, sizes {sizes(args)}")
     mem = any("memory_mb" in r for r in results)
-    head = (f"{'':38s} {'compiler':14s} {'first call':>12s} {'median':>10s} {'pipelined':>10s} {'loss':>10s} "
-            f"{'graphs':>7s}")
+    head = (f"{'':38s} {'compiler':16s} {'first call':>12s} {'median':>10s} {'pipelined':>10s} {'host':>9s} "
+            f"{'loss':>10s} {'graphs':>7s}")
     print(head + (f" {'memory':>11s}" if mem else ""))
     for r in results:
         if "error" in r:
-            print(f"{r['row']:38s} {r['compiler']:14s} ERROR: {r['error']}")
+            print(f"{r['row']:38s} {r['compiler']:16s} ERROR: {r['error']}")
             continue
         graphs = "" if r.get("graphs") is None else str(r["graphs"])
-        line = (f"{r['row']:38s} {r['compiler']:14s} {r['first_ms'] / 1e3:10.2f} s {r['median_ms']:7.2f} ms "
-                f"{r.get('pipelined_ms', float('nan')):7.2f} ms {r['loss']:10.4f} {graphs:>7s}")
+        line = (f"{r['row']:38s} {r['compiler']:16s} {r['first_ms'] / 1e3:10.2f} s {r['median_ms']:7.2f} ms "
+                f"{r.get('pipelined_ms', float('nan')):7.2f} ms {r.get('host_ms', float('nan')):6.2f} ms "
+                f"{r['loss']:10.4f} {graphs:>7s}")
+        if r.get("processes", 1) > 1:
+            lo, hi = r["median_ms_spread"]
+            line += f"  (median over {r['processes']} processes; step {lo:.2f}-{hi:.2f} ms"
+            if "host_ms_spread" in r:
+                line += f", host {r['host_ms_spread'][0]:.2f}-{r['host_ms_spread'][1]:.2f} ms"
+            line += ")"
         if mem:
             line += f" {r['memory_mb']:8.1f} MB"
         print(line)
@@ -319,6 +407,14 @@ def main():
     p.add_argument("--json", default=None)
     p.add_argument("--warm-caches", action="store_true",
                    help="keep Inductor's, Triton's and bytegraph's on-disk caches (default: each run starts cold)")
+    p.add_argument("--compilers", default=None,
+                   help="comma-separated columns (eager, torch.compile, bytegraph, bytegraph-whole); default: "
+                        + ",".join(COMPILERS))
+    p.add_argument("--processes", type=int, default=1, help="fresh processes per row (medians and spread)")
+    p.add_argument("--slow-host", action="store_true",
+                   help="each process pinned to core 0 with a busy process sharing it (a slow or busy host)")
+    p.add_argument("--host-profile", type=int, default=0,
+                   help="add the N functions taking most host time per issued step to the JSON (CUDA)")
     p.add_argument("--only-row", default=None)
     p.add_argument("--only-compiler", default=None)
     args = p.parse_args()
