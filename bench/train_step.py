@@ -242,6 +242,8 @@ def measure(row, compiler, args):
         result["host_ms"], profile = host_time(fn, inputs, args)
         if profile:
             result["host_profile"] = profile
+    if args.slow_host_too:
+        result.update(slow_host_figures(fn, inputs, args))
     value = out if out.dim() == 0 else out.float().abs().mean()
     result["loss"] = float(value)
     result["graphs"] = counter[0] if compiler == "bytegraph" else torch_graphs() if compiler == "torch.compile" else None
@@ -254,6 +256,34 @@ def measure(row, compiler, args):
         else:
             result["memory_mb"] = saved_bytes(fn, inputs) / 2 ** 20
     return result
+
+
+def slow_host_figures(fn, inputs, args):
+    """The same process's compiled step measured again with its thread pinned to core 0, which a
+    busy process shares: the slow-host figures without compiling twice."""
+    device = args.device
+    busy = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", "while True: pass"])
+    os.sched_setaffinity(0, {0})
+    try:
+        times = []
+        for _ in range(args.iters):
+            t = time.perf_counter()
+            fn(*inputs)
+            sync(device)
+            times.append((time.perf_counter() - t) * 1e3)
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(args.iters):
+            fn(*inputs)
+        sync(device)
+        out = {"slow_median_ms": statistics.median(times),
+               "slow_pipelined_ms": (time.perf_counter() - t0) / args.iters * 1e3}
+        if device == "cuda":
+            out["slow_host_ms"] = host_time(fn, inputs, argparse.Namespace(iters=args.iters, host_profile=0))[0]
+        return out
+    finally:
+        busy.kill()
+        os.sched_setaffinity(0, range(os.cpu_count()))
 
 
 def host_time(fn, inputs, args):
@@ -308,7 +338,10 @@ def run_all(args):
         for compiler in compilers:
             runs = [run_one(row, compiler, args) for _ in range(args.processes)]
             results.append(combine(runs))
-            print(f"  done: {row} / {compiler}", file=sys.stderr, flush=True)
+            print(f"  done: {row} / {compiler}: {json.dumps(results[-1])[:600]}", file=sys.stderr, flush=True)
+            if args.json:     # as it goes: a run cut short keeps what it measured
+                with open(args.json, "w") as f:
+                    json.dump({"args": vars(args), "torch": torch.__version__, "results": results}, f, indent=1)
     print_table(results, args)
     if args.json:
         with open(args.json, "w") as f:
@@ -321,13 +354,15 @@ def combine(runs):
     if not ok:
         return runs[0]
     out = dict(ok[0])
-    for key in ("first_ms", "median_ms", "pipelined_ms", "host_ms"):
+    for key in ("first_ms", "median_ms", "pipelined_ms", "host_ms", "slow_median_ms", "slow_pipelined_ms",
+                "slow_host_ms"):
         values = [r[key] for r in ok if key in r]
         if values:
             out[key] = statistics.median(values)
             out[key + "_spread"] = [min(values), max(values)]
     out["processes"] = len(ok)
-    out["runs"] = [{k: r.get(k) for k in ("first_ms", "median_ms", "pipelined_ms", "host_ms", "loss")} for r in ok]
+    out["runs"] = [{k: r.get(k) for k in ("first_ms", "median_ms", "pipelined_ms", "host_ms", "slow_median_ms",
+                                          "slow_pipelined_ms", "slow_host_ms", "loss")} for r in ok]
     return out
 
 
@@ -340,7 +375,7 @@ def run_one(row, compiler, args):
            "--device", args.device, "--backend", args.backend, "--iters", str(args.iters),
            "--warmup", str(args.warmup), "--layers", str(args.layers), "--d", str(args.d),
            "--heads", str(args.heads), "--batch", str(args.batch), "--tokens", str(args.tokens),
-           "--host-profile", str(args.host_profile)]
+           "--host-profile", str(args.host_profile)] + (["--slow-host-too"] if args.slow_host_too else [])
     if args.tiny:
         cmd.append("--tiny")
     if args.warm_caches:
@@ -384,6 +419,9 @@ def print_table(results, args):
             if "host_ms_spread" in r:
                 line += f", host {r['host_ms_spread'][0]:.2f}-{r['host_ms_spread'][1]:.2f} ms"
             line += ")"
+        if "slow_median_ms" in r:
+            line += (f"\n{'':38s} {'  slow host':16s} {'':12s} {r['slow_median_ms']:7.2f} ms "
+                     f"{r['slow_pipelined_ms']:7.2f} ms {r.get('slow_host_ms', float('nan')):6.2f} ms")
         if mem:
             line += f" {r['memory_mb']:8.1f} MB"
         print(line)
@@ -413,6 +451,9 @@ def main():
     p.add_argument("--processes", type=int, default=1, help="fresh processes per row (medians and spread)")
     p.add_argument("--slow-host", action="store_true",
                    help="each process pinned to core 0 with a busy process sharing it (a slow or busy host)")
+    p.add_argument("--slow-host-too", action="store_true",
+                   help="after the normal figures, measure the same compiled step again pinned to core 0 shared "
+                        "with a busy process (slow_* figures; no second compile)")
     p.add_argument("--host-profile", type=int, default=0,
                    help="add the N functions taking most host time per issued step to the JSON (CUDA)")
     p.add_argument("--only-row", default=None)
