@@ -330,7 +330,9 @@ def saved_bytes(fn, inputs):
 
 def run_all(args):
     rows = CHECKPOINT_ROWS if args.checkpoint else ROWS
-    if args.rows:
+    if args.rows in rows:
+        rows = [args.rows]
+    elif args.rows:
         rows = [r for r in rows if any(k in r for k in args.rows.split(","))]
     results = []
     compilers = args.compilers.split(",") if args.compilers else COMPILERS

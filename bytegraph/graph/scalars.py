@@ -111,9 +111,13 @@ def _as_tensor(builder, v, ref):
     if t.fake.dtype is dtype and (t.fake.device == ref.device or ref.device.type == "cpu"):
         return t
     # On the op's device: a CPU scalar next to CUDA tensors is fine for eager, but not for every
-    # op a compiler generates (foreach kernels).
+    # op a compiler generates (foreach kernels). Without waiting: a blocking copy from host memory
+    # waits for the device's queue to drain, so every step (an LR scheduler's) would stall the host
+    # until the GPU caught up; from pageable memory the copy is staged at once, so the CPU tensor
+    # may go right after.
     return builder._call("call_method", "to", [t], {"device": ConstantValue(ref.device),
-                                                    "dtype": ConstantValue(dtype)})
+                                                    "dtype": ConstantValue(dtype),
+                                                    "non_blocking": ConstantValue(True)})
 
 
 __all__ = ["tensorize", "scalar_dtype"]
