@@ -87,6 +87,12 @@ class Shapes:
         fake inputs (one ShapeEnv for the trace and the backend)."""
         return bool(self.origins) or bool(self.unbacked)
 
+    @property
+    def needs_guard(self):
+        """Symbols read from the frame's arguments (the ones guards may check), or guards the
+        ShapeEnv recorded (``guards`` refuses one on an unbacked symbol)."""
+        return bool(self.origins) or bool(self.env.guards)
+
     def fake_dynamic(self, fake_mode, tensor, source, dynamic_dims, array=False):
         """Fake tensor whose dims in ``dynamic_dims`` (dim -> (min, max)) are symbolic."""
         sizes = [DimDynamic.DUCK if d in dynamic_dims else DimDynamic.STATIC for d in range(tensor.dim())]

@@ -16,6 +16,8 @@ graph knows its value, so:
 * facts the trace assumed about it (``torch._check(n > 0)``, a size is >= 0) are checked when
   the graph runs: ``insert_asserts`` adds them as assertion nodes at the end of the trace.
 """
+import warnings
+
 import torch
 from torch.fx.experimental.symbolic_shapes import (GuardOnDataDependentSymNode, compute_unbacked_bindings,
                                                    free_unbacked_symbols, statically_known_true)
@@ -73,7 +75,20 @@ def insert_asserts(gm, shapes, name):
     """The facts the trace assumed about unbacked symbols, as assertion nodes of ``gm``."""
     if shapes.unbacked:
         insert_deferred_runtime_asserts(gm, shapes.env, name)
+        gm.recompile()
 
 
-__all__ = ["GuardOnDataDependentSymNode", "SYMBOLIC", "bind", "decided", "forget_pending", "guard_break",
-           "insert_asserts", "involves_unbacked"]
+__all__ = ["GuardOnDataDependentSymNode", "SYMBOLIC", "bind", "check_node", "decided", "forget_pending",
+           "guard_break", "insert_asserts", "involves_unbacked"]
+
+
+def check_node(builder, check, value, extra_kwargs=None):
+    """``check(value)`` (``torch._check`` and friends) on a symbolic number only the graph knows:
+    the ShapeEnv learns the fact (later decisions may use it; a runtime assertion is inserted at
+    the end) and the graph gets the call, which raises when the graph runs, as eager does."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)     # _check_is_size's deprecation: eager's to give
+        check(value.sym, **(extra_kwargs or {}))
+    node = builder.graph.create_node("call_function", check, (builder.node_of(value),), dict(extra_kwargs or {}))
+    node.meta["example_value"] = None
+    return node
