@@ -62,17 +62,12 @@ def _check_is_size(frame, args, kwargs):
 _CONVERSIONS = {(int, torch.SymFloat): torch.sym_int, (float, torch.SymInt): torch.sym_float}
 
 
-def _convert(kind):
-    def handler(frame, args, kwargs):
-        if len(args) != 1 or kwargs or not _unbacked(args[0]):
-            return None
-        value = args[0]
-        if isinstance(value.sym, kind is int and torch.SymInt or torch.SymFloat):
-            return value
-        target = _CONVERSIONS.get((kind, type(value.sym)))
-        return frame.tx.graph.sym_call(target, [value]) if target is not None else None
-    return handler
-
-
-builtin(int)(_convert(int))
-builtin(float)(_convert(float))
+def convert_unbacked(frame, kind, value):
+    """``int(value)`` / ``float(value)`` (``kind``) of a number only the graph knows, as a graph
+    value; None for any other value (builtin_calls' fold of int and float asks first)."""
+    if not _unbacked(value):
+        return None
+    if type(value.sym) is (torch.SymInt if kind is int else torch.SymFloat):
+        return value
+    target = _CONVERSIONS.get((kind, type(value.sym)))
+    return frame.tx.graph.sym_call(target, [value]) if target is not None else None
