@@ -97,6 +97,13 @@ _SETTINGS = {
     "assume_static_by_default": (True, (bool,),
                                  "with dynamic=None, sizes are static until seen changing (False: symbolic from "
                                  "the first compile, as dynamic=True)"),
+    "capture_scalar_outputs": (_env_flag("BYTEGRAPH_CAPTURE_SCALAR_OUTPUTS"), (bool,),
+                               "trace Tensor.item() as a symbolic number read inside the graph (an unbacked "
+                               "SymInt/SymFloat) instead of breaking the graph (BYTEGRAPH_CAPTURE_SCALAR_OUTPUTS=1)"),
+    "capture_dynamic_output_shape_ops": (_env_flag("BYTEGRAPH_CAPTURE_DYNAMIC_OUTPUT_SHAPE_OPS"), (bool,),
+                                         "trace ops whose output size depends on data (nonzero, x[mask], unique, "
+                                         "masked_select...) with unbacked symbolic sizes instead of breaking the "
+                                         "graph (BYTEGRAPH_CAPTURE_DYNAMIC_OUTPUT_SHAPE_OPS=1)"),
     "error_on_recompile": (False, (bool,),
                            "a recompile raises bytegraph.RecompileError instead of compiling again"),
     "trace_numpy": (os.environ.get("BYTEGRAPH_TRACE_NUMPY", "1") != "0", (bool,),

@@ -73,9 +73,9 @@ ROWS = {
         "test_reset"),
     "torch._dynamo.config.capture_scalar_outputs": (
         "`.item()` traced as a symbolic scalar instead of breaking the graph",
-        "**not yet: breaks** at `.item()` (results are eager's); a one-time warning names the setting "
-        "(unbacked sizes in the tracer: later work)",
-        "test_capture_scalar_outputs_not_yet_breaks, test_settings_without_equivalent_warn_once"),
+        "carried to `bytegraph.config.capture_scalar_outputs`: `.item()` is an unbacked SymInt/SymFloat node "
+        "in the graph; a Python decision on it breaks the graph",
+        "test_capture_scalar_outputs_is_carried_and_captures"),
     "torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint": (
         "Python side effects of a checkpointed function are not repeated when backward recomputes it",
         "no equivalent: they happen again in the recompute, as in eager; a one-time warning names the setting",
@@ -127,7 +127,12 @@ OTHER_ROWS = {
         "patched: carried into `bytegraph.config` before each compile",
         "test_config_settings, test_accumulated_recompile_limit, "
         "test_settings_carried_into_bytegraph_config_and_given_back"),
-    "torch._dynamo.config.capture_dynamic_output_shape_ops / force_parameter_static_shapes=False": (
+    "torch._dynamo.config.capture_dynamic_output_shape_ops": (
+        "as documented by torch",
+        "carried to `bytegraph.config.capture_dynamic_output_shape_ops`: `nonzero`, boolean masks, `unique`... "
+        "traced with unbacked sizes",
+        "test_capture_dynamic_output_shape_ops_is_carried_and_captures"),
+    "torch._dynamo.config.force_parameter_static_shapes=False": (
         "as documented by torch", "no equivalent yet: a one-time warning names the setting",
         "test_settings_without_equivalent_warn_once"),
     "torch._dynamo.config.inline_inbuilt_nn_modules": (

@@ -681,7 +681,6 @@ def test_settings_carried_into_bytegraph_config_and_given_back():
 
 
 @pytest.mark.parametrize("setting, value", [
-    ("capture_scalar_outputs", True), ("capture_dynamic_output_shape_ops", True),
     ("force_parameter_static_shapes", False), ("optimize_ddp", "python_reducer"),
     ("skip_fwd_side_effects_in_bwd_under_checkpoint", True),
 ])
@@ -696,18 +695,31 @@ def test_settings_without_equivalent_warn_once(setting, value):
             bytegraph.compile(sin1, backend="eager")(torch.ones(3))
 
 
-def test_capture_scalar_outputs_not_yet_breaks():
+def test_capture_scalar_outputs_is_carried_and_captures():
     def f(x):
         return x * x.sum().item()
 
     def scenario(api):
         cnt = CompileCounter()
         with torch._dynamo.config.patch(capture_scalar_outputs=True), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+            warnings.simplefilter("error", RuntimeWarning)     # a real mode now: no warning
             c = api.compile(f, backend=cnt)
             return [observe(c, f, torch.randn(3)), cnt.frame_count]
     assert on_torch(scenario) == [True, 1]
-    assert patched(scenario) == [True, 2]      # "not yet: breaks" (docs/dropin.md)
+    assert patched(scenario) == [True, 1]      # .item() an unbacked SymFloat in the graph
+
+
+def test_capture_dynamic_output_shape_ops_is_carried_and_captures():
+    def f(x):
+        return x[x > 0] * 2
+
+    def scenario(api):
+        cnt = CompileCounter()
+        with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True), warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            c = api.compile(f, backend=cnt)
+            return [observe(c, f, torch.randn(5)), cnt.frame_count]
+    assert on_torch(scenario) == patched(scenario) == [True, 1]
 
 
 def test_inline_inbuilt_nn_modules_is_a_no_op_in_both():

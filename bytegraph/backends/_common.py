@@ -82,6 +82,7 @@ def compile_failed(backend_name, exc):
 
 
 _AOT_ALIASED_INPUTS = "does not yet handle non-differentiable view input mutations"
+_NO_DERIVATIVE = "the derivative for "     # an op eager runs forward only (torch.unique)
 _AOT_AUTOCAST_LEFT = "does not support tracing graphs that mutate the autocast state"
 
 
@@ -94,7 +95,10 @@ def uncompilable_cause(exc):
     * AOTAutograd's limit on inputs sharing storage without being views of each other (``t``
       and ``t.detach()`` passed together) when one of them is changed in place;
     * AOTAutograd before torch 2.13 refusing a graph that leaves autocast changed (a resume
-      function's graph that ends a ``with torch.autocast`` block begun before it).
+      function's graph that ends a ``with torch.autocast`` block begun before it);
+    * an op with no derivative in a graph needing gradients (``torch.unique`` of a tensor that
+      requires grad, captured under capture_dynamic_output_shape_ops): eager runs its forward and
+      raises only if backward reaches it.
     """
     seen = set()
     while exc is not None and id(exc) not in seen:
@@ -105,6 +109,8 @@ def uncompilable_cause(exc):
         if isinstance(exc, AssertionError) and _AOT_ALIASED_INPUTS in str(exc):
             return exc
         if isinstance(exc, RuntimeError) and _AOT_AUTOCAST_LEFT in str(exc):
+            return exc
+        if isinstance(exc, NotImplementedError) and str(exc).startswith(_NO_DERIVATIVE):
             return exc
         exc = exc.__cause__ or exc.__context__
     return None

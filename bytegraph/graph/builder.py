@@ -27,7 +27,7 @@ from ..values import arrays
 from ..values.arrays import NdarrayValue
 from ..values.base import (ConstantValue, DictValue, FloatTensorValue, ListValue, ObjectValue, SliceValue,
                            SubgraphValue, SymValue, TensorValue, TupleValue)
-from . import scalars
+from . import scalars, unbacked
 from .data_dependent import BackwardCheck, BackwardDataDependent, data_dependent
 from .printing import printable
 from .shapes import Shapes
@@ -174,6 +174,14 @@ class GraphBuilder:
         """Arithmetic on symbolic ints: a graph node, or a constant if the result is known."""
         node_args, example_args = _unwrap(args, self.node_of)
         result = target(*example_args)
+        if unbacked.involves_unbacked(result):
+            # Computed from a number only the graph knows: a node, decided by no guard.
+            known = unbacked.decided(result) if isinstance(result, torch.SymBool) else None
+            if known is not None:
+                return ConstantValue(known)
+            node = self.graph.create_node("call_function", printable(target, node_args), tuple(node_args), {})
+            node.meta["example_value"] = result
+            return SymValue(node, result)
         if isinstance(result, torch.SymInt):
             node = self.graph.create_node("call_function", printable(target, node_args), tuple(node_args), {})
             node.meta["example_value"] = result
@@ -297,8 +305,12 @@ class GraphBuilder:
                     result = getattr(self_fake, target)(*rest, **fake_kwargs)
                 else:
                     result = target(*fake_args, **fake_kwargs)
+                bindings = unbacked.bind(self.shapes, result)
                 if grad_check is not None:
                     grad_check.run(fake_args, fake_kwargs)
+                    unbacked.forget_pending(self.shapes)
+        except unbacked.GuardOnDataDependentSymNode as e:
+            raise unbacked.guard_break(e) from e
         except (DataDependentOutputException, DynamicOutputShapeException) as e:
             numbered = self._inputs_as_numbers(args, kwargs) if isinstance(e, DataDependentOutputException) else None
             if numbered is not None:
@@ -327,6 +339,8 @@ class GraphBuilder:
         if kind == "call_function":
             target = printable(target, node_args)
         node = self.graph.create_node(kind, target, tuple(node_args), dict(node_kwargs))
+        if bindings:
+            node.meta["unbacked_bindings"] = bindings
         return self.wrap_result(node, result, fake_args, fake_kwargs, args, kwargs)
 
     def _inputs_as_numbers(self, args, kwargs):
@@ -450,9 +464,12 @@ class GraphBuilder:
                         result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
                     else:
                         result = target(*fake_args, **fake_kwargs)
+            bindings = unbacked.bind(self.shapes, result)
         finally:
             self.fake_seconds += time.perf_counter() - t0
         node = self.graph.create_node(template.op, target, args, kwargs)
+        if bindings:
+            node.meta["unbacked_bindings"] = bindings
         if "example_value" in template.meta:
             node.meta["example_value"] = result
         return node
@@ -546,7 +563,8 @@ class GraphBuilder:
             cls = type(result)
             keep = hasattr(cls, "_fields") or _structseq(cls) or cls is torch.Size
             return TupleValue(items, cls=cls if keep else tuple)
-        if isinstance(result, torch.SymInt):
+        if isinstance(result, torch.SymInt) or unbacked.involves_unbacked(result):
+            # (a SymFloat or SymBool: Tensor.item() under capture_scalar_outputs)
             node.meta["example_value"] = result
             return SymValue(node, result)
         # No new tensor came out (a size, a flag, a grouping of the arguments' own tensors...):
@@ -565,6 +583,7 @@ class GraphBuilder:
                 self.graph.erase_node(inp.node)
                 self.inputs.remove(inp)
         gm = fx.GraphModule(self.state_root, self.graph)
+        unbacked.insert_asserts(gm, self.shapes, "bytegraph graph")
         gm.graph.lint()
         return gm
 

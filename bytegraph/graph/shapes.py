@@ -12,8 +12,12 @@ import re
 import sympy
 import torch
 from torch._guards import GuardSource, Source as TorchSource
-from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+from torch.fx.experimental.symbolic_shapes import (DimDynamic, ShapeEnv, StatelessSymbolicContext,
+                                                   free_unbacked_symbols)
 from torch.utils._sympy.printers import PythonPrinter
+
+from .. import config
+from ..errors import Unsupported
 
 
 class _Name(str):
@@ -66,16 +70,28 @@ def _finite(bound):
 class Shapes:
     def __init__(self):
         # An op whose output size or a Python scalar depends on tensor data (nonzero, boolean
-        # masks, unique, item) raises on fake tensors instead of getting an unbacked size: the
-        # tracer breaks the graph there and runs the op natively (see GraphBuilder.call).
-        self.env = ShapeEnv(allow_dynamic_output_shape_ops=False, allow_scalar_outputs=False)
+        # masks, unique, item) raises on fake tensors unless its capture mode is on: the tracer
+        # then breaks the graph there and runs the op natively (see GraphBuilder.call). With the
+        # mode on, the fake result gets an unbacked symbol (u0, zuf0): a size or number the graph
+        # computes, known to nothing outside it (no guard may read it; see unbacked.py).
+        self.env = ShapeEnv(allow_dynamic_output_shape_ops=config.capture_dynamic_output_shape_ops,
+                            allow_scalar_outputs=config.capture_scalar_outputs)
         self.origins = {}           # sympy.Symbol -> [SymbolOrigin, ...] (first one is read)
         self.lower_bounds = {}      # sympy.Symbol -> min given by mark_dynamic
         self.upper_bounds = {}
+        self.unbacked = set()       # unbacked symbols bound by a node of the graph
 
     @property
     def has_symbols(self):
-        return bool(self.origins)
+        """Symbolic sizes of inputs, or unbacked ones made in the graph: the backend then gets the
+        fake inputs (one ShapeEnv for the trace and the backend)."""
+        return bool(self.origins) or bool(self.unbacked)
+
+    @property
+    def needs_guard(self):
+        """Symbols read from the frame's arguments (the ones guards may check), or guards the
+        ShapeEnv recorded (``guards`` refuses one on an unbacked symbol)."""
+        return bool(self.origins) or bool(self.env.guards)
 
     def fake_dynamic(self, fake_mode, tensor, source, dynamic_dims, array=False):
         """Fake tensor whose dims in ``dynamic_dims`` (dim -> (min, max)) are symbolic."""
@@ -127,6 +143,9 @@ class Shapes:
         by_name = {str(s): o for s, o in self.origins.items()}
         printer = PythonPrinter()
         for g in self.env.guards:
+            if free_unbacked_symbols(g.expr):
+                # Never reached: deciding on an unbacked symbol raises, and the tracer breaks there.
+                raise Unsupported(f"a guard on a value computed inside the graph ({g.expr})")
             text = printer.doprint(g.expr)
             user = text
             for sym_name in sorted(names, key=len, reverse=True):

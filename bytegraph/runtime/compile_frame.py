@@ -149,7 +149,7 @@ class _Compile:
 
     def entry(self, tx, run, source, gm, break_reason=None, user_stack=(), hint=None):
         """Guards, logs and records for a traced frame; the cache entry."""
-        if tx.graph.shapes.has_symbols:
+        if tx.graph.shapes.needs_guard:
             tx.guards.add(SHAPE_ENV, None, tx.graph.shapes)
         return self.entry_from(tx.guards, run, source, gm, break_reason, user_stack, hint)
 

@@ -63,12 +63,8 @@ SETTINGS = {
     "assume_static_by_default": (True, _flag("assume_static_by_default")),
     "error_on_recompile": (False, _flag("error_on_recompile")),
     "optimize_ddp": (True, _optimize_ddp),
-    "capture_scalar_outputs": (False, _not_yet(
-        "capture_scalar_outputs", "bytegraph does not trace .item() as a symbolic scalar yet: it breaks the graph "
-        "there and runs the rest as further graphs (results are eager's)")),
-    "capture_dynamic_output_shape_ops": (False, _not_yet(
-        "capture_dynamic_output_shape_ops", "bytegraph does not trace ops whose output size depends on data "
-        "(nonzero, boolean masks, unique) yet: it breaks the graph there (results are eager's)")),
+    "capture_scalar_outputs": (False, _flag("capture_scalar_outputs")),
+    "capture_dynamic_output_shape_ops": (False, _flag("capture_dynamic_output_shape_ops")),
     "skip_fwd_side_effects_in_bwd_under_checkpoint": (False, _not_yet(
         "skip_fwd_side_effects_in_bwd_under_checkpoint", "bytegraph has no equivalent: Python side effects of a "
         "checkpointed function happen again when backward recomputes it, as in eager")),

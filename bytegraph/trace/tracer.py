@@ -16,7 +16,7 @@ from .machine import control_opcodes, opcodes  # noqa: F401 (control_opcodes: re
 from .machine.frame import Frame, PendingLocal, inline_call
 from .nn import module_calls, module_enumeration  # noqa: F401 (module_enumeration: registering handlers)
 from .python import generators, iteration
-from .torch_api import pytree  # noqa: F401 (registering handlers)
+from .torch_api import checks, pytree  # noqa: F401 (registering handlers)
 from .torch_api import higher_order_flex, higher_order_loops  # noqa: F401 (register their calls with higher_order)
 from .nn import higher_order_regions  # noqa: F401 (registers its calls with torch_api.higher_order)
 from .torch_api.torch_calls import undo_state_changes

@@ -111,7 +111,8 @@ class SymValue(Value):
         self.sym = sym
 
     def python_type(self):
-        return int
+        # Tensor.item() under capture_scalar_outputs gives a SymFloat or SymBool too.
+        return float if isinstance(self.sym, torch.SymFloat) else bool if isinstance(self.sym, torch.SymBool) else int
 
     def _repr_body(self):
         return f"{self.node.name}: {self.sym}"

@@ -25,7 +25,7 @@ from ...values.builder import wrap
 from ..core import ops
 from ..numpy_api import numpy_calls
 from ..python import attrs, generators, lookup, operators
-from ..torch_api import distributed
+from ..torch_api import checks, distributed
 from .calls import TENSOR_DATA_HINT, call, fold, has_tensor
 from ..core.basics import no_attr_name
 from ..python.exceptions import TracedRaise
@@ -661,6 +661,10 @@ def _make_fold(fn):
             return ConstantValue(operators.truth(frame, args[0]))
         if fn is pow and len(args) == 2 and not kwargs and has_tensor(args):
             return operators.binary(frame, "**", args[0], args[1])
+        if fn in (int, float) and len(args) == 1 and not kwargs:
+            converted = checks.convert_unbacked(frame, fn, args[0])     # capture_scalar_outputs
+            if converted is not None:
+                return converted
         if fn in (int, float) and len(args) == 1 and isinstance(args[0], TensorValue):
             raise Unsupported(f"{fn.__name__}(tensor) needs the tensor's data, which is unknown while tracing",
                               hint=TENSOR_DATA_HINT)

@@ -16,7 +16,7 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
-from ... import control
+from ... import config, control
 from ...errors import BytegraphError, Unsupported
 from ...guards.builder import DICT_KEYS, ID_MATCH
 from ...guards.sources import AttrSource, DefaultSource, ItemSource, MappingGetSource, WeakRefCallSource
@@ -558,6 +558,9 @@ def tensor_method(frame: RunningFrame, tensor: TensorValue, name: str, args: lis
     if name == "requires_grad_" and not tensor.fake.requires_grad and not kwargs \
             and args and operators.is_constant(args[0]) and not operators.as_constant(args[0]):
         return tensor    # requires_grad_(False) on a tensor that needs no grad (guarded): nothing to do
+    if name == "item" and not args and not kwargs and config.capture_scalar_outputs:
+        # An unbacked SymInt/SymFloat/SymBool computed in the graph (graph.unbacked).
+        return frame.tx.graph.call("call_method", "item", [tensor], {})
     if name in _DATA_DEPENDENT:
         raise Unsupported(f"Tensor.{name}() needs the tensor's data, which is unknown while tracing",
                           hint=TENSOR_DATA_HINT)

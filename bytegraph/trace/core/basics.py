@@ -74,7 +74,8 @@ def as_constant(v):
     if isinstance(v, ConstantValue):
         return v.value
     if isinstance(v, SymValue):
-        return int(v.sym)
+        # (raises GuardOnDataDependentSymNode for a number only the graph knows: a break)
+        return v.python_type()(v.sym)
     if isinstance(v, FloatTensorValue):
         return v.specialize()
     if isinstance(v, TupleValue):

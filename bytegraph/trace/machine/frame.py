@@ -11,6 +11,7 @@ import types
 from ...bytecode.analysis import live_locals
 from ...bytecode.instructions import decode
 from ...errors import Unsupported
+from ...graph import unbacked
 from ...values.base import CellValue, ConstantValue, DictValue, TupleValue, Value
 from ...values.builder import wrap
 from ..core import ops
@@ -90,6 +91,9 @@ class Frame:
                     if value is None:
                         raise
                     self._raise_here(value, ins)
+                except unbacked.GuardOnDataDependentSymNode as e:
+                    # A Python decision on a number only the graph knows: break at this instruction.
+                    raise unbacked.guard_break(e) from e
             if self.parent is None:
                 check_finished_generators(tx, [self.return_value])
             return self.return_value

@@ -354,7 +354,8 @@ def truth(frame: RunningFrame, v: Value) -> bool:
     if isinstance(v, FloatTensorValue):
         return bool(v.specialize())
     if isinstance(v, SymValue):
-        return bool(v.sym != 0)
+        # (raises GuardOnDataDependentSymNode for a number only the graph knows: a break)
+        return bool(v.sym) if isinstance(v.sym, torch.SymBool) else bool(v.sym != 0)
     if isinstance(v, TensorValue):
         raise Unsupported("branching on a tensor's value (data-dependent control flow)", hint=DATA_DEPENDENT_BRANCH)
     if numpy_calls.involves_arrays(v):
