@@ -15,6 +15,7 @@ import weakref
 
 import numpy as np
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ..config import config
 from ..errors import Unsupported
@@ -378,6 +379,8 @@ def _wrap_tensor(tx, tensor, source):
         # tensors, read like module state (get_attr, guarded by identity).
         _guard(tx, g.ID_MATCH, source, tensor)
         return tx.graph.add_module_state(tensor, source, is_parameter=type(tensor) is torch.nn.Parameter)
+    if is_traceable_wrapper_subclass(tensor):
+        return _wrap_subclass(tx, tensor, source)
     if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.is_sparse or tensor.is_nested:
         raise _unsupported(f"tensor subclass or layout not supported yet: {type(tensor).__name__}")
     dynamic = tx.dynamic_dims_for(tensor, source)
@@ -385,6 +388,37 @@ def _wrap_tensor(tx, tensor, source):
     symbolic = tuple(d for d in dynamic if isinstance(value.fake.shape[d], torch.SymInt))
     tx.guards.add(g.TENSOR_MATCH, source, g.TensorMeta(tensor), dynamic_dims=symbolic)
     return value
+
+
+def _wrap_subclass(tx, tensor, source):
+    """A traceable wrapper subclass (``__tensor_flatten__``/``__torch_dispatch__``) as a graph
+    input: its fake is the subclass over fake inner tensors, so its ``__torch_dispatch__`` runs
+    as the graph is built; the graph takes (and the backend gets) the subclass itself. Sizes stay
+    static (a new size recompiles)."""
+    guard_subclass_layout(tx, tensor, source)
+    value = tx.graph.add_input(tensor, source, {})
+    tx.guards.add(g.TENSOR_MATCH, source, g.TensorMeta(tensor))
+    return value
+
+
+def guard_subclass_layout(tx, tensor, source):
+    """Guards on how a wrapper subclass is made: its inner tensor names and flatten context, and
+    each inner tensor's type, dtype, device, sizes and strides (nested subclasses too)."""
+    meta = g.subclass_flatten_meta(tensor)
+    if not g.KINDS[g.SUBCLASS_META].holds(tensor, meta):
+        raise _unsupported(f"{type(tensor).__name__}: the context of __tensor_flatten__ ({meta[1]!r}) is not equal "
+                           f"to itself, so no guard can tell when it changes")
+    tx.guards.add(g.SUBCLASS_META, source, meta)
+    for name in meta[0]:
+        inner, inner_source = getattr(tensor, name), AttrSource(source, name)
+        if not isinstance(inner, torch.Tensor):
+            raise _unsupported(f"{type(tensor).__name__}.{name} (from __tensor_flatten__) is not a tensor")
+        if is_traceable_wrapper_subclass(inner):
+            guard_subclass_layout(tx, inner, inner_source)
+        elif type(inner) not in (torch.Tensor, torch.nn.Parameter) or inner.is_sparse or inner.is_nested:
+            raise _unsupported(f"{type(tensor).__name__}.{name}: tensor subclass or layout not supported "
+                               f"inside a wrapper subclass: {type(inner).__name__}")
+        tx.guards.add(g.TENSOR_MATCH, inner_source, g.TensorMeta(inner))
 
 
 def _module_is_numpy(t):

@@ -29,7 +29,7 @@ from ...values.arrays import NdarrayMethodValue
 from ..core import ops
 from ..numpy_api import numpy_calls
 from ..python import attrs, generators, operators, protocols
-from ..torch_api import distributed, higher_order, torch_wrappers
+from ..torch_api import distributed, higher_order, subclasses, torch_wrappers
 from ..core.basics import note_process_local, refuse_traced_ids
 from ..python.exceptions import PythonError, make_exception, raise_new
 from ..core.basics import type_name
@@ -214,6 +214,8 @@ def _call_enum_class(frame, fv, args, kwargs):
 
 def _call_type(frame, fv, args, kwargs):
     obj = fv.obj
+    if subclasses.is_wrapper_subclass_type(obj):
+        return subclasses.make_wrapper_subclass(frame, obj, args, kwargs)
     if obj.__module__.startswith("torch"):
         made = call_torch_class(frame, obj, args, kwargs)
         if made is not None:
