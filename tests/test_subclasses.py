@@ -290,3 +290,127 @@ def test_int8_weight_passed_as_argument(backend):
     def fn(x, w):
         return F.linear(x, w).relu(), w.dequantize().sum()
     check_calls(fn, lambda: (torch.randn(3, 8), Int8Weight.quantize(torch.randn(5, 8))), backend)
+
+
+# --- what is not traced: clean graph breaks, eager's results ---------------------------------------
+
+class Doubling(torch.Tensor):
+    """A plain subclass whose __torch_function__ turns sin into cos."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.sin:
+            func = torch.cos
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def _breaks_then_matches(fn, make, reason):
+    """fullgraph=True raises Unsupported naming ``reason``; without it the result is eager's."""
+    cfn, _ = compiled(fn)
+    with pytest.raises(bytegraph.Unsupported, match=reason):
+        cfn(*make())
+    torch.manual_seed(0)
+    expected = fn(*make())
+    cfn, cnt = compiled(fn, fullgraph=False)
+    torch.manual_seed(0)
+    assert_same_tensors(expected, cfn(*make()))
+    return cnt
+
+
+def test_torch_function_subclass_input_breaks_with_reason():
+    _breaks_then_matches(lambda x: torch.sin(x) + 1, lambda: (torch.randn(3).as_subclass(Doubling),),
+                         "not a traceable wrapper subclass")
+
+
+def test_as_subclass_in_graph_breaks_with_reason():
+    def fn(x):
+        y = torch.sin(x.as_subclass(Doubling))
+        return y * 2, type(y) is Doubling
+    _breaks_then_matches(fn, lambda: (torch.randn(3),), "as_subclass")
+
+
+class SinIsCos(torch.overrides.TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        if func is torch.sin:
+            func = torch.cos
+        return func(*args, **(kwargs or {}))
+
+
+def test_torch_function_mode_entered_inside_breaks_and_matches():
+    def fn(x):
+        with SinIsCos():
+            y = torch.sin(x)
+        return y + torch.sin(x)
+    cnt = _breaks_then_matches(fn, lambda: (torch.randn(3),), "torch function")
+    assert cnt.frame_count >= 1
+
+
+def test_pop_of_the_mode_stack_is_not_run_while_tracing():
+    # TorchFunctionMode.__exit__ pops the C++ mode stack: asking it while tracing popped it once more.
+    calls = []
+
+    def fn(x):
+        mode = SinIsCos()
+        with mode:
+            out = torch.sin(x)
+        calls.append(mode.calls)
+        return out
+    cfn, _ = compiled(fn, fullgraph=False)
+    x = torch.randn(3)
+    torch.testing.assert_close(cfn(x), torch.cos(x))
+    assert torch._C._len_torch_function_stack() == 0
+
+
+class _OwnUnflatten:
+    @classmethod
+    def __tensor_unflatten__(cls, inner, ctx, outer_size, outer_stride):
+        return cls(inner["a"], inner["b"])
+
+
+class Unreadable(_OwnUnflatten, TwoTensor):
+    """A wrapper subclass with a method that reads the data (unknown while tracing)."""
+
+    def biggest(self):
+        return max(self.a.tolist())
+
+
+def test_subclass_method_the_tracer_cannot_follow_breaks():
+    def fn(x):
+        return x * x.biggest()
+    _breaks_then_matches(fn, lambda: (Unreadable(torch.randn(4), torch.randn(4)),), "tolist")
+
+
+class InheritedUnflatten(TwoTensor):
+    """__tensor_unflatten__ inherited from TwoTensor: it makes a TwoTensor, not one of these."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args, kwargs):
+        plain = torch.utils._pytree.tree_map_only(InheritedUnflatten, lambda t: TwoTensor(t.a, t.b * 2), args)
+        return func(*plain, **(kwargs or {}))
+
+
+def test_subclass_traced_as_its_base_breaks():
+    _breaks_then_matches(lambda x: torch.sin(x) * 2, lambda: (InheritedUnflatten(torch.randn(4), torch.randn(4)),),
+                         "__tensor_unflatten__ makes a TwoTensor")
+
+
+class DataDispatch(_OwnUnflatten, TwoTensor):
+    """A wrapper subclass whose __torch_dispatch__ branches on the data."""
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args, kwargs):
+        plain = torch.utils._pytree.tree_map_only(DataDispatch, lambda t: t.a, args)
+        out = func(*plain, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and out.numel() and bool(out.flatten()[0] > 0):
+            out = out + 1
+        return out
+
+
+def test_subclass_dispatch_reading_data_breaks():
+    _breaks_then_matches(lambda x: torch.sin(x) * 2, lambda: (DataDispatch(torch.randn(4), torch.randn(4)),),
+                         "data|raised")

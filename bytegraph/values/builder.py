@@ -371,7 +371,10 @@ def _wrap_tensor(tx, tensor, source):
             and not (source.table == "_buffers" and _buffer_reassigned(tensor, source)):
         # Module state is reached through get_attr; its identity is what we rely on.
         _guard(tx, g.ID_MATCH, source, tensor)
-        return tx.graph.add_module_state(tensor, source, is_parameter=source.table == "_parameters")
+        value = tx.graph.add_module_state(tensor, source, is_parameter=source.table == "_parameters")
+        if is_traceable_wrapper_subclass(tensor):
+            _check_fake_class(tensor, value.fake, source.name())
+        return value
     if source is None:
         raise _unsupported("a tensor that cannot be re-read on later calls (no source)")
     if id(tensor) in tx.static_tensors:
@@ -381,6 +384,12 @@ def _wrap_tensor(tx, tensor, source):
         return tx.graph.add_module_state(tensor, source, is_parameter=type(tensor) is torch.nn.Parameter)
     if is_traceable_wrapper_subclass(tensor):
         return _wrap_subclass(tx, tensor, source)
+    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) and not tensor.is_sparse and not tensor.is_nested:
+        raise Unsupported(f"{source.name()} is a {type(tensor).__qualname__}, a tensor subclass that is not a traceable "
+                           "wrapper subclass (no __tensor_flatten__/__tensor_unflatten__/__torch_dispatch__): its "
+                           "__torch_function__ is not traced yet",
+                           hint="pass x.as_subclass(torch.Tensor) (if the override does not matter there), or make "
+                                "the class a wrapper subclass; without fullgraph=True the code using it runs eagerly")
     if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.is_sparse or tensor.is_nested:
         raise _unsupported(f"tensor subclass or layout not supported yet: {type(tensor).__name__}")
     dynamic = tx.dynamic_dims_for(tensor, source)
@@ -397,8 +406,22 @@ def _wrap_subclass(tx, tensor, source):
     static (a new size recompiles)."""
     guard_subclass_layout(tx, tensor, source)
     value = tx.graph.add_input(tensor, source, {})
+    _check_fake_class(tensor, value.fake, source.name())
     tx.guards.add(g.TENSOR_MATCH, source, g.TensorMeta(tensor))
     return value
+
+
+def _check_fake_class(tensor, fake, where):
+    """The fake made through ``__tensor_unflatten__`` is of the tensor's class, all the way in (a
+    subclass inheriting its base's unflatten would be traced as the base)."""
+    if not is_traceable_wrapper_subclass(tensor):
+        return      # a plain inner tensor: its fake is a FakeTensor
+    if type(fake) is not type(tensor):
+        raise Unsupported(f"{where}: {type(tensor).__qualname__}.__tensor_unflatten__ makes a {type(fake).__qualname__}, "
+                          f"not a {type(tensor).__qualname__}, so its operations cannot be traced as its own",
+                          hint=f"define __tensor_unflatten__ on {type(tensor).__qualname__} returning its own class")
+    for name in tensor.__tensor_flatten__()[0]:
+        _check_fake_class(getattr(tensor, name), getattr(fake, name), f"{where}.{name}")
 
 
 def guard_subclass_layout(tx, tensor, source):

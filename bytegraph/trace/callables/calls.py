@@ -565,6 +565,11 @@ def tensor_method(frame: RunningFrame, tensor: TensorValue, name: str, args: lis
                           hint=TENSOR_DATA_HINT)
     if name in _UNSUPPORTED_METHODS:
         raise Unsupported(f"Tensor.{name}() is not supported in a graph yet")
+    if name == "as_subclass":
+        if not args or getattr(args[0], "obj", None) is not torch.Tensor:
+            raise Unsupported("Tensor.as_subclass() to a tensor subclass is not supported in a graph yet (its "
+                              "__torch_function__ is not traced)",
+                              hint="without fullgraph=True the code from there runs eagerly")
     if name in ("size", "stride") and not kwargs:
         shape = tensor.fake.shape if name == "size" else tensor.fake.stride()
         symbolic = any(isinstance(s, torch.SymInt) for s in shape)
