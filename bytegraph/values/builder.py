@@ -411,6 +411,16 @@ def _wrap_subclass(tx, tensor, source):
     return value
 
 
+def _is_opaque_reference(obj):
+    """An object torch's compile stack carries by reference through a graph (torch 2.13's opaque
+    objects: a DeviceMesh among DTensor's flattened parts)."""
+    try:
+        from torch._library.opaque_object import is_opaque_reference_type
+    except ImportError:
+        return False
+    return is_opaque_reference_type(type(obj))
+
+
 def _check_fake_class(tensor, fake, where):
     """The fake made through ``__tensor_unflatten__`` is of the tensor's class, all the way in (a
     subclass inheriting its base's unflatten would be traced as the base)."""
@@ -421,7 +431,8 @@ def _check_fake_class(tensor, fake, where):
                           f"not a {type(tensor).__qualname__}, so its operations cannot be traced as its own",
                           hint=f"define __tensor_unflatten__ on {type(tensor).__qualname__} returning its own class")
     for name in tensor.__tensor_flatten__()[0]:
-        _check_fake_class(getattr(tensor, name), getattr(fake, name), f"{where}.{name}")
+        if isinstance(getattr(tensor, name), torch.Tensor):
+            _check_fake_class(getattr(tensor, name), getattr(fake, name), f"{where}.{name}")
 
 
 def guard_subclass_layout(tx, tensor, source):
@@ -435,7 +446,11 @@ def guard_subclass_layout(tx, tensor, source):
     for name in meta[0]:
         inner, inner_source = getattr(tensor, name), AttrSource(source, name)
         if not isinstance(inner, torch.Tensor):
-            raise _unsupported(f"{type(tensor).__name__}.{name} (from __tensor_flatten__) is not a tensor")
+            if not _is_opaque_reference(inner):
+                raise _unsupported(f"{type(tensor).__name__}.{name} (from __tensor_flatten__) is not a tensor")
+            # An opaque object kept by reference (DTensor's DeviceMesh): the same one, then.
+            _guard(tx, g.ID_MATCH, inner_source, inner)
+            continue
         if is_traceable_wrapper_subclass(inner):
             guard_subclass_layout(tx, inner, inner_source)
         elif type(inner) not in (torch.Tensor, torch.nn.Parameter) or inner.is_sparse or inner.is_nested:
