@@ -414,3 +414,64 @@ class DataDispatch(_OwnUnflatten, TwoTensor):
 def test_subclass_dispatch_reading_data_breaks():
     _breaks_then_matches(lambda x: torch.sin(x) * 2, lambda: (DataDispatch(torch.randn(4), torch.randn(4)),),
                          "data|raised")
+
+
+# --- torchao (skipped where it is not installed: `pip install torchao`) ---------------------------
+
+def _torchao():
+    return pytest.importorskip("torchao")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_torchao_int8_weight_only_linear(backend):
+    _torchao()
+    from torchao.quantization import quantize_
+    try:
+        from torchao.quantization import Int8WeightOnlyConfig as config
+    except ImportError:
+        from torchao.quantization import int8_weight_only as config
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).eval()
+    quantize_(model, config())
+    assert is_traceable_wrapper_subclass(model[0].weight)
+    with torch.no_grad():
+        check_calls(model, lambda: (torch.randn(4, 16),), backend)
+
+
+class QLoRALinear(torch.nn.Module):
+    def __init__(self, to_nf4, linear_nf4, d=256, rank=4):
+        super().__init__()
+        self.linear_nf4 = linear_nf4
+        self.weight = torch.nn.Parameter(to_nf4(torch.randn(d, d)), requires_grad=False)
+        self.lora_a = torch.nn.Parameter(torch.randn(rank, d) * 0.1)
+        self.lora_b = torch.nn.Parameter(torch.randn(d, rank) * 0.1)
+
+    def forward(self, x):
+        return (self.linear_nf4(x, self.weight) + x @ self.lora_a.t() @ self.lora_b.t()).pow(2).mean()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_torchao_nf4_lora_training(backend):
+    _torchao()
+    try:
+        from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import linear_nf4, to_nf4
+    except ImportError:
+        from torchao.dtypes.nf4tensor import linear_nf4, to_nf4
+    torch.manual_seed(0)
+    eager = QLoRALinear(to_nf4, linear_nf4)
+    model = copy.deepcopy(eager)
+    cmodel, cnt = compiled(model, backend)
+    opt_e = torch.optim.SGD([eager.lora_a, eager.lora_b], lr=0.1)
+    opt_c = torch.optim.SGD([model.lora_a, model.lora_b], lr=0.1)
+    for step in range(2):
+        x = torch.randn(8, 256)
+        loss_e, loss_c = eager(x), cmodel(x)
+        assert_same_tensors(loss_e, loss_c, "loss", rtol=1e-4, atol=1e-5)
+        loss_e.backward()
+        loss_c.backward()
+        for name in ("lora_a", "lora_b"):
+            assert_same_tensors(getattr(eager, name).grad, getattr(model, name).grad, name, rtol=1e-4, atol=1e-5)
+        opt_e.step()
+        opt_c.step()
+        opt_e.zero_grad()
+        opt_c.zero_grad()
+    assert cnt.frame_count == 1
