@@ -26,7 +26,8 @@ import torch
 from . import coverage, stamps
 from .kinds import (ALIAS, ARRAYS_APART, CONSTANT_MATCH, DICT_KEYS, GLOBAL_HOOKS, GLOBAL_STATE, HAS_ATTR, ID_MATCH,
                     KINDS, LENGTH_MATCH, MISSING_ATTR, NDARRAY_MATCH, NO_HOOKS, NOT_ALIAS, NOT_OWN_ATTR, SHAPE_ENV,
-                    STATE_MATCH, STORAGE_GROUPS, STORAGE_SHARED, TENSOR_MATCH, TYPE_MATCH, GuardKind, plain_key)
+                    STATE_MATCH, STORAGE_GROUPS, STORAGE_SHARED, SUBCLASS_META, TENSOR_MATCH, TYPE_MATCH, GuardKind,
+                    plain_key, subclass_flatten_meta)
 # What guard checks read, importable from here as before (values.builder, trace/).
 from .probes import (default_device, function_modes, global_state_snapshot, memory_apart, process_group_state,
                      storage_groups)
@@ -36,7 +37,7 @@ __all__ = [
     "GuardKind", "GLOBAL_STATE", "ID_MATCH", "TYPE_MATCH", "CONSTANT_MATCH", "LENGTH_MATCH", "DICT_KEYS",
     "TENSOR_MATCH", "ALIAS", "SHAPE_ENV", "STATE_MATCH", "NO_HOOKS", "NOT_ALIAS", "STORAGE_SHARED",
     "STORAGE_GROUPS", "MISSING_ATTR", "HAS_ATTR", "NOT_OWN_ATTR", "NDARRAY_MATCH", "ARRAYS_APART", "GLOBAL_HOOKS",
-    "plain_key", "default_device", "function_modes", "global_state_snapshot", "memory_apart",
+    "SUBCLASS_META", "subclass_flatten_meta", "plain_key", "default_device", "function_modes", "global_state_snapshot", "memory_apart",
     "process_group_state", "storage_groups", "value_holds", "TensorMeta", "ArrayMeta", "Guard", "GuardSet",
     "add_global_state_guards", "add_process_group_guard", "compile_guards", "GuardText", "global_names",
 ]
@@ -68,11 +69,23 @@ class TensorMeta:
         self.dense_order = None
         if not self.contiguous and t.dim() > 1:
             order = tuple(sorted(range(t.dim()), key=lambda d: (-self.stride[d], d)))
-            if t.permute(order).is_contiguous():
+            # (strides alone: a wrapper subclass's permute runs its __torch_dispatch__)
+            if _dense_in_order([self.shape[d] for d in order], [self.stride[d] for d in order]):
                 self.dense_order = order
 
     def dim(self):
         return len(self.shape)
+
+
+def _dense_in_order(sizes, strides):
+    """Are sizes/strides (outermost first) those of a contiguous tensor? (as is_contiguous:
+    dims of size 1 may have any stride)"""
+    expected = 1
+    for n, s in zip(reversed(sizes), reversed(strides)):
+        if n != 1 and s != expected:
+            return False
+        expected *= n
+    return True
 
 
 class ArrayMeta:

@@ -630,6 +630,46 @@ class NotOwnAttr(GuardKind):
         return isinstance(value, torch.nn.Module) and cov.watch_if(value)
 
 
+def subclass_flatten_meta(t):
+    """What a traceable wrapper subclass says of its layout: (inner tensor names, context)."""
+    names, ctx = t.__tensor_flatten__()
+    return tuple(names), ctx
+
+
+def subclass_meta_holds(t, expected):
+    """Does the wrapper subclass ``t`` flatten as ``expected`` (names, context) did? The class's
+    own ``__metadata_guard__`` compares contexts where it has one (as under torch.compile)."""
+    names, ctx = subclass_flatten_meta(t)
+    if names != expected[0]:
+        return False
+    same = getattr(type(t), "__metadata_guard__", None)
+    try:
+        ok = same(expected[1], ctx) if same is not None else ctx == expected[1]
+        return ok is True or (type(ok) is not bool and bool(ok) is True)
+    except Exception:
+        return False
+
+
+class SubclassMeta(GuardKind):
+    """A traceable wrapper subclass (DTensor, TwoTensor, a quantized weight) flattens to the same
+    inner tensor names and context (``expected``: both, from ``__tensor_flatten__``); its type,
+    sizes and its inner tensors have TENSOR_MATCH guards of their own."""
+    namespace = {"_subclass_meta_holds": subclass_meta_holds}
+
+    def checks(self, g, em):
+        e, who = em.render(g.source), g.source.name()
+        c = em.const(g.expected)
+        return [(f"_subclass_meta_holds({e}, {c})",
+                 f"f'{who} flattens differently than when compiled: expected inner tensors {list(g.expected[0])} "
+                 f"and context {g.expected[1]!r}'")]
+
+    def describe(self, g):
+        return f"{_where(g)}: SUBCLASS_META inner={list(g.expected[0])} context={g.expected[1]!r}"
+
+    def holds(self, obj, expected):
+        return subclass_meta_holds(obj, expected)
+
+
 GLOBAL_STATE = GlobalState("GLOBAL_STATE")
 ID_MATCH = IdMatch("ID_MATCH")
 TYPE_MATCH = TypeMatch("TYPE_MATCH")
@@ -650,6 +690,7 @@ NOT_OWN_ATTR = NotOwnAttr("NOT_OWN_ATTR")
 NDARRAY_MATCH = NdarrayMatch("NDARRAY_MATCH")
 ARRAYS_APART = ArraysApart("ARRAYS_APART")
 GLOBAL_HOOKS = GlobalHooks("GLOBAL_HOOKS")
+SUBCLASS_META = SubclassMeta("SUBCLASS_META")
 
 
 def kind_named(name) -> GuardKind:

@@ -90,7 +90,8 @@ class TensorValue(Value):
         super().__init__(source)
         self.node = node
         self.fake = fake
-        self.cls = cls
+        # A wrapper subclass (TwoTensor, DTensor) made in the graph: its fake is of the class.
+        self.cls = type(fake) if cls is torch.Tensor and hasattr(type(fake), "__tensor_flatten__") else cls
         self.selected = None
 
     def python_type(self):

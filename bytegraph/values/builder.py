@@ -15,6 +15,7 @@ import weakref
 
 import numpy as np
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ..config import config
 from ..errors import Unsupported
@@ -370,7 +371,10 @@ def _wrap_tensor(tx, tensor, source):
             and not (source.table == "_buffers" and _buffer_reassigned(tensor, source)):
         # Module state is reached through get_attr; its identity is what we rely on.
         _guard(tx, g.ID_MATCH, source, tensor)
-        return tx.graph.add_module_state(tensor, source, is_parameter=source.table == "_parameters")
+        value = tx.graph.add_module_state(tensor, source, is_parameter=source.table == "_parameters")
+        if is_traceable_wrapper_subclass(tensor):
+            _check_fake_class(tensor, value.fake, source.name())
+        return value
     if source is None:
         raise _unsupported("a tensor that cannot be re-read on later calls (no source)")
     if id(tensor) in tx.static_tensors:
@@ -378,6 +382,14 @@ def _wrap_tensor(tx, tensor, source):
         # tensors, read like module state (get_attr, guarded by identity).
         _guard(tx, g.ID_MATCH, source, tensor)
         return tx.graph.add_module_state(tensor, source, is_parameter=type(tensor) is torch.nn.Parameter)
+    if is_traceable_wrapper_subclass(tensor):
+        return _wrap_subclass(tx, tensor, source)
+    if type(tensor) not in (torch.Tensor, torch.nn.Parameter) and not tensor.is_sparse and not tensor.is_nested:
+        raise Unsupported(f"{source.name()} is a {type(tensor).__qualname__}, a tensor subclass that is not a traceable "
+                           "wrapper subclass (no __tensor_flatten__/__tensor_unflatten__/__torch_dispatch__): its "
+                           "__torch_function__ is not traced yet",
+                           hint="pass x.as_subclass(torch.Tensor) (if the override does not matter there), or make "
+                                "the class a wrapper subclass; without fullgraph=True the code using it runs eagerly")
     if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.is_sparse or tensor.is_nested:
         raise _unsupported(f"tensor subclass or layout not supported yet: {type(tensor).__name__}")
     dynamic = tx.dynamic_dims_for(tensor, source)
@@ -385,6 +397,66 @@ def _wrap_tensor(tx, tensor, source):
     symbolic = tuple(d for d in dynamic if isinstance(value.fake.shape[d], torch.SymInt))
     tx.guards.add(g.TENSOR_MATCH, source, g.TensorMeta(tensor), dynamic_dims=symbolic)
     return value
+
+
+def _wrap_subclass(tx, tensor, source):
+    """A traceable wrapper subclass (``__tensor_flatten__``/``__torch_dispatch__``) as a graph
+    input: its fake is the subclass over fake inner tensors, so its ``__torch_dispatch__`` runs
+    as the graph is built; the graph takes (and the backend gets) the subclass itself. Sizes stay
+    static (a new size recompiles)."""
+    guard_subclass_layout(tx, tensor, source)
+    value = tx.graph.add_input(tensor, source, {})
+    _check_fake_class(tensor, value.fake, source.name())
+    tx.guards.add(g.TENSOR_MATCH, source, g.TensorMeta(tensor))
+    return value
+
+
+def _is_opaque_reference(obj):
+    """An object torch's compile stack carries by reference through a graph (torch 2.13's opaque
+    objects: a DeviceMesh among DTensor's flattened parts)."""
+    try:
+        from torch._library.opaque_object import is_opaque_reference_type
+    except ImportError:
+        return False
+    return is_opaque_reference_type(type(obj))
+
+
+def _check_fake_class(tensor, fake, where):
+    """The fake made through ``__tensor_unflatten__`` is of the tensor's class, all the way in (a
+    subclass inheriting its base's unflatten would be traced as the base)."""
+    if not is_traceable_wrapper_subclass(tensor):
+        return      # a plain inner tensor: its fake is a FakeTensor
+    if type(fake) is not type(tensor):
+        raise Unsupported(f"{where}: {type(tensor).__qualname__}.__tensor_unflatten__ makes a {type(fake).__qualname__}, "
+                          f"not a {type(tensor).__qualname__}, so its operations cannot be traced as its own",
+                          hint=f"define __tensor_unflatten__ on {type(tensor).__qualname__} returning its own class")
+    for name in tensor.__tensor_flatten__()[0]:
+        if isinstance(getattr(tensor, name), torch.Tensor):
+            _check_fake_class(getattr(tensor, name), getattr(fake, name), f"{where}.{name}")
+
+
+def guard_subclass_layout(tx, tensor, source):
+    """Guards on how a wrapper subclass is made: its inner tensor names and flatten context, and
+    each inner tensor's type, dtype, device, sizes and strides (nested subclasses too)."""
+    meta = g.subclass_flatten_meta(tensor)
+    if not g.KINDS[g.SUBCLASS_META].holds(tensor, meta):
+        raise _unsupported(f"{type(tensor).__name__}: the context of __tensor_flatten__ ({meta[1]!r}) is not equal "
+                           f"to itself, so no guard can tell when it changes")
+    tx.guards.add(g.SUBCLASS_META, source, meta)
+    for name in meta[0]:
+        inner, inner_source = getattr(tensor, name), AttrSource(source, name)
+        if not isinstance(inner, torch.Tensor):
+            if not _is_opaque_reference(inner):
+                raise _unsupported(f"{type(tensor).__name__}.{name} (from __tensor_flatten__) is not a tensor")
+            # An opaque object kept by reference (DTensor's DeviceMesh): the same one, then.
+            _guard(tx, g.ID_MATCH, inner_source, inner)
+            continue
+        if is_traceable_wrapper_subclass(inner):
+            guard_subclass_layout(tx, inner, inner_source)
+        elif type(inner) not in (torch.Tensor, torch.nn.Parameter) or inner.is_sparse or inner.is_nested:
+            raise _unsupported(f"{type(tensor).__name__}.{name}: tensor subclass or layout not supported "
+                               f"inside a wrapper subclass: {type(inner).__name__}")
+        tx.guards.add(g.TENSOR_MATCH, inner_source, g.TensorMeta(inner))
 
 
 def _module_is_numpy(t):

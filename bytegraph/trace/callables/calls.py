@@ -29,7 +29,7 @@ from ...values.arrays import NdarrayMethodValue
 from ..core import ops
 from ..numpy_api import numpy_calls
 from ..python import attrs, generators, operators, protocols
-from ..torch_api import distributed, higher_order, torch_wrappers
+from ..torch_api import distributed, higher_order, subclasses, torch_wrappers
 from ..core.basics import note_process_local, refuse_traced_ids
 from ..python.exceptions import PythonError, make_exception, raise_new
 from ..core.basics import type_name
@@ -214,6 +214,8 @@ def _call_enum_class(frame, fv, args, kwargs):
 
 def _call_type(frame, fv, args, kwargs):
     obj = fv.obj
+    if subclasses.is_wrapper_subclass_type(obj):
+        return subclasses.make_wrapper_subclass(frame, obj, args, kwargs)
     if obj.__module__.startswith("torch"):
         made = call_torch_class(frame, obj, args, kwargs)
         if made is not None:
@@ -566,6 +568,11 @@ def tensor_method(frame: RunningFrame, tensor: TensorValue, name: str, args: lis
                           hint=TENSOR_DATA_HINT)
     if name in _UNSUPPORTED_METHODS:
         raise Unsupported(f"Tensor.{name}() is not supported in a graph yet")
+    if name == "as_subclass":
+        if not args or getattr(args[0], "obj", None) is not torch.Tensor:
+            raise Unsupported("Tensor.as_subclass() to a tensor subclass is not supported in a graph yet (its "
+                              "__torch_function__ is not traced)",
+                              hint="without fullgraph=True the code from there runs eagerly")
     if name in ("size", "stride") and not kwargs:
         shape = tensor.fake.shape if name == "size" else tensor.fake.stride()
         symbolic = any(isinstance(s, torch.SymInt) for s in shape)

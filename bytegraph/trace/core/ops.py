@@ -74,7 +74,13 @@ def generator_attr(frame: RunningFrame, gen: Value, name: str) -> Value:
     raise _not_wired("generator_attr")
 
 
-_ENTRIES = ("HANDLERS", "call", "inline_call", "fold", "tensor_method", "call_stdlib_object",
+def subclass_attr(frame: RunningFrame, tensor: Value, name: str) -> Value | None:
+    """``t.name`` on a traceable wrapper subclass (its inner tensors, its own Python methods and
+    attributes); None where it reads as on any tensor (torch_api.subclasses.subclass_attr)."""
+    raise _not_wired("subclass_attr")
+
+
+_ENTRIES = ("HANDLERS", "subclass_attr", "call", "inline_call", "fold", "tensor_method", "call_stdlib_object",
             "iterate", "call_method", "inplace_operator", "generator_attr")
 
 

@@ -9,6 +9,9 @@ generator, with contextlib's rules for what ``__exit__`` returns or raises.
 import contextlib
 import types
 
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from ...datamodel import class_lookup
 from ...errors import Unsupported
 from ...values.base import (BoundMethodValue, ConstantValue, DictValue, ExceptionValue, GeneratorValue,
@@ -32,6 +35,12 @@ def enter(frame, mgr):
         cls = type(mgr.obj)
     else:
         raise Unsupported(f"with-block on {attrs.describe(mgr)} is not supported yet")
+    if issubclass(cls, (TorchFunctionMode, TorchDispatchMode)):
+        # Entering one changes how every torch call after it runs (a mode stack in C++).
+        raise Unsupported(f"entering a {cls.__qualname__} (a torch {'function' if issubclass(cls, TorchFunctionMode) else 'dispatch'}"
+                          " mode) inside the compiled function is not supported yet",
+                          hint="enter the mode around the call of the compiled function; without fullgraph=True "
+                               "the with-statement runs natively at a graph break")
     methods = []
     for name in ("__enter__", "__exit__"):
         # Special methods are looked up on the class, as CPython does.

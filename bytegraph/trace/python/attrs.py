@@ -273,6 +273,10 @@ def _tensor_attr(frame, v, name):
         return _shape_value(frame, v)
     if name == "__class__":
         return wrap(frame.tx, v.python_type(), None)   # the type is guarded with the tensor
+    if hasattr(v.cls, "__tensor_flatten__"):
+        found = ops.subclass_attr(frame, v, name)
+        if found is not None:
+            return found
     if name in _TENSOR_META:
         return ConstantValue(getattr(v.fake, name))
     if name in _TENSOR_VIEWS:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import operator
+import re
 import types
 
 import torch
@@ -80,6 +81,10 @@ def torch_call(frame: RunningFrame, fn: Callable, args: list[Value], kwargs: dic
     if name in _STATEFUL_NAMES or name.startswith(("set_", "_set_")) or "nesting" in name \
             or name in ("clear_autocast_cache", "_enter_autocast", "_exit_autocast"):
         raise Unsupported(f"torch.{name}() changes global state and cannot be traced")
+    if _acts_on_process_state(fn, args, kwargs):
+        # (a graph node's target runs on fake values as it is added: it would act now, once)
+        raise Unsupported(f"{getattr(fn, '__self__', torch).__name__}.{name}() changes process state "
+                          "(a mode stack, a counter) and cannot be traced")
     if numpy_calls.involves_arrays(*args, *kwargs.values()):
         return numpy_calls.torch_with_arrays(frame, fn, args, kwargs)
     if isinstance(fn, (types.MethodDescriptorType, types.WrapperDescriptorType)):
@@ -99,6 +104,21 @@ def torch_call(frame: RunningFrame, fn: Callable, args: list[Value], kwargs: dic
 _STATE_VALUE_TYPES = (bool, int, float, str, type(None), torch.dtype, torch.device)
 
 
+# Verbs of builtins that change process state when called with no arguments (not questions).
+_ACTS_ON_STATE = re.compile(r"(^|_)(pop|push|clear|reset|empty|enter|exit|set|init|free|release|sync|synchronize|flush|"
+                            r"record|increment|decrement|manual|seed|start|stop|enable|disable|swap|run|wait|"
+                            r"destroy|shutdown|unset|add|remove|register|restore|save|load|collect)(_|$)")
+
+
+def _acts_on_process_state(fn, args, kwargs):
+    """A builtin of torch._C named for an action on state (``_pop_torch_function_stack``,
+    ``_push_on_torch_function_stack``) called on no tensor."""
+    owner = getattr(fn, "__self__", None)
+    return isinstance(fn, types.BuiltinFunctionType) and isinstance(owner, types.ModuleType) \
+        and owner.__name__.startswith("torch._C") and bool(_ACTS_ON_STATE.search(fn.__name__)) \
+        and not any(isinstance(a, TensorValue) for a in list(args) + list(kwargs.values()))
+
+
 def _state_query_path(fn):
     """For a torch builtin called with no arguments (``torch._C._get_deterministic_algorithms``,
     ``torch.get_num_threads``: a question about process state), its dotted path from ``torch``,
@@ -107,6 +127,8 @@ def _state_query_path(fn):
     if not isinstance(fn, types.BuiltinFunctionType) or not isinstance(owner, types.ModuleType) \
             or not owner.__name__.startswith("torch."):
         return None
+    if _ACTS_ON_STATE.search(fn.__name__):
+        return None     # _pop_torch_function_stack(), _increment_version(): asking would change it
     path = f"{owner.__name__}.{fn.__name__}"
     try:
         reached = operator.attrgetter(path[len("torch."):])(torch)   # as the guard will read it
