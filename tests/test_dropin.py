@@ -875,10 +875,11 @@ def test_patch_does_not_import_torch_dynamo():
 
 def test_hit_path_unchanged_by_the_default_stance():
     # The default stance adds nothing to a call: the wrapper scans the same dispatch list.
-    c = bytegraph.compile(sin1, backend="eager")
+    cnt = CompileCounter()
+    c = bytegraph.compile(sin1, backend=cnt)
     c(torch.ones(2))
     cache = c._bytegraph_cache
-    assert len(cache.entries) == 1
+    assert len(cache.entries) == cnt.frame_count == 1
     assert cache.dispatch == [e.guard for e in cache.entries]
     with bytegraph.set_stance("force_eager"):
         assert cache.dispatch == []
