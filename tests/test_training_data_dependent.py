@@ -91,7 +91,12 @@ def check_fn(fn, args, backend, loss=lambda out: out[0].sum() if isinstance(out,
 
 
 def _assert_compiled_where_torch_does(cnt, fn, args, compile_kwargs):
-    """No graph at all is right only where torch.compile makes none either (asked only then)."""
+    """No graph at all is right only where torch.compile makes none either (asked only then);
+    and no frame ran eagerly whole: each was traced to a graph or a break (a data-dependent op
+    runs natively between graphs)."""
+    from bytegraph.debug import records
+    whole = [f"{r.name}: {r.fallback_reason}" for r in records.frames if r.fallback_reason]
+    assert not whole, "frames ran eagerly whole:\n" + "\n".join(whole)
     if cnt.frame_count == 0:
         torch.manual_seed(0)
         made = torch_compile_graphs(fn, tuple(_fresh(args)), dynamic=compile_kwargs.get("dynamic"))
