@@ -24,7 +24,7 @@ from bytegraph.debug import records
 from bytegraph.testing import CompileCounter, same
 
 __all__ = ["check", "check_program", "run_observed", "assert_same_run", "clone_input", "fresh_input", "assert_same",
-           "compile_counted", "torch_compile_graphs", "assert_no_internal_errors", "assert_compiled", "CompileCounter",
+           "compile_counted", "torch_compile_graphs", "assert_no_internal_errors", "assert_compiled", "assert_traced", "CompileCounter",
            "same"]
 
 
@@ -176,6 +176,8 @@ def check(fn, *args, graphs=1, ops=None, fullgraph=None, dynamic=None, rtol=1e-5
         assert_same(eager_args, comp_args, rtol, atol, what="positional inputs after the call")
         assert_same(eager_kwargs, comp_kwargs, rtol, atol, what="keyword inputs after the call")
     assert cnt.frame_count == graphs, f"expected {graphs} graph(s), got {cnt.frame_count}"
+    if graphs == 0 and not fullgraph:
+        assert_traced()
     if ops is not None:
         assert cnt.op_count == ops, (
             f"expected {ops} call node(s) in the graph, got {cnt.op_count}:\n"
@@ -225,7 +227,7 @@ def assert_same_run(expected, actual, what, rtol=1e-5, atol=1e-6):
     assert_same(expected[4], actual[4], rtol, atol, what=f"inputs after the call {what}")
 
 
-def check_program(fn, make, graphs=1, fullgraph=None, calls=2, rtol=1e-5, atol=1e-6):
+def check_program(fn, make, graphs=1, fullgraph=None, calls=2, rtol=1e-5, atol=1e-6, traced=True):
     """Differential test of a program with effects: eager vs compiled, on everything users see.
 
     ``make()`` returns ``(args, kwargs, observe)``: fresh inputs and fresh program
@@ -236,7 +238,9 @@ def check_program(fn, make, graphs=1, fullgraph=None, calls=2, rtol=1e-5, atol=1
     inputs afterwards. The compiled function is called ``calls`` times (each on
     fresh state from ``make``; from the second call on, the tensors ``make`` gives get other
     values, ``fresh_input``, and eager runs again on them); the number of graphs must be
-    ``graphs`` after all calls (so later calls hit the cache). Returns the CompileCounter.
+    ``graphs`` after all calls (so later calls hit the cache); with none, a frame must have been
+    traced to a break (``assert_traced``; ``traced=False`` where the frame falls back whole, the
+    test checking the reason itself). Returns the CompileCounter.
     """
     if fullgraph is None:
         fullgraph = graphs == 1
@@ -247,7 +251,16 @@ def check_program(fn, make, graphs=1, fullgraph=None, calls=2, rtol=1e-5, atol=1
         assert_same_run(expected, run_observed(compiled, call_make), f"(call {i + 1})", rtol, atol)
         assert_no_internal_errors()
     assert cnt.frame_count == graphs, f"expected {graphs} graph(s), got {cnt.frame_count}"
+    if graphs == 0 and not fullgraph and traced:
+        assert_traced()
     return cnt
+
+
+def assert_traced():
+    """A run that compiled no graph was still traced: a frame broke for a reason the tracer
+    found (a raise, an unsupported call), rather than every frame being left to run unread."""
+    frames = [(r.name, r.break_reason, r.fallback_reason) for r in records.frames]
+    assert any(reason for _, reason, _ in frames), f"no frame was traced to a break: {frames}"
 
 
 def _freshened(make, seed):

@@ -16,7 +16,7 @@ import torch
 import bytegraph
 from bytegraph.debug import records
 from bytegraph.debug.counting import count_ops
-from bytegraph.testing import same
+from bytegraph.testing import CompileCounter, same
 import generated_breaks
 
 
@@ -266,10 +266,12 @@ def test_function_apply_returning_its_input_gives_an_alias_as_eager():
         a, b = Identity.apply(x, 2.0)
         return a, b + 1
     x = torch.randn(4)
+    cnt = CompileCounter()
     with torch.no_grad():
         expected = f(x)
-        actual = bytegraph.compile(f, backend="eager")(x)
+        actual = bytegraph.compile(f, backend=cnt)(x)
     assert same(expected, actual)
+    assert cnt.frame_count == 1       # the forward traced into f's graph (torch.compile: 1)
     assert expected[0] is not x and expected[0]._base is x
     assert actual[0] is not x and actual[0]._base is x
 
@@ -475,8 +477,11 @@ def test_hf_model_that_breaks_trains_as_eager(name):
     kw = inputs(name, labels=True)
     eager_loss = loss_of(eager_model(**kw))
     eager_loss.backward()
-    loss = loss_of(bytegraph.compile(compiled_model, backend=lookup_backend("aot_eager"))(**kw))
+    cnt = CompileCounter(lookup_backend("aot_eager"))
+    loss = loss_of(bytegraph.compile(compiled_model, backend=cnt)(**kw))
     loss.backward()
+    # trained through compiled graphs (how many, against torch.compile, is the test above's point)
+    assert cnt.frame_count >= 1
     assert torch.allclose(eager_loss, loss, rtol=1e-4, atol=1e-5)
     eager_params = dict(eager_model.named_parameters())
     for pname, p in compiled_model.named_parameters():

@@ -282,16 +282,19 @@ def test_buffer_update_visible_to_compiled_module():
     with torch.no_grad():
         mod.offset.add_(100.0)
     assert_same(mod(x), compiled(x))
+    assert cnt.frame_count == 1     # the buffer is read by the graph, not baked in: no recompile
 
 
 def test_parameter_update_visible_to_compiled_module():
     mod = MLP()
-    compiled = bytegraph.compile(mod, backend=CompileCounter())
+    cnt = CompileCounter()
+    compiled = bytegraph.compile(mod, backend=cnt)
     x = t(2, 8)
     compiled(x)
     with torch.no_grad():
         mod.fc2.weight.mul_(-3.0)
     assert_same(mod(x), compiled(x))
+    assert cnt.frame_count == 1     # the weight is read by the graph, not baked in: no recompile
 
 
 # ---------------------------------------------------------------- a tiny transformer block
@@ -384,7 +387,8 @@ def test_wrapper_shares_state_with_module():
 
 def test_wrapper_writes_and_load_state_dict_go_to_module():
     mod = MLP()
-    compiled = bytegraph.compile(mod, backend=CompileCounter())
+    cnt = CompileCounter()
+    compiled = bytegraph.compile(mod, backend=cnt)
     compiled.extra = 5
     assert mod.extra == 5
     other = MLP()
@@ -392,6 +396,16 @@ def test_wrapper_writes_and_load_state_dict_go_to_module():
     assert torch.equal(mod.fc1.weight, other.fc1.weight)
     x = t(2, 8)
     assert_same(other(x), compiled(x))
+    assert cnt.frame_count == 1
+
+
+_COPIED_GRAPHS = []
+
+
+def _counting_eager(gm, example_inputs):
+    """A backend that copies and pickles as itself (a module function), counting its graphs."""
+    _COPIED_GRAPHS.append(gm)
+    return gm.forward
 
 
 def test_wrapper_copies_deepcopy_pickle_torch_save():
@@ -401,9 +415,11 @@ def test_wrapper_copies_deepcopy_pickle_torch_save():
     import io
     import pickle
     mod = MLP()
-    compiled = bytegraph.compile(mod, backend="eager", dynamic=False)
+    _COPIED_GRAPHS.clear()
+    compiled = bytegraph.compile(mod, backend=_counting_eager, dynamic=False)
     x = t(2, 8)
     compiled(x)
+    assert len(_COPIED_GRAPHS) == 1
     buf = io.BytesIO()
     torch.save(compiled, buf)
     buf.seek(0)
@@ -416,6 +432,7 @@ def test_wrapper_copies_deepcopy_pickle_torch_save():
         assert_same(c(x), c._orig_mod(x))
         assert not torch.equal(c(x), compiled(x))
     assert_same(compiled(x), mod(x))
+    assert len(_COPIED_GRAPHS) == 1 + len(copies)     # each copy compiled its own module, once
 
 
 def test_wrapper_methods_returning_the_module_return_the_wrapper():
@@ -444,10 +461,12 @@ def test_wrapper_runs_forward_hooks():
     mod = MLP()
     seen = []
     mod.register_forward_hook(lambda m, inp, out: seen.append(out.shape))
-    compiled = bytegraph.compile(mod, backend=CompileCounter())
+    cnt = CompileCounter()
+    compiled = bytegraph.compile(mod, backend=cnt)
     x = t(2, 8)
     assert_same(mod(x), compiled(x))
     assert seen == [torch.Size([2, 4]), torch.Size([2, 4])]
+    assert cnt.frame_count == 1     # the hook traced with the forward (torch.compile: 1)
 
 
 def test_compile_bound_forward_method():
@@ -483,9 +502,11 @@ def test_same_module_compiled_twice_independently():
 def test_deepcopy_of_module_then_compile():
     mod = MLP()
     clone = copy.deepcopy(mod)
-    compiled = bytegraph.compile(clone, backend=CompileCounter())
+    cnt = CompileCounter()
+    compiled = bytegraph.compile(clone, backend=cnt)
     x = t(2, 8)
     assert_same(mod(x), compiled(x))
+    assert cnt.frame_count == 1
 
 
 # ---------------------------------------------------------------- decorator forms
@@ -508,13 +529,16 @@ def test_bare_decorator_on_module_class_instance():
 
 
 def test_decorator_with_arguments():
-    @bytegraph.compile(backend="eager")
+    cnt = CompileCounter()
+
+    @bytegraph.compile(backend=cnt)
     def f(x, y):
         return torch.sin(x) + y
 
     x, y = t(3), t(3)
     assert_same(torch.sin(x) + y, f(x, y))
     assert f.__name__ == "f"
+    assert cnt.frame_count == 1
 
 
 def test_decorator_with_counter_backend_and_fullgraph():

@@ -888,8 +888,8 @@ def test_ternary_and_boolean_operators_on_python_values():
     def f(x, a, b):
         v = a or b
         w = a and b
-        u = b if a > 1 else -b
-        return x * (v + w + u), v, w, u, (None or "default")
+        u = b if a > 1 else 1 - b
+        return x * (v + w + u), v, w, u, (None or "default")   # x * 1: the graph reads x
 
     check(f, t(2), 0, 3)
 

@@ -6,7 +6,9 @@ import torch.nn.functional as F
 
 import bytegraph
 from bytegraph.debug import records
-from helpers import assert_same, check, compile_counted
+from bytegraph.backends.registry import lookup_backend
+from bytegraph.testing import CompileCounter
+from helpers import assert_compiled, assert_same, check, compile_counted
 
 
 def t(*shape, dtype=torch.float32):
@@ -341,17 +343,24 @@ def test_augmented_assignment_on_an_input_is_an_in_place_write():
         x += y
         return x + y
 
-    compiled = bytegraph.compile(f, backend="aot_eager")
+    cnt = CompileCounter(lookup_backend("aot_eager"))
+    compiled = bytegraph.compile(f, backend=cnt)
     compiled(torch.ones(2), torch.ones(2))
     a, b = torch.ones(2), torch.ones(2)
     assert_same(f(a, a), compiled(b, b))
+    assert cnt.frame_count == 2       # two tensors, then one passed twice (as torch.compile)
 
     def g(x):
         text = f"x={x}"
         x *= 3
         return text, x
 
-    assert g(torch.ones(2))[0] == bytegraph.compile(g, backend="eager")(torch.ones(2))[0] == "x=tensor([1., 1.])"
+    cnt = CompileCounter()
+    assert g(torch.ones(2))[0] == bytegraph.compile(g, backend=cnt)(torch.ones(2))[0] == "x=tensor([1., 1.])"
+    # No graph: the break is at `x *= 3` itself, which runs natively, and nothing is left after
+    # it (torch.compile makes 1, breaking at the formatting instead)
+    assert cnt.frame_count == 0
+    assert any("formatted into a string" in (r.break_reason or "") for r in records.frames)
 
     def h(x):        # inplace=True writes too
         text = f"x={x}"
@@ -359,7 +368,9 @@ def test_augmented_assignment_on_an_input_is_an_in_place_write():
         torch.nn.LeakyReLU(inplace=True)(x)
         return text, x
 
-    assert_same(h(torch.tensor([-1.0, 2.0])), bytegraph.compile(h, backend="eager")(torch.tensor([-1.0, 2.0])))
+    cnt = CompileCounter()
+    assert_same(h(torch.tensor([-1.0, 2.0])), bytegraph.compile(h, backend=cnt)(torch.tensor([-1.0, 2.0])))
+    assert cnt.frame_count == 1       # the in-place ops after the text is made (as torch.compile)
 
 
 def test_rows_of_a_tensor_changed_in_place_across_a_break():
@@ -374,7 +385,10 @@ def test_rows_of_a_tensor_changed_in_place_across_a_break():
         return x * 1
 
     x = torch.arange(6.).reshape(3, 2)
-    assert_same(f(x.clone()), bytegraph.compile(f, backend="aot_eager")(x.clone()))
+    cnt = CompileCounter(lookup_backend("aot_eager"))
+    assert_same(f(x.clone()), bytegraph.compile(f, backend=cnt)(x.clone()))
+    # compiled around the breaks (torch.compile runs the frame eagerly: a break in a loop)
+    assert_compiled(cnt)
 
 
 def test_inputs_sharing_storage_one_changed_in_place():
@@ -385,7 +399,9 @@ def test_inputs_sharing_storage_one_changed_in_place():
         return a * 3
 
     a1, a2 = torch.ones(2, requires_grad=True), torch.ones(2, requires_grad=True)
-    assert_same(f(a1, a1.detach()), bytegraph.compile(f, backend="aot_eager")(a2, a2.detach()))
+    cnt = CompileCounter(lookup_backend("aot_eager"))
+    assert_same(f(a1, a1.detach()), bytegraph.compile(f, backend=cnt)(a2, a2.detach()))
+    assert cnt.frame_count == 1       # traced; the backend's failure leaves the graph run as it is
 
 
 def _linear_and_input():
@@ -595,12 +611,16 @@ def test_a_negative_constant_raised_to_a_power(backend):
         return x * ((-2) ** x.shape[0])
 
     x = torch.arange(4.0)
-    compiled = bytegraph.compile(powers, backend=backend)
+    cnt = CompileCounter(lookup_backend(backend))
+    compiled = bytegraph.compile(powers, backend=cnt)
     for s, n in ((-2.0, 3), (-3.0, 4)):
         assert_same(powers(x, s, n), compiled(x, s, n))
-    compiled = bytegraph.compile(by_size, backend=backend, dynamic=True)
+    assert cnt.frame_count == 2       # s and n as constants, then as symbols (as torch.compile)
+    cnt = CompileCounter(lookup_backend(backend))
+    compiled = bytegraph.compile(by_size, backend=cnt, dynamic=True)
     for n in (3, 4, 5):
         assert_same(by_size(torch.ones(n)), compiled(torch.ones(n)))
+    assert cnt.frame_count == 1
 
 
 def test_arguments_named_like_what_graph_code_uses():
@@ -622,4 +642,6 @@ def test_arguments_named_like_what_graph_code_uses():
 
     x = T.tensor([1.0, -2.0])
     for fn in (named_inf, named_self, named_torch, named_device):
-        assert_same(fn(x), bytegraph.compile(fn, backend="eager")(x))
+        cnt = CompileCounter()
+        assert_same(fn(x), bytegraph.compile(fn, backend=cnt)(x))
+        assert cnt.frame_count == 1, fn.__name__

@@ -160,10 +160,13 @@ def test_fail_on_recompile_lets_frames_without_tensors_run():
         y = x + 1
         print(end="")        # a graph break: helper runs from the native step
         return y * helper(n)
-    c = bytegraph.compile(f, backend="eager")
+    cnt = CompileCounter()
+    c = bytegraph.compile(f, backend=cnt)
     c(torch.ones(2), 3)
+    assert cnt.frame_count == 2      # the code before the break and after it (f's resume)
     with bytegraph.set_stance("fail_on_recompile"):
         assert same(c(torch.ones(2), 3), f(torch.ones(2), 3))
+    assert cnt.frame_count == 2
 
 
 def test_stance_inside_a_compiled_function_is_an_error():
@@ -530,9 +533,11 @@ def test_nested_compile_region_is_pending():
 
     def f(x):
         return block(block(x))
-    c = bytegraph.compile(f, backend="eager")
+    cnt = CompileCounter()
+    c = bytegraph.compile(f, backend=cnt)
     x = torch.randn(3)
     assert same(c(x), f(x))
+    assert cnt.frame_count == 1      # traced through the region (torch.compile: one graph too)
 
 
 # --------------------------------------------------------------------- reset, explain, cache artifacts
@@ -665,18 +670,20 @@ def test_fullgraph_raises_at_the_recompile_limit():
 
 def test_settings_carried_into_bytegraph_config_and_given_back():
     before = bytegraph.config.as_dict()
+    cnt = CompileCounter()
     with torch._dynamo.config.patch(suppress_errors=True, optimize_ddp=False, recompile_limit=3):
         bytegraph.patch_torch_compile()
-        bytegraph.compile(sin1, backend="eager")(torch.ones(2))     # settings are read before a compile
+        bytegraph.compile(sin1, backend=cnt)(torch.ones(2))     # settings are read before a compile
         assert bytegraph.config.cache_size_limit == 3
         assert bytegraph.config.optimize_ddp is False
         torch._dynamo.config.suppress_errors = False                # changed again: carried again
         bytegraph.compile(sin1, backend="eager")(torch.ones(3))
         assert bytegraph.config.suppress_errors is False
         bytegraph.config.cache_size_limit = 5                        # set on bytegraph: kept
-        bytegraph.compile(sin1, backend="eager")(torch.ones(4))
+        bytegraph.compile(sin1, backend=cnt)(torch.ones(4))
         assert bytegraph.config.cache_size_limit == 5
         bytegraph.unpatch_torch_compile()
+    assert cnt.frame_count == 2     # the compiles read the settings, then compiled (sizes 2 and 4)
     assert bytegraph.config.as_dict() == dict(before, cache_size_limit=5)
 
 
@@ -687,12 +694,14 @@ def test_settings_carried_into_bytegraph_config_and_given_back():
 def test_settings_without_equivalent_warn_once(setting, value):
     sys.modules["bytegraph.config"]._warned.discard(setting)
     bytegraph.patch_torch_compile()
+    cnt = CompileCounter()
     with torch._dynamo.config.patch(**{setting: value}):
         with pytest.warns(RuntimeWarning, match=setting):
-            bytegraph.compile(sin1, backend="eager")(torch.ones(2))
+            bytegraph.compile(sin1, backend=cnt)(torch.ones(2))
         with warnings.catch_warnings():
             warnings.simplefilter("error")       # once
-            bytegraph.compile(sin1, backend="eager")(torch.ones(3))
+            bytegraph.compile(sin1, backend=cnt)(torch.ones(3))
+    assert cnt.frame_count == 2     # warned, and compiled all the same (each compile a graph)
 
 
 def test_capture_scalar_outputs_is_carried_and_captures():
@@ -741,7 +750,8 @@ def test_inline_inbuilt_nn_modules_is_a_no_op_in_both():
 def test_compiled_module_is_torch_optimized_module_under_patch():
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
     bytegraph.patch_torch_compile()
-    compiled = torch.compile(model, backend="eager")
+    cnt = CompileCounter()
+    compiled = torch.compile(model, backend=cnt)
     from torch._dynamo.eval_frame import OptimizedModule
     assert isinstance(compiled, OptimizedModule) and isinstance(compiled, bytegraph.OptimizedModule)
     assert compiled._orig_mod is model
@@ -750,6 +760,7 @@ def test_compiled_module_is_torch_optimized_module_under_patch():
     assert unwrapped is model
     x = torch.randn(2, 3)
     assert same(compiled(x), model(x))
+    assert cnt.frame_count == 1
     assert compiled.training == model.training
     compiled.eval()
     assert not model.training
@@ -768,13 +779,15 @@ def test_accelerate_unwraps_and_rewraps_a_compiled_model():
     other = pytest.importorskip("accelerate.utils.other")
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
     bytegraph.patch_torch_compile()
-    compiled = torch.compile(model, backend="eager")
+    cnt = CompileCounter()
+    compiled = torch.compile(model, backend=cnt)
     assert other.is_compiled_module(compiled)
     assert other.extract_model_from_parallel(compiled, keep_torch_compile=False) is model
     kept = other.extract_model_from_parallel(compiled, keep_torch_compile=True)
     assert kept is compiled and kept._orig_mod is model
     x = torch.randn(2, 3)
     assert same(kept(x), model(x))
+    assert cnt.frame_count == 1
     assert list(kept.state_dict()) == list(model.state_dict())
 
 
@@ -782,13 +795,17 @@ def test_accelerate_compile_regions():
     other = pytest.importorskip("accelerate.utils.other")
     blocks = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(3)])
     bytegraph.patch_torch_compile()
-    regions = other.compile_regions(blocks, backend="eager")
+    cnt = CompileCounter()
+    regions = other.compile_regions(blocks, backend=cnt)
     assert all(other.is_compiled_module(r) for r in regions) and regions.__dict__["_orig_mod"] is blocks
     x = torch.randn(2, 4)
     expected, out = x, x
     for block, compiled in zip(blocks, regions):
         expected, out = block(expected), compiled(out)
     assert same(out, expected)
+    # A graph per block: bytegraph guards the block it traced (torch.compile makes 2, its
+    # parameters being graph inputs: the second block recompiles, the third reuses that graph).
+    assert cnt.frame_count == 3
     # A difference (docs/dropin.md): bytegraph's compiled view hands its module tree over to the module
     # (no "_orig_mod." level), so modules() of a container never meets the view and accelerate's
     # has_compiled_regions says False; unwrapping then keeps the compiled blocks, which compute the same.
@@ -800,10 +817,12 @@ def test_peft_hotswap_sees_compiled_models():
     model = torch.nn.Linear(3, 3)
     bytegraph.patch_torch_compile()
     assert hasattr(torch.compile(model, backend="eager"), "_orig_mod")
-    model.compile(backend="eager")
+    cnt = CompileCounter()
+    model.compile(backend=cnt)
     assert getattr(model, "_compiled_call_impl", False)
     x = torch.randn(2, 3)
     assert same(model(x), torch.nn.functional.linear(x, model.weight, model.bias))
+    assert cnt.frame_count == 1
 
 
 def test_static_cache_pattern():
@@ -868,9 +887,11 @@ def test_patch_does_not_import_torch_dynamo():
 
 def test_hit_path_unchanged_by_the_default_stance():
     # The default stance adds nothing to a call: the wrapper scans the same dispatch list.
-    c = bytegraph.compile(sin1, backend="eager")
+    cnt = CompileCounter()
+    c = bytegraph.compile(sin1, backend=cnt)
     c(torch.ones(2))
     cache = c._bytegraph_cache
+    assert len(cache.entries) == cnt.frame_count == 1
     assert cache.dispatch == [e.guard for e in cache.entries]
     with bytegraph.set_stance("force_eager"):
         assert cache.dispatch == []

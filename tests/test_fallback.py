@@ -65,13 +65,17 @@ def calls_printing_helper(x):
     return _helper_that_prints(x + 1) - 1
 
 
+# name -> (function, arguments, graphs): the graphs are the tensor code before and after the
+# unsupported line (none before it in asks_the_os; in calls_printing_helper the caller's code
+# before the call, the helper's after its print and the caller's after the call); torch.compile
+# makes as many.
 CASES = {
-    "print": (prints, lambda: (t(3),)),
-    "tensor_branch_pos": (branches_on_tensor_value, lambda: (torch.ones(3),)),
-    "tensor_branch_neg": (branches_on_tensor_value, lambda: (-torch.ones(3) * 5,)),
-    "item": (uses_item, lambda: (t(4),)),
-    "os_getpid": (asks_the_os, lambda: ([3, -1, 2], t(2))),
-    "nested_print": (calls_printing_helper, lambda: (t(3),)),
+    "print": (prints, lambda: (t(3),), 2),
+    "tensor_branch_pos": (branches_on_tensor_value, lambda: (torch.ones(3),), 2),
+    "tensor_branch_neg": (branches_on_tensor_value, lambda: (-torch.ones(3) * 5,), 2),
+    "item": (uses_item, lambda: (t(4),), 2),
+    "os_getpid": (asks_the_os, lambda: ([3, -1, 2], t(2)), 1),
+    "nested_print": (calls_printing_helper, lambda: (t(3),), 3),
 }
 
 
@@ -79,7 +83,7 @@ CASES = {
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_fallback_gives_eager_results(name, capsys):
-    fn, make_args = CASES[name]
+    fn, make_args, graphs = CASES[name]
     args = make_args()
 
     eager_args = clone_input(args)
@@ -93,6 +97,8 @@ def test_fallback_gives_eager_results(name, capsys):
         assert_same(expected, actual)
         assert_same(eager_args, comp_args, what="inputs after the call")
         assert capsys.readouterr().out == expected_out, "printed output must appear exactly once per call"
+    # the code around the unsupported line is still compiled, once (the second call hits)
+    assert cnt.frame_count == graphs
 
 
 def test_branch_on_tensor_value_takes_the_right_branch_each_call():
@@ -100,6 +106,7 @@ def test_branch_on_tensor_value_takes_the_right_branch_each_call():
     pos, neg = torch.ones(3), -torch.ones(3) * 5
     for x in (pos, neg, pos, neg):
         assert_same(branches_on_tensor_value(x), compiled(x))
+    assert cnt.frame_count == 3    # the code before the branch, then each branch once (as torch.compile)
 
 
 def test_item_value_changes_are_respected():
@@ -107,6 +114,8 @@ def test_item_value_changes_are_respected():
     for scale in (1.0, 2.0, 3.0):
         x = torch.ones(4) * scale
         assert_same(uses_item(x), compiled(x))
+    # the code before .item(); after it, s as a constant, then (another value) as a symbol: as torch.compile
+    assert cnt.frame_count == 3
 
 
 def test_list_mutation_repeated():
@@ -117,6 +126,7 @@ def test_list_mutation_repeated():
         assert_same(mutates_input_list(xs_e, x), compiled(xs_c, x))
     assert_same(xs_e, xs_c)
     assert len(xs_c) == 3
+    assert cnt.frame_count == 3    # len(xs) is guarded: one graph per length (as torch.compile)
 
 
 def test_print_of_python_values_inside_fallback(capsys):
@@ -128,13 +138,14 @@ def test_print_of_python_values_inside_fallback(capsys):
     x = t(2)
     assert_same(x * 3, compiled(x, 3))
     assert capsys.readouterr().out == "n = 3\n"
+    assert cnt.frame_count == 1    # x * n after the print
 
 
 # ---------------------------------------------------------------- fullgraph=True raises
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_fullgraph_raises_unsupported_with_user_location(name):
-    fn, make_args = CASES[name]
+    fn, make_args, _ = CASES[name]
     compiled, cnt = compile_counted(fn, fullgraph=True)
     with pytest.raises(bytegraph.Unsupported) as info:
         compiled(*make_args())
@@ -155,9 +166,10 @@ def test_fullgraph_error_does_not_poison_later_calls():
     with pytest.raises(bytegraph.Unsupported):
         compiled(t(3))
     # a non-fullgraph compile of the same function still works
-    relaxed, _ = compile_counted(branches_on_tensor_value)
+    relaxed, relaxed_cnt = compile_counted(branches_on_tensor_value)
     x = t(3)
     assert_same(branches_on_tensor_value(x), relaxed(x))
+    assert relaxed_cnt.frame_count == 2    # the code before the branch and the branch taken
 
 
 def test_unsupported_is_a_bytegraph_error():

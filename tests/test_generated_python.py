@@ -1745,6 +1745,10 @@ def make_program(feature_set, seed):
 
 
 CALL_ORDER = (0, 1, 0, 2)   # which inputs each compiled call gets
+# The reasons a frame of a generated program runs eagerly whole by design: one that reads its own
+# locals (locals()/vars(), in the "shared" decorators) is not split, as a resume function would
+# miss locals (test_fallback.py's test_function_reading_its_locals_after_a_break_runs_eagerly_whole).
+WHOLE_FRAME_FALLBACKS = ("it reads the running frame's locals",)
 
 
 def compare(fn, makers, rtol=1e-4, atol=1e-5, backend=None, call_order=None, may_compile_nothing=False):
@@ -1754,9 +1758,13 @@ def compare(fn, makers, rtol=1e-4, atol=1e-5, backend=None, call_order=None, may
     its backward runs as a user's.
 
     The number of graphs depends on where a program breaks, which differs from torch.compile's
-    breaks; what is asserted is that the first call compiles at least one graph wherever
-    torch.compile does (asked only when it made none), and that no frame fell back after an
-    internal error."""
+    breaks (bytegraph resumes after a break in a loop or ``try``, where torch.compile runs the
+    frame eagerly); what is asserted is that the first call compiles at least one graph wherever
+    torch.compile does (asked only when it made none), that no frame fell back after an
+    internal error, and that no frame ran eagerly whole on any call: every frame is traced to a
+    graph, a break (and its resume), or to nothing to compile (frames that read their own locals
+    apart, ``WHOLE_FRAME_FALLBACKS``). ``may_compile_nothing``: a seed of ``KNOWN_NO_GRAPH``,
+    whose frames may fall back."""
     call_order = call_order or ([0, 1, 0, 2, 3][:len(makers) + 1] if len(makers) >= 3 else [0] * 2)
     inner = getattr(fn, "__wrapped_generated__", None)
     expected = [run_observed(fn, make) for make in makers]
@@ -1769,6 +1777,10 @@ def compare(fn, makers, rtol=1e-4, atol=1e-5, backend=None, call_order=None, may
         records.clear()
         actual = run_observed(compiled, makers[which])
         assert_no_internal_errors()
+        if not may_compile_nothing:
+            whole = [f"  {r.name}: {r.fallback_reason}" for r in records.frames
+                     if r.fallback_reason and not r.fallback_reason.endswith(WHOLE_FRAME_FALLBACKS)]
+            assert not whole, f"call {i + 1}: frames ran eagerly whole:\n" + "\n".join(whole)
         if i == 0:
             frames = list(records.frames)
             one_graph = (len(frames) == 1 and frames[0].break_reason is None

@@ -279,8 +279,9 @@ def test_n_prints_give_n_plus_one_graphs_and_cache(fn, n, capsys):
 
 def test_n_prints_records(capsys):
     compiled, cnt = compile_counted(prints_4)
-    compiled(t(3))
-    compiled(t(3))
+    for _ in range(2):
+        x = t(3)
+        assert_same(prints_4(x), compiled(x))
     reasons = [r.break_reason for r in records.frames]
     assert len(reasons) == 5 and reasons[-1] is None, reasons   # the last piece has no break
     assert all("print" in r for r in reasons[:-1]), reasons
@@ -856,8 +857,8 @@ def mutates_object(box, x):
 
 def test_object_attributes_mutated_across_breaks(capsys):
     compiled, cnt = compile_counted(mutates_object)
-    x = t(3)
     for _ in range(2):
+        x = t(3)      # other values on the second call: the graphs must compute again
         eager_box, comp_box = Box(), Box()
         expected = mutates_object(eager_box, x.clone())
         expected_out = capsys.readouterr().out
@@ -1028,7 +1029,12 @@ def test_logging_info(capsys, caplog):
     eager_msgs = [r.getMessage() for r in caplog.records if r.name == _LOGGER_NAME]
     caplog.clear()
     compiled, cnt = compile_counted(logs_info)
-    for _ in range(2):
+    for i in range(2):
+        if i:      # other values: the graphs must compute again
+            x = fresh_input(x)
+            expected = logs_info(x.clone())
+            eager_msgs = [r.getMessage() for r in caplog.records if r.name == _LOGGER_NAME]
+            caplog.clear()
         assert_same(expected, compiled(x.clone()))
         msgs = [r.getMessage() for r in caplog.records if r.name == _LOGGER_NAME]
         assert msgs == eager_msgs

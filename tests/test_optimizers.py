@@ -116,6 +116,14 @@ def test_optimizer_step_equals_eager(name):
     # The graphs after each step are torch.compile's: one update graph (SGD with momentum: one
     # more for the first step, which makes the buffers); a fused step runs natively: none.
     assert graphs_after == _torch_compile_graphs_per_step(name), graphs_after
+    _assert_fused_step_broke(name)
+
+
+def _assert_fused_step_broke(name):
+    """A fused step compiled nothing because the trace met it, not because nothing was traced."""
+    if "fused" in name:
+        from bytegraph.debug import records
+        assert any("a fused optimizer kernel) runs natively" in (r.break_reason or "") for r in records.frames)
 
 
 @pytest.mark.parametrize("name", ["adam", "adam_foreach", "adamw", "adamw_foreach", "rmsprop", "rmsprop_foreach",
@@ -131,6 +139,7 @@ def test_first_step_compiles_the_graph_every_step_uses(name):
 def test_optimizer_step_through_aot_autograd(name):
     cnt, graphs_after = _run_steps(OPTIMIZERS[name], "aot_eager")
     assert graphs_after == _torch_compile_graphs_per_step(name), graphs_after
+    _assert_fused_step_broke(name)
 
 
 @pytest.mark.parametrize("name", ["sgd_momentum", "adamw_foreach"])
@@ -337,6 +346,8 @@ def test_first_step_with_gradients_set_in_the_same_trace(read_state_first):
     # The gradients are stores the trace has not done yet when the optimizer makes its state
     # (and the state may already have been read): the state is then made in the graph, and
     # what comes out is eager's.
+    cnt = CompileCounter()
+
     def run(step):
         model = _model()
         opt = torch.optim.Adam(model.parameters(), lr=0.01)
@@ -354,12 +365,15 @@ def test_first_step_with_gradients_set_in_the_same_trace(read_state_first):
                         p.grad = torch.ones_like(p) * scale
                 opt.step()
                 return seen
-            return bytegraph.compile(step, backend="eager") if compiled else step
+            return bytegraph.compile(step, backend=cnt) if compiled else step
         return build
 
     eager_model, eager_opt = run(make(False))
     model, opt = run(make(True))
     _assert_same_state(eager_model, eager_opt, model, opt)
+    # the first step (state made in the graph), the later ones; reading len(opt.state) first
+    # adds one for its value changing from 0 to 2 (torch.compile makes as many: 2, 3)
+    assert cnt.frame_count == (3 if read_state_first else 2)
 
 
 def test_two_param_groups_equal_eager():
@@ -417,7 +431,8 @@ def test_clip_grad_norm_in_a_whole_training_step_is_traced(foreach):
     eager_model = _model()
     model = copy.deepcopy(eager_model)
     eager_opt, opt = OPTIMIZERS["adamw_foreach"](eager_model.parameters()), OPTIMIZERS["adamw_foreach"](model.parameters())
-    eager_step, step = make(eager_model, eager_opt), bytegraph.compile(make(model, opt))
+    cnt = CompileCounter()
+    eager_step, step = make(eager_model, eager_opt), bytegraph.compile(make(model, opt), backend=cnt)
     torch.manual_seed(1)
     for i in range(4):
         x, y = torch.randn(3, 4), torch.randn(3, 2)
@@ -425,6 +440,9 @@ def test_clip_grad_norm_in_a_whole_training_step_is_traced(foreach):
         assert norm_e > 0.05          # clipping changes the update
         assert torch.allclose(loss_e, loss_c, rtol=RTOL, atol=ATOL) and torch.allclose(norm_e, norm_c, rtol=RTOL), i
         _assert_same_state(eager_model, eager_opt, model, opt)
+    # forward and loss (a break at backward()), the clipping and the update's first step and its
+    # later ones (torch.compile's 3 as well)
+    assert cnt.frame_count == 3
     reasons = [b.reason for b in bytegraph.explain(make(model, opt))(x, y).break_reasons]
     assert not any("clip" in r or "mul_" in r or "holding tensors" in r for r in reasons), reasons
 
@@ -458,6 +476,7 @@ def test_grad_scaler_step_equals_eager():
         assert torch.allclose(eager_step(x, y), step(x, y), rtol=RTOL, atol=ATOL), i
         _assert_same_state(eager_model, eager_opt, model, opt)
         assert eager_scaler.get_scale() == scaler.get_scale(), i    # grows every 2 steps without infs
+    assert cnt.frame_count == 4     # torch.compile's 4 as well
     reasons = [b.reason for b in bytegraph.explain(make(model, opt, scaler))(x, y).break_reasons]
     assert not any("class" in r or "values" in r for r in reasons), reasons
 

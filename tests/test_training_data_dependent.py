@@ -91,7 +91,12 @@ def check_fn(fn, args, backend, loss=lambda out: out[0].sum() if isinstance(out,
 
 
 def _assert_compiled_where_torch_does(cnt, fn, args, compile_kwargs):
-    """No graph at all is right only where torch.compile makes none either (asked only then)."""
+    """No graph at all is right only where torch.compile makes none either (asked only then);
+    and no frame ran eagerly whole: each was traced to a graph or a break (a data-dependent op
+    runs natively between graphs)."""
+    from bytegraph.debug import records
+    whole = [f"{r.name}: {r.fallback_reason}" for r in records.frames if r.fallback_reason]
+    assert not whole, "frames ran eagerly whole:\n" + "\n".join(whole)
     if cnt.frame_count == 0:
         torch.manual_seed(0)
         made = torch_compile_graphs(fn, tuple(_fresh(args)), dynamic=compile_kwargs.get("dynamic"))
@@ -408,9 +413,11 @@ def test_second_backward_accumulates_like_eager(backend):
     torch.manual_seed(0)
     eager_model = _Branches()
     compiled_model = copy.deepcopy(eager_model)
-    compiled = bytegraph.compile(compiled_model, backend=backend)
+    cnt = CompileCounter(lookup_backend(backend))
+    compiled = bytegraph.compile(compiled_model, backend=cnt)
     inputs_e, inputs_c = _fresh(_branch_inputs()), _fresh(_branch_inputs())
     out_e, out_c = eager_model(*inputs_e), compiled(*inputs_c)
+    assert cnt.frame_count == 1      # the forward, one graph (as torch.compile)
     for k in (0, 1, 0):
         out_e[k].pow(2).sum().backward(retain_graph=True)
         out_c[k].pow(2).sum().backward(retain_graph=True)
@@ -532,9 +539,11 @@ def test_none_grads_when_the_graph_mutates_an_input(backend, pick):
         return out, [b.grad, v1.grad, v2.grad]
 
     out_e, grads_e = run(f_mutates_input)
-    out_c, grads_c = run(bytegraph.compile(f_mutates_input, backend=backend))
+    cnt = CompileCounter(lookup_backend(backend))
+    out_c, grads_c = run(bytegraph.compile(f_mutates_input, backend=cnt))
     _assert_same_outputs(out_e, out_c)
     _assert_grads_equal(grads_e, grads_c, "grad")
+    assert cnt.frame_count == 1      # f_mutates_input has no break: one graph
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -569,10 +578,12 @@ def test_one_backward_through_two_calls(backend):
     torch.manual_seed(0)
     eager_model = _Branches()
     compiled_model = copy.deepcopy(eager_model)
-    compiled = bytegraph.compile(compiled_model, backend=backend)
+    cnt = CompileCounter(lookup_backend(backend))
+    compiled = bytegraph.compile(compiled_model, backend=cnt)
     inputs_e, inputs_c = _fresh(_branch_inputs()), _fresh(_branch_inputs())
     first_e, second_e = eager_model(*inputs_e), eager_model(*inputs_e)
     first_c, second_c = compiled(*inputs_c), compiled(*inputs_c)
+    assert cnt.frame_count == 1      # the forward, one graph, hit on the second call (as torch.compile)
     (first_e[0].sum() + second_e[1].sum()).backward()
     (first_c[0].sum() + second_c[1].sum()).backward()
     _assert_grads_equal(_model_grads(eager_model), _model_grads(compiled_model), "parameter grad")
