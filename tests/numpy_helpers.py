@@ -67,6 +67,32 @@ def same_np(expected, actual, path="result", rtol=1e-6, atol=1e-8):
         raise AssertionError(f"{path}: {expected!r} (eager) vs {actual!r} (compiled)")
 
 
+def _scaled(args):
+    """``args`` (fresh from ``make()``) with every writeable floating array and tensor scaled by
+    1.25 in place, so layouts, views and shared memory stay as made (integers, booleans, scalars
+    and other values as they are: indices, masks and specialised numbers stay valid)."""
+    seen = set()
+
+    def scale(a):
+        if isinstance(a, np.ndarray) and a.dtype.kind in "fc" and a.flags.writeable:
+            base = a.base if a.base is not None else a
+            if id(base) not in seen:     # views of one array: scaled once, through the first
+                seen.add(id(base))
+                np.multiply(a, a.dtype.type(1.25), out=a)
+        elif isinstance(a, torch.Tensor) and (a.is_floating_point() or a.is_complex()) and not a.requires_grad:
+            key = a.untyped_storage().data_ptr()
+            if key not in seen:
+                seen.add(key)
+                a.mul_(1.25)
+        elif type(a) in (list, tuple):
+            for x in a:
+                scale(x)
+        return a
+    for a in args:
+        scale(a)
+    return args
+
+
 def run_both(fn, make, fullgraph=False, backend=None):
     """(eager result, eager args after, compiled fn, counter)."""
     eager_args = make()
@@ -76,14 +102,23 @@ def run_both(fn, make, fullgraph=False, backend=None):
     return expected, eager_args, compiled, cnt
 
 
-def check_np(fn, make, graphs=1, rtol=1e-6, atol=1e-8, fullgraph=None, calls=2):
-    """The differential check of the module docstring; returns the counter."""
+def check_np(fn, make, graphs=1, rtol=1e-6, atol=1e-8, fullgraph=None, calls=2, vary=True):
+    """The differential check of the module docstring; returns the counter. ``vary``: later calls
+    get floating arrays and tensors scaled by 1.25 (eager re-run on the same), so a result frozen
+    at the first call is caught; False where the program's result may not change that way."""
     if fullgraph is None:
         fullgraph = graphs in (0, 1)
     expected, eager_args, compiled, cnt = run_both(fn, make, fullgraph)
     first = None
     for call in range(calls):
-        args = make()
+        if call > 0 and vary:
+            # Other values of the same kinds (floating arrays and tensors scaled), eager re-run on
+            # them: a graph answering its first call's outputs again must not pass.
+            eager_args = _scaled(make())
+            expected = fn(*eager_args)
+            args = _scaled(make())
+        else:
+            args = make()
         actual = compiled(*args)
         same_np(expected, actual, "result" if call == 0 else "result of the second call", rtol, atol)
         same_np(eager_args, args, "arguments after the call", rtol, atol)

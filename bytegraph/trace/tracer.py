@@ -18,7 +18,7 @@ from .nn import module_calls, module_enumeration  # noqa: F401 (module_enumerati
 from .python import generators, iteration
 from .torch_api import checks, pytree  # noqa: F401 (registering handlers)
 from .torch_api import subclasses
-from .torch_api import higher_order_flex, higher_order_loops  # noqa: F401 (register their calls with higher_order)
+from .torch_api import autograd_function, higher_order_flex, higher_order_loops  # noqa: F401 (register their calls with higher_order)
 from .nn import higher_order_regions  # noqa: F401 (registers its calls with torch_api.higher_order)
 from .torch_api.torch_calls import undo_state_changes
 
