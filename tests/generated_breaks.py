@@ -144,15 +144,17 @@ def tensor_ops(gm):
 
 
 class RunCounter:
-    """A backend counting its graphs and the tensor ops of the graphs that run (``ran``)."""
+    """A backend counting its graphs and the ops of the graphs that run (``ran``), as ``count``
+    counts them (default: tensor ops)."""
 
-    def __init__(self):
+    def __init__(self, count=None):
         self.graphs = 0
         self.ran = 0
+        self.count = count or tensor_ops
 
     def __call__(self, gm, example_inputs):
         self.graphs += 1
-        ops = tensor_ops(gm)
+        ops = self.count(gm)
 
         def run(*args):
             self.ran += ops

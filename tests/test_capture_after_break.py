@@ -20,21 +20,9 @@ from bytegraph.testing import CompileCounter, same
 import generated_breaks
 
 
-class RunCounter:
-    """A backend that counts its graphs and the ops of the graphs that run (``ran``)."""
-
-    def __init__(self):
-        self.graphs = 0
-        self.ran = 0
-
-    def __call__(self, gm, example_inputs):
-        self.graphs += 1
-        ops = count_ops(gm)
-
-        def run(*args):
-            self.ran += ops
-            return gm.forward(*args)
-        return run
+def RunCounter():
+    """A backend that counts its graphs and the ops (``count_ops``) of the graphs that run (``ran``)."""
+    return generated_breaks.RunCounter(count_ops)
 
 
 def _second_call(compile_fn, fn, args, reset):

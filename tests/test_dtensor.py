@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import bytegraph
-from test_subclasses import assert_same_tensors, compiled
+from test_subclasses import assert_same_tensors, compiled, same_training
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="torch.distributed with gloo is not available")
@@ -80,14 +80,7 @@ def test_dtensor_parameters_training(mesh, backend):
     eager = DTLinear(mesh)
     model = copy.deepcopy(eager)
     cmodel, cnt = compiled(model, backend)
-    for step in range(2):
-        x = distribute_tensor(torch.randn(3, 4), mesh, [Replicate()])
-        loss_e, loss_c = eager(x), cmodel(x)
-        assert_same_tensors(loss_e, loss_c, "loss")
-        loss_e.backward()
-        loss_c.backward()
-        for (name, pe), pc in zip(eager.named_parameters(), model.parameters()):
-            assert_same_tensors(pe.grad, pc.grad, f"{name}.grad", rtol=1e-4, atol=1e-5)
+    same_training(eager, model, cmodel, lambda: distribute_tensor(torch.randn(3, 4), mesh, [Replicate()]))
     assert cnt.frame_count == 1
 
 

@@ -19,6 +19,19 @@ aten = torch.ops.aten
 BACKENDS = ["eager", "aot_eager"]
 
 
+def same_training(eager, model, cmodel, make_input, steps=2):
+    """``steps`` forward/backward steps of ``eager`` and of ``cmodel`` (compiled ``model``, a copy of
+    ``eager``) on the same inputs: equal losses and parameter gradients."""
+    for _ in range(steps):
+        x = make_input()
+        loss_e, loss_c = eager(x), cmodel(x)
+        assert_same_tensors(loss_e, loss_c, "loss")
+        loss_e.backward()
+        loss_c.backward()
+        for (name, pe), pc in zip(eager.named_parameters(), model.parameters()):
+            assert_same_tensors(pe.grad, pc.grad, f"{name}.grad", rtol=1e-4, atol=1e-5)
+
+
 def assert_same_tensors(expected, actual, what="out", rtol=1e-5, atol=1e-6):
     """Equal structure, classes, flatten contexts and values (inner tensors one by one)."""
     assert type(actual) is type(expected), f"{what}: {type(actual).__name__} vs eager's {type(expected).__name__}"
@@ -171,14 +184,7 @@ def test_two_tensor_parameter_training(backend, x_kind):
     eager = TwoLinear()
     model = copy.deepcopy(eager)
     cmodel, cnt = compiled(model, backend)
-    for step in range(2):
-        x = torch.randn(2, 4) if x_kind == "plain" else two(2, 4)
-        loss_e, loss_c = eager(x), cmodel(x)
-        assert_same_tensors(loss_e, loss_c, "loss")
-        loss_e.backward()
-        loss_c.backward()
-        for (name, pe), pc in zip(eager.named_parameters(), model.parameters()):
-            assert_same_tensors(pe.grad, pc.grad, f"{name}.grad", rtol=1e-4, atol=1e-5)
+    same_training(eager, model, cmodel, lambda: torch.randn(2, 4) if x_kind == "plain" else two(2, 4))
     assert cnt.frame_count == 1
 
 
