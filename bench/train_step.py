@@ -13,6 +13,9 @@ patching of torch.optim are per process):
   step; the ``graphs`` column says how many graphs each compiler made over all the steps.
 - ``inference batch 1, reduce-overhead``: ``mode="reduce-overhead"`` (CUDA graphs) on a
   batch of 1 x 128 tokens, under no_grad.
+- ``whole step, float8 linears (torchao)`` (``--float8``): the whole step with the blocks' Linear
+  layers converted by torchao's ``convert_to_float8_training`` (float8 matmuls through its tensor
+  subclass; needs an H100/H200 and torchao installed).
 - ``activation checkpointing`` (``--checkpoint``): the whole step with every block under
   ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` next to the same without;
   the ``memory`` column is the peak memory of a step above the model's (CUDA), or on the CPU
@@ -68,6 +71,7 @@ class CheckpointedGPT(GPT):
 ROWS = ["whole step, AdamW foreach", "whole step, AdamW fused", "model compiled, AdamW foreach",
         "whole step + LR scheduler", "inference batch 1, reduce-overhead"]
 CHECKPOINT_ROWS = ["whole step, no checkpointing", "whole step, checkpointed blocks"]
+FLOAT8_ROWS = ["whole step, float8 linears (torchao), AdamW foreach"]
 COMPILERS = ["eager", "torch.compile", "bytegraph"]
 VARIANT_ENV = {"bytegraph-whole": ("bytegraph", {"BYTEGRAPH_REGIONAL_COMPILE": "0"})}
 
@@ -124,6 +128,8 @@ def build(row, compiler, args, s, device):
     ckpt = row == CHECKPOINT_ROWS[1]
     cls = CheckpointedGPT if ckpt else GPT
     model = cls(s["layers"], s["d"], heads=s["heads"], vocab=s["vocab"], ctx=max(s["tokens"], 128)).to(device)
+    if "float8" in row:
+        float8_linears(model)
     counter = [0]
     mode = None
     backend = args.backend
@@ -177,6 +183,14 @@ def build(row, compiler, args, s, device):
     x = torch.randint(0, s["vocab"], (s["batch"], s["tokens"]), device=device)
     y = torch.randint(0, s["vocab"], (s["batch"], s["tokens"]), device=device)
     return fn, (x, y), counter, model
+
+
+def float8_linears(model):
+    """torchao's float8 training: every block's Linear becomes a Float8Linear (its matmuls in
+    float8 with dynamic scaling, weights and activations cast by torchao's tensor subclass inside
+    the step). The output head stays in bf16: its width (the vocabulary) is not a multiple of 16."""
+    from torchao.float8 import convert_to_float8_training
+    convert_to_float8_training(model, module_filter_fn=lambda mod, fqn: fqn.startswith("blocks."))
 
 
 def cold_caches():
@@ -329,7 +343,7 @@ def saved_bytes(fn, inputs):
 
 
 def run_all(args):
-    rows = CHECKPOINT_ROWS if args.checkpoint else ROWS
+    rows = CHECKPOINT_ROWS if args.checkpoint else FLOAT8_ROWS if args.float8 else ROWS
     if args.rows in rows:
         rows = [args.rows]
     elif args.rows:
@@ -435,6 +449,8 @@ def main():
     p.add_argument("--backend", default="inductor", help="backend for both compilers (inductor, aot_eager...)")
     p.add_argument("--tiny", action="store_true", help="a 2-layer toy model (for checking on the CPU)")
     p.add_argument("--checkpoint", action="store_true", help="the activation checkpointing rows instead")
+    p.add_argument("--float8", action="store_true",
+                   help="the float8 training row instead (torchao's convert_to_float8_training; H100/H200)")
     p.add_argument("--rows", default=None, help="comma-separated words choosing rows (e.g. 'fused,inference')")
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--d", type=int, default=768)

@@ -18,6 +18,7 @@ from ...guards.sources import AttrSource, ObjectSource
 from ...values.base import BoundMethodValue, ConstantValue, TensorValue, TracerCallableValue
 from ...values.builder import wrap
 from ..core import ops
+from ..core.basics import as_constant, describe
 from ..python.protocols import guard_class_method
 
 
@@ -35,15 +36,38 @@ def make_wrapper_subclass(frame, cls, args, kwargs):
     if not any(isinstance(v, TensorValue) for v in values):
         raise Unsupported(f"creating a {cls.__qualname__} from no traced tensor is not supported yet",
                           hint="make it outside the compiled function and pass it in")
-    for v in values:
-        if not isinstance(v, (TensorValue, ConstantValue)):
-            raise Unsupported(f"creating a {cls.__qualname__} from a {type(v).__name__} argument is not "
-                              "supported yet (only tensors and constants)",
-                              hint="make it outside the compiled function and pass it in")
-    result = frame.tx.graph.call("call_function", cls, list(args), dict(kwargs), describe=f"{cls.__qualname__}()")
+    target = cls
+    if not all(isinstance(v, (TensorValue, ConstantValue)) for v in values):
+        target, args, kwargs = _constructor_with_constants(cls, args, kwargs)
+    result = frame.tx.graph.call("call_function", target, list(args), dict(kwargs), describe=f"{cls.__qualname__}()")
     if not isinstance(result, TensorValue) or type(result.fake) is not cls:
         raise Unsupported(f"{cls.__qualname__}() did not make a {cls.__qualname__} on fake tensors")
     return result
+
+
+def _constructor_with_constants(cls, args, kwargs):
+    """``cls`` called with its known non-tensor arguments bound (configuration tuples, enum
+    members: values an FX graph cannot spell in its code), and the node's arguments, only the
+    tensors. Any argument neither a tensor nor fully known is a break."""
+    def known(v):
+        if isinstance(v, TensorValue):
+            return None
+        try:
+            return as_constant(v)
+        except Unsupported:
+            raise Unsupported(f"creating a {cls.__qualname__} from {describe(v)} is not supported yet "
+                              "(only tensors and known constants)",
+                              hint="make it outside the compiled function and pass it in") from None
+    arg_spec = [(isinstance(v, TensorValue), known(v)) for v in args]
+    kwarg_spec = {k: (isinstance(v, TensorValue), known(v)) for k, v in kwargs.items()}
+
+    def construct(*tensors):
+        it = iter(tensors)
+        return cls(*[next(it) if is_tensor else c for is_tensor, c in arg_spec],
+                   **{k: next(it) if is_tensor else c for k, (is_tensor, c) in kwarg_spec.items()})
+    construct.__name__ = construct.__qualname__ = f"make_{cls.__name__}"
+    tensors = [v for v in args if isinstance(v, TensorValue)] + [v for v in kwargs.values() if isinstance(v, TensorValue)]
+    return construct, tensors, {}
 
 
 def subclass_attr(frame, v, name):
