@@ -979,3 +979,30 @@ def test_defaults_of_the_compiled_function_are_read_when_it_is_called(kind):
         target(x)
     with pytest.raises(TypeError, match="'k'"):
         compiled(x)
+
+
+def _asks_inside_its_own_blocks(x):
+    # As torchao's Float8Linear does: a question about the state that the code set itself.
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        if torch.is_autocast_cpu_enabled():
+            x = x.to(torch.get_autocast_cpu_dtype()) * 2
+    with torch.no_grad():
+        if not torch.is_grad_enabled():
+            x = x + 1
+    return x.float() * torch.is_grad_enabled()
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_state_the_code_sets_itself_is_not_guarded_at_the_call(grad):
+    # A guard on the answer inside the block would compare it with the state at the next call's
+    # start and recompile on every call; the state at the start is what is guarded.
+    compiled, cnt = counted(_asks_inside_its_own_blocks)
+    with torch.set_grad_enabled(grad):
+        for _ in range(3):
+            x = t(4)
+            assert_same(_asks_inside_its_own_blocks(x), compiled(x))
+    assert cnt.frame_count == 1
+    with torch.set_grad_enabled(not grad):    # the state at the call changed: compiled again
+        x = t(4)
+        assert_same(_asks_inside_its_own_blocks(x), compiled(x))
+    assert cnt.frame_count == 2

@@ -96,7 +96,8 @@ def torch_call(frame: RunningFrame, fn: Callable, args: list[Value], kwargs: dic
     if path is not None:
         value = fn()
         if type(value) in _STATE_VALUE_TYPES:
-            frame.tx.guards.add(GLOBAL_STATE, None, (f"{path}()", value), f"{path}()")
+            if not _set_by_this_trace(frame.tx, fn):
+                frame.tx.guards.add(GLOBAL_STATE, None, (f"{path}()", value), f"{path}()")
             return ConstantValue(value)
     return frame.tx.graph.call("call_function", fn, args, kwargs)
 
@@ -117,6 +118,34 @@ def _acts_on_process_state(fn, args, kwargs):
     return isinstance(fn, types.BuiltinFunctionType) and isinstance(owner, types.ModuleType) \
         and owner.__name__.startswith("torch._C") and bool(_ACTS_ON_STATE.search(fn.__name__)) \
         and not any(isinstance(a, TensorValue) for a in list(args) + list(kwargs.values()))
+
+
+# What a state query reads, as the changes this trace records name it (``apply_state``): the
+# kind of change and, for autocast, the device (the no-argument questions ask about CUDA).
+_QUERY_READS = {
+    torch._C.is_grad_enabled: ("grad", "inference_mode"),
+    torch._C.is_inference_mode_enabled: ("inference_mode",),
+    torch._C.is_autocast_enabled: ("cuda",), torch._C.get_autocast_gpu_dtype: ("cuda",),
+    torch._C.is_autocast_cpu_enabled: ("cpu",), torch._C.get_autocast_cpu_dtype: ("cpu",),
+}
+
+
+def _set_by_this_trace(tx, fn):
+    """Does ``fn()`` (a state query) read state that the traced code set itself (inside its own
+    ``with torch.autocast(...)`` or ``no_grad()``)? Then its answer follows from the state at the
+    call, which every graph guards already (grad mode, autocast, inference mode), and the code
+    before it; a guard on the answer would compare the state inside the block with the state at
+    the next call's start, and fail every time."""
+    reads = _QUERY_READS.get(fn)
+    if not reads or not tx.state_changes:
+        return False
+    for kind, saved in tx.state_changes:
+        if kind in reads:
+            return True
+        device = saved.device if kind == "autocast" else saved[0] if kind == "autocast_state" else None
+        if device is not None and device in reads:
+            return True
+    return False
 
 
 def _state_query_path(fn):
