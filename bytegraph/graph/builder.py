@@ -13,6 +13,7 @@ import warnings
 
 import torch
 import torch.fx as fx
+from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException, DynamicOutputShapeException, FakeTensor, FakeTensorMode,
 )
@@ -31,6 +32,25 @@ from .call_values import (  # noqa: F401 (_example, _mutates, _identifier: read 
 from .data_dependent import BackwardCheck, BackwardDataDependent, data_dependent
 from .printing import printable
 from .shapes import Shapes
+
+
+def _run_fake(kind, target, fake_args, fake_kwargs):
+    """``target`` on fakes. Some ops' C++ kernels take only concrete sizes (``constant_pad_nd``,
+    what ``F.pad`` runs, with a symbolic pad: ``create_block_mask`` under ``dynamic=True``); their
+    Python decompositions take symbolic ones and are reached through the Python dispatcher, so
+    such a call is run again with it on (not always: it slows every other fake call down)."""
+    def run():
+        if kind == "call_method":
+            self_fake, *rest = fake_args
+            return getattr(self_fake, target)(*rest, **fake_kwargs)
+        return target(*fake_args, **fake_kwargs)
+    try:
+        return run()
+    except RuntimeError as e:
+        if "expected to contain only concrete integers" not in str(e):
+            raise
+    with enable_python_dispatcher():
+        return run()
 
 
 class GraphInput:
@@ -300,11 +320,7 @@ class GraphBuilder:
         try:
             grad_check = BackwardCheck.needed(kind, target, fake_args, fake_kwargs)
             with self.fake_mode:
-                if kind == "call_method":
-                    self_fake, *rest = fake_args
-                    result = getattr(self_fake, target)(*rest, **fake_kwargs)
-                else:
-                    result = target(*fake_args, **fake_kwargs)
+                result = _run_fake(kind, target, fake_args, fake_kwargs)
                 bindings = unbacked.bind(self.shapes, result)
                 if grad_check is not None:
                     grad_check.run(fake_args, fake_kwargs)
