@@ -598,9 +598,46 @@ class GraphBuilder:
             if not inp.node.users:
                 self.graph.erase_node(inp.node)
                 self.inputs.remove(inp)
-        gm = fx.GraphModule(self.state_root, self.graph)
+        gm = _graph_module(self.state_root, self.graph)
         unbacked.insert_asserts(gm, self.shapes, "bytegraph graph")
         gm.graph.lint()
         return gm
 
 
+
+
+def _graph_module(root, graph):
+    """``fx.GraphModule(root, graph)``. GraphModule copies each attribute a node reads through
+    ``Module.__setattr__`` (~25 us each, hundreds in a deep model); a flat name that only the
+    root's tables hold, where no attribute of the new module is in the way, is put in the same
+    table directly (what ``register_parameter``/``register_buffer``/``add_module`` end with when no
+    global registration hook is installed); anything else is copied as GraphModule does."""
+    from torch.fx.graph_module import _copy_attr
+    from torch.nn.modules import module as nn_module
+    gm = fx.GraphModule(root, fx.Graph())
+    hooks = (nn_module._global_parameter_registration_hooks or nn_module._global_buffer_registration_hooks
+             or nn_module._global_module_registration_hooks)
+    cls = type(gm)
+    copied = set()
+    for node in graph.nodes:
+        if node.op not in ("get_attr", "call_module"):
+            continue
+        target = node.target
+        if target in copied:
+            continue
+        copied.add(target)
+        if not hooks and "." not in target and not hasattr(cls, target) and target not in gm.__dict__:
+            for table in ("_parameters", "_buffers", "_modules"):
+                entries = root.__dict__[table]
+                if target in entries and entries[target] is not None and target not in root.__dict__:
+                    if table == "_buffers" and isinstance(entries[target], torch.nn.Parameter):
+                        _copy_attr(root, gm, target)      # (GraphModule makes it a parameter)
+                    else:
+                        gm.__dict__[table][target] = entries[target]
+                    break
+            else:
+                _copy_attr(root, gm, target)
+        else:
+            _copy_attr(root, gm, target)
+    gm.graph = graph
+    return gm
