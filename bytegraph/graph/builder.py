@@ -294,8 +294,14 @@ class GraphBuilder:
                     return self._call(*rewritten, describe=describe)
             except Unsupported:
                 # The op does not take a tensor there: drop what the rewrite added, specialise.
-                while self.graph._root.prev is not last:
-                    self.graph.erase_node(self.graph._root.prev)
+                # Placeholders stay: a body's lifted inputs are remembered (SubgraphBuilder.lifted)
+                # and used again by the call that follows.
+                node = self.graph._root.prev
+                while node is not last:
+                    before = node.prev
+                    if node.op != "placeholder":
+                        self.graph.erase_node(node)
+                    node = before
         return self._call(kind, target, args, kwargs, describe)
 
     def _call(self, kind, target, args, kwargs, describe=None):
