@@ -14,6 +14,8 @@ import warnings
 import torch
 import torch.fx as fx
 from torch._dispatch.python import enable_python_dispatcher
+from torch.fx.graph_module import _copy_attr
+from torch.nn.modules import module as nn_module
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException, DynamicOutputShapeException, FakeTensor, FakeTensorMode,
 )
@@ -610,16 +612,12 @@ class GraphBuilder:
         return gm
 
 
-
-
 def _graph_module(root, graph):
     """``fx.GraphModule(root, graph)``. GraphModule copies each attribute a node reads through
     ``Module.__setattr__`` (~25 us each, hundreds in a deep model); a flat name that only the
     root's tables hold, where no attribute of the new module is in the way, is put in the same
     table directly (what ``register_parameter``/``register_buffer``/``add_module`` end with when no
     global registration hook is installed); anything else is copied as GraphModule does."""
-    from torch.fx.graph_module import _copy_attr
-    from torch.nn.modules import module as nn_module
     gm = fx.GraphModule(root, fx.Graph())
     hooks = (nn_module._global_parameter_registration_hooks or nn_module._global_buffer_registration_hooks
              or nn_module._global_module_registration_hooks)

@@ -89,8 +89,8 @@ def _trace(frame, fn, what, label, fakes, build, extra_args=()):
     flat tensor outputs and their Structure."""
     tx = frame.tx
     sub = SubgraphBuilder(tx.graph)
-    explicit = [sub.placeholder(f, f"{label}{i}") if isinstance(f, torch.Tensor) else sub.sym_placeholder(f, f"{label}{i}")
-                for i, f in enumerate(fakes)]
+    explicit = [sub.placeholder(f, f"{label}{i}") if isinstance(f, torch.Tensor)
+                else sub.sym_placeholder(f, f"{label}{i}") for i, f in enumerate(fakes)]
     call_args = [to_value(a) for a in build(explicit)] + list(extra_args)
     result = trace_body(frame, sub, _callable(frame, fn, what), call_args, {}, f"{what} ({label})")
     return sub, result
@@ -242,7 +242,7 @@ def _body_outputs(result, leaves, what):
                 raise Unsupported(f"{what}(): body_fn returns tensors of other shapes, strides or dtypes than the "
                                   "carried ones", hint=_HINT)
         elif not (isinstance(o, SymValue) and isinstance(o.sym, torch.SymInt) or _is_int_constant(o)):
-            raise Unsupported(f"{what}(): body_fn returns {describe(o)} for a carried int (an int is carried)", hint=_HINT)
+            raise Unsupported(f"{what}(): body_fn returns {describe(o)} for a carried int", hint=_HINT)
     return structure, outs
 
 
