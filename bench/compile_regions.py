@@ -1,12 +1,14 @@
 """Capture time against depth with the block's forward marked ``torch.compiler.nested_compile_region``.
 
-    OMP_NUM_THREADS=1 python bench/compile_regions.py [--layers 2,8,32] [--repeat 3] [--grad]
+    OMP_NUM_THREADS=1 python bench/compile_regions.py [--layers 2,8,32] [--repeat 3] [--grad] [--clock cpu] [--stat min]
 
 The subject is ``bench/depth.py``'s nanoGPT-style decoder (``TinyGPT``, d=128, 4 heads, 1 x 8
 tokens, CPU, one thread) with each ``Block`` replaced by a subclass whose ``forward`` is marked
 (``--grad``: in training mode with gradients, else eval under ``torch.no_grad()``). Columns: capture
 ms (first call with ``backend="eager"`` less one eager call; median of ``--repeat`` fresh
-compiles) for bytegraph with the regions, bytegraph with the same model unmarked (flat graph,
+compiles; ``--clock cpu``: this process's CPU time, which other work on a shared machine
+disturbs less than wall time; ``--stat min``: the least of the repeats, steadier there than the
+median) for bytegraph with the regions, bytegraph with the same model unmarked (flat graph,
 repeated blocks copied: trace/blocks.py), bytegraph with ``config.nest_repeated_blocks`` on the
 unmarked model, and torch.compile with the regions; then each one's ratio of the deepest to
 the shallowest depth. The issue's target: at most 2x from 2 to 32 layers.
@@ -56,14 +58,17 @@ def run(compiled, x, train):
             out.sum().backward()
 
 
+CLOCK = [time.perf_counter]
+
+
 def eager_ms(layers, train):
     model, x = make_model(layers, False, train)
     for _ in range(3):
         run(model, x, train)
-    t0 = time.perf_counter()
+    t0 = CLOCK[0]()
     for _ in range(10):
         run(model, x, train)
-    return (time.perf_counter() - t0) * 100
+    return (CLOCK[0]() - t0) * 100
 
 
 def capture_ms(variant, layers, train):
@@ -77,9 +82,9 @@ def capture_ms(variant, layers, train):
         bytegraph.reset()
         compiled = bytegraph.compile(model, backend="eager")
     with bytegraph.config.patch(nest_repeated_blocks=variant == "nested"):
-        t0 = time.perf_counter()
+        t0 = CLOCK[0]()
         run(compiled, x, train)
-        return (time.perf_counter() - t0) * 1e3
+        return (CLOCK[0]() - t0) * 1e3
 
 
 VARIANTS = {"regions": "bytegraph, marked", "flat": "bytegraph, unmarked", "nested": "bytegraph, nest_repeated_blocks",
@@ -92,14 +97,17 @@ def main(argv=None):
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--grad", action="store_true")
     parser.add_argument("--only", default=",".join(VARIANTS))
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    parser.add_argument("--stat", choices=("median", "min"), default="median")
     args = parser.parse_args(argv)
+    CLOCK[0] = time.process_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(1)
     variants = args.only.split(",")
     layers = [int(n) for n in args.layers.split(",")]
     for v in variants:      # imports and first-compile caches: not counted
         capture_ms(v, 1, args.grad)
     print(f"torch {torch.__version__}, python {sys.version.split()[0]}, {'training' if args.grad else 'no_grad'}; "
-          "capture ms (first call less an eager call)")
+          f"capture ms of {args.clock} time, {args.stat} of {args.repeat} (first call less an eager call)")
     print(f"{'layers':>6} | " + " | ".join(f"{VARIANTS[v]:>30}" for v in variants))
     table = {}
     for n in layers:
@@ -107,7 +115,7 @@ def main(argv=None):
         row = []
         for v in variants:
             caps = [capture_ms(v, n, args.grad) - base for _ in range(args.repeat)]
-            table[(v, n)] = statistics.median(caps)
+            table[(v, n)] = min(caps) if args.stat == "min" else statistics.median(caps)
             row.append(f"{table[(v, n)]:>30.1f}")
         print(f"{n:>6} | " + " | ".join(row), flush=True)
     lo, hi = layers[0], layers[-1]

@@ -173,3 +173,24 @@ def test_torch_compile_called_inside():
         return flex_attention(q, k, v, block_mask=block_mask)
 
     check(fn, *_qkv(), grads=False)
+
+
+def test_block_mask_made_inside_with_dynamic_sizes():
+    # The sequence length is symbolic: create_block_mask pads the mask to whole blocks with a
+    # symbolic amount (F.pad's kernel takes only concrete sizes; its decomposition takes these).
+    from helpers import torch_compile_graphs
+
+    def fn(q, k, v):
+        def document_causal(b, h, q_idx, kv_idx):
+            return (q_idx >= kv_idx) & (q_idx // 12 == kv_idx // 12)
+        seq = q.shape[2]
+        block_mask = create_block_mask(document_causal, None, None, seq, seq, device="cpu", BLOCK_SIZE=8)
+        return flex_attention(q, k, v, block_mask=block_mask)
+
+    calls = [_qkv(seq=n) for n in (32, 44, 64)]
+    cnt = CompileCounter(lookup_backend("eager"))
+    compiled = bytegraph.compile(fn, backend=cnt, dynamic=True, fullgraph=True)
+    for q, k, v in calls:
+        assert torch.allclose(compiled(q, k, v), fn(q, k, v), atol=1e-5)
+    assert cnt.frame_count == 1 == torch_compile_graphs(fn, *calls, dynamic=True)
+    assert len(_flex_nodes(cnt.graphs[0])) == 1

@@ -6,6 +6,7 @@ import torch
 from torch._higher_order_ops import map as hop_map, scan, while_loop
 
 import bytegraph
+from bytegraph.backends.registry import lookup_backend
 from bytegraph.testing import CompileCounter
 from test_higher_order import BACKENDS, _x, check
 
@@ -90,14 +91,62 @@ def test_while_loop_module_state():
     check(fn, _x(2, 4), backend="aot_eager")
 
 
-def test_while_loop_int_carry_breaks():
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", ["counter", "mixed_with_tensors", "constant_result"])
+def test_while_loop_int_carries(backend, case):
+    # torch.compile carries a Python int as an unbacked symbolic int (a number only the loop
+    # knows) and gives it back as an int: one graph; so here.
+    from helpers import torch_compile_graphs
+
+    def counter(x, n):
+        return while_loop(lambda i, y: i < n, lambda i, y: (i + 1, y * 2 + i), (0, x))
+
+    def mixed_with_tensors(x, n):
+        i, total, y = while_loop(lambda i, t, y: i < n, lambda i, t, y: (i + 2, t + y.sum(), y.cos()),
+                                 (1, torch.zeros(()), x))
+        return y * i, total, i
+
+    def constant_result(x, n):
+        return while_loop(lambda i, y: i < n, lambda i, y: (n, y * 2), (0, x))
+
+    fn = {"counter": counter, "mixed_with_tensors": mixed_with_tensors, "constant_result": constant_result}[case]
+    x = torch.randn(3)
+    expected = fn(x, 5)
+    cnt = CompileCounter(lookup_backend(backend))
+    actual = bytegraph.compile(fn, backend=cnt, fullgraph=True)(x, 5)
+    assert len(actual) == len(expected)
+    for e, a in zip(expected, actual):
+        if isinstance(e, int):
+            assert type(a) is int and a == e
+        else:
+            assert torch.allclose(e, a)
+    assert cnt.frame_count == 1 == torch_compile_graphs(fn, (x, 5))
+    node = next(n for n in cnt.graphs[0].graph.nodes if n.target is torch.ops.higher_order.while_loop)
+    assert node.args[2][0] in (0, 1)                  # the int goes in as it is
+
+
+def test_while_loop_int_carry_decided_on_after_the_loop_breaks():
+    # The loop's int is known only when the graph runs: a Python branch on it breaks the graph
+    # (as on any number the graph computes), and the function gives eager's answer.
     def fn(x):
-        return while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, y * 2), (0, x * 1))
+        i, y = while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, y * 2), (0, x))
+        return y + 1 if i > 2 else y - 1
 
     explained, actual, expected = _breaks(fn, torch.randn(3))
     assert explained.graph_break_count >= 1
-    assert "only tensors are traced" in explained.break_reasons[0].reason
-    assert actual[0] == expected[0] == 3 and torch.equal(actual[1], expected[1])
+    assert torch.equal(actual, expected)
+
+
+def test_while_loop_float_carry_breaks_as_eager_refuses():
+    def fn(x):
+        return while_loop(lambda i, y: y.sum() < 100, lambda i, y: (i + 0.5, y * 2), (0.5, x.abs() + 1))
+
+    with pytest.raises(AssertionError, match="can only be of"):      # eager's own refusal
+        fn(torch.randn(3))
+    with pytest.raises(AssertionError, match="can only be of"):
+        bytegraph.compile(fn, backend="eager")(torch.randn(3))
+    with pytest.raises(bytegraph.errors.Unsupported, match="only tensors and ints are carried"):
+        bytegraph.compile(fn, backend="eager", fullgraph=True)(torch.randn(3))
 
 
 def test_while_loop_body_with_side_effect_breaks():

@@ -84,6 +84,47 @@ def test_instances_that_differ_are_traced_apart():
     assert cnt.frame_count == 2
 
 
+def _without_bias(m):
+    m.fc = torch.nn.Linear(8, 8, bias=False)
+
+
+def _hooked(m):
+    m.register_forward_hook(lambda mod, args, out: out * 0.5)
+
+
+_MUTATIONS = {
+    "constant": lambda m: setattr(m.ln, "eps", 0.25),
+    "parameter": lambda m: setattr(m.fc, "weight", torch.nn.Parameter(torch.randn(8, 8))),
+    "parameter_layout": lambda m: setattr(m.fc, "weight", torch.nn.Parameter(torch.randn(8, 8).t())),
+    "submodule_structure": _without_bias,
+    "submodule_class": lambda m: setattr(m, "ln", torch.nn.Identity()),
+    "hook": _hooked,
+}
+
+
+@pytest.mark.parametrize("mutation", list(_MUTATIONS))
+def test_a_changed_stamped_layer_compiles_again(mutation):
+    # Layers after the first are stamped out of its record; a change to one of them after the
+    # compile is caught by that layer's own guards: a new graph, eager's result.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[RegionBlock() for _ in range(4)])
+
+    def fn(x):
+        with torch.no_grad():
+            return model(x)
+
+    cnt = CompileCounter(lookup_backend("eager"))
+    compiled = bytegraph.compile(fn, backend=cnt)
+    x = torch.randn(3, 8)
+    assert torch.allclose(compiled(x), fn(x))
+    assert cnt.frame_count == 1 and _regions(cnt.graphs[0]) == (4, 1)
+    _MUTATIONS[mutation](model[2])
+    assert torch.allclose(compiled(x), fn(x), atol=1e-6)
+    assert cnt.frame_count == 2
+    assert torch.allclose(compiled(x), fn(x), atol=1e-6)
+    assert cnt.frame_count == 2
+
+
 def test_aot_graph_has_invoke_subgraph():
     from bytegraph.backends.aot import aot_autograd
     seen = []

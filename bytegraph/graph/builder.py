@@ -13,6 +13,9 @@ import warnings
 
 import torch
 import torch.fx as fx
+from torch._dispatch.python import enable_python_dispatcher
+from torch.fx.graph_module import _copy_attr
+from torch.nn.modules import module as nn_module
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException, DynamicOutputShapeException, FakeTensor, FakeTensorMode,
 )
@@ -31,6 +34,25 @@ from .call_values import (  # noqa: F401 (_example, _mutates, _identifier: read 
 from .data_dependent import BackwardCheck, BackwardDataDependent, data_dependent
 from .printing import printable
 from .shapes import Shapes
+
+
+def _run_fake(kind, target, fake_args, fake_kwargs):
+    """``target`` on fakes. Some ops' C++ kernels take only concrete sizes (``constant_pad_nd``,
+    what ``F.pad`` runs, with a symbolic pad: ``create_block_mask`` under ``dynamic=True``); their
+    Python decompositions take symbolic ones and are reached through the Python dispatcher, so
+    such a call is run again with it on (not always: it slows every other fake call down)."""
+    def run():
+        if kind == "call_method":
+            self_fake, *rest = fake_args
+            return getattr(self_fake, target)(*rest, **fake_kwargs)
+        return target(*fake_args, **fake_kwargs)
+    try:
+        return run()
+    except RuntimeError as e:
+        if "expected to contain only concrete integers" not in str(e):
+            raise
+    with enable_python_dispatcher():
+        return run()
 
 
 class GraphInput:
@@ -274,8 +296,14 @@ class GraphBuilder:
                     return self._call(*rewritten, describe=describe)
             except Unsupported:
                 # The op does not take a tensor there: drop what the rewrite added, specialise.
-                while self.graph._root.prev is not last:
-                    self.graph.erase_node(self.graph._root.prev)
+                # Placeholders stay: a body's lifted inputs are remembered (SubgraphBuilder.lifted)
+                # and used again by the call that follows.
+                node = self.graph._root.prev
+                while node is not last:
+                    before = node.prev
+                    if node.op != "placeholder":
+                        self.graph.erase_node(node)
+                    node = before
         return self._call(kind, target, args, kwargs, describe)
 
     def _call(self, kind, target, args, kwargs, describe=None):
@@ -300,11 +328,7 @@ class GraphBuilder:
         try:
             grad_check = BackwardCheck.needed(kind, target, fake_args, fake_kwargs)
             with self.fake_mode:
-                if kind == "call_method":
-                    self_fake, *rest = fake_args
-                    result = getattr(self_fake, target)(*rest, **fake_kwargs)
-                else:
-                    result = target(*fake_args, **fake_kwargs)
+                result = _run_fake(kind, target, fake_args, fake_kwargs)
                 bindings = unbacked.bind(self.shapes, result)
                 if grad_check is not None:
                     grad_check.run(fake_args, fake_kwargs)
@@ -582,9 +606,42 @@ class GraphBuilder:
             if not inp.node.users:
                 self.graph.erase_node(inp.node)
                 self.inputs.remove(inp)
-        gm = fx.GraphModule(self.state_root, self.graph)
+        gm = _graph_module(self.state_root, self.graph)
         unbacked.insert_asserts(gm, self.shapes, "bytegraph graph")
         gm.graph.lint()
         return gm
 
 
+def _graph_module(root, graph):
+    """``fx.GraphModule(root, graph)``. GraphModule copies each attribute a node reads through
+    ``Module.__setattr__`` (~25 us each, hundreds in a deep model); a flat name that only the
+    root's tables hold, where no attribute of the new module is in the way, is put in the same
+    table directly (what ``register_parameter``/``register_buffer``/``add_module`` end with when no
+    global registration hook is installed); anything else is copied as GraphModule does."""
+    gm = fx.GraphModule(root, fx.Graph())
+    hooks = (nn_module._global_parameter_registration_hooks or nn_module._global_buffer_registration_hooks
+             or nn_module._global_module_registration_hooks)
+    cls = type(gm)
+    copied = set()
+    for node in graph.nodes:
+        if node.op not in ("get_attr", "call_module"):
+            continue
+        target = node.target
+        if target in copied:
+            continue
+        copied.add(target)
+        if not hooks and "." not in target and not hasattr(cls, target) and target not in gm.__dict__:
+            for table in ("_parameters", "_buffers", "_modules"):
+                entries = root.__dict__[table]
+                if target in entries and entries[target] is not None and target not in root.__dict__:
+                    if table == "_buffers" and isinstance(entries[target], torch.nn.Parameter):
+                        _copy_attr(root, gm, target)      # (GraphModule makes it a parameter)
+                    else:
+                        gm.__dict__[table][target] = entries[target]
+                    break
+            else:
+                _copy_attr(root, gm, target)
+        else:
+            _copy_attr(root, gm, target)
+    gm.graph = graph
+    return gm

@@ -3,7 +3,7 @@ import torch
 import torch.fx as fx
 
 from ..errors import Unsupported
-from ..values.base import FloatTensorValue, SubgraphValue, TensorValue
+from ..values.base import ConstantValue, FloatTensorValue, SubgraphValue, SymValue, TensorValue
 from .builder import GraphBuilder
 
 
@@ -48,6 +48,13 @@ class SubgraphBuilder(GraphBuilder):
         self.explicit.append(node)
         self._versions.append((fake, fake._version))
         return TensorValue(node, fake)
+
+    def sym_placeholder(self, sym, name):
+        """An explicit input of the body that is a symbolic int (a loop's carried int)."""
+        node = self._placeholder_named(name)
+        node.meta["example_value"] = sym
+        self.explicit.append(node)
+        return SymValue(node, sym)
 
     def node_of(self, value):
         if isinstance(value, SubgraphValue):
@@ -100,6 +107,9 @@ class SubgraphBuilder(GraphBuilder):
         outputs = []
         inputs = set(self.explicit) | set(self.lifted.values())
         for v in values:
+            if isinstance(v, ConstantValue):
+                outputs.append(v.value)      # (a loop body's int result known while tracing)
+                continue
             node = self.node_of(v)
             if clone_inputs and isinstance(v, TensorValue) and (node in inputs or _is_view_of_input(v, inputs)):
                 node = self.graph.call_function(torch.clone, (node,))

@@ -12,9 +12,11 @@ like what one iteration receives, and one node of the enclosing graph runs the l
   moved back, as torch's wrapper does;
 * ``map(f, xs, *args)`` -> ``torch.ops.higher_order.map_impl(body, xs, additional)``.
 
-What torch refuses when it captures these (outputs aliasing inputs or each other, a body output
-of other metadata than the carry, Python ints carried, a body that changes state outside itself)
-is a graph break here: the call runs natively, where torch gives its own answer or error.
+A Python int carried by ``while_loop`` is an unbacked symbolic int inside its bodies and in what
+the loop returns (a number only the loop knows), as torch.compile carries it. What torch refuses
+when it captures these (outputs aliasing inputs or each other, a body output of other metadata
+than the carry, other Python values carried, a body that changes state outside itself) is a
+graph break here: the call runs natively, where torch gives its own answer or error.
 """
 import torch
 from torch._higher_order_ops.map import map as _map
@@ -23,7 +25,8 @@ from torch._higher_order_ops.while_loop import while_loop as _while_loop
 
 from ...errors import Unsupported
 from ...graph.subgraph import SubgraphBuilder
-from ...values.base import ConstantValue, ListValue, SubgraphValue, TensorValue, TupleValue
+from ...graph.higher_order import Structure
+from ...values.base import ConstantValue, ListValue, SubgraphValue, SymValue, TensorValue, TupleValue
 from . import higher_order
 from ..core.basics import as_constant, describe
 from .higher_order import _bind, _callable, _order_placeholders, flatten, to_value, trace_body
@@ -86,7 +89,8 @@ def _trace(frame, fn, what, label, fakes, build, extra_args=()):
     flat tensor outputs and their Structure."""
     tx = frame.tx
     sub = SubgraphBuilder(tx.graph)
-    explicit = [sub.placeholder(f, f"{label}{i}") for i, f in enumerate(fakes)]
+    explicit = [sub.placeholder(f, f"{label}{i}") if isinstance(f, torch.Tensor)
+                else sub.sym_placeholder(f, f"{label}{i}") for i, f in enumerate(fakes)]
     call_args = [to_value(a) for a in build(explicit)] + list(extra_args)
     result = trace_body(frame, sub, _callable(frame, fn, what), call_args, {}, f"{what} ({label})")
     return sub, result
@@ -146,28 +150,27 @@ def _while(frame, args, kwargs):
     carried = bound["carried_inputs"]
     if not isinstance(carried, (TupleValue, ListValue)):
         raise Unsupported(f"{what}(): carried_inputs must be a tuple or list", hint=_HINT)
-    structure, leaves = _tensor_leaves(carried, what, "carried_inputs")
+    structure, leaves = _carried_leaves(carried, what)
     tx = frame.tx
 
     def build(explicit):
         return list(structure.build(explicit))
 
-    cond_sub, pred = _trace(frame, bound["cond_fn"], what, "cond_fn", [fresh_like(tx.graph, v.fake) for v in leaves],
-                            build)
+    def fresh():
+        return [fresh_like(tx.graph, v.fake) if isinstance(v, TensorValue) else _unbacked_int(tx.graph) for v in leaves]
+
+    cond_sub, pred = _trace(frame, bound["cond_fn"], what, "cond_fn", fresh(), build)
     if isinstance(pred, ConstantValue) and isinstance(pred.value, bool):
         if pred.value:
             raise Unsupported(f"{what}(): cond_fn always returns True: the loop never ends", hint=_HINT)
         return carried      # never entered (torch's capture gives the carried values back as they are)
-    if not (isinstance(pred, TensorValue) and pred.fake.dtype is torch.bool and pred.fake.dim() == 0):
-        raise Unsupported(f"{what}(): cond_fn must return a boolean tensor of shape () (it returns "
-                          f"{describe(pred)})", hint=_HINT)
-    body_sub, result = _trace(frame, bound["body_fn"], what, "body_fn",
-                              [fresh_like(tx.graph, v.fake) for v in leaves], build)
-    out_structure, outs = _tensor_leaves(result, what, "what body_fn returns")
-    if len(outs) != len(leaves) or any(_meta(o.fake) != _meta(c.fake) for o, c in zip(outs, leaves)):
-        raise Unsupported(f"{what}(): body_fn returns tensors of other shapes, strides or dtypes than the carried "
-                          "ones", hint=_HINT)
-    _refuse_aliases(body_sub, outs, f"{what} (body_fn)")
+    if not (isinstance(pred, TensorValue) and pred.fake.dtype is torch.bool and pred.fake.dim() == 0
+            or isinstance(pred, SymValue) and isinstance(pred.sym, torch.SymBool)):
+        raise Unsupported(f"{what}(): cond_fn must return a boolean tensor of shape () or a comparison of the carried "
+                          f"ints (it returns {describe(pred)})", hint=_HINT)
+    body_sub, result = _trace(frame, bound["body_fn"], what, "body_fn", fresh(), build)
+    out_structure, outs = _body_outputs(result, leaves, what)
+    _refuse_aliases(body_sub, [o for o in outs if isinstance(o, TensorValue)], f"{what} (body_fn)")
     lifted = _shared_inputs([cond_sub, body_sub])
     cond_gm = cond_sub.finish([pred])
     _order_placeholders(cond_gm, cond_sub, lifted)
@@ -177,6 +180,70 @@ def _while(frame, args, kwargs):
                          [SubgraphValue(cond_gm, "while_loop_cond"), SubgraphValue(body_gm, "while_loop_body"),
                           TupleValue(leaves), TupleValue(lifted)], {}, describe=what)
     return to_value(out_structure.build(_items(flat)))
+
+
+def _carried_leaves(carried, what):
+    """(Structure, leaves) of the carried values: tensors, and Python ints (constants or symbolic),
+    which torch's capture carries as unbacked symbolic ints (numbers only the loop knows) and
+    gives back as such."""
+    found = []
+    structure = flatten(carried, found, what)
+    leaves = []
+    structure = _ints_as_leaves(structure, iter(found), leaves)
+    for v in leaves:
+        if not (isinstance(v, TensorValue) or isinstance(v, SymValue) and isinstance(v.sym, torch.SymInt)
+                or isinstance(v, ConstantValue)):
+            raise Unsupported(f"{what}(): carried_inputs holds {describe(v)}; only tensors and ints are carried",
+                              hint=_HINT)
+    constant = _first_constant(structure)
+    if constant is not None:
+        raise Unsupported(f"{what}(): carried_inputs holds the constant {constant.data!r}; only tensors and ints "
+                          "are carried", hint=_HINT)
+    return structure, leaves
+
+
+def _ints_as_leaves(structure, found, leaves):
+    """``structure`` with its int constants made leaves; ``leaves`` gets every leaf in order."""
+    if structure.kind == "leaf":
+        leaves.append(next(found))
+        return structure
+    if structure.kind == "const":
+        if type(structure.data) is int:
+            leaves.append(ConstantValue(structure.data))
+            return Structure("leaf")
+        return structure
+    return Structure(structure.kind, structure.data, [_ints_as_leaves(p, found, leaves) for p in structure.parts])
+
+
+def _is_int_constant(v):
+    return isinstance(v, ConstantValue) and type(v.value) is int
+
+
+def _unbacked_int(graph):
+    """A number the loop alone knows, for an int carry inside its bodies."""
+    env = graph.shapes.env
+    with env.ignore_fresh_unbacked_symbols():
+        return env.create_unbacked_symint()
+
+
+def _body_outputs(result, leaves, what):
+    """(Structure, flat outputs) of what body_fn returns: one per carried value, of its kind
+    (a tensor of the same metadata; an int for an int)."""
+    found = []
+    structure = flatten(result, found, what)
+    outs = []
+    structure = _ints_as_leaves(structure, iter(found), outs)
+    if len(outs) != len(leaves) or _first_constant(structure) is not None:
+        raise Unsupported(f"{what}(): body_fn must return values like the carried ones (a tensor for each tensor, an "
+                          "int for each int)", hint=_HINT)
+    for o, c in zip(outs, leaves):
+        if isinstance(c, TensorValue):
+            if not isinstance(o, TensorValue) or _meta(o.fake) != _meta(c.fake):
+                raise Unsupported(f"{what}(): body_fn returns tensors of other shapes, strides or dtypes than the "
+                                  "carried ones", hint=_HINT)
+        elif not (isinstance(o, SymValue) and isinstance(o.sym, torch.SymInt) or _is_int_constant(o)):
+            raise Unsupported(f"{what}(): body_fn returns {describe(o)} for a carried int", hint=_HINT)
+    return structure, outs
 
 
 # --- scan -------------------------------------------------------------------------------------
