@@ -21,8 +21,8 @@ from ..errors import Unsupported
 from ..guards.sources import TensorItemSource
 from ..values import arrays
 from ..values.arrays import NdarrayValue
-from ..values.base import (ConstantValue, FloatTensorValue, ListValue, SubgraphValue, SymValue, TensorValue,
-                           TupleValue)
+from ..values.base import (ConstantValue, FloatTensorValue, ListValue, ObjectValue, SubgraphValue, SymValue,
+                           TensorValue, TupleValue)
 from . import scalars, unbacked
 from .call_values import (  # noqa: F401 (_example, _mutates, _identifier: read from here by other modules)
     _INT_ARITHMETIC, _constant_result, _example, _find_alias, _has_scalar_tensors, _holds_traced, _identifier,
@@ -237,10 +237,29 @@ class GraphBuilder:
         return None
 
     def node_of(self, value):
-        """The node standing for a tensor/symbolic-int value (or a subgraph) in this graph."""
+        """The node standing for a tensor/symbolic-int value (or a subgraph, or an opaque
+        reference such as a DeviceMesh) in this graph."""
         if isinstance(value, SubgraphValue):
             return self.add_subgraph(value)
+        if isinstance(value, ObjectValue):
+            return self.add_opaque_reference(value)
         return value.node
+
+    def add_opaque_reference(self, value):
+        """An object the graph passes by reference (a DeviceMesh: ``DTensor.from_local(t, mesh,
+        ...)``), held by the graph module and read through get_attr. The trace relies on which
+        object it is: its identity is guarded where it was read from."""
+        value.pin_identity()
+        obj = value.obj
+        name = self._state_names.get(id(obj))
+        if name is None:
+            name = self._unique(_identifier(value.source.name() if value.source is not None
+                                            else type(obj).__name__.lower()))
+            self._state_names[id(obj)] = name
+            setattr(self.state_root, name, obj)
+        node = self.graph.get_attr(name)
+        node.meta["example_value"] = obj
+        return node
 
     def add_subgraph(self, value):
         """A traced function body (SubgraphValue) as a submodule, read through get_attr."""

@@ -10,6 +10,7 @@ import collections
 import enum
 import functools
 import math
+import sys
 import types
 import weakref
 
@@ -305,6 +306,8 @@ def _handler_for(t):
         return _wrap_constant
     if issubclass(t, tuple) and hasattr(t, "_fields"):
         return _wrap_tuple
+    if is_placement_type(t):
+        return _wrap_constant     # Shard(0), Replicate(): immutable, compared by value
     if issubclass(t, dict) and (t.__module__ == "collections" or t in stamps.STAMPED):
         return _wrap_dict
     return None
@@ -409,6 +412,14 @@ def _wrap_subclass(tx, tensor, source):
     _check_fake_class(tensor, value.fake, source.name())
     tx.guards.add(g.TENSOR_MATCH, source, g.TensorMeta(tensor))
     return value
+
+
+def is_placement_type(t):
+    """A DTensor placement class (``Shard``, ``Replicate``, ``Partial``...): immutable values that
+    compare by their fields, constants of a trace as torch.compile takes them."""
+    module = sys.modules.get("torch.distributed.tensor.placement_types")
+    placement = getattr(module, "Placement", None)
+    return placement is not None and isinstance(t, type) and issubclass(t, placement)
 
 
 def _is_opaque_reference(obj):

@@ -29,7 +29,7 @@ from ...values.arrays import NdarrayMethodValue
 from ..core import ops
 from ..numpy_api import numpy_calls
 from ..python import attrs, generators, operators, protocols
-from ..torch_api import distributed, higher_order, subclasses, torch_wrappers
+from ..torch_api import distributed, dtensor, higher_order, subclasses, torch_wrappers
 from ..core.basics import note_process_local, refuse_traced_ids
 from ..python.exceptions import PythonError, make_exception, raise_new
 from ..core.basics import type_name
@@ -138,6 +138,10 @@ def _claim_distributed(frame, fv, args, kwargs):
     return distributed.call_native(frame, fv, args, kwargs)
 
 
+def _claim_dtensor(frame, fv, args, kwargs):
+    return dtensor.call(frame, fv, args, kwargs)
+
+
 def _claim_stdlib(frame, fv, args, kwargs):
     return ops.call_stdlib_object(frame, fv, args, kwargs)
 
@@ -160,7 +164,7 @@ def _claim_numpy_on_numbers(frame, fv, args, kwargs):
 
 
 _CLAIMS = (_claim_control, _claim_torch_wrapper, _claim_higher_order, _claim_numpy, _claim_builtin_handler,
-           _claim_distributed, _claim_stdlib, _claim_module, _claim_numpy_on_numbers)
+           _claim_distributed, _claim_dtensor, _claim_stdlib, _claim_module, _claim_numpy_on_numbers)
 
 
 # --- callables by kind (the type of the real object, or its nearest base listed) --------------

@@ -14,7 +14,7 @@ from ...graph.higher_order import IndexByTensors
 from ...guards.builder import GLOBAL_STATE
 from ...residual import enter_inference_mode, exit_inference_mode, set_autocast_state
 from ...values.base import ConstantValue, ContextManagerValue, ObjectValue, PrivateObjectValue, TensorValue
-from ...values.builder import wrap
+from ...values.builder import is_placement_type, wrap
 from ..core import ops
 from ..numpy_api import numpy_calls
 from ..python import attrs, operators
@@ -182,6 +182,9 @@ def call_torch_class(frame, cls, args, kwargs):
         return ops.fold(frame, cls, args, kwargs)
     if cls is torch.device or cls is torch.dtype:
         return ops.fold(frame, cls, args, kwargs)
+    if is_placement_type(cls):
+        # Shard(0), Replicate(), Partial("sum"): immutable values, constants of the trace.
+        return ops.fold(frame, cls, args, kwargs, what=f"{cls.__qualname__}()")
     if issubclass(cls, torch.nn.Module):
         module = _stateless_module(cls, args, kwargs)
         if module is not None:
