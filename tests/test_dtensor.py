@@ -2,7 +2,10 @@
 functions, compared with eager; what is not traced yet breaks with its reason and gives eager's
 results."""
 import copy
+import json
 import os
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -203,8 +206,8 @@ def test_dtensor_api_breaks_with_reason(mesh):
     from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
     cases = [
         (lambda t: DTensor.from_local(t, mesh, [Replicate()], run_check=True).to_local(), "run_check"),
-        (lambda t: DTensor.from_local(t, mesh, [Shard(0)]).redistribute(mesh, [Replicate()], async_op=True)
-         .to_local(), "async_op"),
+        (lambda t: DTensor.from_local(t, mesh, [Shard(0)]).redistribute(mesh, None).to_local(), "placements"),
+        (lambda t: DTensor.from_local(t).to_local(), "without a device mesh"),
         (lambda t: distribute_tensor(t.requires_grad_(), mesh, [Shard(0)]).to_local(), "requires grad"),
         (lambda t: DTensor.from_local(t, mesh, [Shard(0)] if t.sum() > 0 else [Replicate()]).to_local(), None),
     ]
@@ -215,3 +218,72 @@ def test_dtensor_api_breaks_with_reason(mesh):
         cfn, _ = compiled(fn, fullgraph=False)
         t = torch.randn(4)
         assert_same_tensors(fn(t.clone()), cfn(t.clone()))
+
+
+# --- two processes (tests/dtensor_checks.py) ---------------------------------------------------
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORLD = 2
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """Every check of tests/dtensor_checks.py, run once on a 2-process gloo group: per rank,
+    {check: {"ok", "detail", "error"}}."""
+    tmp = tmp_path_factory.mktemp("dtensor")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(bytegraph.__file__)))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    procs, logs = [], []
+    for rank in range(WORLD):
+        log = open(tmp / f"rank{rank}.log", "w")
+        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "dtensor_checks.py"), str(rank), str(WORLD),
+                                       str(tmp / "store"), str(tmp / f"rank{rank}.json")],
+                                      stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(tmp)))
+        logs.append(log)
+    try:
+        for p in procs:
+            p.wait(timeout=300)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for log in logs:
+            log.close()
+    results = []
+    for rank in range(WORLD):
+        out = tmp / f"rank{rank}.json"
+        if not out.exists():
+            pytest.fail(f"rank {rank} wrote no results (exit code {procs[rank].returncode}):\n"
+                        + (tmp / f"rank{rank}.log").read_text()[-4000:])
+        results.append(json.loads(out.read_text()))
+    return results
+
+
+def _details(results, name):
+    details = []
+    for rank, per_rank in enumerate(results):
+        r = per_rank[name]
+        assert r["ok"], f"rank {rank}: {name} failed:\n{r['error']}"
+        details.append(r["detail"])
+    return details
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_tensor_parallel_block_two_ranks(two_ranks, backend):
+    # parallelize_module with ColwiseParallel/RowwiseParallel on attention and MLP: three training
+    # steps, losses and (sharded) gradients equal to eager's, one graph as torch.compile makes.
+    for d in _details(two_ranks, f"tp_block_{backend}"):
+        assert d["graphs"] == 1 and d["torch_compile_graphs"] == 1
+        assert d["sharded"] == sorted(f"{m}.{p}" for m in ("q", "k", "v", "o", "fc1", "fc2") for p in ("weight", "bias"))
+
+
+def test_redistribute_two_ranks(two_ranks):
+    for d in _details(two_ranks, "redistribute_placements"):
+        assert d["graphs"] == 1 and d["torch_compile_graphs"] == 1
+
+
+def test_distribute_tensor_two_ranks(two_ranks):
+    for d in _details(two_ranks, "distribute_tensor_local_split"):
+        assert d["graphs"] == 1
+    for d in _details(two_ranks, "distribute_tensor_from_rank0_breaks"):
+        assert "src_data_rank" in d["reason"]

@@ -8,15 +8,18 @@ redistribution) runs inside one node, so the eager backend runs DTensor's own co
 AOTAutograd traces through it:
 
 * ``DTensor.from_local(t, mesh, placements, ...)``: a ``call_function`` node;
-* ``d.redistribute(mesh, placements)``, ``d.to_local()``, ``d.full_tensor()``: ``call_method`` nodes;
+* ``d.redistribute(mesh, placements)``, ``d.to_local()``, ``d.full_tensor()``: ``call_method`` nodes
+  (``async_op=True``, as tensor parallel's styles ask, runs waited on at once, as under
+  torch.compile: the same values, a plain tensor where eager's ``to_local()`` gives an
+  ``AsyncCollectiveTensor``);
 * ``distribute_tensor(t, mesh, placements)`` where no data moves between ranks (every mesh
   dimension it would scatter or broadcast over has one rank, or ``src_data_rank=None``): a node
   splitting ``t`` locally;
 * ``d.placements`` and ``d.device_mesh``: what the fake DTensor holds (for an input, guarded by
   its flatten context and the mesh's identity).
 
-Anything else of this API (a mesh not given, ``run_check=True``, ``async_op=True``, placements
-that are not constants) breaks the graph with its reason.
+Anything else of this API (a mesh not given, ``run_check=True``, placements that are not
+constants, ``distribute_tensor`` moving data between ranks) breaks the graph with its reason.
 """
 import inspect
 import sys
@@ -192,7 +195,10 @@ def _method(frame, v, name, args, kwargs):
     b = _bind(method, [v] + list(args), kwargs, what)
     node_args, node_kwargs = [v], {}
     if name == "redistribute":
-        _require(b["async_op"], False, what, "async_op")
+        if not isinstance(b["async_op"], ConstantValue) or not isinstance(b["async_op"].value, bool):
+            raise Unsupported(f"{what}: async_op must be a bool known while tracing", hint=_HINT)
+        # async_op=True (tensor parallel's styles ask for it) is run waited on at once in the
+        # graph, as under torch.compile: the same values, only the wait comes earlier.
         mesh = _mesh(b["device_mesh"], what)
         placements = _placements(b["placements"], what)
         if placements is None:
