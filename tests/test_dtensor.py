@@ -206,18 +206,18 @@ def test_dtensor_api_breaks_with_reason(mesh):
     from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
     cases = [
         (lambda t: DTensor.from_local(t, mesh, [Replicate()], run_check=True).to_local(), "run_check"),
-        (lambda t: DTensor.from_local(t, mesh, [Shard(0)]).redistribute(mesh, None).to_local(), "placements"),
-        (lambda t: DTensor.from_local(t).to_local(), "without a device mesh"),
+        (lambda t: DTensor.from_local(t).to_local(), "without a device mesh"),   # the mesh of `with mesh:`
         (lambda t: distribute_tensor(t.requires_grad_(), mesh, [Shard(0)]).to_local(), "requires grad"),
         (lambda t: DTensor.from_local(t, mesh, [Shard(0)] if t.sum() > 0 else [Replicate()]).to_local(), None),
     ]
     for fn, reason in cases:
         cfn, _ = compiled(fn)
-        with pytest.raises(bytegraph.Unsupported, match=reason):
+        with mesh, pytest.raises(bytegraph.Unsupported, match=reason):
             cfn(torch.randn(4))
         cfn, _ = compiled(fn, fullgraph=False)
         t = torch.randn(4)
-        assert_same_tensors(fn(t.clone()), cfn(t.clone()))
+        with mesh:
+            assert_same_tensors(fn(t.clone()), cfn(t.clone()))
 
 
 # --- two processes (tests/dtensor_checks.py) ---------------------------------------------------
