@@ -21,8 +21,8 @@ from ..errors import Unsupported
 from ..guards.sources import TensorItemSource
 from ..values import arrays
 from ..values.arrays import NdarrayValue
-from ..values.base import (ConstantValue, FloatTensorValue, ListValue, ObjectValue, SubgraphValue, SymValue,
-                           TensorValue, TupleValue)
+from ..values.base import (ConstantValue, DictValue, FloatTensorValue, ListValue, ObjectValue, SubgraphValue,
+                           SymValue, TensorValue, TupleValue)
 from . import scalars, unbacked
 from .call_values import (  # noqa: F401 (_example, _mutates, _identifier: read from here by other modules)
     _INT_ARITHMETIC, _constant_result, _example, _find_alias, _has_scalar_tensors, _holds_traced, _identifier,
@@ -80,6 +80,10 @@ class GraphBuilder:
         self.no_mutation = {}
         self.data_written = {}        # storage of t -> reason: t.data changed in place in this graph
         self.data_inputs = {}         # source of t -> the value of t.data (one input however often read)
+        # > 0 while a __torch_function__ override runs its func (subclass dispatch off, as in
+        # torch.Tensor.__torch_function__); else a value of such a class may not reach a node.
+        self.function_subclass_off = 0
+        self.function_subclass_inputs = False   # the graph takes one: it runs with subclass dispatch off
 
     # --- inputs -----------------------------------------------------------
 
@@ -209,7 +213,10 @@ class GraphBuilder:
             fake = self._state_fakes[id(tensor)] = self._state_fake(tensor)
         node.meta["example_value"] = fake
         node.meta["real_tensor"] = tensor    # a dict key by identity (optimizer state per parameter)
-        return TensorValue(node, fake, source, cls=type(tensor))
+        value = TensorValue(node, fake, source, cls=type(tensor))
+        if _function_subclass_of(value) is not None:
+            self.function_subclass_inputs = True   # run with subclass dispatch off, as its inputs
+        return value
 
     def _state_fake(self, tensor):
         """The fake of a parameter or buffer: made straight from a meta tensor when it is a plain
@@ -298,6 +305,13 @@ class GraphBuilder:
         return self._call(kind, target, args, kwargs, describe)
 
     def _call(self, kind, target, args, kwargs, describe=None):
+        if not self.function_subclass_off:
+            overriding = _function_subclass_of((args, kwargs))
+            if overriding is not None:
+                raise Unsupported(f"{describe or _target_name(target)} on a {overriding.__qualname__}: its "
+                                  "__torch_function__ is not traced for this operation",
+                                  hint="without fullgraph=True it runs eagerly; x.as_subclass(torch.Tensor) "
+                                       "before it if the override does not matter there")
         node_args, fake_args = _unwrap(args, self.node_of)
         node_kwargs, fake_kwargs = _unwrap(kwargs, self.node_of)
         if self.frozen:
@@ -606,4 +620,26 @@ class GraphBuilder:
         gm.graph.lint()
         return gm
 
+
+def _function_subclass_of(obj):
+    """The class of a tensor value in ``obj`` (values, nested in lists, tuples, dicts) whose torch
+    calls go through a ``__torch_function__`` override, else None."""
+    if isinstance(obj, TensorValue):
+        cls = obj.cls
+        if cls is torch.Tensor or cls is torch.nn.Parameter or hasattr(cls, "__tensor_flatten__") \
+                or issubclass(cls, torch.nn.Parameter):
+            return None
+        return cls
+    if isinstance(obj, (TupleValue, ListValue)):
+        obj = obj.items
+    elif isinstance(obj, DictValue):
+        obj = list(obj.items.values())
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        for item in obj:
+            found = _function_subclass_of(item)
+            if found is not None:
+                return found
+    return None
 

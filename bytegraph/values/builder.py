@@ -387,18 +387,48 @@ def _wrap_tensor(tx, tensor, source):
         return tx.graph.add_module_state(tensor, source, is_parameter=type(tensor) is torch.nn.Parameter)
     if is_traceable_wrapper_subclass(tensor):
         return _wrap_subclass(tx, tensor, source)
+    if _is_function_subclass(type(tensor)):
+        return _wrap_function_subclass(tx, tensor, source)
     if type(tensor) not in (torch.Tensor, torch.nn.Parameter) and not tensor.is_sparse and not tensor.is_nested:
-        raise Unsupported(f"{source.name()} is a {type(tensor).__qualname__}, a tensor subclass that is not a traceable "
-                           "wrapper subclass (no __tensor_flatten__/__tensor_unflatten__/__torch_dispatch__): its "
-                           "__torch_function__ is not traced yet",
-                           hint="pass x.as_subclass(torch.Tensor) (if the override does not matter there), or make "
-                                "the class a wrapper subclass; without fullgraph=True the code using it runs eagerly")
+        raise Unsupported(f"{source.name()} is a {type(tensor).__qualname__}, a tensor subclass with its own "
+                          "__torch_dispatch__ that is not a traceable wrapper subclass (no "
+                          "__tensor_flatten__/__tensor_unflatten__): it cannot be traced",
+                          hint="make the class a wrapper subclass; without fullgraph=True the code using it runs "
+                               "eagerly")
     if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.is_sparse or tensor.is_nested:
         raise _unsupported(f"tensor subclass or layout not supported yet: {type(tensor).__name__}")
     dynamic = tx.dynamic_dims_for(tensor, source)
     value = tx.graph.add_input(tensor, source, dynamic)
     symbolic = tuple(d for d in dynamic if isinstance(value.fake.shape[d], torch.SymInt))
     tx.guards.add(g.TENSOR_MATCH, source, g.TensorMeta(tensor), dynamic_dims=symbolic)
+    return value
+
+
+def _is_function_subclass(cls):
+    """A plain subclass of torch.Tensor (not Parameter): its torch calls go through its
+    ``__torch_function__`` (trace/torch_api/torch_function.py traces it)."""
+    return issubclass(cls, torch.Tensor) and not issubclass(cls, torch.nn.Parameter) and cls is not torch.Tensor \
+        and getattr(cls, "__torch_dispatch__", torch.Tensor.__torch_dispatch__) is torch.Tensor.__torch_dispatch__ \
+        and not hasattr(cls, "__tensor_flatten__")
+
+
+def _wrap_function_subclass(tx, tensor, source):
+    """A tensor of a ``__torch_function__`` class as a graph input: a plain tensor in the graph
+    (which runs with subclass dispatch off), its class kept on the value; guarded like any
+    tensor (TENSOR_MATCH checks the class)."""
+    with torch._C.DisableTorchFunctionSubclass():   # our reads, not the program's: no override
+        if tensor.is_sparse or tensor.is_nested:
+            raise _unsupported(f"tensor subclass or layout not supported yet: {type(tensor).__name__}")
+        plain = tensor.as_subclass(torch.Tensor)
+        dynamic = tx.dynamic_dims_for(plain, source)
+        value = tx.graph.add_input(plain, source, dynamic)
+        meta = g.TensorMeta(plain)
+    meta.cls = type(tensor)
+    value.cls = type(tensor)
+    value.node.meta["function_subclass"] = type(tensor)
+    tx.graph.function_subclass_inputs = True
+    symbolic = tuple(d for d in dynamic if isinstance(value.fake.shape[d], torch.SymInt))
+    tx.guards.add(g.TENSOR_MATCH, source, meta, dynamic_dims=symbolic)
     return value
 
 

@@ -113,6 +113,10 @@ def binary(frame: RunningFrame, op: str, a: Value, b: Value) -> Value:
         if op.endswith("=") and not isinstance(a, TensorValue):
             # `n += tensor` with a Python number on the left is just `n + tensor`.
             fn = BINARY[op[:-1]]
+        if any(isinstance(v, TensorValue) and v.cls not in (torch.Tensor, torch.nn.Parameter) for v in (a, b)):
+            overridden = ops.function_subclass_binary(frame, fn, a, b)   # a __torch_function__ class's
+            if overridden is not None:
+                return overridden
         return graph_op(frame, fn, [a, b])
     if isinstance(a, FloatTensorValue) or isinstance(b, FloatTensorValue):
         return float_op(frame, fn, [a, b])

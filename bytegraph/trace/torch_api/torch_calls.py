@@ -19,6 +19,7 @@ from ..core import ops
 from ..numpy_api import numpy_calls
 from ..python import attrs, operators
 from ..core.handlers import BUILTIN_HANDLERS
+from . import torch_function
 from typing import Callable
 from ...values.base import Value
 from ..core.context import RunningFrame
@@ -87,6 +88,9 @@ def torch_call(frame: RunningFrame, fn: Callable, args: list[Value], kwargs: dic
                           "(a mode stack, a counter) and cannot be traced")
     if numpy_calls.involves_arrays(*args, *kwargs.values()):
         return numpy_calls.torch_with_arrays(frame, fn, args, kwargs)
+    overridden = torch_function.dispatch(frame, fn, args, kwargs)   # a __torch_function__ class's
+    if overridden is not None:
+        return overridden
     if isinstance(fn, (types.MethodDescriptorType, types.WrapperDescriptorType)):
         # torch.Tensor.add(x, y) is x.add(y).
         if not args or not isinstance(args[0], TensorValue):
