@@ -615,3 +615,83 @@ def test_torchao_nf4_lora_training(backend):
         opt_e.zero_grad()
         opt_c.zero_grad()
     assert cnt.frame_count == 1
+
+
+# --- subclass inputs with sizes that change ------------------------------------------------------
+
+def torch_compile_counts(fn, calls):
+    """Graphs torch.compile has made after each call of ``calls`` (argument tuples, passed as
+    they are: subclass arguments stay subclasses)."""
+    import torch._dynamo
+    count, after = [0], []
+
+    def backend(gm, example_inputs):
+        count[0] += 1
+        return gm.forward
+    torch._dynamo.reset()
+    try:
+        compiled_fn = torch.compile(fn, backend=backend)
+        for args in calls:
+            compiled_fn(*args)
+            after.append(count[0])
+    finally:
+        torch._dynamo.reset()
+    return after
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_tensor_automatic_dynamic_sizes(backend):
+    # A second size makes the dims that changed symbolic: no graph per size after that.
+    def fn(x, y):
+        return (x.sin() * x.shape[0] + y).sum(0), x.shape[0]
+    cfn, cnt = compiled(fn, backend)
+    calls = []
+    for n in (3, 4, 5, 7):
+        torch.manual_seed(n)
+        calls.append((two(n, 2, requires_grad=backend == "aot_eager"), torch.randn(n, 2)))
+    counts = []
+    for args in calls:
+        expected, actual = fn(*args), cfn(*args)
+        assert_same_tensors(expected, actual)
+        if backend == "aot_eager":
+            ge, = torch.autograd.grad(expected[0], args[0], torch.ones_like(expected[0]))
+            gc, = torch.autograd.grad(actual[0], args[0], torch.ones_like(actual[0]))
+            assert_same_tensors(ge, gc, "grad")
+        counts.append(cnt.frame_count)
+    assert counts == [1, 2, 2, 2]
+    assert torch_compile_counts(fn, calls) == [1, 2, 2, 2]
+
+
+def test_two_tensor_mark_dynamic():
+    def fn(x):
+        return x.cos() + x.shape[0], x.view(-1)
+    cfn, cnt = compiled(fn)
+    for n in (3, 4, 6):
+        x = two(n, 5)
+        torch._dynamo.mark_dynamic(x, 0)
+        assert_same_tensors(fn(x), cfn(x))
+    assert cnt.frame_count == 1
+
+
+def test_dynamic_two_tensor_guards_still_check_layout():
+    # Symbolic sizes, but the inner tensors' other sizes, strides and dtype are still guarded.
+    cfn, cnt = compiled(lambda x: x * 2, fullgraph=False)
+    for x, graphs in [(two(3, 2), 1), (two(4, 2), 2), (two(5, 2), 2), (two(5, 3), 3),
+                      (TwoTensor(torch.randn(6, 4)[:, ::2], torch.randn(6, 4)[:, ::2]), 4), (two(6, 2).double(), 5)]:
+        assert_same_tensors(x * 2, cfn(x))
+        assert cnt.frame_count == graphs
+
+
+def test_torch_function_subclass_dynamic_sizes():
+    def fn(x):
+        return torch.sin(x) * x.shape[0]
+    cfn, cnt = compiled(fn)
+    for n in (3, 4, 5, 8):
+        Logged.log.clear()
+        x = _logged(n)
+        expected, eager_log = fn(x), list(Logged.log)
+        Logged.log.clear()
+        actual = cfn(x)
+        assert Logged.log == eager_log
+        assert_same_tensors(expected, actual)
+    assert cnt.frame_count == 2

@@ -106,14 +106,18 @@ class GraphBuilder:
         self._last_placeholder = node
         return node
 
-    def add_input(self, tensor, source, dynamic_dims=None):
-        """A tensor argument; ``dynamic_dims`` maps dims to (min, max) for symbolic sizes."""
+    def add_input(self, tensor, source, dynamic_dims=None, inner_dynamic_dims=None):
+        """A tensor argument; ``dynamic_dims`` maps dims to (min, max) for symbolic sizes
+        (``inner_dynamic_dims``: those of a wrapper subclass's inner tensors, by name)."""
         node = self._placeholder(source)
         # Describing a tensor reads its .grad, which warns for non-leaf tensors: our read,
         # not the user's (and fatal under -W error).
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
-            if dynamic_dims:
+            if inner_dynamic_dims:
+                fake = self.shapes.fake_dynamic_subclass(self.fake_mode, tensor, source, dynamic_dims or {},
+                                                         inner_dynamic_dims or {})
+            elif dynamic_dims:
                 fake = self.shapes.fake_dynamic(self.fake_mode, tensor, source, dynamic_dims)
             else:
                 fake = self.fake(tensor)

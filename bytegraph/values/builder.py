@@ -437,11 +437,45 @@ def _wrap_subclass(tx, tensor, source):
     input: its fake is the subclass over fake inner tensors, so its ``__torch_dispatch__`` runs
     as the graph is built; the graph takes (and the backend gets) the subclass itself. Sizes stay
     static (a new size recompiles)."""
-    guard_subclass_layout(tx, tensor, source)
-    value = tx.graph.add_input(tensor, source, {})
+    dynamic, inner = _subclass_dynamic_dims(tx, tensor, source)
+    if not inner:
+        guard_subclass_layout(tx, tensor, source)
+    value = tx.graph.add_input(tensor, source, dynamic, inner)
     _check_fake_class(tensor, value.fake, source.name())
-    tx.guards.add(g.TENSOR_MATCH, source, g.TensorMeta(tensor))
+    if inner:
+        symbolic_inner = {name: tuple(d for d in dims if isinstance(getattr(value.fake, name).shape[d], torch.SymInt))
+                          for name, dims in inner.items()}
+        guard_subclass_layout(tx, tensor, source, symbolic_inner)
+    symbolic = tuple(d for d in dynamic if isinstance(value.fake.shape[d], torch.SymInt))
+    tx.guards.add(g.TENSOR_MATCH, source, g.TensorMeta(tensor), dynamic_dims=symbolic)
     return value
+
+
+def _subclass_dynamic_dims(tx, tensor, source):
+    """Symbolic dims of a wrapper subclass input and of its inner tensors (name -> dims): the
+    outer ones as for any tensor (marked, or seen changing); an inner tensor's are its own seen
+    changing and the outer's it shares (same dim, same size). Only plain inner tensors of a class
+    whose flatten context holds no sizes (TwoTensor, not DTensor) take part: else all static."""
+    dynamic = tx.dynamic_dims_for(tensor, source)
+    names, ctx = tensor.__tensor_flatten__()
+    inners = {n: getattr(tensor, n) for n in names}
+    if not _sizes_free(ctx) or any(type(t) not in (torch.Tensor, torch.nn.Parameter) for t in inners.values()):
+        return {}, {}
+    inner = {}
+    for name, t in inners.items():
+        dims = {d: b for d, b in dynamic.items() if d < t.dim() and t.shape[d] == tensor.shape[d]}
+        dims.update(tx.dynamic_dims_for(t, AttrSource(source, name)))
+        if dims:
+            inner[name] = dims
+    if not inner:
+        return {}, {}    # nothing inside changes: the outer sizes follow from the inner ones
+    return dynamic, inner
+
+
+def _sizes_free(ctx):
+    """Does a flatten context hold nothing that depends on sizes (None, strings, numbers that
+    are not sizes cannot be told apart: only None and strings count)?"""
+    return ctx is None or isinstance(ctx, str)
 
 
 def is_placement_type(t):
@@ -476,9 +510,10 @@ def _check_fake_class(tensor, fake, where):
             _check_fake_class(getattr(tensor, name), getattr(fake, name), f"{where}.{name}")
 
 
-def guard_subclass_layout(tx, tensor, source):
+def guard_subclass_layout(tx, tensor, source, inner_dynamic=None):
     """Guards on how a wrapper subclass is made: its inner tensor names and flatten context, and
-    each inner tensor's type, dtype, device, sizes and strides (nested subclasses too)."""
+    each inner tensor's type, dtype, device, sizes and strides (nested subclasses too; the
+    sizes in ``inner_dynamic`` (name -> dims) are left to the shape guards)."""
     meta = g.subclass_flatten_meta(tensor)
     if not g.KINDS[g.SUBCLASS_META].holds(tensor, meta):
         raise _unsupported(f"{type(tensor).__name__}: the context of __tensor_flatten__ ({meta[1]!r}) is not equal "
@@ -497,7 +532,8 @@ def guard_subclass_layout(tx, tensor, source):
         elif type(inner) not in (torch.Tensor, torch.nn.Parameter) or inner.is_sparse or inner.is_nested:
             raise _unsupported(f"{type(tensor).__name__}.{name}: tensor subclass or layout not supported "
                                f"inside a wrapper subclass: {type(inner).__name__}")
-        tx.guards.add(g.TENSOR_MATCH, inner_source, g.TensorMeta(inner))
+        dims = tuple((inner_dynamic or {}).get(name, ()))
+        tx.guards.add(g.TENSOR_MATCH, inner_source, g.TensorMeta(inner), dynamic_dims=dims)
 
 
 def _module_is_numpy(t):
