@@ -695,3 +695,15 @@ def test_torch_function_subclass_dynamic_sizes():
         assert Logged.log == eager_log
         assert_same_tensors(expected, actual)
     assert cnt.frame_count == 2
+
+
+def test_torch_function_subclass_under_a_mode_breaks():
+    # The mode (entered around the call) comes before the class in eager: not traced.
+    x = _logged(3)
+    cfn, _ = compiled(lambda x: torch.sin(x) + 1)
+    with SinIsCos(), pytest.raises(bytegraph.Unsupported, match="TorchFunctionMode"):
+        cfn(x)
+    cfn, _ = compiled(lambda x: torch.sin(x) + 1, fullgraph=False)
+    with SinIsCos():
+        expected, actual = torch.sin(x) + 1, cfn(x)
+    assert_same_tensors(expected, actual)

@@ -84,6 +84,10 @@ def dispatch(frame, func, args, kwargs, what=None):
                           f"({', '.join(c.__qualname__ for c in classes)}) is not supported yet",
                           hint="without fullgraph=True it runs eagerly")
     cls = classes[0]
+    if torch._C._len_torch_function_stack() > 0:
+        # A mode is asked before the class in eager; the graph's ops would reach it at run time.
+        raise Unsupported(f"{name} on a {cls.__qualname__} under a TorchFunctionMode is not supported yet",
+                          hint="without fullgraph=True it runs eagerly")
     override = inspect.getattr_static(cls, "__torch_function__", None)
     if not isinstance(override, classmethod) or not isinstance(override.__func__, types.FunctionType):
         raise Unsupported(f"{cls.__qualname__}.__torch_function__ is not a Python classmethod: it cannot be traced",
