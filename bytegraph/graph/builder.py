@@ -630,8 +630,10 @@ def _function_subclass_of(obj):
     calls go through a ``__torch_function__`` override, else None."""
     if isinstance(obj, TensorValue):
         cls = obj.cls
-        if cls is torch.Tensor or cls is torch.nn.Parameter or hasattr(cls, "__tensor_flatten__") \
-                or issubclass(cls, torch.nn.Parameter):
+        if cls is torch.Tensor or cls is torch.nn.Parameter or not isinstance(cls, type) \
+                or not issubclass(cls, torch.Tensor) or hasattr(cls, "__tensor_flatten__") \
+                or issubclass(cls, torch.nn.Parameter) \
+                or getattr(cls, "__torch_dispatch__", None) is not torch.Tensor.__torch_dispatch__:
             return None
         return cls
     if isinstance(obj, (TupleValue, ListValue)):

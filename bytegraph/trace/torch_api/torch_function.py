@@ -148,7 +148,8 @@ def base(frame, cls, func, args, kwargs):
         if getter is not None:
             if len(args) != 1 or kwargs:
                 raise Unsupported(f"Tensor.{getter}.__get__ with unexpected arguments")
-            result = attrs.get_attr(frame, args[0], getter)
+            with torch._C.DisableTorchFunctionSubclass():   # a read of the real input (x.grad): no override
+                result = attrs.get_attr(frame, args[0], getter)
         else:
             result = ops.call(frame, wrap(tx, func, None), args, kwargs)
     finally:
@@ -199,7 +200,9 @@ def binary(frame, fn, a, b):
 def tensor_property(frame, v, name):
     """``x.name`` for a property of torch.Tensor on a __torch_function__ class: the override
     traced with the property's ``__get__``; None otherwise."""
-    descriptor = inspect.getattr_static(torch.Tensor, name, None)
+    if name.startswith("__"):
+        return None    # __class__, __dict__: Python's own, read without the override
+    descriptor = torch.Tensor.__dict__.get(name, torch._C.TensorBase.__dict__.get(name))
     if not isinstance(descriptor, (types.GetSetDescriptorType, property)):
         return None
     return dispatch(frame, descriptor.__get__, [v], {}, what=f"Tensor.{name}")
