@@ -87,8 +87,9 @@ def function_subclass_attr(frame: RunningFrame, tensor: Value, name: str) -> Val
 
 
 def function_subclass_binary(frame: RunningFrame, fn: Callable, a: Value, b: Value) -> Value | None:
-    """``a <op> b`` with a ``__torch_function__`` subclass operand: its override traced; None
-    where none applies (torch_api.torch_function.binary)."""
+    """``a <op> b`` (``b`` None: a unary operator; ``operator.getitem``: ``a[b]``) with a
+    ``__torch_function__`` subclass operand: its override traced; None where none applies
+    (torch_api.torch_function.binary)."""
     raise _not_wired("function_subclass_binary")
 
 

@@ -339,6 +339,10 @@ def unary(frame: RunningFrame, fn: Callable, v: Value) -> Value:
     if numpy_calls.involves_arrays(v):
         return numpy_calls.unary(frame, fn, v)
     if isinstance(v, TensorValue):
+        if v.cls not in (torch.Tensor, torch.nn.Parameter):
+            overridden = ops.function_subclass_binary(frame, fn, v, None)   # a __torch_function__ class's
+            if overridden is not None:
+                return overridden
         return graph_op(frame, fn, [v])
     if isinstance(v, FloatTensorValue):
         return float_op(frame, fn, [v])
@@ -445,6 +449,10 @@ def getitem(frame: RunningFrame, obj: Value, index: Value) -> Value:
     if numpy_calls.involves_arrays(obj, index):
         return numpy_calls.getitem(frame, obj, index)
     if isinstance(obj, TensorValue):
+        if obj.cls not in (torch.Tensor, torch.nn.Parameter):
+            overridden = ops.function_subclass_binary(frame, operator.getitem, obj, index)   # a __torch_function__ class's
+            if overridden is not None:
+                return overridden
         return graph_op(frame, operator.getitem, [obj, index])
     if isinstance(obj, (TupleValue, ListValue)):
         i = as_constant(index)

@@ -7,7 +7,8 @@ operator and property read that involves one. Here, where a traced value of such
 
 * a torch function (``torch.sin(x)``: ``func`` is the function),
 * a tensor method (``x.sin()``: ``torch.Tensor.sin``),
-* a binary operator (``x + y``: ``torch.Tensor.add``, as torch hands it),
+* a binary operator (``x + y``: ``torch.Tensor.add``, as torch hands it), ``-x``, ``abs(x)``,
+  a subscript (``x[i]``: ``Tensor.__getitem__``),
 * a tensor property (``x.shape``: the property's ``__get__``),
 
 the class's ``__torch_function__`` is traced with those arguments (guarded by identity on the
@@ -19,7 +20,7 @@ outside it.
 
 Anything else that would reach a graph operation with such a value breaks (``GraphBuilder``
 refuses it): more than one overriding class in one call, ``__torch_function__`` that is not a
-Python classmethod, operators and protocols not listed above.
+Python classmethod, operators and protocols not listed above (comparisons, ``1 - x``, ``x += 1``).
 """
 import inspect
 import operator
@@ -35,7 +36,7 @@ from ...values.base import ConstantValue, DictValue, ListValue, ObjectValue, Ten
 from ...values.builder import wrap
 from ..core import ops
 from ..core.handlers import builtin
-from ..python import attrs
+from ..python import attrs, operators
 
 _BASE = torch.Tensor.__torch_function__.__func__
 
@@ -145,7 +146,9 @@ def base(frame, cls, func, args, kwargs):
     tx.graph.function_subclass_off += 1
     try:
         getter = _property_name(func)
-        if getter is not None:
+        if func is torch._C.TensorBase.__getitem__ and len(args) == 2 and not kwargs:
+            result = operators.getitem(frame, args[0], args[1])
+        elif getter is not None:
             if len(args) != 1 or kwargs:
                 raise Unsupported(f"Tensor.{getter}.__get__ with unexpected arguments")
             with torch._C.DisableTorchFunctionSubclass():   # a read of the real input (x.grad): no override
@@ -188,13 +191,28 @@ BINARY_FUNCS = {operator.add: "add", operator.sub: "sub", operator.mul: "mul", o
                 operator.matmul: "matmul", operator.pow: "pow"}
 
 
+UNARY_FUNCS = {operator.neg: "neg", operator.abs: "abs"}
+
+
 def binary(frame, fn, a, b):
-    """``a <op> b`` with an operand of a __torch_function__ class: the override traced with
-    torch's func; None when neither operand has one. Other operators break (the graph refuses)."""
+    """``a <op> b`` (``b`` None: ``<op> a``; ``operator.getitem``: ``a[b]``) with an operand of a
+    __torch_function__ class: the override traced with the func and arguments torch hands it;
+    None when no operand has one or torch's order is not known here (the graph then refuses)."""
+    if fn is operator.getitem and isinstance(a, TensorValue):
+        return dispatch(frame, torch._C.TensorBase.__getitem__, [a, b], {}, what="Tensor.__getitem__")
+    if b is None:
+        name = UNARY_FUNCS.get(fn)
+        return dispatch(frame, getattr(torch.Tensor, name), [a], {}, what=f"Tensor.{name}") \
+            if name is not None and isinstance(a, TensorValue) else None
     name = BINARY_FUNCS.get(fn)
-    if name is None or not isinstance(a, TensorValue):
+    if name is None:
         return None
-    return dispatch(frame, getattr(torch.Tensor, name), [a, b], {}, what=f"Tensor.{name}")
+    if isinstance(a, TensorValue):
+        return dispatch(frame, getattr(torch.Tensor, name), [a, b], {}, what=f"Tensor.{name}")
+    if isinstance(b, TensorValue) and name in ("add", "mul"):
+        # 2 + x: torch hands Tensor.add(x, 2) (the reflected operands swapped).
+        return dispatch(frame, getattr(torch.Tensor, name), [b, a], {}, what=f"Tensor.{name}")
+    return None
 
 
 def tensor_property(frame, v, name):
