@@ -384,7 +384,8 @@ def test_torch_function_subclass_traced(backend):
         a = torch.sin(x) + y           # torch function, operator
         b = a.cos() * 2                # method, operator with a number
         c = 2 + -b[1:] + abs(x[0])     # reflected operator, unary operators, subscripts
-        return b, x.shape, F.relu(b) - x, type(b) is Logged, x.dtype, c
+        d = (x > 0, 0 < x, y <= x, x == 1, x != y)   # comparisons, reflected ones too
+        return b, x.shape, F.relu(b) - x, type(b) is Logged, x.dtype, c, d
     _same_log_and_results(fn, lambda: (_logged(3, 4), torch.randn(3, 4)), backend)
     assert torch_compile_count(fn, _logged(3, 4), torch.randn(3, 4)) == 1
 
@@ -459,9 +460,10 @@ class DataReading(torch.Tensor):
 
 
 @pytest.mark.parametrize("fn, make, reason", [
-    # a comparison and a reflected subtraction are not routed through the override: the graph refuses them
-    (lambda x: (x > 0) + 1, lambda: (_logged(3),), "__torch_function__ is not traced for this operation"),
+    # a reflected subtraction and an in-place operator are not routed through the override: the
+    # graph refuses them
     (lambda x: 1 - x, lambda: (_logged(3),), "__torch_function__ is not traced for this operation"),
+    (lambda x: x.__iadd__(1) * 2, lambda: (_logged(3),), "__torch_function__ is not traced for this operation"),
     (lambda x: torch.sin(x) + 1, lambda: (torch.randn(3).as_subclass(DataReading),), "data"),
     (lambda x, y: torch.sin(x) + y, lambda: (_logged(3), torch.randn(3).as_subclass(LoggedTwice)),
      "several __torch_function__ classes"),

@@ -201,6 +201,10 @@ def compare(frame: RunningFrame, op: str, a: Value, b: Value) -> Value:
             raise Unsupported("comparison with NULL")
         if (isinstance(a, ConstantValue) and a.value is None) or (isinstance(b, ConstantValue) and b.value is None):
             return ConstantValue(op == "!=")
+        if any(isinstance(v, TensorValue) and v.cls not in (torch.Tensor, torch.nn.Parameter) for v in (a, b)):
+            overridden = ops.function_subclass_binary(frame, fn, a, b)   # a __torch_function__ class's
+            if overridden is not None:
+                return overridden
         return graph_op(frame, fn, [a, b])
     if op in ("==", "!=") and (isinstance(a, ObjectValue) or isinstance(b, ObjectValue)):
         oa = a.obj if isinstance(a, ObjectValue) else as_constant(a) if is_constant(a) else a

@@ -8,7 +8,7 @@ operator and property read that involves one. Here, where a traced value of such
 * a torch function (``torch.sin(x)``: ``func`` is the function),
 * a tensor method (``x.sin()``: ``torch.Tensor.sin``),
 * a binary operator (``x + y``: ``torch.Tensor.add``, as torch hands it), ``-x``, ``abs(x)``,
-  a subscript (``x[i]``: ``Tensor.__getitem__``),
+  a subscript (``x[i]``: ``Tensor.__getitem__``), a comparison (``x > 0``: ``Tensor.gt``),
 * a tensor property (``x.shape``: the property's ``__get__``),
 
 the class's ``__torch_function__`` is traced with those arguments (guarded by identity on the
@@ -20,7 +20,7 @@ outside it.
 
 Anything else that would reach a graph operation with such a value breaks (``GraphBuilder``
 refuses it): more than one overriding class in one call, ``__torch_function__`` that is not a
-Python classmethod, operators and protocols not listed above (comparisons, ``1 - x``, ``x += 1``).
+Python classmethod, operators and protocols not listed above (``1 - x``, ``x += 1``).
 """
 import inspect
 import operator
@@ -148,6 +148,8 @@ def base(frame, cls, func, args, kwargs):
         getter = _property_name(func)
         if func is torch._C.TensorBase.__getitem__ and len(args) == 2 and not kwargs:
             result = operators.getitem(frame, args[0], args[1])
+        elif func in _OPERATOR_OF and len(args) == 2 and not kwargs:
+            result = operators.compare(frame, _OPERATOR_OF[func], args[0], args[1])
         elif getter is not None:
             if len(args) != 1 or kwargs:
                 raise Unsupported(f"Tensor.{getter}.__get__ with unexpected arguments")
@@ -192,6 +194,12 @@ BINARY_FUNCS = {operator.add: "add", operator.sub: "sub", operator.mul: "mul", o
 
 
 UNARY_FUNCS = {operator.neg: "neg", operator.abs: "abs"}
+# Comparisons: what torch hands (x == y: Tensor.__eq__), the operator, and its reflection (Python
+# asks the right operand first when its class derives from the left one's: y < x is x > y).
+COMPARE_FUNCS = {operator.gt: ("gt", ">", operator.lt), operator.ge: ("ge", ">=", operator.le),
+                 operator.lt: ("lt", "<", operator.gt), operator.le: ("le", "<=", operator.ge),
+                 operator.ne: ("ne", "!=", operator.ne), operator.eq: ("__eq__", "==", operator.eq)}
+_OPERATOR_OF = {getattr(torch._C.TensorBase, name): op for name, op, _ in COMPARE_FUNCS.values()}
 
 
 def binary(frame, fn, a, b):
@@ -204,6 +212,8 @@ def binary(frame, fn, a, b):
         name = UNARY_FUNCS.get(fn)
         return dispatch(frame, getattr(torch.Tensor, name), [a], {}, what=f"Tensor.{name}") \
             if name is not None and isinstance(a, TensorValue) else None
+    if fn in COMPARE_FUNCS:
+        return _compare(frame, fn, a, b)
     name = BINARY_FUNCS.get(fn)
     if name is None:
         return None
@@ -213,6 +223,18 @@ def binary(frame, fn, a, b):
         # 2 + x: torch hands Tensor.add(x, 2) (the reflected operands swapped).
         return dispatch(frame, getattr(torch.Tensor, name), [b, a], {}, what=f"Tensor.{name}")
     return None
+
+
+def _compare(frame, fn, a, b):
+    name, _, reflected = COMPARE_FUNCS[fn]
+    if isinstance(b, TensorValue) and is_function_subclass(b.cls) \
+            and (not isinstance(a, TensorValue) or a.cls is not b.cls and issubclass(b.cls, a.cls)):
+        name = COMPARE_FUNCS[reflected][0]
+        a, b = b, a
+    if not isinstance(a, TensorValue):
+        return None
+    func = getattr(torch._C.TensorBase, name)
+    return dispatch(frame, func, [a, b], {}, what=f"Tensor.{name}")
 
 
 def tensor_property(frame, v, name):
