@@ -60,6 +60,10 @@ class GraphInput:
 
 
 class GraphBuilder:
+    # (class defaults too: SubgraphBuilder does not run this __init__)
+    function_subclass_off = 0
+    function_subclass_inputs = False
+
     def __init__(self):
         self.graph = fx.Graph()
         self.fake_seconds = 0.0       # time spent running calls on fake tensors
