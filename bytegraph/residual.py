@@ -447,3 +447,20 @@ def replay_warning(message, category, filename, lineno, module, module_globals):
     # No module_globals, as warnings.warn passes none: its loader is not asked for the source
     # (a `python -c` program's __main__ has no source to give).
     warnings.warn_explicit(message, category, filename, lineno, module, registry)
+
+
+def as_function_subclass(tensor, cls):
+    """``tensor`` as an object of ``cls`` (a ``__torch_function__`` class), without running the
+    class's override: what a graph output of such a class is after the graph."""
+    with torch._C.DisableTorchFunctionSubclass():
+        return tensor.as_subclass(cls)
+
+
+def without_function_subclasses(compiled):
+    """``compiled`` run with subclass ``__torch_function__`` dispatch off: a graph whose inputs
+    are of such classes already did what their overrides do (as torch.compile runs its graphs)."""
+    def run(*args):
+        with torch._C.DisableTorchFunctionSubclass():
+            return compiled(*args)
+    return run
+

@@ -2,7 +2,10 @@
 functions, compared with eager; what is not traced yet breaks with its reason and gives eager's
 results."""
 import copy
+import json
 import os
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -11,6 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import bytegraph
+from helpers import torch_compile_graphs
 from test_subclasses import assert_same_tensors, compiled, same_training
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
@@ -30,6 +34,23 @@ def mesh():
         dist.destroy_process_group()
         if os.path.exists(store):
             os.remove(store)
+
+
+def torch_compile_count(fn, *args):
+    """Graphs torch.compile (the reference) makes of ``fn(*args)``, DTensor arguments passed as
+    they are (helpers.torch_compile_graphs clones its inputs as plain tensors)."""
+    import torch._dynamo
+    count = [0]
+
+    def backend(gm, example_inputs):
+        count[0] += 1
+        return gm.forward
+    torch._dynamo.reset()
+    try:
+        torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    finally:
+        torch._dynamo.reset()
+    return count[0]
 
 
 def _dt(mesh, *shape, placement=None, requires_grad=False):
@@ -84,14 +105,185 @@ def test_dtensor_parameters_training(mesh, backend):
     assert cnt.frame_count == 1
 
 
-def test_dtensor_made_in_the_function_breaks_with_reason(mesh):
+# --- DTensor made and redistributed inside the compiled function --------------------------------
+
+PLACEMENT = None     # a module-level placement the compiled function reads (set by the test)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_from_local_redistribute_and_back(mesh, backend):
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    def fn(t, w):
+        d = DTensor.from_local(t, mesh, [Shard(0)])
+        r = d.redistribute(mesh, [Replicate()])
+        p = DTensor.from_local(w * 2, mesh, (Partial(),)).redistribute(mesh, [Replicate()])
+        s = DTensor.from_local(w, mesh, [Replicate()], run_check=False).redistribute(placements=[Shard(1)])
+        return (d.sin() + r).to_local(), (p + s).full_tensor(), (r @ r.t()).to_local()
+    cfn, cnt = compiled(fn, backend)
+    for seed in range(2):
+        torch.manual_seed(seed)
+        t, w = torch.randn(4, 4, requires_grad=backend == "aot_eager"), torch.randn(4, 4)
+        expected, actual = fn(t, w), cfn(t, w)
+        assert_same_tensors(expected, actual)
+        if t.requires_grad:
+            ge, = torch.autograd.grad(sum(o.sum() for o in expected), t)
+            gc, = torch.autograd.grad(sum(o.sum() for o in actual), t)
+            assert_same_tensors(ge, gc, "grad")
+    assert cnt.frame_count == 1
+    assert torch_compile_graphs(fn, (torch.randn(4, 4), torch.randn(4, 4))) == 1
+
+
+def test_placements_and_mesh_read_from_dtensors(mesh):
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    def fn(d, t):
+        p = d.placements
+        e = DTensor.from_local(t, d.device_mesh, p)
+        made = (e + 1).placements
+        return e.redistribute(e.device_mesh, [Replicate()]).to_local() * p[0].dim, p, made, \
+            isinstance(p[0], Shard), p[0].is_shard(), p[0] == Shard(0)
+    cfn, cnt = compiled(fn)
+    for _ in range(2):
+        d, t = _dt(mesh, 4, 2), torch.randn(4, 2)
+        assert_same_tensors(fn(d, t), cfn(d, t))
+    assert cnt.frame_count == 1
+    assert torch_compile_count(fn, _dt(mesh, 4, 2), torch.randn(4, 2)) == 1
+
+
+def test_module_level_placement_is_guarded(mesh):
     from torch.distributed.tensor import DTensor, Shard
 
     def fn(t):
-        return DTensor.from_local(t, mesh, [Shard(0)]).sin().to_local()
-    cfn, _ = compiled(fn)
-    with pytest.raises(bytegraph.Unsupported, match="Shard"):
-        cfn(torch.randn(4))
-    cfn, _ = compiled(fn, fullgraph=False)
-    t = torch.randn(4)
-    assert_same_tensors(fn(t), cfn(t))
+        return DTensor.from_local(t, mesh, [PLACEMENT]).redistribute(mesh, [Shard(0)]).to_local() + 1
+    cfn, cnt = compiled(fn)
+    global PLACEMENT
+    try:
+        for placement, graphs in [(Shard(0), 1), (Shard(0), 1), (Shard(1), 2)]:
+            PLACEMENT = placement
+            t = torch.randn(4, 4)
+            assert_same_tensors(fn(t), cfn(t))
+            assert cnt.frame_count == graphs
+    finally:
+        PLACEMENT = None
+
+
+def test_another_mesh_recompiles(mesh):
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Replicate
+    other = DeviceMesh("cpu", [0])
+    assert other is not mesh
+
+    def fn(t, m):
+        d = DTensor.from_local(t, m, [Replicate()])
+        return d, (d * 2).to_local()
+    cfn, cnt = compiled(fn, fullgraph=False)
+    for m, graphs in [(mesh, 1), (mesh, 1), (other, 2)]:
+        t = torch.randn(3)
+        out = cfn(t, m)
+        assert_same_tensors(fn(t, m), out)
+        assert out[0].device_mesh is m
+        assert cnt.frame_count == graphs
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_distribute_tensor_in_the_function(mesh, backend):
+    # One rank: nothing is scattered or broadcast, so the split is local and in the graph.
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    def fn(t, w):
+        a = distribute_tensor(t, mesh, [Shard(0)])
+        b = distribute_tensor(w * 2, mesh, [Replicate()], src_data_rank=None)
+        return (a @ b).full_tensor(), a.placements
+    check = [(torch.randn(4, 3), torch.randn(3, 2)) for _ in range(2)]
+    cfn, cnt = compiled(fn, backend)
+    for args in check:
+        assert_same_tensors(fn(*args), cfn(*args))
+    assert cnt.frame_count == 1
+
+
+def test_dtensor_api_breaks_with_reason(mesh):
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+    cases = [
+        (lambda t: DTensor.from_local(t, mesh, [Replicate()], run_check=True).to_local(), "run_check"),
+        (lambda t: DTensor.from_local(t).to_local(), "without a device mesh"),   # the mesh of `with mesh:`
+        (lambda t: distribute_tensor(t.requires_grad_(), mesh, [Shard(0)]).to_local(), "requires grad"),
+        (lambda t: DTensor.from_local(t, mesh, [Shard(0)] if t.sum() > 0 else [Replicate()]).to_local(), None),
+    ]
+    for fn, reason in cases:
+        cfn, _ = compiled(fn)
+        with mesh, pytest.raises(bytegraph.Unsupported, match=reason):
+            cfn(torch.randn(4))
+        cfn, _ = compiled(fn, fullgraph=False)
+        t = torch.randn(4)
+        with mesh:
+            assert_same_tensors(fn(t.clone()), cfn(t.clone()))
+
+
+# --- two processes (tests/dtensor_checks.py) ---------------------------------------------------
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORLD = 2
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """Every check of tests/dtensor_checks.py, run once on a 2-process gloo group: per rank,
+    {check: {"ok", "detail", "error"}}."""
+    tmp = tmp_path_factory.mktemp("dtensor")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(bytegraph.__file__)))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    procs, logs = [], []
+    for rank in range(WORLD):
+        log = open(tmp / f"rank{rank}.log", "w")
+        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "dtensor_checks.py"), str(rank), str(WORLD),
+                                       str(tmp / "store"), str(tmp / f"rank{rank}.json")],
+                                      stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(tmp)))
+        logs.append(log)
+    try:
+        for p in procs:
+            p.wait(timeout=300)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for log in logs:
+            log.close()
+    results = []
+    for rank in range(WORLD):
+        out = tmp / f"rank{rank}.json"
+        if not out.exists():
+            pytest.fail(f"rank {rank} wrote no results (exit code {procs[rank].returncode}):\n"
+                        + (tmp / f"rank{rank}.log").read_text()[-4000:])
+        results.append(json.loads(out.read_text()))
+    return results
+
+
+def _details(results, name):
+    details = []
+    for rank, per_rank in enumerate(results):
+        r = per_rank[name]
+        assert r["ok"], f"rank {rank}: {name} failed:\n{r['error']}"
+        details.append(r["detail"])
+    return details
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_tensor_parallel_block_two_ranks(two_ranks, backend):
+    # parallelize_module with ColwiseParallel/RowwiseParallel on attention and MLP: three training
+    # steps, losses and (sharded) gradients equal to eager's, one graph as torch.compile makes.
+    for d in _details(two_ranks, f"tp_block_{backend}"):
+        assert d["graphs"] == 1 and d["torch_compile_graphs"] == 1
+        assert d["sharded"] == sorted(f"{m}.{p}" for m in ("q", "k", "v", "o", "fc1", "fc2") for p in ("weight", "bias"))
+
+
+def test_redistribute_two_ranks(two_ranks):
+    for d in _details(two_ranks, "redistribute_placements"):
+        assert d["graphs"] == 1 and d["torch_compile_graphs"] == 1
+
+
+def test_distribute_tensor_two_ranks(two_ranks):
+    for d in _details(two_ranks, "distribute_tensor_local_split"):
+        assert d["graphs"] == 1
+    for d in _details(two_ranks, "distribute_tensor_from_rank0_breaks"):
+        assert "src_data_rank" in d["reason"]

@@ -33,6 +33,7 @@ from ..values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, CellValue, 
                            PrivateObjectValue, RealCell, SymValue, TensorMethodValue, TensorValue, TracedId,
                            TupleValue, UserObjectValue, Value, holds_values, reaches)
 from .added_guards import guard_reread_constant
+from ..residual import as_function_subclass
 
 
 class Namespace:
@@ -581,6 +582,19 @@ def array_input_name(inp):
     return f"__in_{inp.node.name}"
 
 
+def _function_subclass(v):
+    """Is ``v`` a tensor of a ``__torch_function__`` class (a plain tensor in the graph)?"""
+    cls = getattr(v, "cls", torch.Tensor)
+    return isinstance(v, TensorValue) and cls is not torch.Tensor and not issubclass(cls, torch.nn.Parameter) \
+        and not hasattr(cls, "__tensor_flatten__")
+
+
+def _function_subclass_input(inp, v):
+    """A graph input of a __torch_function__ class seen here as another class."""
+    cls = inp.node.meta.get("function_subclass")
+    return cls is not None and isinstance(v, TensorValue) and v.cls is not cls
+
+
 def graph_value_exprs(ns, values, graph_inputs, state_root, out_var="__out"):
     """id(value) -> expression for tensors/symbolic ints/arrays, and the values the graph must output.
 
@@ -596,6 +610,11 @@ def graph_value_exprs(ns, values, graph_inputs, state_root, out_var="__out"):
         if inp is not None:
             if inp.array_mode is None:
                 exprs[id(v)] = ns.source(inp.source)
+                if _function_subclass_input(inp, v) or _function_subclass(v) and type(inp.example) is not v.cls \
+                        and inp.node.meta.get("function_subclass") is not v.cls:
+                    # The input's tensor as another class (a __torch_function__ class's result).
+                    exprs[id(v)] = f"{ns.ref(as_function_subclass, 'as_subclass')}({exprs[id(v)]}, " \
+                                   f"{ns.ref(v.cls, 'cls')})"
             elif isinstance(v, NdarrayValue):
                 exprs[id(v)] = ArrayExpr(ns.source(inp.source))
             else:
@@ -607,6 +626,9 @@ def graph_value_exprs(ns, values, graph_inputs, state_root, out_var="__out"):
                 index[v.node] = len(outputs)
                 outputs.append(v)
             exprs[id(v)] = f"{out_var}[{index[v.node]}]"
+            if _function_subclass(v):
+                # A result of a __torch_function__ class's op: a plain tensor from the graph.
+                exprs[id(v)] = f"{ns.ref(as_function_subclass, 'as_subclass')}({exprs[id(v)]}, {ns.ref(v.cls, 'cls')})"
             if isinstance(v, FloatTensorValue):
                 exprs[id(v)] += ".item()"    # a Python float again outside the graph
     return exprs, outputs

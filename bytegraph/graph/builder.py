@@ -24,8 +24,8 @@ from ..errors import Unsupported
 from ..guards.sources import TensorItemSource
 from ..values import arrays
 from ..values.arrays import NdarrayValue
-from ..values.base import (ConstantValue, FloatTensorValue, ListValue, SubgraphValue, SymValue, TensorValue,
-                           TupleValue)
+from ..values.base import (ConstantValue, DictValue, FloatTensorValue, ListValue, ObjectValue, SubgraphValue,
+                           SymValue, TensorValue, TupleValue)
 from . import scalars, unbacked
 from .call_values import (  # noqa: F401 (_example, _mutates, _identifier: read from here by other modules)
     _INT_ARITHMETIC, _constant_result, _example, _find_alias, _has_scalar_tensors, _holds_traced, _identifier,
@@ -82,6 +82,10 @@ class GraphInput:
 
 
 class GraphBuilder:
+    # (class defaults too: SubgraphBuilder does not run this __init__)
+    function_subclass_off = 0
+    function_subclass_inputs = False
+
     def __init__(self):
         self.graph = fx.Graph()
         self.fake_seconds = 0.0       # time spent running calls on fake tensors
@@ -102,6 +106,10 @@ class GraphBuilder:
         self.no_mutation = {}
         self.data_written = {}        # storage of t -> reason: t.data changed in place in this graph
         self.data_inputs = {}         # source of t -> the value of t.data (one input however often read)
+        # > 0 while a __torch_function__ override runs its func (subclass dispatch off, as in
+        # torch.Tensor.__torch_function__); else a value of such a class may not reach a node.
+        self.function_subclass_off = 0
+        self.function_subclass_inputs = False   # the graph takes one: it runs with subclass dispatch off
 
     # --- inputs -----------------------------------------------------------
 
@@ -124,14 +132,18 @@ class GraphBuilder:
         self._last_placeholder = node
         return node
 
-    def add_input(self, tensor, source, dynamic_dims=None):
-        """A tensor argument; ``dynamic_dims`` maps dims to (min, max) for symbolic sizes."""
+    def add_input(self, tensor, source, dynamic_dims=None, inner_dynamic_dims=None):
+        """A tensor argument; ``dynamic_dims`` maps dims to (min, max) for symbolic sizes
+        (``inner_dynamic_dims``: those of a wrapper subclass's inner tensors, by name)."""
         node = self._placeholder(source)
         # Describing a tensor reads its .grad, which warns for non-leaf tensors: our read,
         # not the user's (and fatal under -W error).
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
-            if dynamic_dims:
+            if inner_dynamic_dims:
+                fake = self.shapes.fake_dynamic_subclass(self.fake_mode, tensor, source, dynamic_dims or {},
+                                                         inner_dynamic_dims or {})
+            elif dynamic_dims:
                 fake = self.shapes.fake_dynamic(self.fake_mode, tensor, source, dynamic_dims)
             else:
                 fake = self.fake(tensor)
@@ -231,7 +243,10 @@ class GraphBuilder:
             fake = self._state_fakes[id(tensor)] = self._state_fake(tensor)
         node.meta["example_value"] = fake
         node.meta["real_tensor"] = tensor    # a dict key by identity (optimizer state per parameter)
-        return TensorValue(node, fake, source, cls=type(tensor))
+        value = TensorValue(node, fake, source, cls=type(tensor))
+        if _function_subclass_of(value) is not None:
+            self.function_subclass_inputs = True   # run with subclass dispatch off, as its inputs
+        return value
 
     def _state_fake(self, tensor):
         """The fake of a parameter or buffer: made straight from a meta tensor when it is a plain
@@ -259,10 +274,29 @@ class GraphBuilder:
         return None
 
     def node_of(self, value):
-        """The node standing for a tensor/symbolic-int value (or a subgraph) in this graph."""
+        """The node standing for a tensor/symbolic-int value (or a subgraph, or an opaque
+        reference such as a DeviceMesh) in this graph."""
         if isinstance(value, SubgraphValue):
             return self.add_subgraph(value)
+        if isinstance(value, ObjectValue):
+            return self.add_opaque_reference(value)
         return value.node
+
+    def add_opaque_reference(self, value):
+        """An object the graph passes by reference (a DeviceMesh: ``DTensor.from_local(t, mesh,
+        ...)``), held by the graph module and read through get_attr. The trace relies on which
+        object it is: its identity is guarded where it was read from."""
+        value.pin_identity()
+        obj = value.obj
+        name = self._state_names.get(id(obj))
+        if name is None:
+            name = self._unique(_identifier(value.source.name() if value.source is not None
+                                            else type(obj).__name__.lower()))
+            self._state_names[id(obj)] = name
+            setattr(self.state_root, name, obj)
+        node = self.graph.get_attr(name)
+        node.meta["example_value"] = obj
+        return node
 
     def add_subgraph(self, value):
         """A traced function body (SubgraphValue) as a submodule, read through get_attr."""
@@ -307,6 +341,13 @@ class GraphBuilder:
         return self._call(kind, target, args, kwargs, describe)
 
     def _call(self, kind, target, args, kwargs, describe=None):
+        if not self.function_subclass_off:
+            overriding = _function_subclass_of((args, kwargs))
+            if overriding is not None:
+                raise Unsupported(f"{describe or _target_name(target)} on a {overriding.__qualname__}: its "
+                                  "__torch_function__ is not traced for this operation",
+                                  hint="without fullgraph=True it runs eagerly; x.as_subclass(torch.Tensor) "
+                                       "before it if the override does not matter there")
         node_args, fake_args = _unwrap(args, self.node_of)
         node_kwargs, fake_kwargs = _unwrap(kwargs, self.node_of)
         if self.frozen:
@@ -645,3 +686,28 @@ def _graph_module(root, graph):
             _copy_attr(root, gm, target)
     gm.graph = graph
     return gm
+
+
+def _function_subclass_of(obj):
+    """The class of a tensor value in ``obj`` (values, nested in lists, tuples, dicts) whose torch
+    calls go through a ``__torch_function__`` override, else None."""
+    if isinstance(obj, TensorValue):
+        cls = obj.cls
+        if cls is torch.Tensor or cls is torch.nn.Parameter or not isinstance(cls, type) \
+                or not issubclass(cls, torch.Tensor) or hasattr(cls, "__tensor_flatten__") \
+                or issubclass(cls, torch.nn.Parameter) \
+                or getattr(cls, "__torch_dispatch__", None) is not torch.Tensor.__torch_dispatch__:
+            return None
+        return cls
+    if isinstance(obj, (TupleValue, ListValue)):
+        obj = obj.items
+    elif isinstance(obj, DictValue):
+        obj = list(obj.items.values())
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        for item in obj:
+            found = _function_subclass_of(item)
+            if found is not None:
+                return found
+    return None

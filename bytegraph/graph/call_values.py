@@ -214,6 +214,9 @@ def _unwrap(obj, node_of=None):
         return slice(a, b, c), slice(fa, fb, fc)
     if isinstance(obj, ObjectValue) and _is_plain_constant(obj.obj):
         return obj.obj, obj.obj
+    if isinstance(obj, ObjectValue) and is_opaque_reference(obj.obj):
+        # A DeviceMesh: held by the graph module, read through get_attr (FX cannot write it).
+        return node_of(obj), obj.obj
     if isinstance(obj, ObjectValue) and type(obj.obj) is type and obj.obj in _PYTHON_DTYPES:
         return _PYTHON_DTYPES[obj.obj], _PYTHON_DTYPES[obj.obj]
     if isinstance(obj, SubgraphValue):
@@ -243,6 +246,16 @@ def _has_scalar_tensors(args, kwargs):
 
 def _own_node(value):
     return value.node
+
+
+def is_opaque_reference(obj):
+    """An object torch's compile stack passes by reference through a graph (torch 2.13's opaque
+    reference types: DTensor's DeviceMesh)."""
+    try:
+        from torch._library.opaque_object import is_opaque_reference_type
+    except ImportError:
+        return False
+    return is_opaque_reference_type(type(obj))
 
 
 def _is_plain_constant(o):

@@ -18,6 +18,7 @@ from torch.utils._sympy.printers import PythonPrinter
 
 from .. import config
 from ..errors import Unsupported
+from ..guards.sources import AttrSource
 
 
 class _Name(str):
@@ -109,6 +110,41 @@ class Shapes:
                 if hi is not None:
                     self.upper_bounds[sym] = min(hi, self.upper_bounds.get(sym, hi))
         return fake
+
+    def fake_dynamic_subclass(self, fake_mode, tensor, source, outer_dims, inner_dims):
+        """Fake of a traceable wrapper subclass whose outer dims in ``outer_dims`` and inner
+        tensors' dims in ``inner_dims`` (name -> dim -> (min, max)) are symbolic, made through
+        the class's flatten/unflatten."""
+        from torch.fx.experimental.symbolic_shapes import SubclassSymbolicContext
+
+        def sizes(t, dims):
+            return [DimDynamic.DUCK if d in dims else DimDynamic.STATIC for d in range(t.dim())]
+
+        inner = {}
+        for name in tensor.__tensor_flatten__()[0]:
+            t = getattr(tensor, name)
+            if isinstance(t, torch.Tensor):
+                inner[name] = StatelessSymbolicContext(dynamic_sizes=sizes(t, inner_dims.get(name, {})))
+        outer_source = ShapeSource(source.name())
+        ctx = SubclassSymbolicContext(dynamic_sizes=sizes(tensor, outer_dims), constraint_sizes=[None] * tensor.dim(),
+                                      tensor_source=outer_source, inner_contexts=inner)
+        fake = fake_mode.from_tensor(tensor, symbolic_context=ctx, source=outer_source)
+        self._note_origins(fake, source, outer_dims)
+        for name, dims in inner_dims.items():
+            self._note_origins(getattr(fake, name), AttrSource(source, name), dims)
+        return fake
+
+    def _note_origins(self, fake, source, dynamic_dims, array=False):
+        for d, bounds in dynamic_dims.items():
+            size = fake.shape[d]
+            if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
+                sym = size.node.expr
+                self.origins.setdefault(sym, []).append(SymbolOrigin(source, d, array))
+                lo, hi = bounds
+                if lo is not None:
+                    self.lower_bounds[sym] = max(lo, self.lower_bounds.get(sym, lo))
+                if hi is not None:
+                    self.upper_bounds[sym] = min(hi, self.upper_bounds.get(sym, hi))
 
     def symint(self, value, source):
         """A SymInt standing for an int argument read from ``source``."""

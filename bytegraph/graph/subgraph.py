@@ -59,6 +59,9 @@ class SubgraphBuilder(GraphBuilder):
     def node_of(self, value):
         if isinstance(value, SubgraphValue):
             return self.add_subgraph(value)
+        if not hasattr(value, "node"):
+            raise Unsupported(f"passing {value!r} (held by reference, as a DeviceMesh) into a traced body "
+                              "(a higher-order operation's function) is not supported yet")
         node = value.node
         if node.graph is self.graph:
             return node
@@ -76,8 +79,17 @@ class SubgraphBuilder(GraphBuilder):
                 self._versions.append((example, example._version))
         return placeholder
 
-    def add_input(self, tensor, source, dynamic_dims=None):
-        return self.parent.add_input(tensor, source, dynamic_dims)
+    @property
+    def function_subclass_inputs(self):
+        return self.parent.function_subclass_inputs
+
+    @function_subclass_inputs.setter
+    def function_subclass_inputs(self, value):
+        # An input of a __torch_function__ class is the root graph's: the root runs with dispatch off.
+        self.parent.function_subclass_inputs = value
+
+    def add_input(self, tensor, source, dynamic_dims=None, inner_dynamic_dims=None):
+        return self.parent.add_input(tensor, source, dynamic_dims, inner_dynamic_dims)
 
     def add_sym_input(self, value, source):
         return self.parent.add_sym_input(value, source)

@@ -242,6 +242,18 @@ def _order(guards):
     return sorted(guards, key=lambda g: g.kind.order)
 
 
+def _overrides_function(cls):
+    return cls is not torch.Tensor and not issubclass(cls, torch.nn.Parameter) and issubclass(cls, torch.Tensor) \
+        and not hasattr(cls, "__tensor_flatten__")
+
+
+def _without_function_subclasses(fn):
+    def run(*args):
+        with torch._C.DisableTorchFunctionSubclass():
+            return fn(*args)
+    return run
+
+
 def compile_guards(guards: GuardSet, params, fn_globals: dict, name: str = "guard",
                    hit: object = True) -> tuple[Callable, Callable, GuardText]:
     """Generate (check, explain, source_text) for a GuardSet over ``params``.
@@ -267,6 +279,12 @@ def compile_guards(guards: GuardSet, params, fn_globals: dict, name: str = "guar
                 f"            if __detail('deep_{name}')({sig}) is None: return None",
                 "            if __rewatch(__watched): __seen[0] = __e"]
     src += ["    except Exception:", "        return None", "    return __hit", ""]
+    quiet = any(isinstance(g.expected, TensorMeta) and _overrides_function(g.expected.cls) for g in guards)
+    if quiet:
+        # A tensor of a __torch_function__ class: reading its dtype, sizes... must not run the
+        # class's override (the program did not ask for those reads).
+        em.ns["__no_subclass_function"] = torch._C.DisableTorchFunctionSubclass
+        src = [src[0], "    with __no_subclass_function():"] + ["    " + line for line in src[1:-1]] + [""]
     classes = [type(m) for m in modules]   # as compiled (the text below is written later)
     ordered = _order(list(guards))
     observed = [g for g in ordered if g.kind.observation(g) is not None]
@@ -321,6 +339,8 @@ def compile_guards(guards: GuardSet, params, fn_globals: dict, name: str = "guar
     check.observed = observed
     check.covered = len(covered)
     explain = _detail_caller(lazy, f"explain_{name}")
+    if quiet:
+        check.observe, explain = _without_function_subclasses(check.observe), _without_function_subclasses(explain)
     return check, explain, GuardText(lambda: text + "\n" + lazy.text())
 
 

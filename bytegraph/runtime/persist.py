@@ -408,6 +408,13 @@ def save(fn: types.FunctionType, compiler, tx, entry, builder, graph) -> None:
             raise NotPortable("the trace relied on facts true in this process only")
         if tx.graph.shapes.has_symbols:
             raise NotPortable("symbolic sizes")
+        if tx.graph.function_subclass_inputs:
+            # The graph must run with subclass __torch_function__ off (codegen wraps it).
+            raise NotPortable("__torch_function__ subclass inputs")
+        if any(n.op == "get_attr" and not isinstance(getattr(tx.graph.state_root, n.target, None),
+                                                    (torch.Tensor, torch.nn.Module))
+               for n in tx.graph.graph.nodes):
+            raise NotPortable("an object held by reference (a DeviceMesh)")
         codes = dict(tx.inlined_codes)
         codes[fn.__code__] = fn.__module__
         record = {

@@ -17,7 +17,7 @@ from .machine.frame import Frame, PendingLocal, inline_call
 from .nn import module_calls, module_enumeration  # noqa: F401 (module_enumeration: registering handlers)
 from .python import generators, iteration
 from .torch_api import checks, pytree  # noqa: F401 (registering handlers)
-from .torch_api import subclasses
+from .torch_api import subclasses, torch_function
 from .torch_api import autograd_function, higher_order_flex, higher_order_loops  # noqa: F401 (register their calls with higher_order)
 from .nn import higher_order_regions  # noqa: F401 (registers its calls with torch_api.higher_order)
 from .torch_api.torch_calls import undo_state_changes
@@ -30,7 +30,8 @@ ops.wire(HANDLERS=opcodes.HANDLERS,
          call=calls.call, inline_call=inline_call, fold=calls.fold, tensor_method=calls.tensor_method,
          call_stdlib_object=stdlib_calls.call_stdlib_object, iterate=iteration.iterate,
          call_method=containers.call_method, inplace_operator=containers.inplace_operator,
-         generator_attr=generators.get_attr, subclass_attr=subclasses.subclass_attr)
+         generator_attr=generators.get_attr, subclass_attr=subclasses.subclass_attr,
+         function_subclass_attr=torch_function.tensor_property, function_subclass_binary=torch_function.binary)
 
 
 @dataclass

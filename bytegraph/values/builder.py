@@ -10,6 +10,7 @@ import collections
 import enum
 import functools
 import math
+import sys
 import types
 import weakref
 
@@ -305,6 +306,8 @@ def _handler_for(t):
         return _wrap_constant
     if issubclass(t, tuple) and hasattr(t, "_fields"):
         return _wrap_tuple
+    if is_placement_type(t):
+        return _wrap_constant     # Shard(0), Replicate(): immutable, compared by value
     if issubclass(t, dict) and (t.__module__ == "collections" or t in stamps.STAMPED):
         return _wrap_dict
     return None
@@ -384,12 +387,14 @@ def _wrap_tensor(tx, tensor, source):
         return tx.graph.add_module_state(tensor, source, is_parameter=type(tensor) is torch.nn.Parameter)
     if is_traceable_wrapper_subclass(tensor):
         return _wrap_subclass(tx, tensor, source)
+    if _is_function_subclass(type(tensor)):
+        return _wrap_function_subclass(tx, tensor, source)
     if type(tensor) not in (torch.Tensor, torch.nn.Parameter) and not tensor.is_sparse and not tensor.is_nested:
-        raise Unsupported(f"{source.name()} is a {type(tensor).__qualname__}, a tensor subclass that is not a traceable "
-                           "wrapper subclass (no __tensor_flatten__/__tensor_unflatten__/__torch_dispatch__): its "
-                           "__torch_function__ is not traced yet",
-                           hint="pass x.as_subclass(torch.Tensor) (if the override does not matter there), or make "
-                                "the class a wrapper subclass; without fullgraph=True the code using it runs eagerly")
+        raise Unsupported(f"{source.name()} is a {type(tensor).__qualname__}, a tensor subclass with its own "
+                          "__torch_dispatch__ that is not a traceable wrapper subclass (no "
+                          "__tensor_flatten__/__tensor_unflatten__): it cannot be traced",
+                          hint="make the class a wrapper subclass; without fullgraph=True the code using it runs "
+                               "eagerly")
     if type(tensor) not in (torch.Tensor, torch.nn.Parameter) or tensor.is_sparse or tensor.is_nested:
         raise _unsupported(f"tensor subclass or layout not supported yet: {type(tensor).__name__}")
     dynamic = tx.dynamic_dims_for(tensor, source)
@@ -399,16 +404,86 @@ def _wrap_tensor(tx, tensor, source):
     return value
 
 
+def _is_function_subclass(cls):
+    """A plain subclass of torch.Tensor (not Parameter): its torch calls go through its
+    ``__torch_function__`` (trace/torch_api/torch_function.py traces it)."""
+    return issubclass(cls, torch.Tensor) and not issubclass(cls, torch.nn.Parameter) and cls is not torch.Tensor \
+        and getattr(cls, "__torch_dispatch__", torch.Tensor.__torch_dispatch__) is torch.Tensor.__torch_dispatch__ \
+        and not hasattr(cls, "__tensor_flatten__")
+
+
+def _wrap_function_subclass(tx, tensor, source):
+    """A tensor of a ``__torch_function__`` class as a graph input: a plain tensor in the graph
+    (which runs with subclass dispatch off), its class kept on the value; guarded like any
+    tensor (TENSOR_MATCH checks the class)."""
+    with torch._C.DisableTorchFunctionSubclass():   # our reads, not the program's: no override
+        if tensor.is_sparse or tensor.is_nested:
+            raise _unsupported(f"tensor subclass or layout not supported yet: {type(tensor).__name__}")
+        plain = tensor.as_subclass(torch.Tensor)
+        dynamic = tx.dynamic_dims_for(plain, source)
+        value = tx.graph.add_input(plain, source, dynamic)
+        meta = g.TensorMeta(plain)
+    meta.cls = type(tensor)
+    value.cls = type(tensor)
+    value.node.meta["function_subclass"] = type(tensor)
+    tx.graph.function_subclass_inputs = True
+    symbolic = tuple(d for d in dynamic if isinstance(value.fake.shape[d], torch.SymInt))
+    tx.guards.add(g.TENSOR_MATCH, source, meta, dynamic_dims=symbolic)
+    return value
+
+
 def _wrap_subclass(tx, tensor, source):
     """A traceable wrapper subclass (``__tensor_flatten__``/``__torch_dispatch__``) as a graph
     input: its fake is the subclass over fake inner tensors, so its ``__torch_dispatch__`` runs
     as the graph is built; the graph takes (and the backend gets) the subclass itself. Sizes stay
     static (a new size recompiles)."""
-    guard_subclass_layout(tx, tensor, source)
-    value = tx.graph.add_input(tensor, source, {})
+    dynamic, inner = _subclass_dynamic_dims(tx, tensor, source)
+    if not inner:
+        guard_subclass_layout(tx, tensor, source)
+    value = tx.graph.add_input(tensor, source, dynamic, inner)
     _check_fake_class(tensor, value.fake, source.name())
-    tx.guards.add(g.TENSOR_MATCH, source, g.TensorMeta(tensor))
+    if inner:
+        symbolic_inner = {name: tuple(d for d in dims if isinstance(getattr(value.fake, name).shape[d], torch.SymInt))
+                          for name, dims in inner.items()}
+        guard_subclass_layout(tx, tensor, source, symbolic_inner)
+    symbolic = tuple(d for d in dynamic if isinstance(value.fake.shape[d], torch.SymInt))
+    tx.guards.add(g.TENSOR_MATCH, source, g.TensorMeta(tensor), dynamic_dims=symbolic)
     return value
+
+
+def _subclass_dynamic_dims(tx, tensor, source):
+    """Symbolic dims of a wrapper subclass input and of its inner tensors (name -> dims): the
+    outer ones as for any tensor (marked, or seen changing); an inner tensor's are its own seen
+    changing and the outer's it shares (same dim, same size). Only plain inner tensors of a class
+    whose flatten context holds no sizes (TwoTensor, not DTensor) take part: else all static."""
+    dynamic = tx.dynamic_dims_for(tensor, source)
+    names, ctx = tensor.__tensor_flatten__()
+    inners = {n: getattr(tensor, n) for n in names}
+    if not _sizes_free(ctx) or any(type(t) not in (torch.Tensor, torch.nn.Parameter) for t in inners.values()):
+        return {}, {}
+    inner = {}
+    for name, t in inners.items():
+        dims = {d: b for d, b in dynamic.items() if d < t.dim() and t.shape[d] == tensor.shape[d]}
+        dims.update(tx.dynamic_dims_for(t, AttrSource(source, name)))
+        if dims:
+            inner[name] = dims
+    if not inner:
+        return {}, {}    # nothing inside changes: the outer sizes follow from the inner ones
+    return dynamic, inner
+
+
+def _sizes_free(ctx):
+    """Does a flatten context hold nothing that depends on sizes (None, strings, numbers that
+    are not sizes cannot be told apart: only None and strings count)?"""
+    return ctx is None or isinstance(ctx, str)
+
+
+def is_placement_type(t):
+    """A DTensor placement class (``Shard``, ``Replicate``, ``Partial``...): immutable values that
+    compare by their fields, constants of a trace as torch.compile takes them."""
+    module = sys.modules.get("torch.distributed.tensor.placement_types")
+    placement = getattr(module, "Placement", None)
+    return placement is not None and isinstance(t, type) and issubclass(t, placement)
 
 
 def _is_opaque_reference(obj):
@@ -435,9 +510,10 @@ def _check_fake_class(tensor, fake, where):
             _check_fake_class(getattr(tensor, name), getattr(fake, name), f"{where}.{name}")
 
 
-def guard_subclass_layout(tx, tensor, source):
+def guard_subclass_layout(tx, tensor, source, inner_dynamic=None):
     """Guards on how a wrapper subclass is made: its inner tensor names and flatten context, and
-    each inner tensor's type, dtype, device, sizes and strides (nested subclasses too)."""
+    each inner tensor's type, dtype, device, sizes and strides (nested subclasses too; the
+    sizes in ``inner_dynamic`` (name -> dims) are left to the shape guards)."""
     meta = g.subclass_flatten_meta(tensor)
     if not g.KINDS[g.SUBCLASS_META].holds(tensor, meta):
         raise _unsupported(f"{type(tensor).__name__}: the context of __tensor_flatten__ ({meta[1]!r}) is not equal "
@@ -456,7 +532,8 @@ def guard_subclass_layout(tx, tensor, source):
         elif type(inner) not in (torch.Tensor, torch.nn.Parameter) or inner.is_sparse or inner.is_nested:
             raise _unsupported(f"{type(tensor).__name__}.{name}: tensor subclass or layout not supported "
                                f"inside a wrapper subclass: {type(inner).__name__}")
-        tx.guards.add(g.TENSOR_MATCH, inner_source, g.TensorMeta(inner))
+        dims = tuple((inner_dynamic or {}).get(name, ()))
+        tx.guards.add(g.TENSOR_MATCH, inner_source, g.TensorMeta(inner), dynamic_dims=dims)
 
 
 def _module_is_numpy(t):

@@ -29,7 +29,7 @@ from ...values.arrays import NdarrayMethodValue
 from ..core import ops
 from ..numpy_api import numpy_calls
 from ..python import attrs, generators, operators, protocols
-from ..torch_api import distributed, higher_order, subclasses, torch_wrappers
+from ..torch_api import distributed, dtensor, higher_order, subclasses, torch_function, torch_wrappers
 from ..core.basics import note_process_local, refuse_traced_ids
 from ..python.exceptions import PythonError, make_exception, raise_new
 from ..core.basics import type_name
@@ -138,6 +138,10 @@ def _claim_distributed(frame, fv, args, kwargs):
     return distributed.call_native(frame, fv, args, kwargs)
 
 
+def _claim_dtensor(frame, fv, args, kwargs):
+    return dtensor.call(frame, fv, args, kwargs)
+
+
 def _claim_stdlib(frame, fv, args, kwargs):
     return ops.call_stdlib_object(frame, fv, args, kwargs)
 
@@ -160,7 +164,7 @@ def _claim_numpy_on_numbers(frame, fv, args, kwargs):
 
 
 _CLAIMS = (_claim_control, _claim_torch_wrapper, _claim_higher_order, _claim_numpy, _claim_builtin_handler,
-           _claim_distributed, _claim_stdlib, _claim_module, _claim_numpy_on_numbers)
+           _claim_distributed, _claim_dtensor, _claim_stdlib, _claim_module, _claim_numpy_on_numbers)
 
 
 # --- callables by kind (the type of the real object, or its nearest base listed) --------------
@@ -555,6 +559,12 @@ TENSOR_DATA_HINT = ("keep the value a tensor (e.g. x.sum() instead of x.sum().it
 
 
 def tensor_method(frame: RunningFrame, tensor: TensorValue, name: str, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    # (x.__iadd__(1): torch hands the override add_, not __iadd__; dunders are left to the graph's refusal)
+    method = getattr(torch.Tensor, name, None) if not name.startswith("__") else None
+    if method is not None and tensor.cls not in (torch.Tensor, torch.nn.Parameter):
+        overridden = torch_function.dispatch(frame, method, [tensor] + list(args), kwargs, what=f"Tensor.{name}")
+        if overridden is not None:    # a __torch_function__ class's
+            return overridden
     if name == "numpy":
         return numpy_calls.tensor_method_to_array(frame, tensor, name, args, kwargs)
     if name == "requires_grad_" and not tensor.fake.requires_grad and not kwargs \
@@ -569,9 +579,15 @@ def tensor_method(frame: RunningFrame, tensor: TensorValue, name: str, args: lis
     if name in _UNSUPPORTED_METHODS:
         raise Unsupported(f"Tensor.{name}() is not supported in a graph yet")
     if name == "as_subclass":
-        if not args or getattr(args[0], "obj", None) is not torch.Tensor:
-            raise Unsupported("Tensor.as_subclass() to a tensor subclass is not supported in a graph yet (its "
-                              "__torch_function__ is not traced)",
+        target = getattr(args[0], "obj", None) if len(args) == 1 and not kwargs else None
+        if torch_function.is_function_subclass(target) \
+                and (tensor.cls is torch.Tensor or torch_function.is_function_subclass(tensor.cls)):
+            # The same tensor seen as a __torch_function__ class: its ops now go through the
+            # override (torch_function.py); outside the graph it is that class again.
+            return TensorValue(tensor.node, tensor.fake, None, cls=target)
+        if target is not torch.Tensor:
+            raise Unsupported("Tensor.as_subclass() to a tensor subclass other than a plain __torch_function__ "
+                              "subclass is not supported in a graph yet",
                               hint="without fullgraph=True the code from there runs eagerly")
     if name in ("size", "stride") and not kwargs:
         shape = tensor.fake.shape if name == "size" else tensor.fake.stride()

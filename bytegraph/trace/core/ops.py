@@ -80,7 +80,20 @@ def subclass_attr(frame: RunningFrame, tensor: Value, name: str) -> Value | None
     raise _not_wired("subclass_attr")
 
 
-_ENTRIES = ("HANDLERS", "subclass_attr", "call", "inline_call", "fold", "tensor_method", "call_stdlib_object",
+def function_subclass_attr(frame: RunningFrame, tensor: Value, name: str) -> Value | None:
+    """``t.name`` for a tensor property of a ``__torch_function__`` subclass value: its override
+    traced; None where no override applies (torch_api.torch_function.tensor_property)."""
+    raise _not_wired("function_subclass_attr")
+
+
+def function_subclass_binary(frame: RunningFrame, fn: Callable, a: Value, b: Value) -> Value | None:
+    """``a <op> b`` (``b`` None: a unary operator; ``operator.getitem``: ``a[b]``) with a
+    ``__torch_function__`` subclass operand: its override traced; None where none applies
+    (torch_api.torch_function.binary)."""
+    raise _not_wired("function_subclass_binary")
+
+
+_ENTRIES = ("HANDLERS", "subclass_attr", "function_subclass_attr", "function_subclass_binary", "call", "inline_call", "fold", "tensor_method", "call_stdlib_object",
             "iterate", "call_method", "inplace_operator", "generator_attr")
 
 

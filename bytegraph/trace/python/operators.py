@@ -113,6 +113,10 @@ def binary(frame: RunningFrame, op: str, a: Value, b: Value) -> Value:
         if op.endswith("=") and not isinstance(a, TensorValue):
             # `n += tensor` with a Python number on the left is just `n + tensor`.
             fn = BINARY[op[:-1]]
+        if any(isinstance(v, TensorValue) and v.cls not in (torch.Tensor, torch.nn.Parameter) for v in (a, b)):
+            overridden = ops.function_subclass_binary(frame, fn, a, b)   # a __torch_function__ class's
+            if overridden is not None:
+                return overridden
         return graph_op(frame, fn, [a, b])
     if isinstance(a, FloatTensorValue) or isinstance(b, FloatTensorValue):
         return float_op(frame, fn, [a, b])
@@ -197,6 +201,10 @@ def compare(frame: RunningFrame, op: str, a: Value, b: Value) -> Value:
             raise Unsupported("comparison with NULL")
         if (isinstance(a, ConstantValue) and a.value is None) or (isinstance(b, ConstantValue) and b.value is None):
             return ConstantValue(op == "!=")
+        if any(isinstance(v, TensorValue) and v.cls not in (torch.Tensor, torch.nn.Parameter) for v in (a, b)):
+            overridden = ops.function_subclass_binary(frame, fn, a, b)   # a __torch_function__ class's
+            if overridden is not None:
+                return overridden
         return graph_op(frame, fn, [a, b])
     if op in ("==", "!=") and (isinstance(a, ObjectValue) or isinstance(b, ObjectValue)):
         oa = a.obj if isinstance(a, ObjectValue) else as_constant(a) if is_constant(a) else a
@@ -335,6 +343,10 @@ def unary(frame: RunningFrame, fn: Callable, v: Value) -> Value:
     if numpy_calls.involves_arrays(v):
         return numpy_calls.unary(frame, fn, v)
     if isinstance(v, TensorValue):
+        if v.cls not in (torch.Tensor, torch.nn.Parameter):
+            overridden = ops.function_subclass_binary(frame, fn, v, None)   # a __torch_function__ class's
+            if overridden is not None:
+                return overridden
         return graph_op(frame, fn, [v])
     if isinstance(v, FloatTensorValue):
         return float_op(frame, fn, [v])
@@ -441,6 +453,10 @@ def getitem(frame: RunningFrame, obj: Value, index: Value) -> Value:
     if numpy_calls.involves_arrays(obj, index):
         return numpy_calls.getitem(frame, obj, index)
     if isinstance(obj, TensorValue):
+        if obj.cls not in (torch.Tensor, torch.nn.Parameter):
+            overridden = ops.function_subclass_binary(frame, operator.getitem, obj, index)   # a __torch_function__ class's
+            if overridden is not None:
+                return overridden
         return graph_op(frame, operator.getitem, [obj, index])
     if isinstance(obj, (TupleValue, ListValue)):
         i = as_constant(index)

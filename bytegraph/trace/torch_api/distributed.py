@@ -26,6 +26,7 @@ from ...errors import Unsupported
 from ...guards.builder import ID_MATCH, add_process_group_guard
 from ...guards.sources import AttrSource
 from ...values.base import ConstantValue, ListValue, ObjectValue, TensorValue
+from ...values.builder import is_placement_type
 from ..core import ops
 from ..core.basics import as_constant, describe
 
@@ -146,7 +147,14 @@ def call_native(frame, fv, args, kwargs):
         else:
             add_process_group_guard(frame.tx.guards)
         return ConstantValue(obj())
+    if is_placement_type(type(owner)) and getattr(obj, "__name__", None) in _PLACEMENT_QUERIES:
+        # Shard(0).is_shard(): a question about an immutable value.
+        return ops.fold(frame, obj, args, kwargs, what=f"{type(owner).__name__}.{obj.__name__}")
     raise Unsupported(reason, hint="without fullgraph=True it runs natively at a graph break")
+
+
+_PLACEMENT_QUERIES = ("is_shard", "is_replicate", "is_partial", "__eq__", "__ne__", "__hash__", "__repr__",
+                      "__str__")
 
 
 def native_only(obj):

@@ -15,11 +15,12 @@ import torch
 from ...errors import Unsupported
 from ...guards.builder import CONSTANT_MATCH
 from ...guards.sources import AttrSource, ObjectSource
-from ...values.base import BoundMethodValue, ConstantValue, TensorValue, TracerCallableValue
+from ...values.base import BoundMethodValue, ConstantValue, TensorValue
 from ...values.builder import wrap
 from ..core import ops
 from ..core.basics import as_constant, describe
 from ..python.protocols import guard_class_method
+from . import dtensor
 
 
 def is_wrapper_subclass_type(cls) -> bool:
@@ -77,8 +78,10 @@ def subclass_attr(frame, v, name):
     made by the same code); None where ``name`` reads as on any tensor."""
     tx, cls, fake = frame.tx, v.cls, v.fake
     inner_names, _ = fake.__tensor_flatten__()
-    if name in _AS_NODES.get(_distributed_tensor_class(), ()) and isinstance(fake, _distributed_tensor_class()):
-        return TracerCallableValue(f"{cls.__qualname__}.{name}", lambda f, args, kwargs: _method_node(f, v, name, args, kwargs))
+    if dtensor.is_dtensor(fake):
+        found = dtensor.attr(frame, v, name)
+        if found is not None:
+            return found
     if name in inner_names and not isinstance(getattr(fake, name), torch.Tensor):
         raise Unsupported(f"{cls.__qualname__}.{name} (an opaque object) is not supported in a graph yet")
     if name in inner_names:
@@ -101,27 +104,6 @@ def subclass_attr(frame, v, name):
                           "graph is not supported yet",
                           hint="read it from a tensor passed to the compiled function, or outside it")
     return None
-
-
-# Methods of a class whose Python code (autograd Functions, collectives) is run as one node: the
-# subclass's own dispatch and AOTAutograd see what it does, as in eager.
-_AS_NODES = {}
-
-
-def _distributed_tensor_class():
-    if not _AS_NODES:
-        try:
-            from torch.distributed.tensor import DTensor
-        except ImportError:
-            DTensor = None
-        _AS_NODES[DTensor] = ("to_local", "full_tensor")
-    return next(iter(_AS_NODES))
-
-
-def _method_node(frame, v, name, args, kwargs):
-    if args or kwargs:
-        raise Unsupported(f"{v.cls.__qualname__}.{name}() with arguments is not supported in a graph yet")
-    return frame.tx.graph.call("call_method", name, [v], {}, describe=f"{v.cls.__qualname__}.{name}()")
 
 
 _CONSTANTS = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.Size, torch.layout)

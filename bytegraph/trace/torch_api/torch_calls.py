@@ -14,11 +14,12 @@ from ...graph.higher_order import IndexByTensors
 from ...guards.builder import GLOBAL_STATE
 from ...residual import enter_inference_mode, exit_inference_mode, set_autocast_state
 from ...values.base import ConstantValue, ContextManagerValue, ObjectValue, PrivateObjectValue, TensorValue
-from ...values.builder import wrap
+from ...values.builder import is_placement_type, wrap
 from ..core import ops
 from ..numpy_api import numpy_calls
 from ..python import attrs, operators
 from ..core.handlers import BUILTIN_HANDLERS
+from . import torch_function
 from typing import Callable
 from ...values.base import Value
 from ..core.context import RunningFrame
@@ -87,6 +88,9 @@ def torch_call(frame: RunningFrame, fn: Callable, args: list[Value], kwargs: dic
                           "(a mode stack, a counter) and cannot be traced")
     if numpy_calls.involves_arrays(*args, *kwargs.values()):
         return numpy_calls.torch_with_arrays(frame, fn, args, kwargs)
+    overridden = torch_function.dispatch(frame, fn, args, kwargs)   # a __torch_function__ class's
+    if overridden is not None:
+        return overridden
     if isinstance(fn, (types.MethodDescriptorType, types.WrapperDescriptorType)):
         # torch.Tensor.add(x, y) is x.add(y).
         if not args or not isinstance(args[0], TensorValue):
@@ -211,6 +215,9 @@ def call_torch_class(frame, cls, args, kwargs):
         return ops.fold(frame, cls, args, kwargs)
     if cls is torch.device or cls is torch.dtype:
         return ops.fold(frame, cls, args, kwargs)
+    if is_placement_type(cls):
+        # Shard(0), Replicate(), Partial("sum"): immutable values, constants of the trace.
+        return ops.fold(frame, cls, args, kwargs, what=f"{cls.__qualname__}()")
     if issubclass(cls, torch.nn.Module):
         module = _stateless_module(cls, args, kwargs)
         if module is not None:
