@@ -15,8 +15,9 @@ import torch
 
 import bytegraph
 from bytegraph.debug import records
+from bytegraph.testing import CompileCounter
 from helpers import torch_compile_graphs
-from numpy_helpers import check_np
+from numpy_helpers import check_np, same_np
 
 R = np.random.default_rng(1234)
 
@@ -80,9 +81,9 @@ def ab(x, y):
 CASES = []
 
 
-def case(make, graphs=1, rtol=1e-6, atol=1e-8, breaks=None, vary=True):
+def case(make, graphs=1, rtol=1e-6, atol=1e-8, breaks=None, recompiles=0):
     def register(fn):
-        CASES.append(pytest.param(fn, make, graphs, rtol, atol, breaks, vary, id=fn.__name__))
+        CASES.append(pytest.param(fn, make, graphs, rtol, atol, breaks, recompiles, id=fn.__name__))
         return fn
     return register
 
@@ -859,15 +860,22 @@ def views_of_an_intermediate_across_a_break(x):
     return a, c, b
 
 
-# vary=False: a NumPy scalar handed across the break is specialised in the resume function, and
-# a new value compiles it again, every time (a float scalar only becomes a graph input when it
-# is a Python float: dispatch._note_changed_sizes). Known, left open; the values still compared.
-@case(a(A), graphs=2, vary=False)
+# The NumPy scalar handed across the break is a constant of the resume function on the first
+# call; the second call's new value compiles it once more, with the scalar a 0-d array input
+# (automatic dynamic, as for Python floats), and the third call's value runs that graph.
+# torch.compile makes every NumPy scalar an input at once (2 graphs, no recompile);
+# test_numpy_scalar_across_a_break_recompiles_once counts further calls.
+@case(a(A), graphs=2, recompiles=1)
 def scalar_and_array_across_a_break(x):
     s = x.sum()
     m = x.mean(axis=0)
     print("", end="")
     return s * m, type(s)
+
+
+@case(lambda: (A.copy(), np.int64(2)))
+def numpy_int_as_slice_bound(x, n):
+    return x[:n] * 2, x[n - 1:]
 
 
 class NumpyModule(torch.nn.Module):
@@ -1002,9 +1010,11 @@ def untraced_function_falls_back(x):
     return np.interp(x, [0, 1], [10, 20]), np.nansum(x)
 
 
-@pytest.mark.parametrize("fn, make, graphs, rtol, atol, breaks, vary", CASES)
-def test_numpy_program(fn, make, graphs, rtol, atol, breaks, vary):
-    check_np(fn, make, graphs=graphs, rtol=rtol, atol=atol, fullgraph=False if breaks else None, vary=vary)
+@pytest.mark.parametrize("fn, make, graphs, rtol, atol, breaks, recompiles", CASES)
+def test_numpy_program(fn, make, graphs, rtol, atol, breaks, recompiles):
+    # A case that compiles again is called once more than it recompiles, with other values.
+    check_np(fn, make, graphs=graphs, rtol=rtol, atol=atol, fullgraph=False if breaks else None,
+             calls=2 + recompiles, recompiles=recompiles)
     if breaks is not None:
         reasons = [r.break_reason for r in records.frames if r.break_reason]
         assert any(breaks in reason for reason in reasons), f"no break for {breaks!r}; breaks: {reasons}"
@@ -1014,12 +1024,60 @@ def test_numpy_program(fn, make, graphs, rtol, atol, breaks, vary):
 TORCH_COMPILE_DIFFERS = {"ndarray_subclass_falls_back": 0, "array_protocol_object_falls_back": 2}
 
 
-@pytest.mark.parametrize("fn, make, graphs, rtol, atol, breaks, vary",
+@pytest.mark.parametrize("fn, make, graphs, rtol, atol, breaks, recompiles",
                          [c for c in CASES if c.values[-2] is not None])
-def test_break_counts_are_torch_compiles(fn, make, graphs, rtol, atol, breaks, vary):
+def test_break_counts_are_torch_compiles(fn, make, graphs, rtol, atol, breaks, recompiles):
     """The graph counts of the cases that break are the reference's."""
     expected = TORCH_COMPILE_DIFFERS.get(fn.__name__, graphs)
     assert torch_compile_graphs(fn, make(), make()) == expected
+
+
+def test_numpy_scalar_across_a_break_recompiles_once():
+    """A NumPy scalar handed to a resume function with a new value on every call: one recompile
+    (the scalar becomes a graph input), then every value runs the same graphs."""
+    records.clear()
+    cnt = CompileCounter()
+    compiled = bytegraph.compile(scalar_and_array_across_a_break, backend=cnt)
+    counts = []
+    for k in range(5):
+        expected = scalar_and_array_across_a_break(A * (1 + k))
+        actual = compiled(A * (1 + k))
+        same_np(expected, actual)
+        counts.append(cnt.frame_count)
+    assert counts == [2, 3, 3, 3, 3]
+    reasons = [r.reason for r in records.recompiles]
+    assert len(reasons) == 1 and "np.float64" in reasons[0], reasons
+
+
+@pytest.mark.parametrize("scalar", [np.float64, np.float32, np.int64, np.int32])
+def test_numpy_scalar_argument_recompiles_once(scalar):
+    """A NumPy scalar argument whose value changes: compiled again once with the scalar a graph
+    input, of its own dtype (NEP 50 promotion, as eager), then no more; another NumPy type is
+    another graph (torch.compile: no recompile on a new value; one for a new type)."""
+    def scale(x, s):
+        return x * s, s + 1, type(s)
+    cnt = CompileCounter()
+    compiled = bytegraph.compile(scale, backend=cnt, fullgraph=True)
+    counts = []
+    for k in range(4):
+        s = scalar(k + 2)
+        same_np(scale(F32, s), compiled(F32, s))
+        counts.append(cnt.frame_count)
+    other = np.float16(3) if scalar is not np.float16 else np.float64(3)
+    same_np(scale(F32, other), compiled(F32, other))
+    assert counts + [cnt.frame_count] == [1, 2, 2, 2, 3]
+
+
+def test_numpy_int_slice_bound_that_changes():
+    """A NumPy int slice bound seen changing is an input of the graph, whose value decides the
+    result's shape: the slicing breaks the graph and runs natively, as eager."""
+    cnt = CompileCounter()
+    compiled = bytegraph.compile(numpy_int_as_slice_bound, backend=cnt)
+    counts = []
+    for k in range(1, 4):
+        same_np(numpy_int_as_slice_bound(A.copy(), np.int64(k)), compiled(A.copy(), np.int64(k)))
+        counts.append(cnt.frame_count)
+    assert counts == [1, 1, 1]
 
 
 def test_corpus_size():
