@@ -69,16 +69,25 @@ def same_np(expected, actual, path="result", rtol=1e-6, atol=1e-8):
 
 def _scaled(args, factor=1.25):
     """``args`` (fresh from ``make()``) with every writeable floating array and tensor scaled by
-    ``factor`` in place, so layouts, views and shared memory stay as made (integers, booleans,
-    scalars and other values as they are: indices, masks and specialised numbers stay valid)."""
+    ``factor`` in place, and every writeable integer and boolean array permuted (the same values
+    in other places, so indices stay in range and zeros stay; ascending ones, offsets and
+    boundaries, kept), so layouts, views and shared memory stay as made (scalars and other
+    values as they are: specialised numbers stay valid)."""
     seen = set()
+    rng = np.random.default_rng(int(factor * 100))
 
     def scale(a):
-        if isinstance(a, np.ndarray) and a.dtype.kind in "fc" and a.flags.writeable:
+        if isinstance(a, np.ndarray) and a.dtype.kind in "fcbiu" and a.flags.writeable:
             base = a.base if a.base is not None else a
-            if id(base) not in seen:     # views of one array: scaled once, through the first
-                seen.add(id(base))
+            if id(base) in seen:     # views of one array: changed once, through the first
+                return a
+            seen.add(id(base))
+            if a.dtype.kind in "fc":
                 np.multiply(a, a.dtype.type(factor), out=a)
+            elif a.size > 1:
+                flat = a.reshape(-1)
+                if a.dtype.kind == "b" or not (flat[1:] >= flat[:-1]).all():
+                    a[...] = flat[rng.permutation(flat.size)].reshape(a.shape)
         elif isinstance(a, torch.Tensor) and (a.is_floating_point() or a.is_complex()) and not a.requires_grad:
             key = a.untyped_storage().data_ptr()
             if key not in seen:
