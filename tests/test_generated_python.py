@@ -1670,6 +1670,15 @@ def _vary(value, r, keep_ints):
     return value
 
 
+def _new_tensor_values(value, r):
+    """The same inputs with other tensor values (same shapes and ``requires_grad``), ints, lists
+    and dicts as they were: a call that runs the graphs of the first call again (``_vary`` changes
+    the lists' ints too, which are guarded, so its inputs compile other graphs)."""
+    if isinstance(value, torch.Tensor):
+        return _vary(value, r, True)
+    return _clone(value)
+
+
 def _reshaped(value, shape, r):
     """``value`` with its tensors remade in ``shape`` (the program's full shape; a tensor of one
     dimension gets its last size), values and other inputs as they were made."""
@@ -1714,7 +1723,9 @@ def functionalized(feature_set, seed):
 def make_program(feature_set, seed):
     """(fn, namespace, source, inputs) of the first valid program for this seed, where
     ``inputs`` is a list of (args, kwargs): the first call's inputs, then the same shapes
-    with other values, then other ints and list lengths as well."""
+    with other values, then other ints and list lengths as well (the same tensor twice for
+    ``inplace``, other shapes for ``shapes``), and last, except for ``moving``, the first call's
+    inputs with only the tensors' values new."""
     features = FEATURE_SETS[feature_set] | ({"functional"} if functionalized(feature_set, seed) else set())
     accepted = RAISING_ESCAPES if "raising" in features else ACCEPTED_ESCAPES
     for attempt in range(20):
@@ -1740,11 +1751,23 @@ def make_program(feature_set, seed):
                 inputs += other_shapes(args, kwargs, r)
             if "moving" in features:   # the first inputs again, under other state (MOVING)
                 inputs += [(args, kwargs)] * (len(MOVING) - len(inputs))
+            else:
+                # Last: only the tensors' values new (rerun_call_order calls it second).
+                r = random.Random(sub_seed + 11)
+                inputs.append(([_new_tensor_values(a, r) for a in args], _clone(kwargs)))
             return fn, ns, src, inputs
     raise AssertionError(f"no valid program for seed {seed} in 20 attempts; last:\n{src}\n{exc}")
 
 
 CALL_ORDER = (0, 1, 0, 2)   # which inputs each compiled call gets
+
+
+def rerun_call_order(inputs):
+    """The compiled calls of a program whose last inputs differ from the first in tensor values
+    only: those second (a graph answering its first call's outputs again fails there), then
+    compare's usual order over the others."""
+    others = len(inputs) - 1
+    return [0, others] + ([1, 0, 2, 3][:others] if others >= 3 else [0])
 # The reasons a frame of a generated program runs eagerly whole by design: one that reads its own
 # locals (locals()/vars(), in the "shared" decorators) is not split, as a resume function would
 # miss locals (test_fallback.py's test_function_reading_its_locals_after_a_break_runs_eagerly_whole).
@@ -1881,7 +1904,7 @@ def run_seed(feature_set, seed):
     fn, ns, src, inputs = make_program(feature_set, seed)
     backend = lookup_backend("aot_eager") if functionalized(feature_set, seed) else None
     try:
-        order = {"shapes": SHAPES_CALL_ORDER, "moving": MOVING_CALL_ORDER}.get(feature_set)
+        order = {"shapes": SHAPES_CALL_ORDER, "moving": MOVING_CALL_ORDER}.get(feature_set) or rerun_call_order(inputs)
         variants = feature_set == "moving"
         makers = [_maker(ns, a, k, i if variants else 0) for i, (a, k) in enumerate(inputs)]
         one_graph = compare(fn, makers, backend=backend, call_order=order,
