@@ -1955,7 +1955,8 @@ def test_keyword_call_breaking_inside_try():
             pass
         return x + 1
 
-    compare(fn, [lambda: ((torch.ones(2), 3), {}, lambda: None)])
+    compare(fn, [lambda: ((torch.ones(2), 3), {}, lambda: None),
+                 lambda: ((torch.tensor([-2.5, 4.0]), 3), {}, lambda: None)], call_order=[0, 1])
 
 
 def test_nested_function_with_constant_defaults_and_closure():
@@ -1966,7 +1967,8 @@ def test_nested_function_with_constant_defaults_and_closure():
             return v * w + n
         return x + scaled(n)
 
-    assert compare(fn, [lambda: ((torch.ones(2), 3), {}, lambda: None)]) is True
+    assert compare(fn, [lambda: ((torch.ones(2), 3), {}, lambda: None),
+                        lambda: ((torch.tensor([-2.5, 4.0]), 3), {}, lambda: None)], call_order=[0, 1]) is True
 
 
 def test_membership_of_a_symbolic_int():
@@ -1978,8 +1980,9 @@ def test_membership_of_a_symbolic_int():
             x = x + 1
         return x * 2, items.count(items[0]), items.index(items[-1])
 
-    compare(fn, [lambda items=items: ((torch.ones(2), items), {}, lambda: None)
-                 for items in ([0], [4], [1, 5], [4])], call_order=[0, 1, 2, 3, 1])
+    # (the two [4] calls with other tensor values: the second runs the first's graph)
+    compare(fn, [lambda items=items, k=k: ((torch.full((2,), k), items), {}, lambda: None)
+                 for k, items in ((1.0, [0]), (1.0, [4]), (1.0, [1, 5]), (-3.0, [4]))], call_order=[0, 1, 2, 3, 1])
 
 
 def test_inplace_operator_on_symbolic_int_inside_loops():
@@ -2015,7 +2018,8 @@ def test_missing_attribute_messages_name_the_type_as_cpython_does():
                 out.append(str(e))
         return x + 1, out
 
-    compare(fn, [lambda: ((torch.ones(2),), {}, lambda: None)])
+    compare(fn, [lambda: ((torch.ones(2),), {}, lambda: None),
+                 lambda: ((torch.tensor([-2.5, 4.0]),), {}, lambda: None)], call_order=[0, 1])
 
 
 def test_division_by_zero_of_a_symbolic_int_after_an_index_out_of_range():
