@@ -110,7 +110,9 @@ def _eval_layer(make):
     return layer
 
 
-@pytest.mark.parametrize("name", sorted(LAYERS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.mutation_blind(
+    "memo_graph", reason="dropout in eval returns its input, made again from it after the graph"))
+    if n == "dropout" else n for n in sorted(LAYERS)])
 def test_nn_layer_in_eval(name):
     make, shape = LAYERS[name]
     check_module(_eval_layer(make), t(*shape), rtol=1e-4, atol=1e-5)
@@ -270,6 +272,7 @@ def test_python_attribute_branches_and_buffers_eval(kwargs):
     check_module(Configurable(**kwargs).eval(), t(2, 4))
 
 
+@pytest.mark.mutation_blind("memo_graph", reason="the result is ones whatever the input")
 def test_training_branch_in_train_mode():
     # In training mode the branch that does not depend on dropout's randomness is taken. (The
     # result is ones whatever the input: a graph answering its first call's outputs again
