@@ -92,7 +92,8 @@ def table(mutation, per_file, seconds, survivors=False):
                   sum(p and f for p, f, _ in rows)]
         totals = [a + b for a, b in zip(totals, counts)]
         blind = BLIND.get(name, [])
-        blind_note = f"   (+{len(blind)} reached, marked mutation_blind, {sum(p for p, _ in blind)} pass)" if blind else ""
+        blind_note = (f"   (+{len(blind)} reached, marked mutation_blind, {sum(p for p, _ in blind)} pass)"
+                      if blind else "")
         print(f"{name:42} {counts[0]:6} {counts[1]:6} {counts[2]:8} {counts[3]:13}{blind_note}")
         if survivors:
             for passed, fired, item in rows:
