@@ -501,6 +501,10 @@ def test_is_compiling(query):
     # Compiled, the compiler's branch is taken (eager's result differs), except for is_exporting.
     assert observed[:3] == [query == "is_exporting", query == "is_exporting", 1]
     assert not ask()     # outside, False
+    # The compiler's branch taken on every call, with the values of each (not only unlike eager's).
+    compiled = bytegraph.compile(f, backend=CompileCounter())
+    for x in (torch.randn(3), torch.randn(3)):
+        assert same(compiled(x), x - 1 if query == "is_exporting" else x + 1)
 
 
 def test_graph_break_call():
