@@ -2006,14 +2006,15 @@ def _fresh_stale():
 
 
 @pytest.mark.parametrize("fn, make", [
-    (_stale_attr_item_global, lambda: (_fresh_stale(), ((torch.zeros(2),), {}, None))[1]),
-    (_stale_cell, lambda: ((torch.zeros(2), 3), {}, None)),
+    (_stale_attr_item_global, lambda v: (_fresh_stale(), ((torch.full((2,), v),), {}, None))[1]),
+    (_stale_cell, lambda v: ((torch.full((2,), v), 3), {}, None)),
 ], ids=["attribute-item-global", "cell"])
 def test_values_read_before_a_breaking_call_keep_what_was_read(fn, make):
-    expected = run_observed(fn, make)
     compiled, cnt = compile_counted(fn)
     for i in range(3):
-        assert_same_run(expected, run_observed(compiled, make), f"(call {i + 1})")
+        value = [0.0, -2.5, 4.0][i]      # other tensor values on each call, eager re-run on them
+        expected = run_observed(fn, lambda: make(value))
+        assert_same_run(expected, run_observed(compiled, lambda: make(value)), f"(call {i + 1})")
     assert_compiled(cnt)
 
 
