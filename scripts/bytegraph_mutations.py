@@ -8,7 +8,9 @@ Every break counts, per test item, how often it changed what bytegraph did (``fi
 that ran eagerly instead of being traced, a graph call answered from the memo, a guard that
 would have failed and passed, a trace whose side effects were dropped, a resume function that
 was skipped. The count goes into the item's ``user_properties`` (and so into ``--junitxml``),
-so the runner can tell the items a break reached from the items it never touched.
+so the runner can tell the items a break reached from the items it never touched. An item
+marked ``mutation_blind`` for the break (it cannot notice it, and says why) gets the property
+``mutation_blind``; the runner counts it apart.
 
 A break can make a test loop forever (a memoised graph answering a ``while`` condition the
 same way every time): each item fails after ``BYTEGRAPH_MUTATION_TIMEOUT`` seconds (default 60).
@@ -120,6 +122,13 @@ def pytest_configure(config):
     _APPLY[name]()
 
 
+def _blind(item):
+    """Does the item say (``@pytest.mark.mutation_blind("memo_graph", reason=...)``) that it cannot
+    notice the break applied now?"""
+    name = os.environ.get("BYTEGRAPH_MUTATION", "")
+    return any(name in mark.args for mark in item.iter_markers("mutation_blind"))
+
+
 class MutationTimeout(BaseException):
     """Not an Exception: code that catches those (the tests' own helpers, bytegraph) lets it pass."""
 
@@ -152,5 +161,7 @@ def pytest_runtest_makereport(item, call):
     report = yield
     if call.when == "teardown":
         item.user_properties.append(("mutation_fired", _fired[0]))
+        if _blind(item):
+            item.user_properties.append(("mutation_blind", 1))
         report.user_properties = list(item.user_properties)
     return report

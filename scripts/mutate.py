@@ -17,7 +17,10 @@ For each break and test file it prints: the items run, the items that still pass
 the break reached (it changed what bytegraph did while the item ran: a frame not traced, a
 memoised graph output returned, a failing guard passed...) and, of those, the items that still
 pass, the ones that let the break through. An item the break never reached cannot notice it.
-The figure to watch is the last column: survivors among the reached items.
+The figure to watch is the last column: survivors among the reached items. An item marked
+``@pytest.mark.mutation_blind(<break>..., reason=...)`` says it cannot notice that break (a result
+that does not depend on the input values cannot tell a memoised graph); it is left out of the
+reached items and shown apart, "+N reached, marked mutation_blind".
 """
 import argparse
 import collections
@@ -50,23 +53,33 @@ def run_pytest(mutation, pytest_args, workers, xml_path):
 
 
 def read_results(xml_path):
-    """{file: [(passed, fired, name), ...]} from a junit xml file (skipped items left out)."""
+    """{file: [(passed, fired, name), ...]} from a junit xml file (skipped items left out; an
+    item marked ``mutation_blind`` for the break counts as not reached, ``BLIND`` counts it)."""
     per_file = collections.defaultdict(list)
     for case in ET.parse(xml_path).getroot().iter("testcase"):
         outcome = {child.tag for child in case}
         if "skipped" in outcome:
             continue
         passed = not ({"failure", "error"} & outcome)
-        fired = 0
+        fired, blind = 0, False
         for prop in case.iter("property"):
             if prop.get("name") == "mutation_fired":
                 fired = int(prop.get("value"))
+            elif prop.get("name") == "mutation_blind":
+                blind = True
         path = case.get("file") or case.get("classname", "?").replace(".", "/") + ".py"
         name = os.path.basename(path.split("::")[0])
         if not name.endswith(".py"):
             name = case.get("classname", "?").split(".")[-1] + ".py"
+        if blind and fired > 0:
+            BLIND[name].append((passed, case.get("name")))
+            fired = 0
         per_file[name].append((passed, fired > 0, case.get("name")))
     return per_file
+
+
+# {file: [(passed, name), ...]}: the items a break reached that are marked blind to it.
+BLIND = collections.defaultdict(list)
 
 
 def table(mutation, per_file, seconds, survivors=False):
@@ -78,11 +91,16 @@ def table(mutation, per_file, seconds, survivors=False):
         counts = [len(rows), sum(p for p, _, _ in rows), sum(f for _, f, _ in rows),
                   sum(p and f for p, f, _ in rows)]
         totals = [a + b for a, b in zip(totals, counts)]
-        print(f"{name:42} {counts[0]:6} {counts[1]:6} {counts[2]:8} {counts[3]:13}")
+        blind = BLIND.get(name, [])
+        blind_note = (f"   (+{len(blind)} reached, marked mutation_blind, {sum(p for p, _ in blind)} pass)"
+                      if blind else "")
+        print(f"{name:42} {counts[0]:6} {counts[1]:6} {counts[2]:8} {counts[3]:13}{blind_note}")
         if survivors:
             for passed, fired, item in rows:
                 if passed and fired:
                     print(f"    survived: {item}")
+            for passed, item in blind:
+                print(f"    blind ({'passed' if passed else 'failed'}): {item}")
     items, passed, reached, survived = totals
     share = f"{100 * survived / reached:.1f}%" if reached else "-"
     print(f"{'total':42} {items:6} {passed:6} {reached:8} {survived:13}   survivors among reached: {share}")
@@ -106,6 +124,7 @@ def main():
         for mutation in mutations:
             xml_path = os.path.join(folder, f"{mutation or 'reference'}.xml")
             seconds = run_pytest(mutation, pytest_args or ["tests"], args.workers, xml_path)
+            BLIND.clear()
             summary.append((mutation or "reference", table(mutation or "reference", read_results(xml_path),
                                                            seconds, args.survivors and mutation is not None)))
     print("\n== summary")

@@ -19,6 +19,10 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "suppress_errors: the test runs with bytegraph.config.suppress_errors on (an internal error "
         "runs the frame eagerly); for tests of that fallback itself")
+    config.addinivalue_line(
+        "markers", "mutation_blind(*breaks, reason): the test cannot notice these deliberate breaks of "
+        "scripts/mutate.py (say, a result that does not depend on the input values cannot tell a graph "
+        "answering its first call's outputs); mutate.py counts it apart from the survivors")
 
 
 @pytest.fixture(autouse=True)

@@ -5,8 +5,8 @@ the arguments the program changes.
 ``fn`` runs eagerly on one set and compiled (``CompileCounter`` backend, ``fullgraph`` when one
 graph is expected) on another, twice, and everything is compared: the result's structure and
 exact types (``np.ndarray`` vs NumPy scalar vs tensor vs Python value), dtypes, shapes and
-values, and every argument afterwards (in-place updates must reach the caller's arrays). The
-second call must not recompile.
+values, and every argument afterwards (in-place updates must reach the caller's arrays). Later
+calls must not recompile (unless ``recompiles`` says how many times).
 """
 import numpy as np
 import torch
@@ -67,23 +67,32 @@ def same_np(expected, actual, path="result", rtol=1e-6, atol=1e-8):
         raise AssertionError(f"{path}: {expected!r} (eager) vs {actual!r} (compiled)")
 
 
-def _scaled(args):
+def _scaled(args, factor=1.25):
     """``args`` (fresh from ``make()``) with every writeable floating array and tensor scaled by
-    1.25 in place, so layouts, views and shared memory stay as made (integers, booleans, scalars
-    and other values as they are: indices, masks and specialised numbers stay valid)."""
+    ``factor`` in place, and every writeable integer and boolean array permuted (the same values
+    in other places, so indices stay in range and zeros stay; ascending ones, offsets and
+    boundaries, kept), so layouts, views and shared memory stay as made (scalars and other
+    values as they are: specialised numbers stay valid)."""
     seen = set()
+    rng = np.random.default_rng(int(factor * 100))
 
     def scale(a):
-        if isinstance(a, np.ndarray) and a.dtype.kind in "fc" and a.flags.writeable:
+        if isinstance(a, np.ndarray) and a.dtype.kind in "fcbiu" and a.flags.writeable:
             base = a.base if a.base is not None else a
-            if id(base) not in seen:     # views of one array: scaled once, through the first
-                seen.add(id(base))
-                np.multiply(a, a.dtype.type(1.25), out=a)
+            if id(base) in seen:     # views of one array: changed once, through the first
+                return a
+            seen.add(id(base))
+            if a.dtype.kind in "fc":
+                np.multiply(a, a.dtype.type(factor), out=a)
+            elif a.size > 1:
+                flat = a.reshape(-1)
+                if a.dtype.kind == "b" or not (flat[1:] >= flat[:-1]).all():
+                    a[...] = flat[rng.permutation(flat.size)].reshape(a.shape)
         elif isinstance(a, torch.Tensor) and (a.is_floating_point() or a.is_complex()) and not a.requires_grad:
             key = a.untyped_storage().data_ptr()
             if key not in seen:
                 seen.add(key)
-                a.mul_(1.25)
+                a.mul_(factor)
         elif type(a) in (list, tuple):
             for x in a:
                 scale(x)
@@ -102,10 +111,12 @@ def run_both(fn, make, fullgraph=False, backend=None):
     return expected, eager_args, compiled, cnt
 
 
-def check_np(fn, make, graphs=1, rtol=1e-6, atol=1e-8, fullgraph=None, calls=2, vary=True):
+def check_np(fn, make, graphs=1, rtol=1e-6, atol=1e-8, fullgraph=None, calls=2, vary=True, recompiles=0):
     """The differential check of the module docstring; returns the counter. ``vary``: later calls
-    get floating arrays and tensors scaled by 1.25 (eager re-run on the same), so a result frozen
-    at the first call is caught; False where the program's result may not change that way."""
+    get floating arrays and tensors scaled by 1.25, 1.5, ... (eager re-run on the same), so a
+    result frozen at the first call is caught; False where the program's result may not change
+    that way. ``graphs``: the graphs of the first call; ``recompiles``: how many graphs the later
+    calls add (automatic dynamic: a number seen changing is compiled again once, as an input)."""
     if fullgraph is None:
         fullgraph = graphs in (0, 1)
     expected, eager_args, compiled, cnt = run_both(fn, make, fullgraph)
@@ -114,9 +125,10 @@ def check_np(fn, make, graphs=1, rtol=1e-6, atol=1e-8, fullgraph=None, calls=2, 
         if call > 0 and vary:
             # Other values of the same kinds (floating arrays and tensors scaled), eager re-run on
             # them: a graph answering its first call's outputs again must not pass.
-            eager_args = _scaled(make())
+            factor = 1 + 0.25 * call
+            eager_args = _scaled(make(), factor)
             expected = fn(*eager_args)
-            args = _scaled(make())
+            args = _scaled(make(), factor)
         else:
             args = make()
         actual = compiled(*args)
@@ -124,7 +136,8 @@ def check_np(fn, make, graphs=1, rtol=1e-6, atol=1e-8, fullgraph=None, calls=2, 
         same_np(eager_args, args, "arguments after the call", rtol, atol)
         if first is None:
             first = cnt.frame_count
-    assert cnt.frame_count == first, f"recompiled on a call with the same kind of inputs ({first} -> {cnt.frame_count})"
+    assert cnt.frame_count == first + recompiles, \
+        f"later calls with the same kind of inputs compiled {cnt.frame_count - first} graph(s), expected {recompiles}"
     if graphs is not None:
-        assert cnt.frame_count == graphs, f"expected {graphs} graph(s), got {cnt.frame_count}"
+        assert first == graphs, f"expected {graphs} graph(s), got {first}"
     return cnt

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import bytegraph
 from bytegraph.testing import CompileCounter
-from helpers import assert_same, check, clone_input
+from helpers import assert_same, check, clone_input, fresh_input
 
 
 def t(*shape):
@@ -27,9 +27,12 @@ def check_module(mod, *args, graphs=1, ops=None, rtol=1e-5, atol=1e-6, **kwargs)
     assert cnt.frame_count == graphs
     if ops is not None:
         assert cnt.op_count == ops
-    out2 = compiled(*clone_input(args), **clone_input(kwargs))
-    assert_same(expected, out2, rtol, atol, what="second call")
-    assert cnt.frame_count == graphs, "recompiled on identical inputs"
+    # Second call: inputs alike (shapes, dtypes, requires_grad) with other values, eager re-run on them.
+    args2, kwargs2 = fresh_input(args), fresh_input(kwargs)
+    expected2 = mod(*clone_input(args2), **clone_input(kwargs2))
+    out2 = compiled(*clone_input(args2), **clone_input(kwargs2))
+    assert_same(expected2, out2, rtol, atol, what="second call (other values)")
+    assert cnt.frame_count == graphs, "recompiled on inputs alike"
     return compiled, cnt, out
 
 
@@ -107,7 +110,9 @@ def _eval_layer(make):
     return layer
 
 
-@pytest.mark.parametrize("name", sorted(LAYERS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.mutation_blind(
+    "memo_graph", reason="dropout in eval returns its input, made again from it after the graph"))
+    if n == "dropout" else n for n in sorted(LAYERS)])
 def test_nn_layer_in_eval(name):
     make, shape = LAYERS[name]
     check_module(_eval_layer(make), t(*shape), rtol=1e-4, atol=1e-5)
@@ -134,7 +139,8 @@ def test_embedding():
 
 
 def test_embedding_with_padding_idx_module():
-    check_module(nn.Embedding(10, 4, padding_idx=0), torch.tensor([0, 3, 5]))
+    # Not ascending: the second call gets the indices permuted (helpers.refill keeps ascending ones).
+    check_module(nn.Embedding(10, 4, padding_idx=0), torch.tensor([3, 0, 5]))
 
 
 def test_multihead_attention_eval():
@@ -266,8 +272,11 @@ def test_python_attribute_branches_and_buffers_eval(kwargs):
     check_module(Configurable(**kwargs).eval(), t(2, 4))
 
 
+@pytest.mark.mutation_blind("memo_graph", reason="the result is ones whatever the input")
 def test_training_branch_in_train_mode():
-    # In training mode the branch that does not depend on dropout's randomness is taken.
+    # In training mode the branch that does not depend on dropout's randomness is taken. (The
+    # result is ones whatever the input: a graph answering its first call's outputs again
+    # passes; the point is the branch taken, and the ones are checked.)
     mod = Configurable().train()
     compiled, cnt, out = check_module(mod, t(2, 4))
     assert torch.equal(out, torch.ones(2, 4))
@@ -475,7 +484,8 @@ def test_compile_bound_forward_method():
     fwd = bytegraph.compile(mod.forward, backend=cnt, fullgraph=True)
     x = t(3, 8)
     assert_same(mod(x), fwd(x))
-    fwd(t(3, 8))
+    x2 = t(3, 8)
+    assert_same(mod(x2), fwd(x2))
     assert cnt.frame_count == 1
 
 
@@ -621,7 +631,8 @@ def test_recurrent_layer_with_a_replaced_weight_recompiles():
         assert_same(model(x), compiled(x))
         model.rnn.weight_hh_l0 = nn.Parameter(torch.randn_like(model.rnn.weight_hh_l0))
         assert_same(model(x), compiled(x))
-        assert_same(model(x), compiled(x))
+        x2 = torch.randn(2, 5, 8)
+        assert_same(model(x2), compiled(x2))
     assert cnt.frame_count == 2    # the new weight is another object: one recompile, then none
 
 

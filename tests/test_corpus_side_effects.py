@@ -738,7 +738,7 @@ def test_set_made_in_the_function_is_new_on_every_call():
     compiled = bytegraph.compile(f, backend=CompileCounter(), fullgraph=True)
     first, _ = compiled(t(2))
     first.add(99)
-    x = t(2)
+    x = torch.randn(2)     # other values than t(2)'s (t gives the same values on every call)
     second, out = compiled(x)
     assert second == {1, 2, 3} and same(out, x + 3)
 
@@ -1134,6 +1134,8 @@ def test_requires_grad_set_in_the_frame():
     assert cnt.frame_count <= torch_compile_graphs(requires_grad_then_used, (t(3),))
 
 
+@pytest.mark.mutation_blind("memo_graph", reason="every call raises after the graph; no graph output reaches "
+                                                 "the caller")
 def test_requires_grad_errors_run_eagerly():
     def f(x):
         y = (x * 2)

@@ -21,6 +21,7 @@ import torch._dynamo
 import bytegraph
 from bytegraph.runtime import persist, stance
 from bytegraph.testing import CompileCounter, same
+from helpers import fresh_input
 
 
 class _TorchNames:
@@ -165,7 +166,8 @@ def test_fail_on_recompile_lets_frames_without_tensors_run():
     c(torch.ones(2), 3)
     assert cnt.frame_count == 2      # the code before the break and after it (f's resume)
     with bytegraph.set_stance("fail_on_recompile"):
-        assert same(c(torch.ones(2), 3), f(torch.ones(2), 3))
+        x = torch.tensor([-2.0, 5.0])     # other values: the graphs run again on them
+        assert same(c(x, 3), f(x, 3))
     assert cnt.frame_count == 2
 
 
@@ -243,11 +245,10 @@ def test_aot_eager_then_compile_warns_once_and_compiles_on_the_second_call():
     c = bytegraph.compile(sin1, backend=cnt)
     with pytest.warns(RuntimeWarning, match="aot_eager_then_compile"):
         with bytegraph.set_stance("aot_eager_then_compile"):
-            c(torch.randn(3))
-            assert cnt.frame_count == 0
-            c(torch.randn(4))
-            c(torch.randn(5))
-    assert cnt.frame_count == 1
+            for n in (3, 4, 5):
+                x = torch.randn(n)
+                assert same(c(x), sin1(x))
+                assert cnt.frame_count == (n > 3)
 
 
 def test_stance_set_through_torch_before_the_patch_holds():
@@ -325,7 +326,8 @@ def _graphs_scenario(fn, *args, nodes=True):
     def scenario(api):
         cnt = CompileCounter()
         c = api.compile(fn, backend=cnt)
-        seen = [observe(c, fn, *args), observe(c, fn, *args), cnt.frame_count]
+        # the second call with other values (fresh_input: same shapes, signs kept)
+        seen = [observe(c, fn, *args), observe(c, fn, *fresh_input(list(args))), cnt.frame_count]
         if nodes:
             seen.append([getattr(n.target, "__name__", n.target) for g in cnt.graphs for n in g.graph.nodes
                          if n.op == "call_function"])
@@ -482,11 +484,11 @@ def test_assume_constant_result():
         c = api.compile(f, backend=cnt)
         seen = [c(torch.ones(2)).tolist(), cnt.frame_count]
         _SETTINGS["scale"] = 3.0     # a constant of the program: not guarded
-        seen += [c(torch.ones(2)).tolist(), cnt.frame_count]
+        seen += [c(torch.full((2,), 3.0)).tolist(), cnt.frame_count]
         _SETTINGS["scale"] = 2.0
         _lru_flag.cache_clear()
         return seen
-    assert assert_like_torch(scenario) == [[2.0, 2.0], 1, [2.0, 2.0], 1]
+    assert assert_like_torch(scenario) == [[2.0, 2.0], 1, [6.0, 6.0], 1]
 
 
 @pytest.mark.parametrize("query", ["is_compiling", "is_dynamo_compiling", "is_exporting"])
@@ -499,6 +501,10 @@ def test_is_compiling(query):
     # Compiled, the compiler's branch is taken (eager's result differs), except for is_exporting.
     assert observed[:3] == [query == "is_exporting", query == "is_exporting", 1]
     assert not ask()     # outside, False
+    # The compiler's branch taken on every call, with the values of each (not only unlike eager's).
+    compiled = bytegraph.compile(f, backend=CompileCounter())
+    for x in (torch.randn(3), torch.randn(3)):
+        assert same(compiled(x), x - 1 if query == "is_exporting" else x + 1)
 
 
 def test_graph_break_call():
@@ -518,9 +524,9 @@ def test_cudagraph_mark_step_begin():
     def scenario(api):   # diffusers' pattern: between calls of a compiled model
         c = api.compile(sin1, backend="eager")
         outs = []
-        for _ in range(2):
+        for k in range(2):
             torch.compiler.cudagraph_mark_step_begin()
-            outs.append(observe(c, sin1, torch.ones(2)))
+            outs.append(observe(c, sin1, torch.full((2,), k + 1.0)))
         return outs
     assert assert_like_torch(scenario) == [True, True]
 

@@ -1670,6 +1670,15 @@ def _vary(value, r, keep_ints):
     return value
 
 
+def _new_tensor_values(value, r):
+    """The same inputs with other tensor values (same shapes and ``requires_grad``), ints, lists
+    and dicts as they were: a call that runs the graphs of the first call again (``_vary`` changes
+    the lists' ints too, which are guarded, so its inputs compile other graphs)."""
+    if isinstance(value, torch.Tensor):
+        return _vary(value, r, True)
+    return _clone(value)
+
+
 def _reshaped(value, shape, r):
     """``value`` with its tensors remade in ``shape`` (the program's full shape; a tensor of one
     dimension gets its last size), values and other inputs as they were made."""
@@ -1714,7 +1723,9 @@ def functionalized(feature_set, seed):
 def make_program(feature_set, seed):
     """(fn, namespace, source, inputs) of the first valid program for this seed, where
     ``inputs`` is a list of (args, kwargs): the first call's inputs, then the same shapes
-    with other values, then other ints and list lengths as well."""
+    with other values, then other ints and list lengths as well (the same tensor twice for
+    ``inplace``, other shapes for ``shapes``), and last, except for ``moving``, the first call's
+    inputs with only the tensors' values new."""
     features = FEATURE_SETS[feature_set] | ({"functional"} if functionalized(feature_set, seed) else set())
     accepted = RAISING_ESCAPES if "raising" in features else ACCEPTED_ESCAPES
     for attempt in range(20):
@@ -1740,11 +1751,23 @@ def make_program(feature_set, seed):
                 inputs += other_shapes(args, kwargs, r)
             if "moving" in features:   # the first inputs again, under other state (MOVING)
                 inputs += [(args, kwargs)] * (len(MOVING) - len(inputs))
+            else:
+                # Last: only the tensors' values new (rerun_call_order calls it second).
+                r = random.Random(sub_seed + 11)
+                inputs.append(([_new_tensor_values(a, r) for a in args], _clone(kwargs)))
             return fn, ns, src, inputs
     raise AssertionError(f"no valid program for seed {seed} in 20 attempts; last:\n{src}\n{exc}")
 
 
 CALL_ORDER = (0, 1, 0, 2)   # which inputs each compiled call gets
+
+
+def rerun_call_order(inputs):
+    """The compiled calls of a program whose last inputs differ from the first in tensor values
+    only: those second (a graph answering its first call's outputs again fails there), then
+    compare's usual order over the others."""
+    others = len(inputs) - 1
+    return [0, others] + ([1, 0, 2, 3][:others] if others >= 3 else [0])
 # The reasons a frame of a generated program runs eagerly whole by design: one that reads its own
 # locals (locals()/vars(), in the "shared" decorators) is not split, as a resume function would
 # miss locals (test_fallback.py's test_function_reading_its_locals_after_a_break_runs_eagerly_whole).
@@ -1881,7 +1904,7 @@ def run_seed(feature_set, seed):
     fn, ns, src, inputs = make_program(feature_set, seed)
     backend = lookup_backend("aot_eager") if functionalized(feature_set, seed) else None
     try:
-        order = {"shapes": SHAPES_CALL_ORDER, "moving": MOVING_CALL_ORDER}.get(feature_set)
+        order = {"shapes": SHAPES_CALL_ORDER, "moving": MOVING_CALL_ORDER}.get(feature_set) or rerun_call_order(inputs)
         variants = feature_set == "moving"
         makers = [_maker(ns, a, k, i if variants else 0) for i, (a, k) in enumerate(inputs)]
         one_graph = compare(fn, makers, backend=backend, call_order=order,
@@ -1932,7 +1955,8 @@ def test_keyword_call_breaking_inside_try():
             pass
         return x + 1
 
-    compare(fn, [lambda: ((torch.ones(2), 3), {}, lambda: None)])
+    compare(fn, [lambda: ((torch.ones(2), 3), {}, lambda: None),
+                 lambda: ((torch.tensor([-2.5, 4.0]), 3), {}, lambda: None)], call_order=[0, 1])
 
 
 def test_nested_function_with_constant_defaults_and_closure():
@@ -1943,7 +1967,8 @@ def test_nested_function_with_constant_defaults_and_closure():
             return v * w + n
         return x + scaled(n)
 
-    assert compare(fn, [lambda: ((torch.ones(2), 3), {}, lambda: None)]) is True
+    assert compare(fn, [lambda: ((torch.ones(2), 3), {}, lambda: None),
+                        lambda: ((torch.tensor([-2.5, 4.0]), 3), {}, lambda: None)], call_order=[0, 1]) is True
 
 
 def test_membership_of_a_symbolic_int():
@@ -1955,8 +1980,9 @@ def test_membership_of_a_symbolic_int():
             x = x + 1
         return x * 2, items.count(items[0]), items.index(items[-1])
 
-    compare(fn, [lambda items=items: ((torch.ones(2), items), {}, lambda: None)
-                 for items in ([0], [4], [1, 5], [4])], call_order=[0, 1, 2, 3, 1])
+    # (the two [4] calls with other tensor values: the second runs the first's graph)
+    compare(fn, [lambda items=items, k=k: ((torch.full((2,), k), items), {}, lambda: None)
+                 for k, items in ((1.0, [0]), (1.0, [4]), (1.0, [1, 5]), (-3.0, [4]))], call_order=[0, 1, 2, 3, 1])
 
 
 def test_inplace_operator_on_symbolic_int_inside_loops():
@@ -1992,7 +2018,8 @@ def test_missing_attribute_messages_name_the_type_as_cpython_does():
                 out.append(str(e))
         return x + 1, out
 
-    compare(fn, [lambda: ((torch.ones(2),), {}, lambda: None)])
+    compare(fn, [lambda: ((torch.ones(2),), {}, lambda: None),
+                 lambda: ((torch.tensor([-2.5, 4.0]),), {}, lambda: None)], call_order=[0, 1])
 
 
 def test_division_by_zero_of_a_symbolic_int_after_an_index_out_of_range():

@@ -15,8 +15,9 @@ import torch
 
 import bytegraph
 from bytegraph.debug import records
+from bytegraph.testing import CompileCounter
 from helpers import torch_compile_graphs
-from numpy_helpers import check_np
+from numpy_helpers import check_np, same_np
 
 R = np.random.default_rng(1234)
 
@@ -80,9 +81,13 @@ def ab(x, y):
 CASES = []
 
 
-def case(make, graphs=1, rtol=1e-6, atol=1e-8, breaks=None, vary=True):
+def case(make, graphs=1, rtol=1e-6, atol=1e-8, breaks=None, recompiles=0, memo_blind=None):
+    """``memo_blind``: why the case cannot notice a graph answering its first call's outputs
+    again (scripts/mutate.py's memo_graph; the mark ``mutation_blind``)."""
+    marks = [pytest.mark.mutation_blind("memo_graph", reason=memo_blind)] if memo_blind else []
+
     def register(fn):
-        CASES.append(pytest.param(fn, make, graphs, rtol, atol, breaks, vary, id=fn.__name__))
+        CASES.append(pytest.param(fn, make, graphs, rtol, atol, breaks, recompiles, id=fn.__name__, marks=marks))
         return fn
     return register
 
@@ -390,7 +395,7 @@ def negative_step_slices(x):
     return x[::-1], x[:, ::-2], x[::-1, 1] + 1
 
 
-@case(a(A))
+@case(a(A), memo_blind="its results are views of the argument, made again from it after the graph")
 def flips(x):
     return np.flip(x), np.flip(x, axis=1), np.flipud(x), np.fliplr(x)
 
@@ -421,7 +426,7 @@ def iterate_1d_gives_scalars(v):
 
 @case(a(A), graphs=1, breaks='shape depends on tensor data')
 def single_argument_where(x):
-    rows, cols = np.where(x > 0)
+    rows, cols = np.where(x > 1)      # (> 1: A's second call, scaled by 1.25, moves two elements over)
     return rows, cols
 
 
@@ -437,7 +442,7 @@ def views_and_reshape(x):
 
 # ------------------------------------------------------------------------------- creation, shapes
 
-@case(a(A))
+@case(a(A), memo_blind="no result depends on the argument's values")
 def creation_functions(x):
     return (np.zeros(3), np.ones((2, 2), dtype=np.int32), np.full((2, 3), 7.0), np.zeros_like(x),
             np.ones_like(x, dtype=np.float32), np.full_like(x, 2), np.empty_like(x).shape)
@@ -670,7 +675,8 @@ def _reset_global():
     return ()
 
 
-@case(_reset_global)
+@case(_reset_global, memo_blind="every call starts from the same global (_reset_global); "
+                                "test_global_array_updated_on_each_call calls it twice without resetting")
 def global_array_updated():
     G[0] += 1
     return G.sum(), G
@@ -859,15 +865,22 @@ def views_of_an_intermediate_across_a_break(x):
     return a, c, b
 
 
-# vary=False: a NumPy scalar handed across the break is specialised in the resume function, and
-# a new value compiles it again, every time (a float scalar only becomes a graph input when it
-# is a Python float: dispatch._note_changed_sizes). Known, left open; the values still compared.
-@case(a(A), graphs=2, vary=False)
+# The NumPy scalar handed across the break is a constant of the resume function on the first
+# call; the second call's new value compiles it once more, with the scalar a 0-d array input
+# (automatic dynamic, as for Python floats), and the third call's value runs that graph.
+# torch.compile makes every NumPy scalar an input at once (2 graphs, no recompile);
+# test_numpy_scalar_across_a_break_recompiles_once counts further calls.
+@case(a(A), graphs=2, recompiles=1)
 def scalar_and_array_across_a_break(x):
     s = x.sum()
     m = x.mean(axis=0)
     print("", end="")
     return s * m, type(s)
+
+
+@case(lambda: (A.copy(), np.int64(2)))
+def numpy_int_as_slice_bound(x, n):
+    return x[:n] * 2, x[n - 1:]
 
 
 class NumpyModule(torch.nn.Module):
@@ -974,7 +987,8 @@ def poly1d_falls_back(v):
 
 # torch.compile makes 2: it calls __array__ while tracing (np.asarray of the list it returns, a
 # constant); bytegraph breaks on the protocol and traces `* 2` of the array it gave
-@case(fixed(Protocol([1.0, 2.0])), graphs=1, breaks='converts through __array__')
+@case(fixed(Protocol([1.0, 2.0])), graphs=1, breaks='converts through __array__',
+      memo_blind="the protocol object's values are the same on every call")
 def array_protocol_object_falls_back(p):
     return np.sum(p), np.asarray(p) * 2
 
@@ -989,7 +1003,8 @@ def sorting_complex_falls_back(x):
     return np.sort(x[0]), x * 2
 
 
-@case(a(A), graphs=1, breaks='np.divmod with positional out arguments')
+@case(a(A), graphs=1, breaks='np.divmod with positional out arguments',
+      memo_blind="its graph makes the two empty out arrays, whose values np.divmod then writes natively")
 def positional_out_pair_falls_back(x):
     q = np.empty_like(x)
     r = np.empty_like(x)
@@ -1002,9 +1017,11 @@ def untraced_function_falls_back(x):
     return np.interp(x, [0, 1], [10, 20]), np.nansum(x)
 
 
-@pytest.mark.parametrize("fn, make, graphs, rtol, atol, breaks, vary", CASES)
-def test_numpy_program(fn, make, graphs, rtol, atol, breaks, vary):
-    check_np(fn, make, graphs=graphs, rtol=rtol, atol=atol, fullgraph=False if breaks else None, vary=vary)
+@pytest.mark.parametrize("fn, make, graphs, rtol, atol, breaks, recompiles", CASES)
+def test_numpy_program(fn, make, graphs, rtol, atol, breaks, recompiles):
+    # A case that compiles again is called once more than it recompiles, with other values.
+    check_np(fn, make, graphs=graphs, rtol=rtol, atol=atol, fullgraph=False if breaks else None,
+             calls=2 + recompiles, recompiles=recompiles)
     if breaks is not None:
         reasons = [r.break_reason for r in records.frames if r.break_reason]
         assert any(breaks in reason for reason in reasons), f"no break for {breaks!r}; breaks: {reasons}"
@@ -1014,12 +1031,78 @@ def test_numpy_program(fn, make, graphs, rtol, atol, breaks, vary):
 TORCH_COMPILE_DIFFERS = {"ndarray_subclass_falls_back": 0, "array_protocol_object_falls_back": 2}
 
 
-@pytest.mark.parametrize("fn, make, graphs, rtol, atol, breaks, vary",
+@pytest.mark.parametrize("fn, make, graphs, rtol, atol, breaks, recompiles",
                          [c for c in CASES if c.values[-2] is not None])
-def test_break_counts_are_torch_compiles(fn, make, graphs, rtol, atol, breaks, vary):
+def test_break_counts_are_torch_compiles(fn, make, graphs, rtol, atol, breaks, recompiles):
     """The graph counts of the cases that break are the reference's."""
     expected = TORCH_COMPILE_DIFFERS.get(fn.__name__, graphs)
     assert torch_compile_graphs(fn, make(), make()) == expected
+
+
+def test_numpy_scalar_across_a_break_recompiles_once():
+    """A NumPy scalar handed to a resume function with a new value on every call: one recompile
+    (the scalar becomes a graph input), then every value runs the same graphs."""
+    records.clear()
+    cnt = CompileCounter()
+    compiled = bytegraph.compile(scalar_and_array_across_a_break, backend=cnt)
+    counts = []
+    for k in range(5):
+        expected = scalar_and_array_across_a_break(A * (1 + k))
+        actual = compiled(A * (1 + k))
+        same_np(expected, actual)
+        counts.append(cnt.frame_count)
+    assert counts == [2, 3, 3, 3, 3]
+    reasons = [r.reason for r in records.recompiles]
+    assert len(reasons) == 1 and "np.float64" in reasons[0], reasons
+
+
+@pytest.mark.parametrize("scalar", [np.float64, np.float32, np.int64, np.int32])
+def test_numpy_scalar_argument_recompiles_once(scalar):
+    """A NumPy scalar argument whose value changes: compiled again once with the scalar a graph
+    input, of its own dtype (NEP 50 promotion, as eager), then no more; another NumPy type is
+    another graph (torch.compile: no recompile on a new value; one for a new type)."""
+    def scale(x, s):
+        return x * s, s + 1, type(s)
+    cnt = CompileCounter()
+    compiled = bytegraph.compile(scale, backend=cnt, fullgraph=True)
+    counts = []
+    for k in range(4):
+        s = scalar(k + 2)
+        same_np(scale(F32, s), compiled(F32, s))
+        counts.append(cnt.frame_count)
+    other = np.float16(3) if scalar is not np.float16 else np.float64(3)
+    same_np(scale(F32, other), compiled(F32, other))
+    assert counts + [cnt.frame_count] == [1, 2, 2, 2, 3]
+
+
+def test_numpy_int_slice_bound_that_changes():
+    """A NumPy int slice bound seen changing is an input of the graph, whose value decides the
+    result's shape: the slicing breaks the graph and runs natively, as eager."""
+    cnt = CompileCounter()
+    compiled = bytegraph.compile(numpy_int_as_slice_bound, backend=cnt)
+    counts = []
+    for k in range(1, 4):
+        same_np(numpy_int_as_slice_bound(A.copy(), np.int64(k)), compiled(A.copy(), np.int64(k)))
+        counts.append(cnt.frame_count)
+    assert counts == [1, 1, 1]
+
+
+def test_global_array_updated_on_each_call():
+    """global_array_updated called twice without resetting the global: the second call reads
+    what the first wrote (the case itself resets it before each call)."""
+    cnt = CompileCounter()
+    compiled = bytegraph.compile(global_array_updated, backend=cnt, fullgraph=True)
+    _reset_global()
+    expected = [_copied(global_array_updated()) for _ in range(2)]
+    _reset_global()
+    actual = [_copied(compiled()) for _ in range(2)]
+    same_np(expected, actual)
+    assert cnt.frame_count == 1
+    _reset_global()
+
+
+def _copied(result):
+    return tuple(r.copy() for r in result)
 
 
 def test_corpus_size():

@@ -151,14 +151,17 @@ def test_optimizer_step_inside_a_compiled_function(name):
 def test_step_update_is_one_graph_of_tensor_ops():
     """After the first step the update of every parameter is in one graph (not run eagerly)."""
     eager_model, model = _model(), _model()
+    eager_opt = torch.optim.SGD(eager_model.parameters(), lr=0.1, momentum=0.9)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     cnt = CompileCounter()
     step = bytegraph.compile(opt.step, backend=cnt)
     x = torch.randn(5, 4)
     for _ in range(3):
-        opt.zero_grad()
-        model(x).sum().backward()
-        step()
+        for m, o, run in ((eager_model, eager_opt, eager_opt.step), (model, opt, step)):
+            o.zero_grad()
+            m(x).sum().backward()
+            run()
+        _assert_same_state(eager_model, eager_opt, model, opt)     # the updates are eager's, each step
     # First step: momentum buffers cloned from the grads; then buf.mul_().add_() and p.add_().
     assert cnt.frame_count == 2
     ops = [n.target for n in cnt.graphs[-1].graph.nodes if n.op == "call_method"]

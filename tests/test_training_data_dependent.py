@@ -581,13 +581,17 @@ def test_one_backward_through_two_calls(backend):
     cnt = CompileCounter(lookup_backend(backend))
     compiled = bytegraph.compile(compiled_model, backend=cnt)
     inputs_e, inputs_c = _fresh(_branch_inputs()), _fresh(_branch_inputs())
-    first_e, second_e = eager_model(*inputs_e), eager_model(*inputs_e)
-    first_c, second_c = compiled(*inputs_c), compiled(*inputs_c)
+    # the second call with other values (the same shapes and requires_grad)
+    other_e = _fresh([a * 1.5 - 0.25 if isinstance(a, torch.Tensor) else a for a in inputs_e])
+    other_c = _fresh(other_e)
+    first_e, second_e = eager_model(*inputs_e), eager_model(*other_e)
+    first_c, second_c = compiled(*inputs_c), compiled(*other_c)
     assert cnt.frame_count == 1      # the forward, one graph, hit on the second call (as torch.compile)
     (first_e[0].sum() + second_e[1].sum()).backward()
     (first_c[0].sum() + second_c[1].sum()).backward()
     _assert_grads_equal(_model_grads(eager_model), _model_grads(compiled_model), "parameter grad")
-    _assert_grads_equal([a.grad for a in _leaves(inputs_e)], [a.grad for a in _leaves(inputs_c)], "input grad")
+    _assert_grads_equal([a.grad for a in _leaves(inputs_e) + _leaves(other_e)],
+                        [a.grad for a in _leaves(inputs_c) + _leaves(other_c)], "input grad")
 
 
 def _positive(y):

@@ -261,7 +261,9 @@ class ConstantMatch(GuardKind):
         return isinstance(g.expected, IMMUTABLE_CONSTANTS)
 
     def observation(self, g):
-        return "value" if type(g.expected) in (int, float) else None
+        # NumPy integer and float scalars too: automatic dynamic treats them as it treats ints and floats.
+        changes = type(g.expected) in (int, float) or isinstance(g.expected, (np.integer, np.floating))
+        return "value" if changes else None
 
 
 def _table_covered(cov, g, value):

@@ -344,6 +344,10 @@ def _note_changed_sizes(cache, entry, frame_args):
                 and math.isfinite(now) and math.isfinite(g.expected):
             # A float that changes (a learning rate a scheduler moves): a graph input from now on.
             cache.auto_dynamic_scalars.add(g.source)
+        elif isinstance(now, (np.integer, np.floating)) and type(now) is type(g.expected) and now != g.expected:
+            # A NumPy scalar that changes (one handed across a graph break to the resume function):
+            # a 0-d array input of the graph from now on (values/builder._wrap_numpy_scalar).
+            cache.auto_dynamic_scalars.add(g.source)
 
 
 def reset_all() -> None:

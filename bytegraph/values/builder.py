@@ -24,6 +24,7 @@ from ..guards import builder as g
 from ..guards import stamps
 from ..guards.sources import AttrSource, ItemSource, ModuleEntrySource, ObjectKeySource, ObjectSource
 from ..residual import AutocastExit, GradModeExit
+from .arrays import dtype_unsupported_reason as array_dtype_unsupported_reason
 from .arrays import unsupported_reason as array_unsupported_reason
 from .base import (ConstantValue, ContextManagerValue, DefaultDictValue, DictValue, ExitValue, ListValue,
                    ObjectValue, TupleValue, constant)
@@ -160,6 +161,22 @@ def _wrap_constant(tx, obj, source):
         return tx.graph.add_float_input(obj, source, lambda: _guard(tx, g.CONSTANT_MATCH, source, obj))
     kind = g.ID_MATCH if t in (torch.dtype, torch.layout, torch.memory_format) else g.CONSTANT_MATCH
     return ConstantValue(obj, source, pending_guard=lambda: _guard(tx, kind, source, obj))
+
+
+def _wrap_numpy_scalar(tx, obj, source):
+    """A NumPy integer or float scalar: a constant, guarded by value; one seen changing between
+    calls at its source (automatic dynamic, as for ints and floats: a value a graph break hands
+    to the resume function) is a 0-d array input of the graph instead, guarded by its type only,
+    so that a new value runs the same graph (torch.compile traces NumPy scalars as 0-d arrays)."""
+    if source is None or not config.trace_numpy or not tx.is_dynamic_numpy_scalar(source) \
+            or array_dtype_unsupported_reason(obj.dtype) is not None:
+        return _wrap_constant(tx, obj, source)
+    _guard(tx, g.TYPE_MATCH, source, type(obj))    # the type fixes the dtype and the shape ()
+    device = g.default_device()
+    tx.guards.add(g.GLOBAL_STATE, None, ("_default_device()", device), "default device")
+    value = tx.graph.add_ndarray_input(obj, source, device)     # a copy: a NumPy scalar is read-only
+    value.scalar = True
+    return value
 
 
 def _wrap_frozenset(tx, obj, source):
@@ -302,6 +319,8 @@ def _handler_for(t):
     handler = _BY_TYPE.get(t)
     if handler is not None:
         return handler
+    if issubclass(t, (np.integer, np.floating)) and _module_is_numpy(t):
+        return _wrap_numpy_scalar
     if issubclass(t, (np.generic, np.dtype)) and _module_is_numpy(t):
         return _wrap_constant
     if issubclass(t, tuple) and hasattr(t, "_fields"):

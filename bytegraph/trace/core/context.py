@@ -114,6 +114,11 @@ class TraceContext:
         return self._dynamic_mode() is not False and source in self.auto_dynamic_scalars \
             and not getattr(self.options, "cuda_graphs", False)
 
+    def is_dynamic_numpy_scalar(self, source):
+        """A NumPy scalar seen changing between calls at ``source`` is a 0-d array input of the
+        graph (automatic dynamic, as for floats)."""
+        return self._dynamic_mode() is not False and source in self.auto_dynamic_scalars
+
     def is_dynamic_scalar(self, source):
         mode = self._dynamic_mode()
         if mode is False:

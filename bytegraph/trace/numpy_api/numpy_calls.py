@@ -602,6 +602,9 @@ def _index(frame, v):
         neg = isinstance(step, ConstantValue) and isinstance(step.value, int) and step.value < 0
         if isinstance(step, SymValue):
             raise unsupported("a slice with a symbolic step over an array is not traced")
+        if any(isinstance(p, NdarrayValue) for p in (v.start, v.stop, v.step)):
+            raise unsupported("a NumPy array or scalar the graph computes (or takes as an input) as a slice bound: "
+                              "its value decides the result's shape", hint=DATA_HINT)
         return SliceValue(*[ConstantValue(_plain(p.value)) if isinstance(p, ConstantValue) else p
                             for p in (v.start, v.stop, v.step)]), False, neg
     if isinstance(v, ConstantValue):

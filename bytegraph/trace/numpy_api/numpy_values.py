@@ -303,6 +303,8 @@ def _plain(x):
         return tuple(_plain(i) for i in x)
     if isinstance(x, list):
         return [_plain(i) for i in x]
+    if isinstance(x, slice):      # x[:n] with n a NumPy int: FX code cannot spell np.int64(n)
+        return slice(_plain(x.start), _plain(x.stop), _plain(x.step))
     if isinstance(x, np.dtype):
         return _dtype_name(x)
     return x
