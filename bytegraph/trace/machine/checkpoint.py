@@ -158,8 +158,8 @@ def _same_state(now, before):
 
 class Checkpoint:
     """The root frame's state before the instruction at ``index``."""
-    __slots__ = ("index", "stack", "locals", "kw_names", "contents", "nodes", "last_node", "marks", "state_changes", "grad_mode",
-                 "handled")
+    __slots__ = ("index", "stack", "locals", "kw_names", "contents", "last_node", "marks", "state_changes",
+                 "grad_mode", "handled")
 
     def __init__(self, frame, index):
         tx = frame.tx
