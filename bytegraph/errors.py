@@ -25,6 +25,9 @@ class Unsupported(BytegraphError):
         # the trace frames active where it was met, outermost first (None: not known; empty:
         # inside a handled exception, where breaks move back)
         self.frames = None
+        # The root frame given back its state before the breaking row without a second trace
+        # (trace.machine.checkpoint): a TraceResult stopped there, for runtime.compile_frame.
+        self.stopped = None
 
     def __str__(self):
         return format_error(self.reason, self.user_stack, self.hint)

@@ -90,7 +90,8 @@ def test_break_three_calls_deep_resumes_every_level():
 
 def test_each_level_of_a_nested_break_is_traced_once(monkeypatch):
     # The first trace saw where every level stands: each callee is then traced once, stopping
-    # before its call of the next level (a break hint), not once to the break and once to stop.
+    # before its call of the next level (a break hint), not once to the break and once to stop;
+    # the compiled frame itself stops at the break without a second trace.
     from bytegraph.runtime import compile_frame
     traced = []
     original = compile_frame._Compile.trace
@@ -101,7 +102,9 @@ def test_each_level_of_a_nested_break_is_traced_once(monkeypatch):
     monkeypatch.setattr(compile_frame._Compile, "trace", counting)
     x = torch.randn(5, 5)
     assert same(_level1(x), bytegraph.compile(_level1, backend="eager")(x))
-    assert traced.count("_level1") == 2          # to the break, then to stop before _level2(a)
+    # _level1: once, to the break; it is given back its state before _level2(a) (a checkpoint,
+    # trace/machine/checkpoint.py) instead of being traced again to stop there.
+    assert traced.count("_level1") == 1
     assert traced.count("_level2") == 1 and traced.count("_level3") == 1 and traced.count("_positive") == 1
 
 

@@ -89,13 +89,17 @@ class _Compile:
             raise
 
     def _trace(self, values, stop_before, t0):
+        # A full trace keeps checkpoints, so a break leaves the state before it (_split_at_break).
+        fn = self.fn
+        stop_index = None if stop_before is not None else (lambda index: plan_break(fn, index)[1])
         try:
-            result = trace_frame(self.fn, values, self.compiler, stop_before=stop_before, cache=self.cache)
+            result = trace_frame(fn, values, self.compiler, stop_before=stop_before, cache=self.cache,
+                                 stop_index=stop_index)
         except ReplayError as e:
             # Copying a traced block failed half-way (trace/nn/blocks.py): trace it all.
             log_breaks.debug("tracing %s again without copying traced blocks: %s", self.name, e)
-            result = trace_frame(self.fn, values, self.compiler, stop_before=stop_before, cache=self.cache,
-                                 reuse_blocks=False)
+            result = trace_frame(fn, values, self.compiler, stop_before=stop_before, cache=self.cache,
+                                 reuse_blocks=False, stop_index=stop_index)
         fake = result.tx.graph.fake_seconds
         self.time("fake-tensor propagation", fake)
         self.time("bytecode tracing", time.perf_counter() - t0 - fake)
@@ -208,7 +212,7 @@ def _compile(c, fn, frame_args, compiler):
             # Met after the trace (building code for the break or the result): the function itself.
             e.user_stack = [function_entry(fn)]
         if compiler.fullgraph:
-            e.frames = None    # the trace's frames are not kept with the error
+            e.frames = e.stopped = None    # the trace's frames are not kept with the error
             raise
         try:
             entry = _split_at_break(c, values, e)
@@ -220,7 +224,7 @@ def _compile(c, fn, frame_args, compiler):
                 raise
             log_breaks.debug("internal error while splitting %s at a break: %r", c.name, internal)
             entry = None
-        e.frames = None
+        e.frames = e.stopped = None
         return entry if entry is not None else _fallback(c, e)
     except BytegraphError:
         raise
@@ -251,7 +255,10 @@ def _whole_frame(c, result):
 
 
 def _split_at_break(c, values, err):
-    """Trace again up to the instruction that broke, and resume after it. None: cannot."""
+    """The frame up to the instruction that broke (the trace that met the break, given back its
+    state before that instruction, or a second trace stopping there), then the resume after it.
+    None: cannot."""
+    stopped, err.stopped = err.stopped, None
     if err.root_index is None or err.eager_frame:
         return None
     fn = c.fn
@@ -263,7 +270,11 @@ def _split_at_break(c, values, err):
         return None
     try:
         kind, index = plan_break(fn, err.root_index)
-        result = c.trace(values, stop_before=index)
+        if stopped is not None and stopped.frame.ip == index:
+            result = stopped
+            log_breaks.debug("%s stopped at its break without a second trace", c.name)
+        else:
+            result = c.trace(values, stop_before=index)
         if not result.frame.stopped:
             return None
         ins = decode(fn.__code__)[index]

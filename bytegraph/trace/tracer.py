@@ -7,12 +7,14 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import Unsupported
 from ..guards.sources import ClosureSource, LocalSource
 from ..values.base import RealCell
 from .callables import builtin_calls, calls, containers, environ, stdlib_calls  # noqa: F401 (registering handlers)
 from .core import ops, state
 from .core.context import TraceContext
 from .machine import control_opcodes, opcodes  # noqa: F401 (control_opcodes: registering handlers)
+from .machine import checkpoint
 from .machine.frame import Frame, PendingLocal, inline_call
 from .nn import module_calls, module_enumeration  # noqa: F401 (module_enumeration: registering handlers)
 from .python import generators, iteration
@@ -52,11 +54,14 @@ def frame_params(code: types.CodeType) -> list[str]:
 
 
 def trace_frame(fn: types.FunctionType, frame_args: list, options, stop_before: int | None = None, cache=None,
-                reuse_blocks: bool = True) -> TraceResult:
+                reuse_blocks: bool = True, stop_index=None) -> TraceResult:
     """Run ``fn``'s bytecode symbolically on ``frame_args`` (values of its parameters, in order).
 
     With ``stop_before`` (an instruction index), tracing stops the first time the
     frame is about to run that instruction; the result then holds the frame.
+    With ``stop_index`` (row that broke -> row to stop before), a break the root frame can be
+    taken back to the row before (``trace.machine.checkpoint``) leaves on the error a result
+    stopped there (``Unsupported.stopped``), so the caller need not trace again.
     """
     code = fn.__code__
     params = frame_params(code)
@@ -77,13 +82,36 @@ def trace_frame(fn: types.FunctionType, frame_args: list, options, stop_before: 
             cells[name] = RealCell(cell, ClosureSource(i, name))
         frame = Frame(tx, code, fn.__globals__, local_values, cells)
         frame.stop_before = stop_before
+        frame.checkpoints = set() if stop_index is not None and stop_before is None else None
         n = code.co_argcount + code.co_kwonlyargcount
         frame.fresh_containers = tuple(code.co_varnames[n:n + bool(code.co_flags & inspect.CO_VARARGS)
                                                         + bool(code.co_flags & inspect.CO_VARKEYWORDS)])
-        ret = frame.run()
+        try:
+            ret = frame.run()
+        except Unsupported as e:
+            if frame.checkpoints is not None and _stop_at_checkpoint(frame, e, stop_index):
+                tx.break_grad_mode = torch.is_grad_enabled()
+                e.stopped = TraceResult(tx, None, frame)
+            raise
         if frame.stopped:
             tx.break_grad_mode = torch.is_grad_enabled()
     finally:
         undo_state_changes(tx)
         state.tracing = False
     return TraceResult(tx, ret, frame)
+
+
+def _stop_at_checkpoint(frame, err, stop_index) -> bool:
+    """Whether the root frame, left by the break ``err``, was given back its state before the row
+    the split stops at (``checkpoint.stop_at``)."""
+    cp = frame.checkpoint
+    frame.checkpoint = None
+    if cp is None or err.root_index is None or err.eager_frame or stop_index(err.root_index) != cp.index:
+        return False
+    try:
+        if not checkpoint.stop_at(frame, cp):
+            return False
+        frame.check_stop()
+    except Unsupported:
+        return False
+    return True

@@ -18,6 +18,7 @@ from ..core import ops
 from ..core.context import MAX_INLINE_DEPTH
 from ..python.exceptions import TracedRaise, break_index, converted, escape_error, handled, unwind
 from ..python.generators import check_finished_generators, make_generator
+from . import checkpoint
 
 _GENERATOR_FLAGS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
@@ -55,6 +56,10 @@ class Frame:
         self.stop_before = None   # root frame only: stop when about to run this instruction index
         self.fresh_containers = ()  # root frame only: names of its *args / **kwargs parameters
         self.stopped = False
+        # Root frame only: a set (the rows checkpointed so far) to keep a checkpoint.Checkpoint
+        # before each row that may break; None: none.
+        self.checkpoints = None
+        self.checkpoint = None
         self.callee = None        # the callable of the CALL running now (opcodes._do_call)
 
     def run(self) -> Value | None:
@@ -64,15 +69,16 @@ class Frame:
         try:
             instructions = self.instructions
             stop_before = self.stop_before
+            checkpoints = self.checkpoints
             while not self.done:
                 if self.ip == stop_before:
                     self.stopped = True
-                    # Generators dropped at the break would be closed natively later.
-                    live = live_locals(self.code, instructions[self.ip].offset)
-                    check_finished_generators(tx, self.stack + [v for n, v in self.locals.items() if n in live] + [
-                        c.contents for c in self.cells.values() if isinstance(c, CellValue)])
+                    self.check_stop()
                     return None
                 ins = instructions[self.ip]
+                if checkpoints is not None and ins.opname not in checkpoint.PLAIN and (
+                        self.ip == 0 or instructions[self.ip - 1].offset != ins.offset):
+                    self.checkpoint = checkpoint.take(self, self.ip, checkpoints)
                 self.ip += 1
                 self.current = ins
                 tx.instructions_left -= 1
@@ -118,6 +124,13 @@ class Frame:
             raise
         finally:
             tx.frames.pop()
+
+    def check_stop(self):
+        """The root frame stops before its current row (a break): generators dropped there would
+        be closed natively later."""
+        live = live_locals(self.code, self.instructions[self.ip].offset)
+        check_finished_generators(self.tx, self.stack + [v for n, v in self.locals.items() if n in live] + [
+            c.contents for c in self.cells.values() if isinstance(c, CellValue)])
 
     def _raise_here(self, value, ins):
         """The instruction ``ins`` raised ``value``: go to its handler, or leave the frame."""
