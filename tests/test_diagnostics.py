@@ -19,6 +19,7 @@ import torch
 
 import bytegraph
 from bytegraph import stacks
+from bytegraph.testing import CompileCounter
 from helpers import assert_same, compile_counted
 
 HERE = __file__
@@ -517,22 +518,49 @@ def test_break_reasons_name_operators_as_users_call_them():
     assert reasons[-1].startswith("indexing a tensor (t[index]) has an output whose shape depends on tensor data")
 
 
+@torch.library.custom_op("bytegraph_tests::concrete_sizes_only", mutates_args=())
+def _concrete_sizes_only(x: torch.Tensor) -> torch.Tensor:
+    return x + 1
+
+
+@_concrete_sizes_only.register_fake
+def _(x):
+    # As a C++ kernel that reads its sizes as plain integers fails on symbolic ones.
+    if any(isinstance(s, torch.SymInt) for s in x.shape):
+        raise RuntimeError("SymIntArrayRef expected to contain only concrete integers\n"
+                           "Exception raised from asIntArrayRefSlow at c10/core/SymIntArrayRef.h:1 (most recent "
+                           "call first):\nframe #0: c10::Error::Error(...)")
+    return torch.empty_like(x)
+
+
 def test_an_op_without_symbolic_size_support_breaks_with_a_short_reason(caplog):
-    # torch's fake tensors log the meta function's traceback before raising; the break reason
-    # already says it, without the C++ file and backtrace, and with what to do.
+    # The break reason is the error's first line, without the C++ backtrace, with what to do.
     from bytegraph.debug import records
 
     def f(x):
-        return torch.constant_pad_nd(x, (0, x.shape[0])) + 1
+        return torch.ops.bytegraph_tests.concrete_sizes_only(x * 2) + 1
 
     x = torch.randn(3, 4)
     with caplog.at_level(logging.DEBUG, logger="torch._subclasses.fake_tensor"):
         assert_same(f(x), bytegraph.compile(f, backend="eager", dynamic=True)(x))
     broken = [r for r in records.frames if r.break_reason]
-    assert broken[0].break_reason == ("torch.constant_pad_nd raised RuntimeError while tracing: SymIntArrayRef "
-                                      "expected to contain only concrete integers")
+    assert broken[0].break_reason == ("torch.ops.bytegraph_tests.concrete_sizes_only raised RuntimeError while "
+                                      "tracing: SymIntArrayRef expected to contain only concrete integers")
     assert "dynamic=False" in broken[0].hint
-    assert not [r for r in caplog.records if "failed while attempting to run meta" in r.getMessage()]
+
+
+def test_constant_pad_with_a_symbolic_pad_is_traced_through_its_decomposition():
+    # constant_pad_nd's C++ kernel takes only concrete pads; its Python decomposition takes
+    # symbolic ones (as torch.compile reaches it): one graph for every size, equal to eager.
+    def f(x):
+        return torch.constant_pad_nd(x, (0, x.shape[0])) + 1
+
+    cnt = CompileCounter()
+    compiled = bytegraph.compile(f, backend=cnt, dynamic=True)
+    for n in (3, 5, 7):
+        x = torch.randn(n, 4)
+        assert_same(f(x), compiled(x))
+    assert cnt.frame_count == 1
 
 
 _test_log = logging.getLogger("bytegraph_tests.user_code")
