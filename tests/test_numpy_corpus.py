@@ -9,6 +9,7 @@ frame must have broken for that reason (a part of the reason, as the user reads 
 graph counts are torch.compile's (``test_break_counts_are_torch_compiles`` asks it), except
 where a comment at the case says why bytegraph differs.
 """
+import dis
 import numpy as np
 import pytest
 import torch
@@ -1081,10 +1082,17 @@ def test_numpy_int_slice_bound_that_changes():
     cnt = CompileCounter()
     compiled = bytegraph.compile(numpy_int_as_slice_bound, backend=cnt)
     counts = []
-    for k in range(1, 4):
+    for k in range(1, 6):
         same_np(numpy_int_as_slice_bound(A.copy(), np.int64(k)), compiled(A.copy(), np.int64(k)))
         counts.append(cnt.frame_count)
-    assert counts == [1, 1, 1]
+    if "BINARY_SLICE" in dis.opmap:
+        # 3.12+: the bound stays on the stack at the break (BINARY_SLICE), so the frame splits;
+        # its resume function compiles once with the bound a constant, once more as an input.
+        assert counts == [1, 2, 3, 3, 3]
+    else:
+        # 3.11 builds a slice object holding the graph input first (BUILD_SLICE): not rebuilt
+        # at a break, so the frame runs natively from the second call on.
+        assert counts == [1, 1, 1, 1, 1]
 
 
 def test_global_array_updated_on_each_call():
