@@ -19,6 +19,7 @@ import torch.nn.functional as F
 import bytegraph
 from bytegraph.backends.registry import lookup_backend
 from bytegraph.testing import CompileCounter
+from helpers import torch_compile_fullgraph_count
 
 CHECKS = {}
 
@@ -54,20 +55,6 @@ def compiled(fn, backend="eager", fullgraph=True):
     return bytegraph.compile(fn, backend=cnt, fullgraph=fullgraph), cnt
 
 
-def torch_compile_count(fn, *args):
-    """Graphs torch.compile (the reference) makes of ``fn(*args)``."""
-    import torch._dynamo
-    count = [0]
-
-    def backend(gm, example_inputs):
-        count[0] += 1
-        return gm.forward
-    torch._dynamo.reset()
-    try:
-        torch.compile(fn, backend=backend, fullgraph=True)(*args)
-    finally:
-        torch._dynamo.reset()
-    return count[0]
 
 
 # --- tensor parallel: a transformer block ----------------------------------------------------
@@ -125,7 +112,7 @@ def _tp_block(backend, rank, world, mesh):
         opt_e.zero_grad()
         opt_c.zero_grad()
     sharded = sorted(n for n, p in model.named_parameters() if type(p.data).__name__ == "DTensor")
-    reference = torch_compile_count(parallelize_module(copy.deepcopy(base), mesh, _tp_plan()), torch.randn(2, 5, 16))
+    reference = torch_compile_fullgraph_count(parallelize_module(copy.deepcopy(base), mesh, _tp_plan()), torch.randn(2, 5, 16))
     assert not failures, failures[0]
     assert cnt.frame_count == 1, f"{cnt.frame_count} graphs"
     return {"graphs": cnt.frame_count, "torch_compile_graphs": reference, "sharded": sharded}
@@ -171,7 +158,7 @@ def redistribute_placements(rank, world, mesh):
             close(grads[0], grads[1], f"gradients at step {step}", rtol=1e-4, atol=1e-5)
         except AssertionError as e:
             failures.append(str(e))
-    reference = torch_compile_count(fn, torch.randn(2, 4), torch.randn(4, 4))
+    reference = torch_compile_fullgraph_count(fn, torch.randn(2, 4), torch.randn(4, 4))
     assert not failures, failures[0]
     assert cnt.frame_count == 1, f"{cnt.frame_count} graphs"
     return {"graphs": cnt.frame_count, "torch_compile_graphs": reference}

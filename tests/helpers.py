@@ -294,6 +294,24 @@ def _fresh_tensors(value, memo):
     return value
 
 
+def torch_compile_fullgraph_count(fn, *args):
+    """Graphs torch.compile (the reference) makes of ``fn(*args)`` with ``fullgraph=True``, the
+    arguments passed as they are (``torch_compile_graphs`` clones them, which makes tensor
+    subclasses such as DTensor plain tensors)."""
+    import torch._dynamo
+    count = [0]
+
+    def backend(gm, example_inputs):
+        count[0] += 1
+        return gm.forward
+    torch._dynamo.reset()
+    try:
+        torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    finally:
+        torch._dynamo.reset()
+    return count[0]
+
+
 def torch_compile_graphs(fn, *calls, dynamic=None, kwargs=None, per_call=False, before_each=None,
                          with_kwargs=False):
     """How many graphs torch.compile (the reference) makes of ``fn`` over ``calls`` (argument
@@ -351,3 +369,52 @@ def assert_sum_grads_like_eager(model, out, expected, atol=1e-5):
     expected.sum().backward()
     for n, p in model.named_parameters():
         assert torch.allclose(grads[n], p.grad, atol=atol), n
+
+
+def run_ranks(script, tmp, world=2, timeout=300):
+    """``tests/<script>`` run as ``world`` processes of one gloo group (each given its rank, the
+    world size, a store file and its results file, in ``tmp``); per rank, the results it wrote
+    ({check: {"ok", "detail", "error"}}). A rank that wrote none fails the test with its log."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import pytest
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(bytegraph.__file__)))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    procs, logs = [], []
+    for rank in range(world):
+        log = open(tmp / f"rank{rank}.log", "w")
+        procs.append(subprocess.Popen([sys.executable, os.path.join(here, script), str(rank), str(world),
+                                       str(tmp / "store"), str(tmp / f"rank{rank}.json")],
+                                      stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(tmp)))
+        logs.append(log)
+    try:
+        for proc in procs:
+            proc.wait(timeout=timeout)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+        for log in logs:
+            log.close()
+    results = []
+    for rank in range(world):
+        out = tmp / f"rank{rank}.json"
+        if not out.exists():
+            pytest.fail(f"rank {rank} wrote no results (exit code {procs[rank].returncode}):\n"
+                        + (tmp / f"rank{rank}.log").read_text()[-4000:])
+        results.append(json.loads(out.read_text()))
+    return results
+
+
+def rank_details(results, name):
+    """The ``detail`` of check ``name`` on every rank, after asserting that each ran it and passed."""
+    details = []
+    for rank, per_rank in enumerate(results):
+        assert name in per_rank, f"rank {rank} did not run {name}"
+        r = per_rank[name]
+        assert r["ok"], f"rank {rank}: {name} failed:\n{r['error']}"
+        details.append(r["detail"])
+    return details

@@ -2,10 +2,7 @@
 functions, compared with eager; what is not traced yet breaks with its reason and gives eager's
 results."""
 import copy
-import json
 import os
-import subprocess
-import sys
 import tempfile
 
 import pytest
@@ -14,7 +11,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import bytegraph
-from helpers import torch_compile_graphs
+from helpers import rank_details, run_ranks, torch_compile_fullgraph_count, torch_compile_graphs
 from test_subclasses import assert_same_tensors, compiled, same_training
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
@@ -36,21 +33,6 @@ def mesh():
             os.remove(store)
 
 
-def torch_compile_count(fn, *args):
-    """Graphs torch.compile (the reference) makes of ``fn(*args)``, DTensor arguments passed as
-    they are (helpers.torch_compile_graphs clones its inputs as plain tensors)."""
-    import torch._dynamo
-    count = [0]
-
-    def backend(gm, example_inputs):
-        count[0] += 1
-        return gm.forward
-    torch._dynamo.reset()
-    try:
-        torch.compile(fn, backend=backend, fullgraph=True)(*args)
-    finally:
-        torch._dynamo.reset()
-    return count[0]
 
 
 def _dt(mesh, *shape, placement=None, requires_grad=False):
@@ -148,7 +130,7 @@ def test_placements_and_mesh_read_from_dtensors(mesh):
         d, t = _dt(mesh, 4, 2), torch.randn(4, 2)
         assert_same_tensors(fn(d, t), cfn(d, t))
     assert cnt.frame_count == 1
-    assert torch_compile_count(fn, _dt(mesh, 4, 2), torch.randn(4, 2)) == 1
+    assert torch_compile_fullgraph_count(fn, _dt(mesh, 4, 2), torch.randn(4, 2)) == 1
 
 
 def test_module_level_placement_is_guarded(mesh):
@@ -222,7 +204,6 @@ def test_dtensor_api_breaks_with_reason(mesh):
 
 # --- two processes (tests/dtensor_checks.py) ---------------------------------------------------
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 WORLD = 2
 
 
@@ -230,60 +211,25 @@ WORLD = 2
 def two_ranks(tmp_path_factory):
     """Every check of tests/dtensor_checks.py, run once on a 2-process gloo group: per rank,
     {check: {"ok", "detail", "error"}}."""
-    tmp = tmp_path_factory.mktemp("dtensor")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(bytegraph.__file__)))
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
-    procs, logs = [], []
-    for rank in range(WORLD):
-        log = open(tmp / f"rank{rank}.log", "w")
-        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "dtensor_checks.py"), str(rank), str(WORLD),
-                                       str(tmp / "store"), str(tmp / f"rank{rank}.json")],
-                                      stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(tmp)))
-        logs.append(log)
-    try:
-        for p in procs:
-            p.wait(timeout=300)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        for log in logs:
-            log.close()
-    results = []
-    for rank in range(WORLD):
-        out = tmp / f"rank{rank}.json"
-        if not out.exists():
-            pytest.fail(f"rank {rank} wrote no results (exit code {procs[rank].returncode}):\n"
-                        + (tmp / f"rank{rank}.log").read_text()[-4000:])
-        results.append(json.loads(out.read_text()))
-    return results
-
-
-def _details(results, name):
-    details = []
-    for rank, per_rank in enumerate(results):
-        r = per_rank[name]
-        assert r["ok"], f"rank {rank}: {name} failed:\n{r['error']}"
-        details.append(r["detail"])
-    return details
+    return run_ranks("dtensor_checks.py", tmp_path_factory.mktemp("dtensor"), WORLD)
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_tensor_parallel_block_two_ranks(two_ranks, backend):
     # parallelize_module with ColwiseParallel/RowwiseParallel on attention and MLP: three training
     # steps, losses and (sharded) gradients equal to eager's, one graph as torch.compile makes.
-    for d in _details(two_ranks, f"tp_block_{backend}"):
+    for d in rank_details(two_ranks, f"tp_block_{backend}"):
         assert d["graphs"] == 1 and d["torch_compile_graphs"] == 1
         assert d["sharded"] == sorted(f"{m}.{p}" for m in ("q", "k", "v", "o", "fc1", "fc2") for p in ("weight", "bias"))
 
 
 def test_redistribute_two_ranks(two_ranks):
-    for d in _details(two_ranks, "redistribute_placements"):
+    for d in rank_details(two_ranks, "redistribute_placements"):
         assert d["graphs"] == 1 and d["torch_compile_graphs"] == 1
 
 
 def test_distribute_tensor_two_ranks(two_ranks):
-    for d in _details(two_ranks, "distribute_tensor_local_split"):
+    for d in rank_details(two_ranks, "distribute_tensor_local_split"):
         assert d["graphs"] == 1
-    for d in _details(two_ranks, "distribute_tensor_from_rank0_breaks"):
+    for d in rank_details(two_ranks, "distribute_tensor_from_rank0_breaks"):
         assert "src_data_rank" in d["reason"]

@@ -14,6 +14,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 import bytegraph
 from bytegraph.backends.registry import lookup_backend
 from bytegraph.testing import CompileCounter
+from helpers import torch_compile_fullgraph_count
 
 aten = torch.ops.aten
 BACKENDS = ["eager", "aot_eager"]
@@ -339,21 +340,6 @@ class Marked(torch.Tensor):
     """A subclass with no override of its own: torch.Tensor's keeps results of its class."""
 
 
-def torch_compile_count(fn, *args):
-    """Graphs torch.compile (the reference) makes of ``fn(*args)``, subclass arguments passed as
-    they are (helpers.torch_compile_graphs clones them as plain tensors)."""
-    import torch._dynamo
-    count = [0]
-
-    def backend(gm, example_inputs):
-        count[0] += 1
-        return gm.forward
-    torch._dynamo.reset()
-    try:
-        torch.compile(fn, backend=backend, fullgraph=True)(*args)
-    finally:
-        torch._dynamo.reset()
-    return count[0]
 
 
 def _same_log_and_results(fn, make, backend="eager", calls=2):
@@ -387,7 +373,7 @@ def test_torch_function_subclass_traced(backend):
         d = (x > 0, 0 < x, y <= x, x == 1, x != y)   # comparisons, reflected ones too
         return b, x.shape, F.relu(b) - x, type(b) is Logged, x.dtype, c, d
     _same_log_and_results(fn, lambda: (_logged(3, 4), torch.randn(3, 4)), backend)
-    assert torch_compile_count(fn, _logged(3, 4), torch.randn(3, 4)) == 1
+    assert torch_compile_fullgraph_count(fn, _logged(3, 4), torch.randn(3, 4)) == 1
 
 
 def test_torch_function_subclass_training_gradients():

@@ -21,6 +21,11 @@ from ..errors import Unsupported
 from ..guards.sources import AttrSource
 
 
+
+def _dim_kinds(tensor, dynamic_dims):
+    """Per dim of ``tensor``: symbolic (DUCK) where ``dynamic_dims`` names it, else static."""
+    return [DimDynamic.DUCK if d in dynamic_dims else DimDynamic.STATIC for d in range(tensor.dim())]
+
 class _Name(str):
     # torch reads Source.name as a method in some versions and as a property in others.
     def __call__(self):
@@ -96,19 +101,9 @@ class Shapes:
 
     def fake_dynamic(self, fake_mode, tensor, source, dynamic_dims, array=False):
         """Fake tensor whose dims in ``dynamic_dims`` (dim -> (min, max)) are symbolic."""
-        sizes = [DimDynamic.DUCK if d in dynamic_dims else DimDynamic.STATIC for d in range(tensor.dim())]
-        ctx = StatelessSymbolicContext(dynamic_sizes=sizes)
+        ctx = StatelessSymbolicContext(dynamic_sizes=_dim_kinds(tensor, dynamic_dims))
         fake = fake_mode.from_tensor(tensor, symbolic_context=ctx, source=ShapeSource(source.name()))
-        for d, bounds in dynamic_dims.items():
-            size = fake.shape[d]
-            if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
-                sym = size.node.expr
-                self.origins.setdefault(sym, []).append(SymbolOrigin(source, d, array))
-                lo, hi = bounds
-                if lo is not None:
-                    self.lower_bounds[sym] = max(lo, self.lower_bounds.get(sym, lo))
-                if hi is not None:
-                    self.upper_bounds[sym] = min(hi, self.upper_bounds.get(sym, hi))
+        self._note_origins(fake, source, dynamic_dims, array)
         return fake
 
     def fake_dynamic_subclass(self, fake_mode, tensor, source, outer_dims, inner_dims):
@@ -117,16 +112,13 @@ class Shapes:
         the class's flatten/unflatten."""
         from torch.fx.experimental.symbolic_shapes import SubclassSymbolicContext
 
-        def sizes(t, dims):
-            return [DimDynamic.DUCK if d in dims else DimDynamic.STATIC for d in range(t.dim())]
-
         inner = {}
         for name in tensor.__tensor_flatten__()[0]:
             t = getattr(tensor, name)
             if isinstance(t, torch.Tensor):
-                inner[name] = StatelessSymbolicContext(dynamic_sizes=sizes(t, inner_dims.get(name, {})))
+                inner[name] = StatelessSymbolicContext(dynamic_sizes=_dim_kinds(t, inner_dims.get(name, {})))
         outer_source = ShapeSource(source.name())
-        ctx = SubclassSymbolicContext(dynamic_sizes=sizes(tensor, outer_dims), constraint_sizes=[None] * tensor.dim(),
+        ctx = SubclassSymbolicContext(dynamic_sizes=_dim_kinds(tensor, outer_dims), constraint_sizes=[None] * tensor.dim(),
                                       tensor_source=outer_source, inner_contexts=inner)
         fake = fake_mode.from_tensor(tensor, symbolic_context=ctx, source=outer_source)
         self._note_origins(fake, source, outer_dims)
@@ -135,6 +127,7 @@ class Shapes:
         return fake
 
     def _note_origins(self, fake, source, dynamic_dims, array=False):
+        """Remember where each new symbol of ``fake`` was read from and its (min, max) bounds."""
         for d, bounds in dynamic_dims.items():
             size = fake.shape[d]
             if isinstance(size, torch.SymInt) and isinstance(size.node.expr, sympy.Symbol):
