@@ -256,6 +256,8 @@ def measure(row, compiler, args):
         result["host_ms"], profile = host_time(fn, inputs, args)
         if profile:
             result["host_profile"] = profile
+        if args.kernel_profile:
+            result.update(kernel_profile(fn, inputs, args.kernel_profile))
     if args.slow_host_too:
         result.update(slow_host_figures(fn, inputs, args))
     value = out if out.dim() == 0 else out.float().abs().mean()
@@ -330,6 +332,28 @@ def host_time(fn, inputs, args):
         for k, v in top]
 
 
+def kernel_profile(fn, inputs, top, steps=3):
+    """GPU kernels per step from torch.profiler over ``steps`` steps: how many kernels one step
+    launches, their summed time, and the ``top`` kernels by time (name, launches and ms per step):
+    where two compilers' steps differ on the GPU."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn(*inputs)
+        torch.cuda.synchronize()
+    kernels = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            count, us = kernels.get(e.name, (0, 0.0))
+            kernels[e.name] = (count + 1, us + e.device_time)
+    ranked = sorted(kernels.items(), key=lambda kv: -kv[1][1])
+    return {"kernels_per_step": sum(c for c, _ in kernels.values()) / steps,
+            "kernel_ms_per_step": sum(us for _, us in kernels.values()) / steps / 1e3,
+            "kernel_profile": [{"kernel": name[:120], "launches_per_step": c / steps, "ms_per_step": us / steps / 1e3}
+                               for name, (c, us) in ranked[:top]]}
+
+
 def saved_bytes(fn, inputs):
     """Bytes the autograd graph keeps for backward during one step (tensors packed by autograd)."""
     kept = [0]
@@ -391,7 +415,7 @@ def run_one(row, compiler, args):
            "--device", args.device, "--backend", args.backend, "--iters", str(args.iters),
            "--warmup", str(args.warmup), "--layers", str(args.layers), "--d", str(args.d),
            "--heads", str(args.heads), "--batch", str(args.batch), "--tokens", str(args.tokens),
-           "--host-profile", str(args.host_profile)] + (["--slow-host-too"] if args.slow_host_too else [])
+           "--host-profile", str(args.host_profile), "--kernel-profile", str(args.kernel_profile)] + (["--slow-host-too"] if args.slow_host_too else [])
     if args.tiny:
         cmd.append("--tiny")
     if args.warm_caches:
@@ -474,6 +498,8 @@ def main():
                         "with a busy process (slow_* figures; no second compile)")
     p.add_argument("--host-profile", type=int, default=0,
                    help="add the N functions taking most host time per issued step to the JSON (CUDA)")
+    p.add_argument("--kernel-profile", type=int, default=0,
+                   help="add kernels per step and the N kernels taking most GPU time per step to the JSON (CUDA)")
     p.add_argument("--only-row", default=None)
     p.add_argument("--only-compiler", default=None)
     args = p.parse_args()
