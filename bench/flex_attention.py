@@ -3,6 +3,7 @@
     python bench/flex_attention.py                      # the issue's attention case, and a 12-layer GPT step
     python bench/flex_attention.py --rows attention     # only the attention case
     python bench/flex_attention.py --device cpu --tiny  # a quick check that it all runs (no Inductor: aot_eager)
+    python bench/flex_attention.py --processes 3        # medians over three processes per compiler
 
 Rows:
 
@@ -18,7 +19,8 @@ Rows:
 Columns: ``first call`` (wall time of the first call, compiling included, with empty compile
 caches in every process), ``median`` (steady state per call, CUDA events), ``graphs`` (graphs
 compiled; torch.compile's from its own counters), and ``vs torch.compile`` (bytegraph's median /
-torch.compile's: the issue's target is at most 1.03 for the attention row).
+torch.compile's: the issue's target is at most 1.03 for the attention row), with the spread of the
+processes' medians when there are several.
 """
 import argparse
 import json
@@ -218,6 +220,9 @@ def main(argv=None):
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--timeout", type=int, default=1800)
+    p.add_argument("--processes", type=int, default=1,
+                   help="fresh processes per row and compiler (medians; each process's median kept)")
+    p.add_argument("--json", default=None, help="write the rows here as they finish")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--row", help=argparse.SUPPRESS)
     p.add_argument("--compiler", help=argparse.SUPPRESS)
@@ -233,28 +238,43 @@ def main(argv=None):
     head = f"{'row':<30} | {'compiler':<13} | {'first call s':>12} | {'median ms':>10} | {'graphs':>6} | vs torch.compile"
     print(head)
     print("-" * len(head))
+    everything = []
     for row in args.rows.split(","):
+        runs = {"torch.compile": [], "bytegraph": []}
+        # Processes alternate between the compilers, so a drift of the host's speed reaches both.
+        for _ in range(args.processes):
+            for compiler in runs:
+                cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--row", row, "--compiler",
+                       "torch" if compiler == "torch.compile" else "bytegraph", "--device", args.device,
+                       "--iters", str(args.iters)] + (["--tiny"] if args.tiny else [])
+                try:
+                    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+                    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+                    if proc.returncode != 0 or not line:
+                        raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no output")
+                    runs[compiler].append(json.loads(line[-1]))
+                except Exception as e:     # one failure must not hide the other rows
+                    print(f"{ROWS[row]:<30} | {compiler:<13} | ERR: {e}", flush=True)
         results = {}
-        for compiler in ("torch.compile", "bytegraph"):
-            cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--row", row, "--compiler",
-                   "torch" if compiler == "torch.compile" else "bytegraph", "--device", args.device,
-                   "--iters", str(args.iters)] + (["--tiny"] if args.tiny else [])
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-                line = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-                if proc.returncode != 0 or not line:
-                    raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no output")
-                r = json.loads(line[-1])
-            except Exception as e:     # one failure must not hide the other rows
-                print(f"{ROWS[row]:<30} | {compiler:<13} | ERR: {e}")
+        for compiler, rs in runs.items():
+            if not rs:
                 continue
+            r = {"row": row, "compiler": compiler, "processes": len(rs), "graphs": rs[-1]["graphs"],
+                 "first_s": statistics.median(x["first_s"] for x in rs),
+                 "median_ms": statistics.median(x["median_ms"] for x in rs),
+                 "median_ms_each": [x["median_ms"] for x in rs], "first_s_each": [x["first_s"] for x in rs]}
             results[compiler] = r
+            everything.append(r)
             ratio = ""
             if compiler == "bytegraph" and "torch.compile" in results:
                 ratio = f"{r['median_ms'] / results['torch.compile']['median_ms']:.3f}x"
+            spread = "" if len(rs) < 2 else \
+                f" ({min(r['median_ms_each']):.3f}-{max(r['median_ms_each']):.3f})"
             print(f"{ROWS[row]:<30} | {compiler:<13} | {r['first_s']:>12.2f} | {r['median_ms']:>10.3f} | "
-                  f"{r['graphs']:>6} | {ratio}", flush=True)
-
+                  f"{r['graphs']:>6} | {ratio}{spread}", flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(everything, f, indent=1)
 
 if __name__ == "__main__":
     main()

@@ -31,6 +31,9 @@ def test_transformed_and_guard_source_are_inspectable():
     assert "x.shape == (3, 2)" in entry.guard_source
     # The guard for the int argument is a value check.
     assert "n == " in entry.guard_source
+    # It reads as a string: sliced, split, searched like one.
+    assert entry.guard_source[:12] == "def guard_f_"
+    assert entry.guard_source.splitlines()[0].startswith("def guard_f_")
 
 
 def test_wrapper_keeps_name_and_doc():

@@ -688,6 +688,23 @@ def test_noncontiguous_input_gives_correct_result():
     assert cnt.frame_count == 2
 
 
+def test_layout_guard_tells_apart_strides_of_sizes_one_and_empty_tensors():
+    # The guard checks a contiguous layout with is_contiguous() where every size is at least
+    # 2; a size-1 dim (any stride passes is_contiguous) or an empty tensor keeps exact strides.
+    def f(x):
+        return x * 2, x.stride()
+
+    for base, other in [(t(3, 4), t(4, 3).t()),
+                        (t(3, 1), t(3, 7).as_strided((3, 1), (1, 7))),
+                        (t(1, 4), t(8, 4).as_strided((1, 4), (9, 1))),
+                        (t(0, 4), torch.empty(4, 0).t())]:
+        assert base.shape == other.shape and base.stride() != other.stride()
+        compiled, cnt = compile_counted(f, dynamic=False)
+        assert_same(f(base), compiled(base))
+        assert_same(f(other), compiled(other))
+        assert cnt.frame_count == 2
+
+
 # ---------------------------------------------------------------- cache size limit
 
 def test_cache_size_limit_falls_back_to_eager_with_one_warning():

@@ -216,6 +216,17 @@ class _Emitter:
             return name
         return text
 
+    def bind(self, source):
+        """``source`` rendered, read into a local first unless it already is a name: for a
+        guard whose checks read it several times (a tensor's dtype, device, sizes...)."""
+        text = self.render(source)
+        if text.isidentifier():
+            return text
+        name = f"{self.prefix}{len(self.names)}"
+        self.names[source] = name
+        self.assignments.append(f"{name} = {text}")
+        return name
+
     def render_plain(self, source):
         if isinstance(source, ObjectSource):
             self.ns[source.expr()] = source.obj
@@ -348,8 +359,8 @@ class GuardText(UserString):
     """Guard source text, written when first read (a deep model's detailed checks are long)."""
 
     def __init__(self, make):
-        self._make = make
-        self._data = None
+        # UserString's own methods (slicing, replace, +) build new instances from plain strings.
+        self._make, self._data = (None, make) if isinstance(make, str) else (make, None)
 
     @property
     def data(self):

@@ -345,13 +345,21 @@ class TensorMatch(GuardKind):
     def lines(self, g, em):
         # One condition for the check function (sizes and strides with the rest); the explain
         # function tells each size and the layout apart.
+        em.bind(g.source)
         pieces = self.checks(g, em)
         e, who, t = em.render(g.source), g.source.name(), g.expected
         shape, stride, dynamic = t.shape, t.stride, g.dynamic_dims
         conds = [c for c, _ in pieces]
         if not dynamic:
+            # Per call, for every tensor of a model's optimizer step: the cheapest checks that
+            # say the same. Equal sizes imply the rank; with every size at least 2, a
+            # contiguous tensor has exactly the contiguous strides.
+            del conds[-1]      # the rank
             conds.append(f"{e}.shape == {shape!r}")
-            conds.append(f"{e}.stride() == {stride!r}")
+            if t.contiguous and all(n >= 2 for n in shape):
+                conds.append(f"{e}.is_contiguous()")
+            else:
+                conds.append(f"{e}.stride() == {stride!r}")
         else:
             conds += [f"{e}.size({i}) == {n}" for i, n in enumerate(shape) if i not in dynamic]
             conds.append(_layout_check(e, t))
