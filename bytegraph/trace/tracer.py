@@ -33,7 +33,8 @@ ops.wire(HANDLERS=opcodes.HANDLERS,
          call_stdlib_object=stdlib_calls.call_stdlib_object, iterate=iteration.iterate,
          call_method=containers.call_method, inplace_operator=containers.inplace_operator,
          generator_attr=generators.get_attr, subclass_attr=subclasses.subclass_attr,
-         function_subclass_attr=torch_function.tensor_property, function_subclass_binary=torch_function.binary)
+         function_subclass_attr=torch_function.tensor_property, function_subclass_binary=torch_function.binary,
+         function_subclass_setitem=torch_function.setitem)
 
 
 @dataclass

@@ -559,8 +559,8 @@ TENSOR_DATA_HINT = ("keep the value a tensor (e.g. x.sum() instead of x.sum().it
 
 
 def tensor_method(frame: RunningFrame, tensor: TensorValue, name: str, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    # (x.__iadd__(1): torch hands the override add_, not __iadd__; dunders are left to the graph's refusal)
-    method = getattr(torch.Tensor, name, None) if not name.startswith("__") else None
+    # (x.__iadd__(1): torch hands the override add_, not __iadd__; other dunders are left to the graph's refusal)
+    method = getattr(torch.Tensor, name, None) if not name.startswith("__") else torch_function.DUNDER_FUNCS.get(name)
     if method is not None and tensor.cls not in (torch.Tensor, torch.nn.Parameter):
         overridden = torch_function.dispatch(frame, method, [tensor] + list(args), kwargs, what=f"Tensor.{name}")
         if overridden is not None:    # a __torch_function__ class's

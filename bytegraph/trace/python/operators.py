@@ -545,6 +545,9 @@ def setitem(frame: RunningFrame, obj: Value, index: Value, value: Value) -> None
         numpy_calls.setitem(frame, obj, index, value)
         return
     if isinstance(obj, TensorValue):
+        if any(isinstance(v, TensorValue) and v.cls not in (torch.Tensor, torch.nn.Parameter) for v in (obj, index, value)) \
+                and ops.function_subclass_setitem(frame, obj, index, value) is not None:
+            return    # a __torch_function__ class's override
         graph_op(frame, operator.setitem, [obj, index, value])
         return
     if protocols.has_special_method(obj, "__setitem__"):
