@@ -26,8 +26,8 @@ import torch
 from . import coverage, stamps
 from .kinds import (ALIAS, ARRAYS_APART, CONSTANT_MATCH, DICT_KEYS, GLOBAL_HOOKS, GLOBAL_STATE, HAS_ATTR, ID_MATCH,
                     KINDS, LENGTH_MATCH, MISSING_ATTR, NDARRAY_MATCH, NO_HOOKS, NOT_ALIAS, NOT_OWN_ATTR, SHAPE_ENV,
-                    STATE_MATCH, STORAGE_GROUPS, STORAGE_SHARED, SUBCLASS_META, TENSOR_MATCH, TYPE_MATCH, GuardKind,
-                    plain_key, subclass_flatten_meta)
+                    SIZES_BY_SHAPE_GUARDS, STATE_MATCH, STORAGE_GROUPS, STORAGE_SHARED, SUBCLASS_META, TENSOR_MATCH,
+                    TYPE_MATCH, GuardKind, plain_key, subclass_flatten_meta)
 # What guard checks read, importable from here as before (values.builder, trace/).
 from .probes import (default_device, function_modes, global_state_snapshot, memory_apart, process_group_state,
                      storage_groups)
@@ -37,7 +37,7 @@ __all__ = [
     "GuardKind", "GLOBAL_STATE", "ID_MATCH", "TYPE_MATCH", "CONSTANT_MATCH", "LENGTH_MATCH", "DICT_KEYS",
     "TENSOR_MATCH", "ALIAS", "SHAPE_ENV", "STATE_MATCH", "NO_HOOKS", "NOT_ALIAS", "STORAGE_SHARED",
     "STORAGE_GROUPS", "MISSING_ATTR", "HAS_ATTR", "NOT_OWN_ATTR", "NDARRAY_MATCH", "ARRAYS_APART", "GLOBAL_HOOKS",
-    "SUBCLASS_META", "subclass_flatten_meta", "plain_key", "default_device", "function_modes", "global_state_snapshot", "memory_apart",
+    "SUBCLASS_META", "SIZES_BY_SHAPE_GUARDS", "subclass_flatten_meta", "plain_key", "default_device", "function_modes", "global_state_snapshot", "memory_apart",
     "process_group_state", "storage_groups", "value_holds", "TensorMeta", "ArrayMeta", "Guard", "GuardSet",
     "add_global_state_guards", "add_process_group_guard", "compile_guards", "GuardText", "global_names",
 ]
