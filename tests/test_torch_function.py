@@ -3,6 +3,7 @@ operators and stores on such a subclass, and modes entered inside or around the 
 function, each compared with eager (results, classes, the functions each override is handed)."""
 import pytest
 import torch
+import torch.nn.functional as F
 
 import bytegraph
 from bytegraph.testing import CompileCounter
@@ -154,3 +155,184 @@ def test_torch_compile_makes_one_graph_of_inplace_operators():
         x[0] = 1.0
         return x.mul_(2)
     assert torch_compile_fullgraph_count(fn, logged(3), torch.randn(3)) == 1
+
+
+# --- TorchFunctionModes: traced as torch.compile does -----------------------------------------
+
+class SinIsCos(torch.overrides.TorchFunctionMode):
+    """A mode that changes what a call does and records the functions it is handed."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.seen.append(func.__name__)
+        if func is torch.sin:
+            func = torch.cos
+        return func(*args, **(kwargs or {}))
+
+
+class Scaled(torch.overrides.TorchFunctionMode):
+    """A mode whose effect depends on its own state: adds are scaled by ``self.scale``."""
+
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.Tensor.add:
+            out = out * self.scale
+        return out
+
+
+def test_mode_entered_inside():
+    def fn(x):
+        mode = SinIsCos()
+        with mode:
+            y = torch.sin(x) * 2
+            z = x.sin() + y
+        return y, z, torch.sin(x), mode.seen
+    cnt = check_logged(fn, lambda: (torch.randn(3),))
+    assert torch_compile_fullgraph_count(fn, torch.randn(3)) == 1
+
+
+def test_mode_made_outside_entered_inside():
+    mode = Scaled(3.0)
+
+    def fn(x):
+        with mode:
+            y = x + 1
+        return y, y + 1
+    check_logged(fn, lambda: (torch.randn(3),))
+    assert torch_compile_fullgraph_count(fn, torch.randn(3)) == 1
+
+
+def test_nested_modes_entered_inside():
+    def fn(x):
+        outer = SinIsCos()
+        with outer:
+            with Scaled(2.0):
+                y = torch.sin(x) + 1      # Scaled first, its calls reach SinIsCos
+            z = torch.sin(y)
+        return y, z, outer.seen
+    check_logged(fn, lambda: (torch.randn(3),))
+    assert torch_compile_fullgraph_count(fn, torch.randn(3)) == 1
+
+
+def _around(make_mode, fn, make, calls=3):
+    """``fn(*make())`` compiled and eager, each call under a fresh ``make_mode()`` around it:
+    equal results and equal mode records (the mode sees what eager hands it, and nothing the
+    guards or the graph read). The compiled function and its counter."""
+    cfn, cnt = compiled(fn)
+    for seed in range(calls):
+        torch.manual_seed(seed)
+        args = make()
+        with make_mode() as eager_mode:
+            expected = fn(*args)
+        with make_mode() as mode:
+            actual = cfn(*args)
+        assert_same(expected, actual)
+        assert getattr(mode, "seen", None) == getattr(eager_mode, "seen", None)
+    return cfn, cnt
+
+
+def test_mode_around_the_call():
+    def fn(x):
+        return torch.sin(x) + x.shape[0], x.dtype, F.relu(x) * 2
+    cfn, cnt = _around(SinIsCos, fn, lambda: (torch.randn(4),))
+    assert cnt.frame_count == 1
+    with SinIsCos():
+        assert torch_compile_fullgraph_count(fn, torch.randn(4)) == 1
+
+
+def test_mode_around_the_call_reads_its_state_through_the_stack():
+    # Scaled(2) then Scaled(5): the mode's scale is read from the mode on the stack at run time.
+    def fn(x):
+        return x + 1
+    cfn, cnt = compiled(fn, fullgraph=False)
+    x = torch.ones(3)
+    for scale in (2.0, 2.0, 5.0):
+        with Scaled(scale):
+            expected, actual = fn(x), cfn(x)
+        assert_same(expected, actual)
+    assert cnt.frame_count == 2      # the scale is guarded
+
+
+def test_mode_stack_is_guarded():
+    def fn(x):
+        return torch.sin(x) + 1
+    cfn, cnt = compiled(fn, fullgraph=False)
+    x = torch.randn(3)
+    for make, graphs in [(SinIsCos, 1), (SinIsCos, 1), (lambda: Scaled(2.0), 2), (None, 3), (SinIsCos, 3)]:
+        if make is None:
+            expected, actual = fn(x), cfn(x)
+        else:
+            with make():
+                expected, actual = fn(x), cfn(x)
+        assert_same(expected, actual)
+        assert cnt.frame_count == graphs
+
+
+def test_mode_and_subclass():
+    # The mode is asked first; its call reaches the class's override.
+    def fn(x, y):
+        return torch.sin(x) + y, x.sin()
+    cfn, cnt = compiled(fn)
+    for seed in range(2):
+        torch.manual_seed(seed)
+        x, y = logged(3), torch.randn(3)
+        Logged.log.clear()
+        with SinIsCos() as eager_mode:
+            expected = fn(x, y)
+        eager_log = list(Logged.log)
+        Logged.log.clear()
+        with SinIsCos() as mode:
+            actual = cfn(x, y)
+        assert_same(expected, actual)
+        assert mode.seen == eager_mode.seen and Logged.log == eager_log
+    assert cnt.frame_count == 1
+
+
+class OwnEnter(SinIsCos):
+    def __enter__(self):
+        self.entered = True
+        return super().__enter__()
+
+
+@pytest.mark.parametrize("fn, reason", [
+    # a graph break inside a mode's block: the frame runs eagerly (the mode stays around the rest)
+    (lambda x: _break_inside_mode(x), "print"),
+    # a mode with its own __enter__
+    (lambda x: _own_enter(x), "its own __enter__"),
+    # a higher-order operator's body would be traced without the mode
+    (lambda x: _checkpoint_under_mode(x), "under a TorchFunctionMode"),
+])
+def test_modes_that_break(fn, reason, capsys):
+    cfn, _ = compiled(fn)
+    with pytest.raises(bytegraph.Unsupported, match=reason):
+        cfn(torch.ones(3))
+    cfn, _ = compiled(fn, fullgraph=False)
+    x = torch.randn(3)
+    assert_same(fn(x), cfn(x))
+    assert torch._C._len_torch_function_stack() == 0
+
+
+def _break_inside_mode(x):
+    mode = SinIsCos()
+    with mode:
+        y = torch.sin(x)
+        print("inside")
+        y = torch.sin(y)
+    return y, mode.seen
+
+
+def _own_enter(x):
+    with OwnEnter():
+        return torch.sin(x)
+
+
+def _checkpoint_under_mode(x):
+    with SinIsCos():
+        return torch.utils.checkpoint.checkpoint(torch.sin, x, use_reentrant=False)

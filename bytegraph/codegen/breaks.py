@@ -95,6 +95,10 @@ def generate_break(fn: types.FunctionType, result, ins: Instruction, kind: str, 
     natively, then the native step (``_STEPS``, by ``kind``) and the hand-over to the resume
     function after it."""
     tx = result.tx
+    if len(tx.graph.function_modes) != tx.graph.modes_around_call:
+        # The rest of the block would have to run under the mode, pushed natively: not done.
+        raise Unsupported("a graph break inside a `with` block of a TorchFunctionMode entered in the compiled "
+                          "function is not supported yet")
     frame = result.frame
     code = fn.__code__
     stack = list(frame.stack)

@@ -249,7 +249,7 @@ def _overrides_function(cls):
 
 def _without_function_subclasses(fn):
     def run(*args):
-        with torch._C.DisableTorchFunctionSubclass():
+        with torch._C.DisableTorchFunction():     # subclasses' overrides and modes
             return fn(*args)
     return run
 
@@ -280,10 +280,13 @@ def compile_guards(guards: GuardSet, params, fn_globals: dict, name: str = "guar
                 "            if __rewatch(__watched): __seen[0] = __e"]
     src += ["    except Exception:", "        return None", "    return __hit", ""]
     quiet = any(isinstance(g.expected, TensorMeta) and _overrides_function(g.expected.cls) for g in guards)
-    if quiet:
-        # A tensor of a __torch_function__ class: reading its dtype, sizes... must not run the
-        # class's override (the program did not ask for those reads).
-        em.ns["__no_subclass_function"] = torch._C.DisableTorchFunctionSubclass
+    under_modes = any(isinstance(kind, type) for kind in function_modes())
+    if quiet or under_modes:
+        # A tensor of a __torch_function__ class, or TorchFunctionModes around the call: reading
+        # its dtype, sizes... must not run the class's override or the modes' (the program did
+        # not ask for those reads).
+        em.ns["__no_subclass_function"] = torch._C.DisableTorchFunction if under_modes \
+            else torch._C.DisableTorchFunctionSubclass
         src = [src[0], "    with __no_subclass_function():"] + ["    " + line for line in src[1:-1]] + [""]
     classes = [type(m) for m in modules]   # as compiled (the text below is written later)
     ordered = _order(list(guards))
@@ -339,7 +342,7 @@ def compile_guards(guards: GuardSet, params, fn_globals: dict, name: str = "guar
     check.observed = observed
     check.covered = len(covered)
     explain = _detail_caller(lazy, f"explain_{name}")
-    if quiet:
+    if quiet or under_modes:
         check.observe, explain = _without_function_subclasses(check.observe), _without_function_subclasses(explain)
     return check, explain, GuardText(lambda: text + "\n" + lazy.text())
 

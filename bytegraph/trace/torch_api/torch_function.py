@@ -37,6 +37,7 @@ from ...values.builder import wrap
 from ..core import ops
 from ..core.handlers import builtin
 from ..python import attrs, operators
+from . import function_modes
 
 _BASE = torch.Tensor.__torch_function__.__func__
 
@@ -74,19 +75,21 @@ def dispatch(frame, func, args, kwargs, what=None):
     ``__torch_function__``: the override traced; None when no argument has such a class (or
     subclass dispatch is off here)."""
     tx = frame.tx
-    if tx.graph.function_subclass_off:
-        return None
     classes = _classes([list(args), dict(kwargs)], [])
-    if not classes:
-        return None
     name = what or getattr(func, "__qualname__", None) or repr(func)
+    if tx.graph.function_modes and function_modes.reaches_modes(func):
+        # A TorchFunctionMode comes first (subclass dispatch off or not, as in eager).
+        return function_modes.call_mode(frame, func, classes, args, kwargs, name)
+    if tx.graph.function_subclass_off or not classes:
+        return None
     if len(classes) > 1:
         raise Unsupported(f"{name} on tensors of several __torch_function__ classes "
                           f"({', '.join(c.__qualname__ for c in classes)}) is not supported yet",
                           hint="without fullgraph=True it runs eagerly")
     cls = classes[0]
     if torch._C._len_torch_function_stack() > 0:
-        # A mode is asked before the class in eager; the graph's ops would reach it at run time.
+        # A mode left on the stack (a device context) is asked before the class in eager; the
+        # graph's ops would reach it at run time.
         raise Unsupported(f"{name} on a {cls.__qualname__} under a TorchFunctionMode is not supported yet",
                           hint="without fullgraph=True it runs eagerly")
     override = inspect.getattr_static(cls, "__torch_function__", None)
