@@ -221,11 +221,11 @@ def test_nested_modes_entered_inside():
     assert torch_compile_fullgraph_count(fn, torch.randn(3)) == 1
 
 
-def _around(make_mode, fn, make, calls=3):
+def _around(make_mode, fn, make, calls=3, fullgraph=True):
     """``fn(*make())`` compiled and eager, each call under a fresh ``make_mode()`` around it:
     equal results and equal mode records (the mode sees what eager hands it, and nothing the
     guards or the graph read). The compiled function and its counter."""
-    cfn, cnt = compiled(fn)
+    cfn, cnt = compiled(fn, fullgraph)
     for seed in range(calls):
         torch.manual_seed(seed)
         args = make()
@@ -336,3 +336,61 @@ def _own_enter(x):
 def _checkpoint_under_mode(x):
     with SinIsCos():
         return torch.utils.checkpoint.checkpoint(torch.sin, x, use_reentrant=False)
+
+
+def _break_between(x):
+    y = torch.sin(x) * 2
+    print("between")
+    return torch.sin(y) + 1
+
+
+def test_mode_around_a_graph_break(capsys):
+    # Two graphs, the native print between them, both traced under the mode; the mode sees what
+    # eager hands it, in order.
+    cfn, cnt = _around(SinIsCos, _break_between, lambda: (torch.randn(3),), calls=2, fullgraph=False)
+    assert cnt.frame_count == 2
+    with SinIsCos():
+        assert _torch_compile_graph_count(_break_between, torch.randn(3)) == 2
+
+
+def _torch_compile_graph_count(fn, *args):
+    import torch._dynamo
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    torch._dynamo.reset()
+    try:
+        torch.compile(fn, backend=backend)(*args)
+    finally:
+        torch._dynamo.reset()
+    return len(graphs)
+
+
+def test_mode_around_dynamic_sizes():
+    def fn(x):
+        return torch.sin(x) * x.shape[0]
+    cfn, cnt = compiled(fn)
+    for n in (3, 4, 5, 7):
+        x = torch.randn(n)
+        with SinIsCos() as eager_mode:
+            expected = fn(x)
+        with SinIsCos() as mode:
+            actual = cfn(x)
+        assert_same(expected, actual)
+        assert mode.seen == eager_mode.seen
+    assert cnt.frame_count == 2
+
+
+def test_mode_stack_read_while_traced_breaks():
+    def fn(x):
+        return torch.sin(x) * torch._C._len_torch_function_stack()
+    cfn, _ = compiled(fn)
+    with SinIsCos(), pytest.raises(bytegraph.Unsupported, match="_len_torch_function_stack"):
+        cfn(torch.randn(3))
+    cfn, _ = compiled(fn, fullgraph=False)
+    x = torch.randn(3)
+    with SinIsCos():
+        expected, actual = fn(x), cfn(x)
+    assert_same(expected, actual)

@@ -118,18 +118,25 @@ def enter_block(frame, mgr, cls):
     return TracerCallableValue(f"{cls.__qualname__}.__exit__", exit_), mgr
 
 
-def check_break(tx):
-    """A graph break here would leave modes entered in the function for the native code: refused."""
-    if len(tx.graph.function_modes) != tx.graph.modes_around_call:
-        raise Unsupported("a graph break inside a `with` block of a TorchFunctionMode entered in the compiled "
-                          "function: the rest of the block would run without it")
+_STACK_QUERIES = (torch._C._len_torch_function_stack, torch._C._get_function_stack_at,
+                  torch._C._is_torch_function_mode_enabled)
+
+
+def refuse_stack_query(frame, fn):
+    """The mode stack read while modes are traced: the real one is set aside (or not what the
+    trace models), so the answer would be wrong."""
+    if fn in _STACK_QUERIES and (frame.tx.graph.function_modes or probes.modes_around_call()):
+        raise Unsupported(f"torch._C.{fn.__name__}() while TorchFunctionModes are traced is not supported yet",
+                          hint="without fullgraph=True it runs eagerly")
 
 
 def call_property_getter(frame, fn, args, kwargs):
     """``Tensor.shape.__get__(x)``, the ``func`` a mode (or subclass) handler is handed for a
     property read, called by the handler: the read itself (the next mode or class sees it)."""
+    if not isinstance(fn, types.MethodWrapperType):
+        return None
     owner = getattr(fn, "__self__", None)
-    if getattr(fn, "__name__", None) != "__get__" or not isinstance(owner, (types.GetSetDescriptorType, property)):
+    if fn.__name__ != "__get__" or not isinstance(owner, (types.GetSetDescriptorType, property)):
         return None
     name = getattr(owner, "__name__", None) or getattr(getattr(owner, "fget", None), "__name__", None)
     if name is None or inspect.getattr_static(torch.Tensor, name, None) is not owner:
@@ -139,4 +146,4 @@ def call_property_getter(frame, fn, args, kwargs):
     return attrs.get_attr(frame, args[0], name)
 
 
-__all__ = ["enter_trace", "reaches_modes", "call_mode", "enter_block", "check_break", "call_property_getter"]
+__all__ = ["enter_trace", "reaches_modes", "call_mode", "enter_block", "refuse_stack_query", "call_property_getter"]
