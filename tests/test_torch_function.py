@@ -194,7 +194,7 @@ def test_mode_entered_inside():
             y = torch.sin(x) * 2
             z = x.sin() + y
         return y, z, torch.sin(x), mode.seen
-    cnt = check_logged(fn, lambda: (torch.randn(3),))
+    check_logged(fn, lambda: (torch.randn(3),))
     assert torch_compile_fullgraph_count(fn, torch.randn(3)) == 1
 
 
@@ -293,6 +293,8 @@ def test_mode_and_subclass():
         assert_same(expected, actual)
         assert mode.seen == eager_mode.seen and Logged.log == eager_log
     assert cnt.frame_count == 1
+    with SinIsCos():
+        assert torch_compile_fullgraph_count(fn, logged(3), torch.randn(3)) == 1
 
 
 class OwnEnter(SinIsCos):

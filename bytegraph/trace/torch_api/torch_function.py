@@ -7,8 +7,10 @@ operator and property read that involves one. Here, where a traced value of such
 
 * a torch function (``torch.sin(x)``: ``func`` is the function),
 * a tensor method (``x.sin()``: ``torch.Tensor.sin``),
-* a binary operator (``x + y``: ``torch.Tensor.add``, as torch hands it), ``-x``, ``abs(x)``,
-  a subscript (``x[i]``: ``Tensor.__getitem__``), a comparison (``x > 0``: ``Tensor.gt``),
+* an operator with the function torch hands for it (``x + y``: ``Tensor.add``; ``2 - x``:
+  ``Tensor.__rsub__(x, 2)``; ``x += y``: ``Tensor.add_``; ``_OPERATORS``), ``-x``, ``~x``, ``abs(x)``,
+  a subscript (``x[i]``: ``Tensor.__getitem__``) or a store into one (``Tensor.__setitem__``), a
+  comparison (``x > 0``: ``Tensor.gt``),
 * a tensor property (``x.shape``: the property's ``__get__``),
 
 the class's ``__torch_function__`` is traced with those arguments (guarded by identity on the
@@ -20,7 +22,9 @@ outside it.
 
 Anything else that would reach a graph operation with such a value breaks (``GraphBuilder``
 refuses it): more than one overriding class in one call, ``__torch_function__`` that is not a
-Python classmethod, operators and protocols not listed above (``1 - x``, ``x += 1``).
+Python classmethod, special methods called by name and protocols not listed above
+(``x.__rsub__(1)``). A TorchFunctionMode on the stack is asked before the class
+(``function_modes.py``).
 """
 import inspect
 import operator
