@@ -396,3 +396,39 @@ def test_mode_stack_read_while_traced_breaks():
     with SinIsCos():
         expected, actual = fn(x), cfn(x)
     assert_same(expected, actual)
+
+
+class Recorder(torch.overrides.TorchFunctionMode):
+    """A mode that changes nothing and records the functions it is handed."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.seen.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_module_training_under_a_mode(backend):
+    # A module's forward under a mode around the call: its handler sees F.linear, relu, the
+    # parameters' reads as eager does; the backend compiles without it; gradients equal.
+    from bytegraph.backends.registry import lookup_backend
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    cnt = CompileCounter(lookup_backend(backend))
+    cmodel = bytegraph.compile(model, backend=cnt, fullgraph=True)
+    for step in range(2):
+        x = torch.randn(3, 4)
+        with Recorder() as eager_mode:
+            expected = model(x).square().sum()
+        eager_grads = torch.autograd.grad(expected, list(model.parameters()))
+        with Recorder() as mode:
+            actual = cmodel(x).square().sum()
+        grads = torch.autograd.grad(actual, list(model.parameters()))
+        assert_same(expected, actual)
+        for e, a in zip(eager_grads, grads):
+            torch.testing.assert_close(a, e)
+        assert mode.seen == eager_mode.seen, (mode.seen, eager_mode.seen)
+    assert cnt.frame_count == 1
