@@ -125,7 +125,7 @@ _STACK_QUERIES = (torch._C._len_torch_function_stack, torch._C._get_function_sta
 def refuse_stack_query(frame, fn):
     """The mode stack read while modes are traced: the real one is set aside (or not what the
     trace models), so the answer would be wrong."""
-    if fn in _STACK_QUERIES and (frame.tx.graph.function_modes or probes.modes_around_call()):
+    if fn in _STACK_QUERIES and (frame.tx.graph.function_modes or probes._set_aside):
         raise Unsupported(f"torch._C.{fn.__name__}() while TorchFunctionModes are traced is not supported yet",
                           hint="without fullgraph=True it runs eagerly")
 
