@@ -241,7 +241,7 @@ def _around(make_mode, fn, make, calls=3, fullgraph=True):
 def test_mode_around_the_call():
     def fn(x):
         return torch.sin(x) + x.shape[0], x.dtype, F.relu(x) * 2
-    cfn, cnt = _around(SinIsCos, fn, lambda: (torch.randn(4),))
+    _, cnt = _around(SinIsCos, fn, lambda: (torch.randn(4),))
     assert cnt.frame_count == 1
     with SinIsCos():
         assert torch_compile_fullgraph_count(fn, torch.randn(4)) == 1
@@ -349,7 +349,7 @@ def _break_between(x):
 def test_mode_around_a_graph_break(capsys):
     # Two graphs, the native print between them, both traced under the mode; the mode sees what
     # eager hands it, in order.
-    cfn, cnt = _around(SinIsCos, _break_between, lambda: (torch.randn(3),), calls=2, fullgraph=False)
+    _, cnt = _around(SinIsCos, _break_between, lambda: (torch.randn(3),), calls=2, fullgraph=False)
     assert cnt.frame_count == 2
     with SinIsCos():
         assert _torch_compile_graph_count(_break_between, torch.randn(3)) == 2
