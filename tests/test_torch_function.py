@@ -432,3 +432,80 @@ def test_module_training_under_a_mode(backend):
             torch.testing.assert_close(a, e)
         assert mode.seen == eager_mode.seen, (mode.seen, eager_mode.seen)
     assert cnt.frame_count == 1
+
+
+class DoubledSin(torch.overrides.TorchFunctionMode):
+    """A mode whose handler runs the call with torch function off (the next mode is skipped)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        with torch._C.DisableTorchFunction():
+            out = func(*args, **(kwargs or {}))
+        return out * 2 if func is torch.sin else out
+
+
+class PlusHundred(torch.overrides.TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        return out + 100 if func is torch.sin else out
+
+
+def test_torch_function_turned_off_inside_a_handler():
+    # Eager: DoubledSin's call runs with torch function off, so PlusHundred never sees sin.
+    def fn(x):
+        return torch.sin(x) + 1
+
+    def make_modes():
+        outer, inner = PlusHundred(), DoubledSin()
+        outer.__enter__()
+        inner.__enter__()
+        return outer, inner
+
+    cfn, cnt = compiled(fn)
+    for _ in range(2):
+        x = torch.randn(3)
+        for run in (fn, cfn):
+            outer, inner = make_modes()
+            try:
+                out = run(x)
+            finally:
+                inner.__exit__(None, None, None)
+                outer.__exit__(None, None, None)
+            if run is fn:
+                expected = out
+        assert_same(expected, out)
+    assert cnt.frame_count == 1
+
+    def inside(x):
+        with PlusHundred(), DoubledSin():
+            return torch.sin(x) + 1
+    check_logged(inside, lambda: (torch.randn(3),))
+
+
+class Cosine(torch.Tensor):
+    """sin is cos on this class."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.sin:
+            func = torch.cos
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_subclass_override_off_in_a_block():
+    def fn(x):
+        with torch._C.DisableTorchFunctionSubclass():
+            plain = torch.sin(x)          # no override: sin, a plain tensor
+        return plain, torch.sin(x), type(plain) is torch.Tensor
+    check_logged(fn, lambda: (torch.randn(3).as_subclass(Cosine),))
+
+
+def test_graph_break_inside_a_torch_function_off_block():
+    def fn(x):
+        with torch._C.DisableTorchFunctionSubclass():
+            y = torch.sin(x)
+            print("inside")
+            y = torch.sin(y)
+        return y
+    cfn, _ = compiled(fn, fullgraph=False)
+    x = torch.randn(3).as_subclass(Cosine)
+    assert_same(fn(x), cfn(x))

@@ -87,6 +87,7 @@ class GraphBuilder:
     function_subclass_inputs = False
     function_modes = ()
     modes_around_call = 0
+    function_modes_off = 0
 
     def __init__(self):
         self.graph = fx.Graph()
@@ -117,6 +118,7 @@ class GraphBuilder:
         # is not empty no node is added but through them.
         self.function_modes = []
         self.modes_around_call = 0    # how many were around the call: the graph runs with them off
+        self.function_modes_off = 0   # > 0 inside `with torch._C.DisableTorchFunction()`
 
     # --- inputs -----------------------------------------------------------
 
@@ -348,7 +350,7 @@ class GraphBuilder:
         return self._call(kind, target, args, kwargs, describe)
 
     def _call(self, kind, target, args, kwargs, describe=None):
-        if self.function_modes:
+        if self.function_modes and not self.function_modes_off:
             raise Unsupported(f"{describe or _target_name(target)} under a TorchFunctionMode "
                               f"({_mode_class(self.function_modes[-1]).__qualname__}): "
                               "its __torch_function__ is not traced for this operation",

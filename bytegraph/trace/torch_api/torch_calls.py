@@ -377,6 +377,14 @@ def apply_state(frame, mgr, entering):
         return
     if mgr.kind == "noop":
         return
+    if mgr.kind == "torch_function_off":
+        # No node: the graph runs its ops as traced; inside the block the trace hands nothing to
+        # __torch_function__ classes (all=True: nor to modes), as eager.
+        step = 1 if entering else -1
+        tx.graph.function_subclass_off += step
+        if mgr.args[0]:
+            tx.graph.function_modes_off += step
+        return
     if mgr.kind == "index_by_tensors":
         # No node: the graph keeps each subscript, which runs under torch's own mode (FlexAttention's
         # functions); the fakes inside the block are computed under ours (graph.higher_order).

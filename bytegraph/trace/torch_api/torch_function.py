@@ -81,7 +81,7 @@ def dispatch(frame, func, args, kwargs, what=None):
     tx = frame.tx
     classes = _classes([list(args), dict(kwargs)], [])
     name = what or getattr(func, "__qualname__", None) or repr(func)
-    if tx.graph.function_modes and function_modes.reaches_modes(func):
+    if tx.graph.function_modes and not tx.graph.function_modes_off and function_modes.reaches_modes(func):
         # A TorchFunctionMode comes first (subclass dispatch off or not, as in eager).
         return function_modes.call_mode(frame, func, classes, args, kwargs, name)
     if tx.graph.function_subclass_off or not classes:
