@@ -456,6 +456,15 @@ def as_function_subclass(tensor, cls):
         return tensor.as_subclass(cls)
 
 
+def without_torch_function(compiled):
+    """``compiled`` run with ``__torch_function__`` off, TorchFunctionModes too: a graph traced
+    under the modes around the call already holds what their overrides do."""
+    def run(*args):
+        with torch._C.DisableTorchFunction():
+            return compiled(*args)
+    return run
+
+
 def without_function_subclasses(compiled):
     """``compiled`` run with subclass ``__torch_function__`` dispatch off: a graph whose inputs
     are of such classes already did what their overrides do (as torch.compile runs its graphs)."""

@@ -203,6 +203,37 @@ def distribute_tensor_from_rank0_breaks(rank, world, mesh):
     return {"reason": reason}
 
 
+@check
+def dynamic_sizes_sharded(rank, world, mesh):
+    # Shard(0) over two ranks: the local size is half the global one, so the inner tensor's dim
+    # gets a symbol of its own; one graph after the second size, as torch.compile.
+    import torch._dynamo
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    def fn(d, w):
+        return (torch.relu(d @ w) * d.shape[0]).full_tensor(), (d + 1).to_local()
+    cfn, cnt = compiled(fn, "aot_eager")
+    ref_graphs = []
+
+    def ref_backend(gm, example_inputs):
+        ref_graphs.append(gm)
+        return gm.forward
+    torch._dynamo.reset()
+    ref = torch.compile(fn, backend=ref_backend)
+    counts, ref_counts = [], []
+    for n in (4, 6, 8, 12):
+        g = torch.Generator().manual_seed(n)    # the same global data on every rank
+        d = distribute_tensor(torch.randn(n, 3, generator=g), mesh, [Shard(0)], src_data_rank=None)
+        w = distribute_tensor(torch.randn(3, 5, generator=g), mesh, [Replicate()], src_data_rank=None)
+        close(fn(d, w), cfn(d, w), f"outputs at size {n}")
+        counts.append(cnt.frame_count)
+        ref(d, w)
+        ref_counts.append(len(ref_graphs))
+    torch._dynamo.reset()
+    assert counts == [1, 2, 2, 2], counts
+    return {"graphs": counts, "torch_compile_graphs": ref_counts}
+
+
 def main():
     rank, world, init_file, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)

@@ -11,6 +11,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import bytegraph
+from bytegraph.backends.registry import lookup_backend
+from bytegraph.testing import CompileCounter
 from helpers import rank_details, run_ranks, torch_compile_fullgraph_count, torch_compile_graphs
 from test_subclasses import assert_same_tensors, compiled, same_training
 
@@ -202,6 +204,70 @@ def test_dtensor_api_breaks_with_reason(mesh):
             assert_same_tensors(fn(t.clone()), cfn(t.clone()))
 
 
+# --- dynamic sizes --------------------------------------------------------------------------
+
+def _dynamic_fn(d):
+    return (torch.sin(d) * d.shape[0]).full_tensor(), (d + 1).to_local(), d.placements
+
+
+def _graphs_over_sizes(call, mesh, dynamic, sizes=(4, 6, 8, 10), placement=None):
+    """Graphs so far after each call of ``call(d)`` on a DTensor of each size (dim 0 marked
+    dynamic first where ``dynamic == "mark"``)."""
+    counts = []
+    for n in sizes:
+        d = _dt(mesh, n, 3, placement=placement)
+        if dynamic == "mark":
+            torch._dynamo.mark_dynamic(d, 0)
+        counts.append(call(d))
+    return counts
+
+
+def _torch_compile_graphs_over_sizes(mesh, dynamic):
+    import torch._dynamo
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    torch._dynamo.reset()
+    try:
+        cfn = torch.compile(_dynamic_fn, backend=backend, dynamic=True if dynamic == "dynamic" else None)
+        return _graphs_over_sizes(lambda d: (cfn(d), len(graphs))[1], mesh, dynamic)
+    finally:
+        torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("dynamic", ["automatic", "mark", "dynamic"])
+def test_dtensor_dynamic_sizes(mesh, dynamic, backend):
+    # DTensor's flatten context holds its global shape: compared without it (the shape guards
+    # check the sizes), so sizes are symbolic as in torch.compile: [1, 2, 2, 2] seen changing,
+    # one graph for all when marked or with dynamic=True.
+    cnt = CompileCounter(lookup_backend(backend))
+    cfn = bytegraph.compile(_dynamic_fn, backend=cnt, fullgraph=True, dynamic=True if dynamic == "dynamic" else None)
+
+    def call(d):
+        assert_same_tensors(_dynamic_fn(d), cfn(d))
+        return cnt.frame_count
+    counts = _graphs_over_sizes(call, mesh, dynamic)
+    assert counts == ([1, 2, 2, 2] if dynamic == "automatic" else [1, 1, 1, 1])
+    assert counts == _torch_compile_graphs_over_sizes(mesh, dynamic)
+
+
+def test_dynamic_dtensor_guards_still_check_placements_and_dtype(mesh):
+    from torch.distributed.tensor import Replicate, distribute_tensor
+    cnt = CompileCounter()
+    cfn = bytegraph.compile(_dynamic_fn, backend=cnt, dynamic=True)
+    cases = [(_dt(mesh, 4, 3), 1), (_dt(mesh, 6, 3), 1), (_dt(mesh, 6, 3, placement=Replicate()), 2),
+             (_dt(mesh, 5, 3, placement=Replicate()), 2),
+             (distribute_tensor(torch.randn(5, 3, dtype=torch.float64), mesh, [Replicate()]), 3)]
+    for d, graphs in cases:
+        out = cfn(d)
+        assert_same_tensors(_dynamic_fn(d), out)
+        assert out[2] == d.placements
+        assert cnt.frame_count == graphs
+
+
 # --- two processes (tests/dtensor_checks.py) ---------------------------------------------------
 
 WORLD = 2
@@ -233,3 +299,8 @@ def test_distribute_tensor_two_ranks(two_ranks):
         assert d["graphs"] == 1
     for d in rank_details(two_ranks, "distribute_tensor_from_rank0_breaks"):
         assert "src_data_rank" in d["reason"]
+
+
+def test_dynamic_sizes_two_ranks(two_ranks):
+    for d in rank_details(two_ranks, "dynamic_sizes_sharded"):
+        assert d["graphs"] == d["torch_compile_graphs"] == [1, 2, 2, 2]

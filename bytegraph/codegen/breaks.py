@@ -95,6 +95,15 @@ def generate_break(fn: types.FunctionType, result, ins: Instruction, kind: str, 
     natively, then the native step (``_STEPS``, by ``kind``) and the hand-over to the resume
     function after it."""
     tx = result.tx
+    if any(getattr(v, "manager", None) is not None and v.manager.kind == "torch_function_off"
+           for v in result.frame.stack if isinstance(v, ExitValue)):
+        # The native step and the resume function would run with overrides on.
+        raise Unsupported("a graph break inside a `with torch._C.DisableTorchFunction()` (or ...Subclass) block "
+                          "is not supported yet")
+    if len(tx.graph.function_modes) != tx.graph.modes_around_call:
+        # The rest of the block would have to run under the mode, pushed natively: not done.
+        raise Unsupported("a graph break inside a `with` block of a TorchFunctionMode entered in the compiled "
+                          "function is not supported yet")
     frame = result.frame
     code = fn.__code__
     stack = list(frame.stack)

@@ -17,7 +17,7 @@ from ..graph_facts import restart_plan, state_left
 from ..errors import Unsupported
 from ..guards.sources import AttrSource, ClosureSource, GlobalSource
 from ..debug.counting import count_ops
-from ..residual import (without_function_subclasses, copy_inputs, enter_inference_mode, graph_raised, inference_depth,
+from ..residual import (without_function_subclasses, without_torch_function, copy_inputs, enter_inference_mode, graph_raised, inference_depth,
                         leave_inference_blocks, put_inputs_back, replay_warning)
 from ..trace.core.context import DELETED, TraceContext
 from ..values.base import (ConstantValue, DictValue, IteratorValue, ListValue, ObjectValue, TensorValue, Value,
@@ -50,7 +50,9 @@ def finish_graph(tx: TraceContext, ns: Namespace, live_values: list, compile_gra
         # refuses a graph that changes autocast and does nothing else); what they leave is set.
         return lines + state_lines, exprs, None
     ns.ns["__compiled_fn"] = compile_graph(gm, tx.graph.example_inputs())
-    if tx.graph.function_subclass_inputs:
+    if tx.graph.modes_around_call:
+        ns.ns["__compiled_fn"] = without_torch_function(ns.ns["__compiled_fn"])
+    elif tx.graph.function_subclass_inputs:
         ns.ns["__compiled_fn"] = without_function_subclasses(ns.ns["__compiled_fn"])
     ns.ns["__scalar"] = scalar_tensor
 

@@ -85,6 +85,9 @@ class GraphBuilder:
     # (class defaults too: SubgraphBuilder does not run this __init__)
     function_subclass_off = 0
     function_subclass_inputs = False
+    function_modes = ()
+    modes_around_call = 0
+    function_modes_off = 0
 
     def __init__(self):
         self.graph = fx.Graph()
@@ -110,6 +113,12 @@ class GraphBuilder:
         # torch.Tensor.__torch_function__); else a value of such a class may not reach a node.
         self.function_subclass_off = 0
         self.function_subclass_inputs = False   # the graph takes one: it runs with subclass dispatch off
+        # The TorchFunctionModes a torch call meets now, outermost first (values; trace/torch_api/
+        # function_modes.py): a mode is off this list while its __torch_function__ runs. While it
+        # is not empty no node is added but through them.
+        self.function_modes = []
+        self.modes_around_call = 0    # how many were around the call: the graph runs with them off
+        self.function_modes_off = 0   # > 0 inside `with torch._C.DisableTorchFunction()`
 
     # --- inputs -----------------------------------------------------------
 
@@ -341,6 +350,11 @@ class GraphBuilder:
         return self._call(kind, target, args, kwargs, describe)
 
     def _call(self, kind, target, args, kwargs, describe=None):
+        if self.function_modes and not self.function_modes_off:
+            raise Unsupported(f"{describe or _target_name(target)} under a TorchFunctionMode "
+                              f"({_mode_class(self.function_modes[-1]).__qualname__}): "
+                              "its __torch_function__ is not traced for this operation",
+                              hint="without fullgraph=True it runs eagerly")
         if not self.function_subclass_off:
             overriding = _function_subclass_of((args, kwargs))
             if overriding is not None:
@@ -711,3 +725,9 @@ def _function_subclass_of(obj):
             if found is not None:
                 return found
     return None
+
+
+def _mode_class(value):
+    """The class of a mode on ``GraphBuilder.function_modes`` (a value of the trace)."""
+    cls = getattr(value, "cls", None)
+    return cls if isinstance(cls, type) else type(getattr(value, "obj", value))

@@ -26,8 +26,8 @@ import torch
 from . import coverage, stamps
 from .kinds import (ALIAS, ARRAYS_APART, CONSTANT_MATCH, DICT_KEYS, GLOBAL_HOOKS, GLOBAL_STATE, HAS_ATTR, ID_MATCH,
                     KINDS, LENGTH_MATCH, MISSING_ATTR, NDARRAY_MATCH, NO_HOOKS, NOT_ALIAS, NOT_OWN_ATTR, SHAPE_ENV,
-                    STATE_MATCH, STORAGE_GROUPS, STORAGE_SHARED, SUBCLASS_META, TENSOR_MATCH, TYPE_MATCH, GuardKind,
-                    plain_key, subclass_flatten_meta)
+                    SIZES_BY_SHAPE_GUARDS, STATE_MATCH, STORAGE_GROUPS, STORAGE_SHARED, SUBCLASS_META, TENSOR_MATCH,
+                    TYPE_MATCH, GuardKind, plain_key, subclass_flatten_meta)
 # What guard checks read, importable from here as before (values.builder, trace/).
 from .probes import (default_device, function_modes, global_state_snapshot, memory_apart, process_group_state,
                      storage_groups)
@@ -37,7 +37,7 @@ __all__ = [
     "GuardKind", "GLOBAL_STATE", "ID_MATCH", "TYPE_MATCH", "CONSTANT_MATCH", "LENGTH_MATCH", "DICT_KEYS",
     "TENSOR_MATCH", "ALIAS", "SHAPE_ENV", "STATE_MATCH", "NO_HOOKS", "NOT_ALIAS", "STORAGE_SHARED",
     "STORAGE_GROUPS", "MISSING_ATTR", "HAS_ATTR", "NOT_OWN_ATTR", "NDARRAY_MATCH", "ARRAYS_APART", "GLOBAL_HOOKS",
-    "SUBCLASS_META", "subclass_flatten_meta", "plain_key", "default_device", "function_modes", "global_state_snapshot", "memory_apart",
+    "SUBCLASS_META", "SIZES_BY_SHAPE_GUARDS", "subclass_flatten_meta", "plain_key", "default_device", "function_modes", "global_state_snapshot", "memory_apart",
     "process_group_state", "storage_groups", "value_holds", "TensorMeta", "ArrayMeta", "Guard", "GuardSet",
     "add_global_state_guards", "add_process_group_guard", "compile_guards", "GuardText", "global_names",
 ]
@@ -260,7 +260,7 @@ def _overrides_function(cls):
 
 def _without_function_subclasses(fn):
     def run(*args):
-        with torch._C.DisableTorchFunctionSubclass():
+        with torch._C.DisableTorchFunction():     # subclasses' overrides and modes
             return fn(*args)
     return run
 
@@ -291,10 +291,13 @@ def compile_guards(guards: GuardSet, params, fn_globals: dict, name: str = "guar
                 "            if __rewatch(__watched): __seen[0] = __e"]
     src += ["    except Exception:", "        return None", "    return __hit", ""]
     quiet = any(isinstance(g.expected, TensorMeta) and _overrides_function(g.expected.cls) for g in guards)
-    if quiet:
-        # A tensor of a __torch_function__ class: reading its dtype, sizes... must not run the
-        # class's override (the program did not ask for those reads).
-        em.ns["__no_subclass_function"] = torch._C.DisableTorchFunctionSubclass
+    under_modes = any(isinstance(kind, type) for kind in function_modes())
+    if quiet or under_modes:
+        # A tensor of a __torch_function__ class, or TorchFunctionModes around the call: reading
+        # its dtype, sizes... must not run the class's override or the modes' (the program did
+        # not ask for those reads).
+        em.ns["__no_subclass_function"] = torch._C.DisableTorchFunction if under_modes \
+            else torch._C.DisableTorchFunctionSubclass
         src = [src[0], "    with __no_subclass_function():"] + ["    " + line for line in src[1:-1]] + [""]
     classes = [type(m) for m in modules]   # as compiled (the text below is written later)
     ordered = _order(list(guards))
@@ -350,7 +353,7 @@ def compile_guards(guards: GuardSet, params, fn_globals: dict, name: str = "guar
     check.observed = observed
     check.covered = len(covered)
     explain = _detail_caller(lazy, f"explain_{name}")
-    if quiet:
+    if quiet or under_modes:
         check.observe, explain = _without_function_subclasses(check.observe), _without_function_subclasses(explain)
     return check, explain, GuardText(lambda: text + "\n" + lazy.text())
 

@@ -640,6 +640,29 @@ class NotOwnAttr(GuardKind):
         return isinstance(value, torch.nn.Module) and cov.watch_if(value)
 
 
+class _CheckedByShapeGuards:
+    """Stands for the sizes and strides in a flatten context that are the tensor's own (DTensor's
+    ``TensorMeta``) when some of them are symbolic: TENSOR_MATCH and the shape guards check
+    them, so the context compares equal there whatever they are."""
+
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    __hash__ = object.__hash__
+
+    def __repr__(self):
+        return "<checked by the shape guards>"
+
+    def __reduce__(self):
+        return "SIZES_BY_SHAPE_GUARDS"
+
+
+SIZES_BY_SHAPE_GUARDS = _CheckedByShapeGuards()
+
+
 def subclass_flatten_meta(t):
     """What a traceable wrapper subclass says of its layout: (inner tensor names, context)."""
     names, ctx = t.__tensor_flatten__()

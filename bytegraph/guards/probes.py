@@ -54,16 +54,32 @@ def storage_groups(tensors) -> tuple:
     return tuple((g, t.storage_offset()) if g in shared else g for g, t in zip(groups, tensors))
 
 
+# The TorchFunctionModes around the call of a frame being compiled: taken off the stack while it
+# compiles (their __torch_function__ is traced, and the backend must not run under them), put
+# back after (runtime.compile_frame.modes_set_aside).
+_set_aside = []
+
+
+def modes_around_call() -> list:
+    """The TorchFunctionModes around the call (outermost first), whether set aside or not."""
+    if _set_aside:
+        return list(_set_aside[-1])
+    return [torch._C._get_function_stack_at(i) for i in range(torch._C._len_torch_function_stack())]
+
+
 def function_modes() -> tuple:
     """The TorchFunctionModes entered around a call, as what a graph traced under them depends
     on: the types of the modes other than a device context (``with torch.device(...)``,
     ``set_default_device``), then the default device unless it is the CPU (so a device context
     naming the CPU is the same as none)."""
-    n = torch._C._len_torch_function_stack()
-    if not n:
+    if not _set_aside and not torch._C._len_torch_function_stack():
         return ()
-    modes = [torch._C._get_function_stack_at(i) for i in range(n)]
+    modes = modes_around_call()
+    if not modes:
+        return ()
     kinds = tuple(type(m) for m in modes if not isinstance(m, DeviceContext))
+    if len(kinds) == len(modes):
+        return kinds    # no device context: the CPU (asking torch would hand a user mode torch.device())
     device = torch.get_default_device()
     return kinds if device == _CPU else kinds + (str(device),)
 

@@ -373,6 +373,20 @@ class WeakRefCallSource(Source):
         return self.base
 
 
+@_source
+class FunctionModeSource(Source):
+    """The TorchFunctionMode at ``index`` of the mode stack around the call (0: the outermost),
+    read where the guards and the transformed function run."""
+    index: int
+
+    def expr_over(self, render):
+        import torch
+        return f"{render(ObjectSource(torch._C._get_function_stack_at, 'torch._C._get_function_stack_at'))}({self.index})"
+
+    def name(self):
+        return f"torch function mode {self.index}"
+
+
 def _key_expr(key, render):
     """A dict key in generated code: a literal, or the key object itself held by the code."""
     if type(key) in (str, int, bool, bytes, type(None)) or type(key) is float and math.isfinite(key):

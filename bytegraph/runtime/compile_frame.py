@@ -8,6 +8,9 @@ import time
 import types
 from collections import defaultdict
 
+import torch
+from torch.utils._device import DeviceContext
+
 from ..bytecode import analysis
 from ..bytecode.instructions import decode
 from ..backends import ddp
@@ -16,6 +19,7 @@ from ..config import config
 from ..debug import debug_dir, logs, minifier, progress, records, replay, timing
 from ..debug.inner import watch_inner_compiler
 from ..errors import BackendError, BytegraphError, Unsupported
+from ..guards import probes
 from ..guards.builder import ID_MATCH, SHAPE_ENV, GuardSet, add_global_state_guards, compile_guards
 from ..guards.sources import ClosureSource, LocalSource
 from ..codegen.breaks import RESUME_INFO, generate_break, plan_break
@@ -182,13 +186,35 @@ def compile_frame(fn: types.FunctionType, frame_args: list, compiler, cache: Cod
     timing.count_compile(c.name)
     c.dump = debug_dir.begin_frame(fn, cache)
     try:
-        with _gc_paused():
+        with _gc_paused(), modes_set_aside():
             return _compile(c, fn, frame_args, compiler)
     except BaseException as e:
         c.dump.finish("error", c.times, reason=f"{type(e).__name__}: {e}")
         raise
     finally:
         debug_dir.end_frame(c.dump)
+
+
+@contextlib.contextmanager
+def modes_set_aside():
+    """TorchFunctionModes around the call, none of them a device context, are off the stack while
+    the frame compiles: the trace runs their ``__torch_function__`` itself (trace/torch_api/
+    function_modes.py), and neither fake tensors nor the backend may run under them. With a
+    device context among them they stay (the trace then breaks on them)."""
+    n = torch._C._len_torch_function_stack()
+    modes = [torch._C._get_function_stack_at(i) for i in range(n)]
+    if not modes or any(isinstance(m, DeviceContext) for m in modes):
+        yield
+        return
+    for _ in modes:
+        torch._C._pop_torch_function_stack()
+    probes._set_aside.append(modes)
+    try:
+        yield
+    finally:
+        probes._set_aside.pop()
+        for m in modes:
+            torch._C._push_on_torch_function_stack(m)
 
 
 def _compile(c, fn, frame_args, compiler):

@@ -143,10 +143,10 @@ class Compiler:
         for sync in before_miss:
             sync()
         entries = cache.current_entries() if now.force_backend is not None else cache.entries
-        like = cache.entries_like(frame_args, entries) if entries else []
+        like = _quietly(cache.entries_like, frame_args, entries) if entries else []
         if entries:
             previous = like[0] if like else entries[0]
-            reason = previous.explain(*frame_args) or "unknown guard failure"
+            reason = _quietly(previous.explain, *frame_args) or "unknown guard failure"
             cache.recompile_reasons.append(reason)
             code = fn.__code__
             log_recompiles.debug("recompiling %s (%s:%s): %s", fn.__qualname__, code.co_filename,
@@ -174,7 +174,7 @@ class Compiler:
                     f"bytegraph: {fn.__qualname__} ({fn.__code__.co_filename}:{fn.__code__.co_firstlineno}) "
                     f"reached {'config.' if limit != 'recompile_limit' else 'compile(...) '}{limit} ({shown}); "
                     f"it runs eagerly from now on. Last guard failure: {reason}", RuntimeWarning, stacklevel=3)
-                identity = _identity_now(cache, like, frame_args)
+                identity = _quietly(_identity_now, cache, like, frame_args)
                 if identity is None or not per_code:
                     cache.eager_forever = True
                     return None
@@ -192,7 +192,7 @@ class Compiler:
                 "cache entries exist over all functions; it runs eagerly", RuntimeWarning, stacklevel=3)
             return None
         if like and self.dynamic is None and config.automatic_dynamic_shapes:
-            _note_changed_sizes(cache, like[0], frame_args)
+            _quietly(_note_changed_sizes, cache, like[0], frame_args)
         entry = compile_frame(fn, frame_args, compiler, cache)
         entry.backend = now.force_backend
         cache.add(entry)
@@ -301,6 +301,15 @@ def _refresh_dispatch(old, new):
 
 
 stance.on_change(_refresh_dispatch)
+
+
+def _quietly(fn, *args):
+    """``fn(*args)`` (what a miss reads of the arguments and cache entries) with torch function
+    off while TorchFunctionModes are around the call: the modes must not see those reads."""
+    if not torch._C._len_torch_function_stack():
+        return fn(*args)
+    with torch._C.DisableTorchFunction():
+        return fn(*args)
 
 
 def _identity_now(cache, like, frame_args):

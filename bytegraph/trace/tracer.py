@@ -19,7 +19,7 @@ from .machine.frame import Frame, PendingLocal, inline_call
 from .nn import module_calls, module_enumeration  # noqa: F401 (module_enumeration: registering handlers)
 from .python import generators, iteration
 from .torch_api import checks, pytree  # noqa: F401 (registering handlers)
-from .torch_api import subclasses, torch_function
+from .torch_api import function_modes, subclasses, torch_function
 from .torch_api import autograd_function, higher_order_flex, higher_order_loops  # noqa: F401 (register their calls with higher_order)
 from .nn import higher_order_regions  # noqa: F401 (registers its calls with torch_api.higher_order)
 from .torch_api.torch_calls import undo_state_changes
@@ -33,7 +33,8 @@ ops.wire(HANDLERS=opcodes.HANDLERS,
          call_stdlib_object=stdlib_calls.call_stdlib_object, iterate=iteration.iterate,
          call_method=containers.call_method, inplace_operator=containers.inplace_operator,
          generator_attr=generators.get_attr, subclass_attr=subclasses.subclass_attr,
-         function_subclass_attr=torch_function.tensor_property, function_subclass_binary=torch_function.binary)
+         function_subclass_attr=torch_function.tensor_property, function_subclass_binary=torch_function.binary,
+         function_subclass_setitem=torch_function.setitem)
 
 
 @dataclass
@@ -76,6 +77,7 @@ def trace_frame(fn: types.FunctionType, frame_args: list, options, stop_before: 
     tx.reuse_blocks = reuse_blocks
     state.tracing = True
     try:
+        function_modes.enter_trace(tx)
         local_values = {name: PendingLocal(value, LocalSource(name)) for name, value in zip(params, frame_args)}
         cells = {}
         for i, (name, cell) in enumerate(zip(code.co_freevars, fn.__closure__ or ())):

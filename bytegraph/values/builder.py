@@ -454,8 +454,8 @@ def _wrap_function_subclass(tx, tensor, source):
 def _wrap_subclass(tx, tensor, source):
     """A traceable wrapper subclass (``__tensor_flatten__``/``__torch_dispatch__``) as a graph
     input: its fake is the subclass over fake inner tensors, so its ``__torch_dispatch__`` runs
-    as the graph is built; the graph takes (and the backend gets) the subclass itself. Sizes stay
-    static (a new size recompiles)."""
+    as the graph is built; the graph takes (and the backend gets) the subclass itself. Sizes are
+    symbolic where ``_subclass_dynamic_dims`` allows, else static (a new size recompiles)."""
     dynamic, inner = _subclass_dynamic_dims(tx, tensor, source)
     if not inner:
         guard_subclass_layout(tx, tensor, source)
@@ -464,7 +464,8 @@ def _wrap_subclass(tx, tensor, source):
     if inner:
         symbolic_inner = {name: tuple(d for d in dims if isinstance(getattr(value.fake, name).shape[d], torch.SymInt))
                           for name, dims in inner.items()}
-        guard_subclass_layout(tx, tensor, source, symbolic_inner)
+        outer_symbolic = any(isinstance(s, torch.SymInt) for s in value.fake.shape)
+        guard_subclass_layout(tx, tensor, source, symbolic_inner, sizes_by_shape_guards=outer_symbolic)
     symbolic = tuple(d for d in dynamic if isinstance(value.fake.shape[d], torch.SymInt))
     tx.guards.add(g.TENSOR_MATCH, source, g.TensorMeta(tensor), dynamic_dims=symbolic)
     return value
@@ -474,11 +475,13 @@ def _subclass_dynamic_dims(tx, tensor, source):
     """Symbolic dims of a wrapper subclass input and of its inner tensors (name -> dims): the
     outer ones as for any tensor (marked, or seen changing); an inner tensor's are its own seen
     changing and the outer's it shares (same dim, same size). Only plain inner tensors of a class
-    whose flatten context holds no sizes (TwoTensor, not DTensor) take part: else all static."""
+    whose flatten context holds no sizes (TwoTensor) or only the outer tensor's own (DTensor's
+    TensorMeta) take part: else all static. Opaque parts (DTensor's mesh) are left aside."""
     dynamic = tx.dynamic_dims_for(tensor, source)
     names, ctx = tensor.__tensor_flatten__()
-    inners = {n: getattr(tensor, n) for n in names}
-    if not _sizes_free(ctx) or any(type(t) not in (torch.Tensor, torch.nn.Parameter) for t in inners.values()):
+    inners = {n: getattr(tensor, n) for n in names if isinstance(getattr(tensor, n), torch.Tensor)}
+    if not (_sizes_free(ctx) or _context_sizes_checked_by_shape_guards(tensor, ctx) is not None) \
+            or any(type(t) not in (torch.Tensor, torch.nn.Parameter) for t in inners.values()):
         return {}, {}
     inner = {}
     for name, t in inners.items():
@@ -495,6 +498,25 @@ def _sizes_free(ctx):
     """Does a flatten context hold nothing that depends on sizes (None, strings, numbers that
     are not sizes cannot be told apart: only None and strings count)?"""
     return ctx is None or isinstance(ctx, str)
+
+
+def _context_sizes_checked_by_shape_guards(tensor, ctx):
+    """DTensor's flatten context, ``(placements, TensorMeta(shape, stride, dtype), shard order,
+    requires_grad)``, holds the DTensor's own sizes and strides: the context with those two left
+    to TENSOR_MATCH and the shape guards (as torch.compile compares a DTensor's spec without its
+    shape); None for any other context."""
+    module = sys.modules.get("torch.distributed.tensor._dtensor_spec")
+    meta_type = getattr(module, "TensorMeta", None)
+    if meta_type is None or not isinstance(ctx, tuple):
+        return None
+    found = [i for i, part in enumerate(ctx) if isinstance(part, meta_type)]
+    if len(found) != 1:
+        return None
+    meta = ctx[found[0]]
+    if tuple(meta.shape) != tuple(tensor.shape) or tuple(meta.stride) != tuple(tensor.stride()):
+        return None
+    loose = meta._replace(shape=g.SIZES_BY_SHAPE_GUARDS, stride=g.SIZES_BY_SHAPE_GUARDS)
+    return ctx[:found[0]] + (loose,) + ctx[found[0] + 1:]
 
 
 def is_placement_type(t):
@@ -529,11 +551,16 @@ def _check_fake_class(tensor, fake, where):
             _check_fake_class(getattr(tensor, name), getattr(fake, name), f"{where}.{name}")
 
 
-def guard_subclass_layout(tx, tensor, source, inner_dynamic=None):
+def guard_subclass_layout(tx, tensor, source, inner_dynamic=None, sizes_by_shape_guards=False):
     """Guards on how a wrapper subclass is made: its inner tensor names and flatten context, and
     each inner tensor's type, dtype, device, sizes and strides (nested subclasses too; the
-    sizes in ``inner_dynamic`` (name -> dims) are left to the shape guards)."""
+    sizes in ``inner_dynamic`` (name -> dims) are left to the shape guards, and so are the outer
+    sizes a context holds with ``sizes_by_shape_guards``)."""
     meta = g.subclass_flatten_meta(tensor)
+    if sizes_by_shape_guards:
+        loose = _context_sizes_checked_by_shape_guards(tensor, meta[1])
+        if loose is not None:
+            meta = (meta[0], loose)
     if not g.KINDS[g.SUBCLASS_META].holds(tensor, meta):
         raise _unsupported(f"{type(tensor).__name__}: the context of __tensor_flatten__ ({meta[1]!r}) is not equal "
                            f"to itself, so no guard can tell when it changes")

@@ -29,7 +29,7 @@ from ...values.arrays import NdarrayMethodValue
 from ..core import ops
 from ..numpy_api import numpy_calls
 from ..python import attrs, generators, operators, protocols
-from ..torch_api import distributed, dtensor, higher_order, subclasses, torch_function, torch_wrappers
+from ..torch_api import distributed, dtensor, function_modes, higher_order, subclasses, torch_function, torch_wrappers
 from ..core.basics import note_process_local, refuse_traced_ids
 from ..python.exceptions import PythonError, make_exception, raise_new
 from ..core.basics import type_name
@@ -115,6 +115,10 @@ def _claim_control(frame, fv, args, kwargs):
     return _control_call(frame, fv.obj, args, kwargs)
 
 
+def _claim_property_getter(frame, fv, args, kwargs):
+    return function_modes.call_property_getter(frame, fv.obj, args, kwargs)
+
+
 def _claim_torch_wrapper(frame, fv, args, kwargs):
     return torch_wrappers.call(frame, fv.obj, args, kwargs)
 
@@ -163,7 +167,7 @@ def _claim_numpy_on_numbers(frame, fv, args, kwargs):
                       "in a graph yet", hint="compute it with torch, or outside the compiled function")
 
 
-_CLAIMS = (_claim_control, _claim_torch_wrapper, _claim_higher_order, _claim_numpy, _claim_builtin_handler,
+_CLAIMS = (_claim_control, _claim_property_getter, _claim_torch_wrapper, _claim_higher_order, _claim_numpy, _claim_builtin_handler,
            _claim_distributed, _claim_dtensor, _claim_stdlib, _claim_module, _claim_numpy_on_numbers)
 
 
@@ -559,9 +563,9 @@ TENSOR_DATA_HINT = ("keep the value a tensor (e.g. x.sum() instead of x.sum().it
 
 
 def tensor_method(frame: RunningFrame, tensor: TensorValue, name: str, args: list[Value], kwargs: dict[str, Value]) -> Value:
-    # (x.__iadd__(1): torch hands the override add_, not __iadd__; dunders are left to the graph's refusal)
-    method = getattr(torch.Tensor, name, None) if not name.startswith("__") else None
-    if method is not None and tensor.cls not in (torch.Tensor, torch.nn.Parameter):
+    # (x.__iadd__(1): torch hands the override add_, not __iadd__; other dunders are left to the graph's refusal)
+    method = getattr(torch.Tensor, name, None) if not name.startswith("__") else torch_function.DUNDER_FUNCS.get(name)
+    if method is not None and (tensor.cls not in (torch.Tensor, torch.nn.Parameter) or frame.tx.graph.function_modes):
         overridden = torch_function.dispatch(frame, method, [tensor] + list(args), kwargs, what=f"Tensor.{name}")
         if overridden is not None:    # a __torch_function__ class's
             return overridden

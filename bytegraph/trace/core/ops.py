@@ -93,7 +93,13 @@ def function_subclass_binary(frame: RunningFrame, fn: Callable, a: Value, b: Val
     raise _not_wired("function_subclass_binary")
 
 
-_ENTRIES = ("HANDLERS", "subclass_attr", "function_subclass_attr", "function_subclass_binary", "call", "inline_call", "fold", "tensor_method", "call_stdlib_object",
+def function_subclass_setitem(frame: RunningFrame, obj: Value, index: Value, value: Value) -> Value | None:
+    """``obj[index] = value`` with a ``__torch_function__`` subclass among them: its override
+    traced; None where none applies (torch_api.torch_function.setitem)."""
+    raise _not_wired("function_subclass_setitem")
+
+
+_ENTRIES = ("HANDLERS", "subclass_attr", "function_subclass_attr", "function_subclass_binary", "function_subclass_setitem", "call", "inline_call", "fold", "tensor_method", "call_stdlib_object",
             "iterate", "call_method", "inplace_operator", "generator_attr")
 
 

@@ -18,6 +18,7 @@ from ...values.base import (BoundMethodValue, ConstantValue, DictValue, Exceptio
                            ObjectValue, TracebackValue, TracerCallableValue, TupleValue, UserObjectValue)
 from ...values.builder import wrap
 from ..callables import calls
+from ..torch_api import function_modes
 from ..python import attrs, protocols
 from ..python.exceptions import TracedRaise, new, raise_new
 from ..python.generators import resume
@@ -35,9 +36,11 @@ def enter(frame, mgr):
         cls = type(mgr.obj)
     else:
         raise Unsupported(f"with-block on {attrs.describe(mgr)} is not supported yet")
-    if issubclass(cls, (TorchFunctionMode, TorchDispatchMode)):
+    if issubclass(cls, TorchFunctionMode):
+        return function_modes.enter_block(frame, mgr, cls)    # traced: its __torch_function__ runs here
+    if issubclass(cls, TorchDispatchMode):
         # Entering one changes how every torch call after it runs (a mode stack in C++).
-        raise Unsupported(f"entering a {cls.__qualname__} (a torch {'function' if issubclass(cls, TorchFunctionMode) else 'dispatch'}"
+        raise Unsupported(f"entering a {cls.__qualname__} (a torch dispatch"
                           " mode) inside the compiled function is not supported yet",
                           hint="enter the mode around the call of the compiled function; without fullgraph=True "
                                "the with-statement runs natively at a graph break")

@@ -262,8 +262,9 @@ def _tensor_store_key(frame, v, name):
 
 
 def _tensor_attr(frame, v, name):
-    if v.cls not in (torch.Tensor, torch.nn.Parameter) and not hasattr(v.cls, "__tensor_flatten__"):
-        overridden = ops.function_subclass_attr(frame, v, name)   # a __torch_function__ class's
+    if frame.tx.graph.function_modes or v.cls not in (torch.Tensor, torch.nn.Parameter) \
+            and not hasattr(v.cls, "__tensor_flatten__"):
+        overridden = ops.function_subclass_attr(frame, v, name)   # a mode's or a class's   # a __torch_function__ class's
         if overridden is not None:
             return overridden
     stored = frame.tx.effects.attr_stores.get(_tensor_store_key(frame, v, name))

@@ -82,6 +82,13 @@ def _user_objects(*values):
     return any(isinstance(v, (UserObjectValue, ObjectValue)) for v in values)
 
 
+def _overridable(frame, *values):
+    """May a ``__torch_function__`` override handle this operator: a TorchFunctionMode is active,
+    or an operand's class is not a plain tensor's (trace/torch_api/torch_function.py decides)."""
+    return bool(frame.tx.graph.function_modes) or any(
+        isinstance(v, TensorValue) and v.cls not in (torch.Tensor, torch.nn.Parameter) for v in values)
+
+
 def binary(frame: RunningFrame, op: str, a: Value, b: Value) -> Value:
     fn = BINARY[op]
     if numpy_calls.involves_arrays(a, b):
@@ -113,7 +120,7 @@ def binary(frame: RunningFrame, op: str, a: Value, b: Value) -> Value:
         if op.endswith("=") and not isinstance(a, TensorValue):
             # `n += tensor` with a Python number on the left is just `n + tensor`.
             fn = BINARY[op[:-1]]
-        if any(isinstance(v, TensorValue) and v.cls not in (torch.Tensor, torch.nn.Parameter) for v in (a, b)):
+        if _overridable(frame, a, b):
             overridden = ops.function_subclass_binary(frame, fn, a, b)   # a __torch_function__ class's
             if overridden is not None:
                 return overridden
@@ -201,7 +208,7 @@ def compare(frame: RunningFrame, op: str, a: Value, b: Value) -> Value:
             raise Unsupported("comparison with NULL")
         if (isinstance(a, ConstantValue) and a.value is None) or (isinstance(b, ConstantValue) and b.value is None):
             return ConstantValue(op == "!=")
-        if any(isinstance(v, TensorValue) and v.cls not in (torch.Tensor, torch.nn.Parameter) for v in (a, b)):
+        if _overridable(frame, a, b):
             overridden = ops.function_subclass_binary(frame, fn, a, b)   # a __torch_function__ class's
             if overridden is not None:
                 return overridden
@@ -343,7 +350,7 @@ def unary(frame: RunningFrame, fn: Callable, v: Value) -> Value:
     if numpy_calls.involves_arrays(v):
         return numpy_calls.unary(frame, fn, v)
     if isinstance(v, TensorValue):
-        if v.cls not in (torch.Tensor, torch.nn.Parameter):
+        if _overridable(frame, v):
             overridden = ops.function_subclass_binary(frame, fn, v, None)   # a __torch_function__ class's
             if overridden is not None:
                 return overridden
@@ -453,7 +460,7 @@ def getitem(frame: RunningFrame, obj: Value, index: Value) -> Value:
     if numpy_calls.involves_arrays(obj, index):
         return numpy_calls.getitem(frame, obj, index)
     if isinstance(obj, TensorValue):
-        if obj.cls not in (torch.Tensor, torch.nn.Parameter):
+        if _overridable(frame, obj, index):
             overridden = ops.function_subclass_binary(frame, operator.getitem, obj, index)   # a __torch_function__ class's
             if overridden is not None:
                 return overridden
@@ -545,6 +552,9 @@ def setitem(frame: RunningFrame, obj: Value, index: Value, value: Value) -> None
         numpy_calls.setitem(frame, obj, index, value)
         return
     if isinstance(obj, TensorValue):
+        if _overridable(frame, obj, index, value) \
+                and ops.function_subclass_setitem(frame, obj, index, value) is not None:
+            return    # a __torch_function__ class's override
         graph_op(frame, operator.setitem, [obj, index, value])
         return
     if protocols.has_special_method(obj, "__setitem__"):

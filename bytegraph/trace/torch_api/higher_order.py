@@ -227,6 +227,9 @@ def trace_body(frame, sub, fn, args, kwargs, what, grad_mode=None, own=()):
     body may change (the ``ctx`` of a custom Function)."""
     tx = frame.tx
     outer = tx.graph
+    if outer.function_modes:
+        raise Unsupported(f"{what} under a TorchFunctionMode is not supported yet (its body would be traced "
+                          "without the mode)", hint="without fullgraph=True it runs eagerly")
     reachable = _snapshot([fn] + list(args) + list(kwargs.values()))
     reachable = [(v, c) for v, c in reachable if not any(v is o for o in own)]
     marks = _effect_marks(tx)

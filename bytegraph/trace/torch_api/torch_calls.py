@@ -19,7 +19,7 @@ from ..core import ops
 from ..numpy_api import numpy_calls
 from ..python import attrs, operators
 from ..core.handlers import BUILTIN_HANDLERS
-from . import torch_function
+from . import function_modes, torch_function
 from typing import Callable
 from ...values.base import Value
 from ..core.context import RunningFrame
@@ -82,6 +82,7 @@ def torch_call(frame: RunningFrame, fn: Callable, args: list[Value], kwargs: dic
     if name in _STATEFUL_NAMES or name.startswith(("set_", "_set_")) or "nesting" in name \
             or name in ("clear_autocast_cache", "_enter_autocast", "_exit_autocast"):
         raise Unsupported(f"torch.{name}() changes global state and cannot be traced")
+    function_modes.refuse_stack_query(frame, fn)
     if _acts_on_process_state(fn, args, kwargs):
         # (a graph node's target runs on fake values as it is added: it would act now, once)
         raise Unsupported(f"{getattr(fn, '__self__', torch).__name__}.{name}() changes process state "
@@ -375,6 +376,14 @@ def apply_state(frame, mgr, entering):
             tx.state_changes.remove(("inference_mode", real))
         return
     if mgr.kind == "noop":
+        return
+    if mgr.kind == "torch_function_off":
+        # No node: the graph runs its ops as traced; inside the block the trace hands nothing to
+        # __torch_function__ classes (all=True: nor to modes), as eager.
+        step = 1 if entering else -1
+        tx.graph.function_subclass_off += step
+        if mgr.args[0]:
+            tx.graph.function_modes_off += step
         return
     if mgr.kind == "index_by_tensors":
         # No node: the graph keeps each subscript, which runs under torch's own mode (FlexAttention's

@@ -7,8 +7,10 @@ operator and property read that involves one. Here, where a traced value of such
 
 * a torch function (``torch.sin(x)``: ``func`` is the function),
 * a tensor method (``x.sin()``: ``torch.Tensor.sin``),
-* a binary operator (``x + y``: ``torch.Tensor.add``, as torch hands it), ``-x``, ``abs(x)``,
-  a subscript (``x[i]``: ``Tensor.__getitem__``), a comparison (``x > 0``: ``Tensor.gt``),
+* an operator with the function torch hands for it (``x + y``: ``Tensor.add``; ``2 - x``:
+  ``Tensor.__rsub__(x, 2)``; ``x += y``: ``Tensor.add_``; ``_OPERATORS``), ``-x``, ``~x``, ``abs(x)``,
+  a subscript (``x[i]``: ``Tensor.__getitem__``) or a store into one (``Tensor.__setitem__``), a
+  comparison (``x > 0``: ``Tensor.gt``),
 * a tensor property (``x.shape``: the property's ``__get__``),
 
 the class's ``__torch_function__`` is traced with those arguments (guarded by identity on the
@@ -20,7 +22,9 @@ outside it.
 
 Anything else that would reach a graph operation with such a value breaks (``GraphBuilder``
 refuses it): more than one overriding class in one call, ``__torch_function__`` that is not a
-Python classmethod, operators and protocols not listed above (``1 - x``, ``x += 1``).
+Python classmethod, special methods called by name and protocols not listed above
+(``x.__rsub__(1)``). A TorchFunctionMode on the stack is asked before the class
+(``function_modes.py``).
 """
 import inspect
 import operator
@@ -32,11 +36,12 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass_type
 from ...errors import Unsupported
 from ...guards.builder import ID_MATCH
 from ...guards.sources import AttrSource, ObjectSource
-from ...values.base import ConstantValue, DictValue, ListValue, ObjectValue, TensorValue, TupleValue
+from ...values.base import ConstantValue, DictValue, ListValue, ObjectValue, SymValue, TensorValue, TupleValue
 from ...values.builder import wrap
 from ..core import ops
 from ..core.handlers import builtin
 from ..python import attrs, operators
+from . import function_modes
 
 _BASE = torch.Tensor.__torch_function__.__func__
 
@@ -74,19 +79,21 @@ def dispatch(frame, func, args, kwargs, what=None):
     ``__torch_function__``: the override traced; None when no argument has such a class (or
     subclass dispatch is off here)."""
     tx = frame.tx
-    if tx.graph.function_subclass_off:
-        return None
     classes = _classes([list(args), dict(kwargs)], [])
-    if not classes:
-        return None
     name = what or getattr(func, "__qualname__", None) or repr(func)
+    if tx.graph.function_modes and not tx.graph.function_modes_off and function_modes.reaches_modes(func):
+        # A TorchFunctionMode comes first (subclass dispatch off or not, as in eager).
+        return function_modes.call_mode(frame, func, classes, args, kwargs, name)
+    if tx.graph.function_subclass_off or not classes:
+        return None
     if len(classes) > 1:
         raise Unsupported(f"{name} on tensors of several __torch_function__ classes "
                           f"({', '.join(c.__qualname__ for c in classes)}) is not supported yet",
                           hint="without fullgraph=True it runs eagerly")
     cls = classes[0]
     if torch._C._len_torch_function_stack() > 0:
-        # A mode is asked before the class in eager; the graph's ops would reach it at run time.
+        # A mode left on the stack (a device context) is asked before the class in eager; the
+        # graph's ops would reach it at run time.
         raise Unsupported(f"{name} on a {cls.__qualname__} under a TorchFunctionMode is not supported yet",
                           hint="without fullgraph=True it runs eagerly")
     override = inspect.getattr_static(cls, "__torch_function__", None)
@@ -150,6 +157,14 @@ def base(frame, cls, func, args, kwargs):
             result = operators.getitem(frame, args[0], args[1])
         elif func in _OPERATOR_OF and len(args) == 2 and not kwargs:
             result = operators.compare(frame, _OPERATOR_OF[func], args[0], args[1])
+        elif func in _OPERATOR_RUN and len(args) == 2 and not kwargs:
+            op, swapped = _OPERATOR_RUN[func]
+            result = operators.binary(frame, op, *(args[::-1] if swapped else args))
+        elif func is _TB.__invert__ and len(args) == 1 and not kwargs:
+            result = operators.unary(frame, operator.invert, args[0])
+        elif func is _TB.__setitem__ and len(args) == 3 and not kwargs:
+            operators.setitem(frame, *args)
+            result = ConstantValue(None)
         elif getter is not None:
             if len(args) != 1 or kwargs:
                 raise Unsupported(f"Tensor.{getter}.__get__ with unexpected arguments")
@@ -188,12 +203,42 @@ def _convert(value, cls):
 
 # --- entry points that route here -------------------------------------------------------------
 
-# Binary operators as torch hands them to __torch_function__ (x + y: Tensor.add(x, y)).
-BINARY_FUNCS = {operator.add: "add", operator.sub: "sub", operator.mul: "mul", operator.truediv: "div",
-                operator.matmul: "matmul", operator.pow: "pow"}
+_TB = torch._C.TensorBase
+# What torch hands __torch_function__ for each operator (as eager does; in-place forms included:
+# x += y hands add_): (operator string, function for a tensor on the left, function for a
+# number on the left with the tensor's arguments swapped, or None where Python has no reflection).
+_OPERATORS = [
+    ("+", _TB.add, _TB.add), ("-", _TB.sub, torch.Tensor.__rsub__), ("*", _TB.mul, _TB.mul),
+    ("/", _TB.div, torch.Tensor.__rdiv__), ("//", torch.Tensor.__floordiv__, torch.Tensor.__rfloordiv__),
+    ("%", _TB.remainder, torch.Tensor.__rmod__), ("**", _TB.pow, torch.Tensor.__rpow__), ("@", _TB.matmul, None),
+    ("&", _TB.__and__, _TB.bitwise_and), ("|", _TB.__or__, _TB.bitwise_or), ("^", _TB.__xor__, _TB.bitwise_xor),
+    ("<<", _TB.__lshift__, torch.Tensor.__rlshift__), (">>", _TB.__rshift__, torch.Tensor.__rrshift__),
+    ("+=", _TB.add_, None), ("-=", _TB.sub_, None), ("*=", _TB.mul_, None), ("/=", _TB.div_, None),
+    ("//=", _TB.floor_divide_, None), ("%=", _TB.remainder_, None), ("**=", _TB.pow_, None),
+    ("@=", _TB.matmul, None),   # no __imatmul__: x @= y is x = x @ y
+    ("&=", _TB.__iand__, None), ("|=", _TB.__ior__, None), ("^=", _TB.__ixor__, None),
+    ("<<=", _TB.__ilshift__, None), (">>=", _TB.__irshift__, None),
+]
+_BINARY_OF = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
+              "//": operator.floordiv, "%": operator.mod, "**": operator.pow, "@": operator.matmul,
+              "&": operator.and_, "|": operator.or_, "^": operator.xor, "<<": operator.lshift, ">>": operator.rshift}
+_BINARY_OF.update({op + "=": getattr(operator, "i" + fn.__name__.rstrip("_")) for op, fn in list(_BINARY_OF.items())})
+LEFT_FUNCS = {_BINARY_OF[op]: left for op, left, _ in _OPERATORS}
+REFLECTED_FUNCS = {_BINARY_OF[op]: right for op, _, right in _OPERATORS if right is not None}
+# Functions handed to an override that the base handler runs as the operator (reflected ones with
+# their operands back in Python's order): (operator string, swapped).
+_OPERATOR_RUN = {left: (op, False) for op, left, _ in _OPERATORS
+                 if left not in (_TB.add, _TB.sub, _TB.mul, _TB.div, _TB.remainder, _TB.pow, _TB.matmul)}
+_OPERATOR_RUN.update({right: (op, True) for op, _, right in _OPERATORS
+                      if right is not None and right not in (_TB.add, _TB.mul, _TB.bitwise_and, _TB.bitwise_or,
+                                                             _TB.bitwise_xor)})
+# x.__iadd__(1) called by name: torch hands the in-place method, as for x += 1.
+DUNDER_FUNCS = {f"__i{name}__": LEFT_FUNCS[_BINARY_OF[op + "="]]
+                for op, name in (("+", "add"), ("-", "sub"), ("*", "mul"), ("/", "truediv"), ("//", "floordiv"),
+                                 ("%", "mod"), ("**", "pow"))}
 
-
-UNARY_FUNCS = {operator.neg: "neg", operator.abs: "abs"}
+UNARY_FUNCS = {operator.neg: _TB.neg, operator.abs: _TB.abs, operator.pos: _TB.positive,
+               operator.invert: _TB.__invert__}
 # Comparisons: what torch hands (x == y: Tensor.__eq__), the operator, and its reflection (Python
 # asks the right operand first when its class derives from the left one's: y < x is x > y).
 COMPARE_FUNCS = {operator.gt: ("gt", ">", operator.lt), operator.ge: ("ge", ">=", operator.le),
@@ -207,22 +252,31 @@ def binary(frame, fn, a, b):
     __torch_function__ class: the override traced with the func and arguments torch hands it;
     None when no operand has one or torch's order is not known here (the graph then refuses)."""
     if fn is operator.getitem and isinstance(a, TensorValue):
-        return dispatch(frame, torch._C.TensorBase.__getitem__, [a, b], {}, what="Tensor.__getitem__")
+        return dispatch(frame, _TB.__getitem__, [a, b], {}, what="Tensor.__getitem__")
     if b is None:
-        name = UNARY_FUNCS.get(fn)
-        return dispatch(frame, getattr(torch.Tensor, name), [a], {}, what=f"Tensor.{name}") \
-            if name is not None and isinstance(a, TensorValue) else None
+        func = UNARY_FUNCS.get(fn)
+        return dispatch(frame, func, [a], {}, what=f"Tensor.{func.__name__}") \
+            if func is not None and isinstance(a, TensorValue) else None
     if fn in COMPARE_FUNCS:
         return _compare(frame, fn, a, b)
-    name = BINARY_FUNCS.get(fn)
-    if name is None:
-        return None
     if isinstance(a, TensorValue):
-        return dispatch(frame, getattr(torch.Tensor, name), [a, b], {}, what=f"Tensor.{name}")
-    if isinstance(b, TensorValue) and name in ("add", "mul"):
-        # 2 + x: torch hands Tensor.add(x, 2) (the reflected operands swapped).
-        return dispatch(frame, getattr(torch.Tensor, name), [b, a], {}, what=f"Tensor.{name}")
+        func = LEFT_FUNCS.get(fn)
+        return None if func is None else dispatch(frame, func, [a, b], {}, what=f"Tensor.{func.__name__}")
+    if isinstance(b, TensorValue) and _is_number(a):
+        # 2 - x: Python asks x.__rsub__(2); torch hands it with the tensor first.
+        func = REFLECTED_FUNCS.get(fn)
+        return None if func is None else dispatch(frame, func, [b, a], {}, what=f"Tensor.{func.__name__}")
     return None
+
+
+def setitem(frame, obj, index, value):
+    """``obj[index] = value`` with a __torch_function__ class among them: the override traced with
+    ``Tensor.__setitem__``; None when none applies."""
+    return dispatch(frame, _TB.__setitem__, [obj, index, value], {}, what="Tensor.__setitem__")
+
+
+def _is_number(v):
+    return isinstance(v, SymValue) or isinstance(v, ConstantValue) and isinstance(v.value, (bool, int, float, complex))
 
 
 def _compare(frame, fn, a, b):
@@ -248,4 +302,4 @@ def tensor_property(frame, v, name):
     return dispatch(frame, descriptor.__get__, [v], {}, what=f"Tensor.{name}")
 
 
-__all__ = ["is_function_subclass", "dispatch", "binary", "tensor_property", "base"]
+__all__ = ["is_function_subclass", "dispatch", "binary", "setitem", "tensor_property", "base", "DUNDER_FUNCS"]

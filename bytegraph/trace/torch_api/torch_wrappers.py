@@ -4,10 +4,11 @@ torch wraps parts of its Python code (the optimizers above all) in helpers meant
 own compiler: profiling ranges, "run this without the compiler" decorators, "am I being
 compiled?" queries, explicit graph breaks. Each is decided here, with the reason:
 
-- ``torch.autograd.profiler.record_function`` and ``torch._C.DisableTorchFunctionSubclass``
-  (which ``record_function.__exit__`` enters) change nothing a graph computes: a no-op
+- ``torch.autograd.profiler.record_function`` changes nothing a graph computes: a no-op
   ``with`` block (the profiler range is not recorded for the traced code; code run
-  natively at a graph break is not inside it either).
+  natively at a graph break is not inside it either). ``torch._C.DisableTorchFunctionSubclass``
+  and ``torch._C.DisableTorchFunction`` turn overrides off for the block: the trace hands nothing
+  to ``__torch_function__`` classes (and modes) inside it.
 - ``torch._disable_dynamo(fn)`` marks code that torch's own front end cannot trace (or
   chooses not to); ``torch.compiler.disable`` is put on optimizer methods by torch.compile
   once it has run in the process. On torch's code neither says anything about semantics, so
@@ -51,8 +52,10 @@ _JIT_QUERIES = {("torch.jit", "is_scripting"), ("torch._jit_internal", "is_scrip
 
 # Classes whose ``with`` blocks change nothing a graph computes.
 _NOOP_MANAGERS = {"torch.autograd.profiler.record_function", "torch.profiler.record_function",
-                  "torch._C.DisableTorchFunctionSubclass", "torch._C.DisableTorchFunction",
                   "torch.autograd.profiler.emit_nvtx"}
+# Managers turning __torch_function__ off (subclasses' overrides; with all=True modes' too):
+# what the trace hands to overrides inside the block changes (torch_calls.apply_state).
+_TORCH_FUNCTION_OFF = {"torch._C.DisableTorchFunctionSubclass": False, "torch._C.DisableTorchFunction": True}
 
 # Functions (module, name) that make ``with`` blocks changing nothing a graph computes: FX node
 # annotations (flex_attention's create_block_mask marks an argsort for Inductor).
@@ -106,6 +109,8 @@ def call(frame, obj, args, kwargs):
                           "break here; it is kept (remove the call to keep one graph)")
     if isinstance(obj, type) and f"{module}.{obj.__qualname__}" in _NOOP_MANAGERS:
         return ContextManagerValue("noop", ())
+    if isinstance(obj, type) and f"{module}.{obj.__qualname__}" in _TORCH_FUNCTION_OFF and not args and not kwargs:
+        return ContextManagerValue("torch_function_off", (_TORCH_FUNCTION_OFF[f"{module}.{obj.__qualname__}"],))
     if (module, name) in _NOOP_MANAGER_FUNCTIONS:
         return ContextManagerValue("noop", ())
     if (module, name) in _FRONT_END_HINTS:

@@ -1,0 +1,149 @@
+"""TorchFunctionModes in a trace: each mode's ``__torch_function__`` runs while tracing, as in eager.
+
+Eager torch hands every torch function, tensor method, operator and tensor property read to the
+innermost active mode (``mode.__torch_function__(func, types, args, kwargs)``), with that mode
+off the stack while its handler runs, so the handler's own torch calls reach the next mode, then
+``__torch_function__`` subclasses, then the op itself. Here the stack is symbolic
+(``GraphBuilder.function_modes``, outermost first):
+
+* **Modes around the call** (``with MyMode(): compiled(x)``) are read from the real stack when
+  the trace starts, each a value read through ``torch._C._get_function_stack_at(i)``
+  (``FunctionModeSource``): attributes the handler reads are guarded there, changes it makes
+  replayed there. The graph-level guard on the stack's mode types is the global-state one
+  (``guards.probes.function_modes``). The real stack is empty while the frame compiles
+  (``runtime.compile_frame.modes_set_aside``) and the graph runs with torch function off
+  (``residual.without_torch_function``): its nodes already are what the modes made of the calls.
+* **Modes entered inside** (``with MyMode(): ...`` in the compiled function) are pushed on entry
+  and popped on exit of the block, for classes that keep TorchFunctionMode's own
+  ``__enter__``/``__exit__``. A graph break inside such a block is refused (the mode would have to
+  be pushed natively for the rest): the frame runs eagerly.
+
+The handler is traced like any method; anything the trace cannot follow breaks. No node is added
+while a mode is on the stack but through the handler (``GraphBuilder._call`` refuses it), so an
+operation the trace does not hand to the modes breaks rather than skipping them.
+"""
+import inspect
+import types
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._device import DeviceContext
+
+from ...errors import Unsupported
+from ...guards import probes
+from ...guards.sources import FunctionModeSource, ObjectSource
+from ...values.base import ConstantValue, DictValue, TracerCallableValue, TupleValue
+from ...values.builder import wrap
+from ..core import ops
+from ..python import attrs
+
+_IGNORED = torch.overrides.get_ignored_functions()
+
+
+def enter_trace(tx):
+    """The modes around the call as the stack the trace starts with."""
+    modes = probes.modes_around_call()
+    if not modes or all(isinstance(m, DeviceContext) for m in modes):
+        return
+    if any(isinstance(m, DeviceContext) for m in modes):
+        raise Unsupported("a TorchFunctionMode around the call together with a device context (with "
+                          "torch.device(...), torch.set_default_device) is not supported yet",
+                          hint="enter the mode inside the compiled function, or leave the device context")
+    for m in modes:
+        check_mode_class(type(m), "around the call")
+    tx.graph.function_modes = [wrap(tx, m, FunctionModeSource(i)) for i, m in enumerate(modes)]
+    tx.graph.modes_around_call = len(modes)
+
+
+def check_mode_class(cls, where):
+    override = inspect.getattr_static(cls, "__torch_function__", None)
+    if not isinstance(override, types.FunctionType):
+        raise Unsupported(f"{cls.__qualname__}.__torch_function__ ({where}) is not a Python method: it cannot be traced",
+                          hint="without fullgraph=True it runs eagerly")
+    if inspect.getattr_static(cls, "__getattribute__", object.__getattribute__) is not object.__getattribute__:
+        raise Unsupported(f"{cls.__qualname__} ({where}) defines __getattribute__: not traced",
+                          hint="without fullgraph=True it runs eagerly")
+
+
+def reaches_modes(func):
+    """Does torch hand ``func`` to the active modes? Every function and method bound in C (the
+    factories too: modes see ``torch.zeros``), and the Python ones that are overridable."""
+    if func not in _IGNORED:
+        return True
+    name = getattr(func, "__name__", None)
+    return name is not None and (getattr(torch._C._VariableFunctions, name, None) is func
+                                 or getattr(torch._C.TensorBase, name, None) is func)
+
+
+def call_mode(frame, func, classes, args, kwargs, what):
+    """``func(*args, **kwargs)`` handed to the innermost mode: its ``__torch_function__`` traced
+    with that mode off the stack."""
+    tx = frame.tx
+    stack = tx.graph.function_modes
+    mode = stack.pop()
+    try:
+        handler = attrs.get_attr(frame, mode, "__torch_function__")
+        types_value = TupleValue([wrap(tx, c, ObjectSource(c, c.__qualname__)) for c in classes])
+        result = ops.call(frame, handler, [wrap(tx, func, None), types_value, TupleValue(list(args)),
+                                           DictValue(dict(kwargs))], {})
+    finally:
+        stack.append(mode)
+    if isinstance(result, ConstantValue) and result.value is NotImplemented:
+        raise Unsupported(f"a TorchFunctionMode's __torch_function__ returned NotImplemented for {what} "
+                          "(torch then asks the next handler): not traced yet")
+    return result
+
+
+def enter_block(frame, mgr, cls):
+    """``with mode:`` in the compiled function: (the exit callable, the value ``as`` binds)."""
+    if issubclass(cls, DeviceContext) \
+            or inspect.getattr_static(cls, "__enter__", None) is not TorchFunctionMode.__enter__ \
+            or inspect.getattr_static(cls, "__exit__", None) is not TorchFunctionMode.__exit__:
+        raise Unsupported(f"entering a {cls.__qualname__} (a torch function mode with its own __enter__/__exit__) "
+                          "inside the compiled function is not supported yet",
+                          hint="enter the mode around the call of the compiled function; without fullgraph=True "
+                               "the with-statement runs natively at a graph break")
+    check_mode_class(cls, "entered in the function")
+    stack = frame.tx.graph.function_modes
+    if isinstance(stack, tuple):
+        raise Unsupported(f"entering a {cls.__qualname__} inside a higher-order operator's body is not supported yet")
+    stack.append(mgr)
+
+    def exit_(f, args, kwargs):
+        if not stack or stack[-1] is not mgr:
+            raise Unsupported(f"leaving a {cls.__qualname__} that is not the innermost torch function mode: "
+                              "not traced")
+        stack.pop()
+        return ConstantValue(None)
+    return TracerCallableValue(f"{cls.__qualname__}.__exit__", exit_), mgr
+
+
+_STACK_QUERIES = (torch._C._len_torch_function_stack, torch._C._get_function_stack_at,
+                  torch._C._is_torch_function_mode_enabled)
+
+
+def refuse_stack_query(frame, fn):
+    """The mode stack read while modes are traced: the real one is set aside (or not what the
+    trace models), so the answer would be wrong."""
+    if fn in _STACK_QUERIES and (frame.tx.graph.function_modes or probes._set_aside):
+        raise Unsupported(f"torch._C.{fn.__name__}() while TorchFunctionModes are traced is not supported yet",
+                          hint="without fullgraph=True it runs eagerly")
+
+
+def call_property_getter(frame, fn, args, kwargs):
+    """``Tensor.shape.__get__(x)``, the ``func`` a mode (or subclass) handler is handed for a
+    property read, called by the handler: the read itself (the next mode or class sees it)."""
+    if not isinstance(fn, types.MethodWrapperType):
+        return None
+    owner = getattr(fn, "__self__", None)
+    if fn.__name__ != "__get__" or not isinstance(owner, (types.GetSetDescriptorType, property)):
+        return None
+    name = getattr(owner, "__name__", None) or getattr(getattr(owner, "fget", None), "__name__", None)
+    if name is None or inspect.getattr_static(torch.Tensor, name, None) is not owner:
+        return None
+    if len(args) != 1 or kwargs:
+        raise Unsupported(f"Tensor.{name}.__get__ with unexpected arguments")
+    return attrs.get_attr(frame, args[0], name)
+
+
+__all__ = ["enter_trace", "reaches_modes", "call_mode", "enter_block", "refuse_stack_query", "call_property_getter"]
