@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import bytegraph
 from bytegraph.testing import CompileCounter
-from helpers import torch_compile_fullgraph_count
+from helpers import torch_compile_fullgraph_count, torch_compile_graphs
 
 
 class Logged(torch.Tensor):
@@ -352,22 +352,7 @@ def test_mode_around_a_graph_break(capsys):
     _, cnt = _around(SinIsCos, _break_between, lambda: (torch.randn(3),), calls=2, fullgraph=False)
     assert cnt.frame_count == 2
     with SinIsCos():
-        assert _torch_compile_graph_count(_break_between, torch.randn(3)) == 2
-
-
-def _torch_compile_graph_count(fn, *args):
-    import torch._dynamo
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-    torch._dynamo.reset()
-    try:
-        torch.compile(fn, backend=backend)(*args)
-    finally:
-        torch._dynamo.reset()
-    return len(graphs)
+        assert torch_compile_graphs(_break_between, (torch.randn(3),)) == 2
 
 
 def test_mode_around_dynamic_sizes():
