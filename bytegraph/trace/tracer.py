@@ -54,7 +54,7 @@ def frame_params(code: types.CodeType) -> list[str]:
 
 
 def trace_frame(fn: types.FunctionType, frame_args: list, options, stop_before: int | None = None, cache=None,
-                reuse_blocks: bool = True, stop_index=None) -> TraceResult:
+                reuse_blocks: bool = True, stop_index=None, known_breaks=None) -> TraceResult:
     """Run ``fn``'s bytecode symbolically on ``frame_args`` (values of its parameters, in order).
 
     With ``stop_before`` (an instruction index), tracing stops the first time the
@@ -62,6 +62,8 @@ def trace_frame(fn: types.FunctionType, frame_args: list, options, stop_before: 
     With ``stop_index`` (row that broke -> row to stop before), a break the root frame can be
     taken back to the row before (``trace.machine.checkpoint``) leaves on the error a result
     stopped there (``Unsupported.stopped``), so the caller need not trace again.
+    ``known_breaks`` (row index of a call -> a known break inside its callee): the root frame
+    breaks at that call without tracing the callee (``TraceContext.known_breaks``).
     """
     code = fn.__code__
     params = frame_params(code)
@@ -74,6 +76,7 @@ def trace_frame(fn: types.FunctionType, frame_args: list, options, stop_before: 
                       cache.auto_dynamic if cache is not None else None,
                       cache.auto_dynamic_scalars if cache is not None else None)
     tx.reuse_blocks = reuse_blocks
+    tx.known_breaks = known_breaks
     state.tracing = True
     try:
         local_values = {name: PendingLocal(value, LocalSource(name)) for name, value in zip(params, frame_args)}
