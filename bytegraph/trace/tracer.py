@@ -77,6 +77,8 @@ def trace_frame(fn: types.FunctionType, frame_args: list, options, stop_before: 
                       cache.auto_dynamic_scalars if cache is not None else None)
     tx.reuse_blocks = reuse_blocks
     tx.known_breaks = known_breaks
+    # (one table per compiler: the frames of one model repeat each other's calls)
+    tx.graph.share_fake_results(vars(options).setdefault("fake_results", {}) if hasattr(options, "__dict__") else None)
     state.tracing = True
     try:
         local_values = {name: PendingLocal(value, LocalSource(name)) for name, value in zip(params, frame_args)}
