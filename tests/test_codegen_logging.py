@@ -31,6 +31,9 @@ def test_transformed_and_guard_source_are_inspectable():
     assert "x.shape == (3, 2)" in entry.guard_source
     # The guard for the int argument is a value check.
     assert "n == " in entry.guard_source
+    # sliced and changed like a str (the text is written on first use)
+    assert str(entry.guard_source[:40]) == str(entry.guard_source)[:40]
+    assert str(entry.guard_source.upper()) == str(entry.guard_source).upper()
 
 
 def test_wrapper_keeps_name_and_doc():
