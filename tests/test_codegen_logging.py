@@ -34,6 +34,9 @@ def test_transformed_and_guard_source_are_inspectable():
     # It reads as a string: sliced, split, searched like one.
     assert entry.guard_source[:12] == "def guard_f_"
     assert entry.guard_source.splitlines()[0].startswith("def guard_f_")
+    # sliced and changed like a str (the text is written on first use)
+    assert str(entry.guard_source[:40]) == str(entry.guard_source)[:40]
+    assert str(entry.guard_source.upper()) == str(entry.guard_source).upper()
 
 
 def test_wrapper_keeps_name_and_doc():

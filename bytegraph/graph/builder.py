@@ -32,6 +32,7 @@ from .call_values import (  # noqa: F401 (_example, _mutates, _identifier: read 
     _input_storages, _is_data_input, _is_data_source, _meta_like, _mutates, _quiet_meta_failures, _storage_key,
     _structseq, _swap_values, _target_name, _tensor_values, _tensors_of, _unwrap, _writes_call)
 from .data_dependent import BackwardCheck, BackwardDataDependent, data_dependent
+from .fake_memo import FakeMemo
 from .printing import printable
 from .shapes import Shapes
 
@@ -88,6 +89,7 @@ class GraphBuilder:
     function_modes = ()
     modes_around_call = 0
     function_modes_off = 0
+    _fake_memo = None     # FakeMemo: fake results of repeated calls (graph/fake_memo.py)
 
     def __init__(self):
         self.graph = fx.Graph()
@@ -119,6 +121,10 @@ class GraphBuilder:
         self.function_modes = []
         self.modes_around_call = 0    # how many were around the call: the graph runs with them off
         self.function_modes_off = 0   # > 0 inside `with torch._C.DisableTorchFunction()`
+
+    def share_fake_results(self, results):
+        """Remember fake results in ``results`` (a table shared with other traces of one compiler)."""
+        self._fake_memo = FakeMemo(self.fake_mode, results)
 
     # --- inputs -----------------------------------------------------------
 
@@ -379,6 +385,16 @@ class GraphBuilder:
                 if reason is not None:
                     raise Unsupported(reason)
         t0 = time.perf_counter()
+        memo = self._fake_memo
+        if memo is None or memo.fake_mode is not self.fake_mode:
+            memo = self._fake_memo = FakeMemo(self.fake_mode)
+        memo_key, memo_tensors = memo.key(kind, target, fake_args, fake_kwargs)
+        result = memo.result(memo_key) if memo_key is not None else None
+        if result is not None:
+            self.fake_seconds += time.perf_counter() - t0
+            return self._add_call_node(kind, target, node_args, node_kwargs, result, None, fake_args, fake_kwargs,
+                                       args, kwargs)
+        versions = [t._version for t in memo_tensors] if memo_key is not None else None
         _quiet_meta_failures[0] += 1
         try:
             grad_check = BackwardCheck.needed(kind, target, fake_args, fake_kwargs)
@@ -415,6 +431,13 @@ class GraphBuilder:
         finally:
             _quiet_meta_failures[0] -= 1
             self.fake_seconds += time.perf_counter() - t0
+        if memo_key is not None and not bindings:
+            memo.remember(memo_key, result, memo_tensors, versions)
+        return self._add_call_node(kind, target, node_args, node_kwargs, result, bindings, fake_args, fake_kwargs,
+                                   args, kwargs)
+
+    def _add_call_node(self, kind, target, node_args, node_kwargs, result, bindings, fake_args, fake_kwargs,
+                       args, kwargs):
         if kind == "call_function":
             target = printable(target, node_args)
         node = self.graph.create_node(kind, target, tuple(node_args), dict(node_kwargs))

@@ -359,10 +359,11 @@ def compile_guards(guards: GuardSet, params, fn_globals: dict, name: str = "guar
 
 
 class GuardText(UserString):
-    """Guard source text, written when first read (a deep model's detailed checks are long)."""
+    """Guard source text, written when first read (a deep model's detailed checks are long).
+    ``make``: what writes it, or the text itself (UserString's slicing and methods that return
+    text make a GuardText of their result)."""
 
     def __init__(self, make):
-        # UserString's own methods (slicing, replace, +) build new instances from plain strings.
         self._make, self._data = (None, make) if isinstance(make, str) else (make, None)
 
     @property

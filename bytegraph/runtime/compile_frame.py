@@ -22,7 +22,7 @@ from ..errors import BackendError, BytegraphError, Unsupported
 from ..guards import probes
 from ..guards.builder import ID_MATCH, SHAPE_ENV, GuardSet, add_global_state_guards, compile_guards
 from ..guards.sources import ClosureSource, LocalSource
-from ..codegen.breaks import RESUME_INFO, generate_break, plan_break
+from ..codegen.breaks import RESUME_INFO, generate_break, original_offset, plan_break
 from ..codegen.transformed import generate
 from ..residual import routing_globals, writes_globals
 from ..stacks import CUT_FROM, frame_summary, function_entry
@@ -78,6 +78,7 @@ class _Compile:
         self.times = defaultdict(float)   # phase -> seconds, this compile only
         self.dump = debug_dir.OFF         # this compile's folder in the debug directory
         self.ddp_splits = []              # backends.ddp.DDPSplit of each graph split for DDP
+        self.known_site = None            # the known breaking call whose hint this compile follows
 
     def time(self, phase, seconds):
         timing.add(self.name, phase, seconds)
@@ -96,14 +97,16 @@ class _Compile:
         # A full trace keeps checkpoints, so a break leaves the state before it (_split_at_break).
         fn = self.fn
         stop_index = None if stop_before is not None else (lambda index: plan_break(fn, index)[1])
+        # (a trace stopping at a chosen row goes there as the break hint says, breaking nowhere before)
+        known = None if stop_before is not None else _known_breaks(self.compiler, fn.__code__)
         try:
             result = trace_frame(fn, values, self.compiler, stop_before=stop_before, cache=self.cache,
-                                 stop_index=stop_index)
+                                 stop_index=stop_index, known_breaks=known)
         except ReplayError as e:
             # Copying a traced block failed half-way (trace/nn/blocks.py): trace it all.
             log_breaks.debug("tracing %s again without copying traced blocks: %s", self.name, e)
             result = trace_frame(fn, values, self.compiler, stop_before=stop_before, cache=self.cache,
-                                 reuse_blocks=False, stop_index=stop_index)
+                                 reuse_blocks=False, stop_index=stop_index, known_breaks=known)
         fake = result.tx.graph.fake_seconds
         self.time("fake-tensor propagation", fake)
         self.time("bytecode tracing", time.perf_counter() - t0 - fake)
@@ -228,9 +231,12 @@ def _compile(c, fn, frame_args, compiler):
     if loaded is not None:
         return c.entry_from(*loaded)
     if hinted is not None:
+        c.known_site = hinted.known_site
         entry = _split_at_hinted_break(c, values, hinted)
         if entry is not None:
             return entry
+        _forget_known_break(compiler, hinted.known_site)
+        c.known_site = None
     try:
         return _whole_frame(c, c.trace(values))
     except Unsupported as e:
@@ -313,7 +319,7 @@ def _split_at_break(c, values, err):
     log_breaks.debug("graph break in %s: %s", c.name, err)
     entry = c.entry(result.tx, run, source, gm, break_reason=err.reason, user_stack=err.user_stack,
                     hint=err.hint)
-    _leave_break_hint(c.compiler, fn, err, ins, kind)
+    _leave_break_hint(c, err, ins)
     return entry
 
 
@@ -339,16 +345,18 @@ class _Level:
 
 
 class _BreakHint:
-    __slots__ = ("levels", "reason", "hint", "user_stack")
+    __slots__ = ("levels", "reason", "hint", "user_stack", "known_site")
 
-    def __init__(self, levels, reason, hint, user_stack):
+    def __init__(self, levels, reason, hint, user_stack, known_site=None):
         self.levels = levels          # _Level of each callee F1..Fk
         self.reason = reason
         self.hint = hint
         self.user_stack = user_stack
+        self.known_site = known_site  # key of the known breaking call the chain came from
 
 
-def _leave_break_hint(compiler, fn, err, ins, kind):
+def _leave_break_hint(c, err, ins):
+    compiler, fn = c.compiler, c.fn
     frames = err.frames
     err.frames = None      # the trace's frames are not kept past this
     if not frames or len(frames) < 2 or frames[0].code is not fn.__code__ or frames[0].current is None \
@@ -356,7 +364,74 @@ def _leave_break_hint(compiler, fn, err, ins, kind):
             or any(f.current is None for f in frames):
         return
     levels = [_Level(f.code, f.current, f.locals) for f in frames[1:]]
-    compiler.break_hint = _BreakHint(levels, err.reason, err.hint, list(err.user_stack))
+    site = c.known_site
+    if site is None and not compiler.fullgraph:
+        site = _remember_known_break(compiler, fn.__code__, frames[0].current, levels, err)
+    compiler.break_hint = _BreakHint(levels, err.reason, err.hint, list(err.user_stack), site)
+
+
+# --- Known breaking calls (issue 40) ------------------------------------------------------------
+# A loop calling its layers breaks inside each of them at the same place: the trace of the loop's
+# next resume function would inline the next layer down to that break, only to split at the
+# call and throw that work away (the layer's own compile traces it again, stopping where its
+# hint says). A call site whose callee broke is remembered per compiler: later traces of the
+# same site (in the original code or a resume function cut from it) break at the call at once
+# and leave the same hint chain, without the objects (other layers are other modules). The
+# chain is followed level by level; where a level does not reach its stop, the site is
+# forgotten and the code is traced as without it.
+
+class _KnownBreak:
+    """A call site whose callee (``code``) broke; ``error(tx)`` is the break at the call now."""
+    __slots__ = ("code", "levels", "reason", "hint", "user_stack")
+
+    def __init__(self, levels, reason, hint, user_stack):
+        self.code = levels[0].code
+        self.levels = [_Level(level.code, level.current, {}) for level in levels]
+        self.reason = reason
+        self.hint = hint
+        self.user_stack = user_stack   # the callees' lines, outermost first
+
+    def error(self, tx):
+        err = Unsupported(self.reason, hint=self.hint)
+        err.user_stack = tx.user_stack() + list(self.user_stack)
+        err.frames = list(tx.frames) + list(self.levels)
+        return err
+
+
+def _remember_known_break(compiler, code, call, levels, err):
+    if len(err.user_stack) < len(levels):
+        return None
+    try:
+        site = original_offset(code, call.offset)
+    except Unsupported:
+        return None
+    known = compiler.__dict__.setdefault("known_breaking_calls", {})
+    known[site] = _KnownBreak(levels, err.reason, err.hint, err.user_stack[-len(levels):])
+    return site
+
+
+def _forget_known_break(compiler, site):
+    if site is not None:
+        compiler.__dict__.get("known_breaking_calls", {}).pop(site, None)
+
+
+def _known_breaks(compiler, code):
+    """Row index of each call of ``code`` that is a known breaking call -> its _KnownBreak."""
+    known = compiler.__dict__.get("known_breaking_calls")
+    if not known:
+        return None
+    original = CUT_FROM.get(code, code)
+    wanted = {offset: kb for (orig, offset), kb in known.items() if orig is original}
+    if not wanted:
+        return None
+    info = RESUME_INFO.get(code)
+    out = {}
+    for row in decode(code):
+        if row.opname in _CALL_NAMES:
+            offset = row.offset if info is None else info.offsets.get(row.offset)
+            if offset in wanted:
+                out[row.index] = wanted[offset]
+    return out or None
 
 
 def _take_break_hint(compiler, fn, frame_args):

@@ -55,7 +55,7 @@ def frame_params(code: types.CodeType) -> list[str]:
 
 
 def trace_frame(fn: types.FunctionType, frame_args: list, options, stop_before: int | None = None, cache=None,
-                reuse_blocks: bool = True, stop_index=None) -> TraceResult:
+                reuse_blocks: bool = True, stop_index=None, known_breaks=None) -> TraceResult:
     """Run ``fn``'s bytecode symbolically on ``frame_args`` (values of its parameters, in order).
 
     With ``stop_before`` (an instruction index), tracing stops the first time the
@@ -63,6 +63,8 @@ def trace_frame(fn: types.FunctionType, frame_args: list, options, stop_before: 
     With ``stop_index`` (row that broke -> row to stop before), a break the root frame can be
     taken back to the row before (``trace.machine.checkpoint``) leaves on the error a result
     stopped there (``Unsupported.stopped``), so the caller need not trace again.
+    ``known_breaks`` (row index of a call -> a known break inside its callee): the root frame
+    breaks at that call without tracing the callee (``TraceContext.known_breaks``).
     """
     code = fn.__code__
     params = frame_params(code)
@@ -75,6 +77,9 @@ def trace_frame(fn: types.FunctionType, frame_args: list, options, stop_before: 
                       cache.auto_dynamic if cache is not None else None,
                       cache.auto_dynamic_scalars if cache is not None else None)
     tx.reuse_blocks = reuse_blocks
+    tx.known_breaks = known_breaks
+    # (one table per compiler: the frames of one model repeat each other's calls)
+    tx.graph.share_fake_results(vars(options).setdefault("fake_results", {}) if hasattr(options, "__dict__") else None)
     state.tracing = True
     try:
         function_modes.enter_trace(tx)

@@ -57,12 +57,15 @@ def wrap(tx, obj, source):
         if override is not None and override[0] is obj:
             return override[1]     # torch.func.functional_call: this tensor in place of the parameter
     guards = tx.guards
-    if source is not None and not isinstance(obj, CONSTANT_TYPES):
+    # (by the type: isinstance also reads ``obj.__class__``, through a Python __getattribute__
+    # where the class has one: a transformers config, read hundreds of times per trace)
+    constant = issubclass(type(obj), CONSTANT_TYPES)
+    if source is not None and not constant:
         guards.objects[source] = obj   # what guards.builder needs to tell module-owned state
     if guards.recorders and source is not None and not guards.in_wrap:
         # trace.nn.blocks records each read of the world made by a module's forward.
         memo = tx.memo.get(id(obj))
-        hit = memo is not None and memo[0] is obj and not isinstance(obj, CONSTANT_TYPES)
+        hit = memo is not None and memo[0] is obj and not constant
         for r in guards.recorders:
             r.before_wrap()
         guards.in_wrap += 1
@@ -78,7 +81,7 @@ def wrap(tx, obj, source):
 
 def _wrap_memo(tx, obj, source):
     memo = tx.memo.get(id(obj))
-    if memo is not None and memo[0] is obj and not isinstance(obj, CONSTANT_TYPES):
+    if memo is not None and memo[0] is obj:    # (constants are never memoised: below)
         value = memo[1]
         if source is not None:
             if value.source is None:
@@ -91,7 +94,7 @@ def _wrap_memo(tx, obj, source):
                 tx.guards.add(g.ALIAS, source, value.source)
         return value
     value = _wrap(tx, obj, source)
-    if not isinstance(obj, CONSTANT_TYPES):
+    if not issubclass(type(obj), CONSTANT_TYPES):
         tx.memo[id(obj)] = (obj, value)
     if source is not None and type(value) is ObjectValue:
         value.pin = functools.partial(tx.guards.add, g.ID_MATCH, source, obj)

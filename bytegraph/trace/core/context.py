@@ -31,6 +31,9 @@ class TraceContext:
         self.root_globals = fn_globals
         self.instructions_left = INSTRUCTION_BUDGET
         self.frames = []               # active frames, innermost last
+        # root-frame row index of a call -> the break an earlier trace met inside that callee
+        # (runtime.compile_frame's known breaking calls; only for the callee's code)
+        self.known_breaks = None
         self.state_changes = []        # global state entered by with-blocks, undone at the end
         self.handled_exception = None  # the exception an except block is handling (sys.exc_info)
         self.outer_handled = []        # handled exceptions of the callers of running generators

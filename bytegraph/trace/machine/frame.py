@@ -224,6 +224,12 @@ def inline_call(parent: Frame, code: types.CodeType, fn_globals: dict, name: str
         raise Unsupported(f"calling coroutine function {name}() is not supported yet")
     if len(tx.frames) > MAX_INLINE_DEPTH:
         raise Unsupported(f"call depth over {MAX_INLINE_DEPTH} while inlining {name}() (recursion?)")
+    if parent.parent is None and tx.known_breaks and handled(tx) is None:
+        known = tx.known_breaks.get(parent.current.index)
+        if known is not None and known.code is code:
+            # An earlier trace broke inside this call, at this call site: stop at the call
+            # now instead of tracing the callee again down to the same break.
+            raise known.error(tx)
     local_values = bind_arguments(code, name, defaults, kwdefaults, args, kwargs)
     tx.inlined_codes[code] = fn_globals.get("__name__")   # what the persistent cache fingerprints
     cells = dict(zip(code.co_freevars, closure))   # cellvars are made by MAKE_CELL
