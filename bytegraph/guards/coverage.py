@@ -51,7 +51,14 @@ class Coverage:
         self.pinned = {g.source for g in guards if g.kind.pins and g.source is not None}
         self._owner = {}
         self._fixed = {}
+        self._watchable = {}                    # id -> stamps.watchable of a module seen (it holds while partitioning)
         self.modules = {}                       # id -> module watched by the covered guards
+
+    def _can_watch(self, m):
+        ok = self._watchable.get(id(m))
+        if ok is None:
+            ok = self._watchable[id(m)] = stamps.watchable(m)
+        return ok
 
     def owner(self, source):
         """The watchable module whose own state ``source``'s last step reads, else None."""
@@ -60,7 +67,7 @@ class Coverage:
         m = None
         if isinstance(source, (ModuleEntrySource, AttrSource)):
             base = self.objects.get(source.base)
-            if isinstance(base, torch.nn.Module) and stamps.watchable(base):
+            if isinstance(base, torch.nn.Module) and self._can_watch(base):
                 if isinstance(source, ModuleEntrySource):
                     m = base
                 elif source.attr in base.__dict__ and not _data_descriptor(type(base), source.attr):
@@ -99,7 +106,7 @@ class Coverage:
         """Is ``m`` watched (now, if it can be)?"""
         if id(m) in self.modules:
             return True
-        if not stamps.watchable(m):
+        if not self._can_watch(m):
             return False
         self._watch(m)
         return True

@@ -237,7 +237,9 @@ class Template:
         """Check, changing nothing, that the record applies at the new place; return the real
         objects and sources each read and guard will use."""
         smap = {}      # template source -> replay source (prefix rewriting)
+        mapped = {}    # template source -> its replay source under smap as it is (_map_source's memo)
         objmap = {}    # replay source -> real object there now
+        known = tx.guards.objects
         for t, r in zip(self.leaves, leaves):
             if t.source is not None:
                 if r.source is None:
@@ -250,47 +252,57 @@ class Template:
                         return None
         memo_seen = {}   # id(real object) -> source it got earlier in this replay
         steps = []
+        append = steps.append
         for ev in self.events:
-            if ev[0] == "wrap":
+            tag = ev[0]
+            if tag == "wrap":
                 _, src_t, obj_t, value_t, hit_t = ev
-                src_r = _map_source(src_t, smap)
+                src_r = _map_source(src_t, smap, mapped)
                 if src_r is None:
                     return None
-                if src_r == src_t:
+                if src_r is src_t or src_r == src_t:
                     obj_r = obj_t          # read from outside the block: the same object
+                    objmap[src_r] = obj_r
                 else:
-                    found, obj_r = _resolve(src_r, objmap, tx.guards.objects)
+                    found, obj_r = _resolve(src_r, objmap, known)
                     if not found or not _equivalent(obj_t, obj_r):
                         return None
-                objmap[src_r] = obj_r
-                hit_r, first_source = _memo_lookup(tx, obj_r, memo_seen)
+                    objmap[src_r] = obj_r
+                if isinstance(obj_r, CONSTANT_TYPES):
+                    hit_r = first_source = None
+                else:
+                    hit_r, first_source = _memo_lookup(tx, obj_r, memo_seen)
+                    if not hit_r:
+                        memo_seen[id(obj_r)] = src_r
                 if hit_t and not hit_r:
                     return None
-                if not isinstance(obj_r, CONSTANT_TYPES) and not hit_r:
-                    memo_seen[id(obj_r)] = src_r
                 if value_t.source is not None:
                     # Reads through this value go where a trace would send them: to the source
                     # the value has (its first), even when that is the template's own.
-                    smap[value_t.source] = first_source if hit_r and first_source is not None else src_r
-                steps.append(("wrap", obj_r, src_r, value_t))
-            elif ev[0] == "guard":
+                    target = first_source if hit_r and first_source is not None else src_r
+                    if mapped.get(value_t.source) is not target:
+                        mapped.clear()     # what was mapped through it may go elsewhere now
+                    smap[value_t.source] = target
+                append(("wrap", obj_r, src_r, value_t))
+            elif tag == "guard":
                 _, kind, src_t, expected, detail, dyn = ev
-                src_r = _map_source(src_t, smap) if src_t is not None else None
+                src_r = _map_source(src_t, smap, mapped) if src_t is not None else None
                 if src_t is not None and src_r is None:
                     return None
                 if isinstance(expected, Source):
-                    expected_r = _map_source(expected, smap)
+                    expected_r = _map_source(expected, smap, mapped)
                     if expected_r is None:
                         return None
+                    moved = expected_r is not expected and expected_r != expected
                 else:
                     expected_r = expected
-                moved = src_r != src_t or (isinstance(expected, Source) and expected_r != expected)
-                if src_r is not None and moved and not _guard_holds(kind, src_r, expected_r, objmap,
-                                                                          tx.guards.objects):
+                    moved = False
+                moved = moved or (src_r is not src_t and src_r != src_t)
+                if src_r is not None and moved and not _guard_holds(kind, src_r, expected_r, objmap, known):
                     return None
-                steps.append(("guard", kind, src_r, expected_r, detail, dyn))
+                append(("guard", kind, src_r, expected_r, detail, dyn))
             else:
-                steps.append(ev)
+                append(ev)
         return steps
 
     def _apply(self, tx, leaves, steps):
@@ -320,38 +332,68 @@ class Template:
 
 # --- sources and objects -----------------------------------------------------------------------
 
-def _map_source(source, smap):
-    """``source`` with its longest mapped prefix replaced; unchanged if no prefix is mapped."""
+def _map_source(source, smap, mapped=None):
+    """``source`` with its longest mapped prefix replaced; unchanged if no prefix is mapped.
+    ``mapped``: results so far under this ``smap`` (a stamped layer maps ~100 sources sharing a
+    few prefixes); the caller empties it when ``smap`` changes what a source maps to."""
+    if mapped is None:
+        return _map_source_once(source, smap, None)[0]
+    out = mapped.get(source, _UNMAPPED)
+    if out is _UNMAPPED:
+        out, keep = _map_source_once(source, smap, mapped)
+        if keep:
+            mapped[source] = out
+    return out
+
+
+_UNMAPPED = object()
+
+
+def _map_source_once(source, smap, mapped):
+    """(the mapped source, whether it may be remembered): a result read through a kind of
+    source other than the edges depends on which of its bases are keys of ``smap`` themselves,
+    which a later key can change without changing what the key maps to."""
     if source in smap:
-        return smap[source]
+        return smap[source], True
     if isinstance(source, _EDGE_SOURCES):
-        base = _map_source(source.base, smap)
-        if base is None:
-            return None
-        if base is source.base:
-            return source
+        base = source.base
+        if mapped is not None and base in mapped:
+            base_r, keep = mapped[base], True
+        else:
+            base_r, keep = _map_source_once(base, smap, mapped)
+            if keep and mapped is not None:
+                mapped[base] = base_r
+        if base_r is None:
+            return None, keep
+        if base_r is base:
+            return source, keep
         if isinstance(source, AttrSource):
-            return AttrSource(base, source.attr)
+            return AttrSource(base_r, source.attr), keep
         if isinstance(source, ModuleEntrySource):
-            return ModuleEntrySource(base, source.table, source.key)
+            return ModuleEntrySource(base_r, source.table, source.key), keep
         if isinstance(source, ItemSource):
-            return ItemSource(base, source.index)
-        return DefaultSource(base, source.index, source.kw)
+            return ItemSource(base_r, source.index), keep
+        return DefaultSource(base_r, source.index, source.kw), keep
     base = source.base_source
+    if base is None:
+        return source, True
     while base is not None:
         if smap.get(base, base) != base:
-            return None    # under a moved source, through a kind of source this does not know how to move
+            return None, False    # under a moved source, through a kind of source this does not know how to move
         base = base.base_source
-    return source      # read from outside the block: stays where it is
+    return source, False      # read from outside the block: stays where it is
 
 
 def _resolve(source, objmap, known=None):
     """(found, the real object at ``source`` now), reading from a base already resolved;
     ``known``: objects the trace read before (the world does not change while tracing)."""
-    if source in objmap:
-        return True, objmap[source]
-    if known is not None and source in known:
-        return True, known[source]
+    obj = objmap.get(source, _UNMAPPED)
+    if obj is not _UNMAPPED:
+        return True, obj
+    if known is not None:
+        obj = known.get(source, _UNMAPPED)
+        if obj is not _UNMAPPED:
+            return True, obj
     if not isinstance(source, _EDGE_SOURCES):
         return False, None
     found, base = _resolve(source.base, objmap, known)
