@@ -182,7 +182,7 @@ class Template:
         self.instances = 0          # regions tagged with it so far
         self.key = key
         self.leaves = leaves        # the template call's argument values (leaves[0]: the module)
-        self.events = events
+        self.events = _without_repeated_global_guards(events)
         self.result = result
 
     # -- building -----------------------------------------------------------------------------
@@ -328,6 +328,24 @@ class Template:
                 for n in st[1]:
                     nmap[n] = graph.replay_node(n, nmap)
         return _map_result(self.result, vmap, nmap, {})
+
+
+def _without_repeated_global_guards(events):
+    """``events`` less each guard of no source (global state, global hooks: one per module call)
+    equal to an earlier one: adding it again to the same trace changes nothing."""
+    seen = set()
+    out = []
+    for ev in events:
+        if ev[0] == "guard" and ev[2] is None:
+            try:
+                key = (ev[1], ev[3], ev[4], ev[5])
+                if key in seen:
+                    continue
+                seen.add(key)
+            except TypeError:
+                pass
+        out.append(ev)
+    return out
 
 
 # --- sources and objects -----------------------------------------------------------------------
