@@ -52,7 +52,16 @@ class Coverage:
         self._owner = {}
         self._fixed = {}
         self._watchable = {}                    # id -> stamps.watchable of a module seen (it holds while partitioning)
+        self._descriptors = {}                  # (class, name) -> is a data descriptor there
         self.modules = {}                       # id -> module watched by the covered guards
+
+    def _class_descriptor(self, cls, name):
+        # (a deep model asks the same few classes for the same names once per layer)
+        key = (cls, name)
+        found = self._descriptors.get(key)
+        if found is None:
+            found = self._descriptors[key] = _data_descriptor(cls, name)
+        return found
 
     def _can_watch(self, m):
         ok = self._watchable.get(id(m))
@@ -70,7 +79,7 @@ class Coverage:
             if isinstance(base, torch.nn.Module) and self._can_watch(base):
                 if isinstance(source, ModuleEntrySource):
                     m = base
-                elif source.attr in base.__dict__ and not _data_descriptor(type(base), source.attr):
+                elif source.attr in base.__dict__ and not self._class_descriptor(type(base), source.attr):
                     m = base
         self._owner[source] = m
         return m
