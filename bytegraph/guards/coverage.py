@@ -43,6 +43,9 @@ def own_attribute(m, name) -> bool:
     return any(name in d.get(table, ()) for table in ("_parameters", "_buffers", "_modules"))
 
 
+_UNSEEN = object()
+
+
 class Coverage:
     """Decides, for one GuardSet, which guards the stamp covers; watches the modules it needs."""
 
@@ -71,8 +74,9 @@ class Coverage:
 
     def owner(self, source):
         """The watchable module whose own state ``source``'s last step reads, else None."""
-        if source in self._owner:
-            return self._owner[source]
+        m = self._owner.get(source, _UNSEEN)
+        if m is not _UNSEEN:
+            return m
         m = None
         if isinstance(source, (ModuleEntrySource, AttrSource)):
             base = self.objects.get(source.base)
@@ -87,8 +91,9 @@ class Coverage:
     def fixed(self, source):
         """Is the object at ``source`` the same on every call whose other checks pass, as long
         as the epoch does not move?"""
-        if source in self._fixed:
-            return self._fixed[source]
+        ok = self._fixed.get(source)
+        if ok is not None:
+            return ok
         self._fixed[source] = False   # no cycles through a source
         if isinstance(source, ItemSource):
             # An item of a fixed tuple (a layer's normalized_shape, kernel_size...).

@@ -371,12 +371,14 @@ def _map_source_once(source, smap, mapped):
     """(the mapped source, whether it may be remembered): a result read through a kind of
     source other than the edges depends on which of its bases are keys of ``smap`` themselves,
     which a later key can change without changing what the key maps to."""
-    if source in smap:
-        return smap[source], True
+    out = smap.get(source, _UNMAPPED)
+    if out is not _UNMAPPED:
+        return out, True
     if isinstance(source, _EDGE_SOURCES):
         base = source.base
-        if mapped is not None and base in mapped:
-            base_r, keep = mapped[base], True
+        base_r = mapped.get(base, _UNMAPPED) if mapped is not None else _UNMAPPED
+        if base_r is not _UNMAPPED:
+            keep = True
         else:
             base_r, keep = _map_source_once(base, smap, mapped)
             if keep and mapped is not None:
