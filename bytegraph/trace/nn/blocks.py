@@ -237,7 +237,6 @@ class Template:
         """Check, changing nothing, that the record applies at the new place; return the real
         objects and sources each read and guard will use."""
         smap = {}      # template source -> replay source (prefix rewriting)
-        mapped = {}    # template source -> its replay source under smap as it is (_map_source's memo)
         objmap = {}    # replay source -> real object there now
         known = tx.guards.objects
         for t, r in zip(self.leaves, leaves):
@@ -257,7 +256,7 @@ class Template:
             tag = ev[0]
             if tag == "wrap":
                 _, src_t, obj_t, value_t, hit_t = ev
-                src_r = _map_source(src_t, smap, mapped)
+                src_r = _map_source(src_t, smap)
                 if src_r is None:
                     return None
                 if src_r is src_t or src_r == src_t:
@@ -279,18 +278,15 @@ class Template:
                 if value_t.source is not None:
                     # Reads through this value go where a trace would send them: to the source
                     # the value has (its first), even when that is the template's own.
-                    target = first_source if hit_r and first_source is not None else src_r
-                    if mapped.get(value_t.source) is not target:
-                        mapped.clear()     # what was mapped through it may go elsewhere now
-                    smap[value_t.source] = target
+                    smap[value_t.source] = first_source if hit_r and first_source is not None else src_r
                 append(("wrap", obj_r, src_r, value_t))
             elif tag == "guard":
                 _, kind, src_t, expected, detail, dyn = ev
-                src_r = _map_source(src_t, smap, mapped) if src_t is not None else None
+                src_r = _map_source(src_t, smap) if src_t is not None else None
                 if src_t is not None and src_r is None:
                     return None
                 if isinstance(expected, Source):
-                    expected_r = _map_source(expected, smap, mapped)
+                    expected_r = _map_source(expected, smap)
                     if expected_r is None:
                         return None
                     moved = expected_r is not expected and expected_r != expected
@@ -350,58 +346,33 @@ def _without_repeated_global_guards(events):
 
 # --- sources and objects -----------------------------------------------------------------------
 
-def _map_source(source, smap, mapped=None):
-    """``source`` with its longest mapped prefix replaced; unchanged if no prefix is mapped.
-    ``mapped``: results so far under this ``smap`` (a stamped layer maps ~100 sources sharing a
-    few prefixes); the caller empties it when ``smap`` changes what a source maps to."""
-    if mapped is None:
-        return _map_source_once(source, smap, None)[0]
-    out = mapped.get(source, _UNMAPPED)
-    if out is _UNMAPPED:
-        out, keep = _map_source_once(source, smap, mapped)
-        if keep:
-            mapped[source] = out
-    return out
+def _map_source(source, smap):
+    """``source`` with its longest mapped prefix replaced; unchanged if no prefix is mapped."""
+    out = smap.get(source, _UNMAPPED)
+    if out is not _UNMAPPED:
+        return out
+    if isinstance(source, _EDGE_SOURCES):
+        base = _map_source(source.base, smap)
+        if base is None:
+            return None
+        if base is source.base:
+            return source
+        if isinstance(source, AttrSource):
+            return AttrSource(base, source.attr)
+        if isinstance(source, ModuleEntrySource):
+            return ModuleEntrySource(base, source.table, source.key)
+        if isinstance(source, ItemSource):
+            return ItemSource(base, source.index)
+        return DefaultSource(base, source.index, source.kw)
+    base = source.base_source
+    while base is not None:
+        if smap.get(base, base) != base:
+            return None    # under a moved source, through a kind of source this does not know how to move
+        base = base.base_source
+    return source      # read from outside the block: stays where it is
 
 
 _UNMAPPED = object()
-
-
-def _map_source_once(source, smap, mapped):
-    """(the mapped source, whether it may be remembered): a result read through a kind of
-    source other than the edges depends on which of its bases are keys of ``smap`` themselves,
-    which a later key can change without changing what the key maps to."""
-    out = smap.get(source, _UNMAPPED)
-    if out is not _UNMAPPED:
-        return out, True
-    if isinstance(source, _EDGE_SOURCES):
-        base = source.base
-        base_r = mapped.get(base, _UNMAPPED) if mapped is not None else _UNMAPPED
-        if base_r is not _UNMAPPED:
-            keep = True
-        else:
-            base_r, keep = _map_source_once(base, smap, mapped)
-            if keep and mapped is not None:
-                mapped[base] = base_r
-        if base_r is None:
-            return None, keep
-        if base_r is base:
-            return source, keep
-        if isinstance(source, AttrSource):
-            return AttrSource(base_r, source.attr), keep
-        if isinstance(source, ModuleEntrySource):
-            return ModuleEntrySource(base_r, source.table, source.key), keep
-        if isinstance(source, ItemSource):
-            return ItemSource(base_r, source.index), keep
-        return DefaultSource(base_r, source.index, source.kw), keep
-    base = source.base_source
-    if base is None:
-        return source, True
-    while base is not None:
-        if smap.get(base, base) != base:
-            return None, False    # under a moved source, through a kind of source this does not know how to move
-        base = base.base_source
-    return source, False      # read from outside the block: stays where it is
 
 
 def _resolve(source, objmap, known=None):
