@@ -208,3 +208,57 @@ def test_torch_compiled_module_called_inside():
         return compiled_lin(x).relu()
 
     check(fn, _x(2, 3))
+
+
+class SharedNormBlock(torch.nn.Module):
+    """A layer holding a module that every layer holds (one LayerNorm object for all)."""
+
+    def __init__(self, norm, d=8):
+        super().__init__()
+        self.norm = norm
+        self.fc = torch.nn.Linear(d, d)
+
+    def forward(self, x):
+        return x + self.fc(self.norm(x)).relu()
+
+
+class RegionSharedNormBlock(SharedNormBlock):
+    forward = torch.compiler.nested_compile_region(SharedNormBlock.forward)
+
+
+def _shared_norm_model():
+    torch.manual_seed(0)
+    norm = torch.nn.LayerNorm(8)
+    return torch.nn.Sequential(*[RegionSharedNormBlock(norm) for _ in range(4)])
+
+
+def test_layers_sharing_a_module_are_stamped_out():
+    # Layers after the first find the shared LayerNorm already read (through model[0].norm):
+    # their plans send the reads through it where the first layer's went; one region graph.
+    model = _shared_norm_model()
+
+    def fn(x):
+        with torch.no_grad():
+            return model(x)
+
+    cnt = check(fn, torch.randn(3, 8), grads=False)
+    assert _regions(cnt.graphs[0]) == (4, 1)
+
+
+def test_a_changed_shared_module_compiles_again():
+    model = _shared_norm_model()
+
+    def fn(x):
+        with torch.no_grad():
+            return model(x)
+
+    cnt = CompileCounter(lookup_backend("eager"))
+    compiled = bytegraph.compile(fn, backend=cnt)
+    x = torch.randn(3, 8)
+    assert torch.allclose(compiled(x), fn(x))
+    model[3].norm.weight = torch.nn.Parameter(torch.randn(8))   # the one LayerNorm of every layer
+    assert torch.allclose(compiled(x), fn(x), atol=1e-6)
+    assert cnt.frame_count == 2
+    model[1].norm = torch.nn.LayerNorm(8, eps=0.5)               # layer 1 alone gets its own
+    assert torch.allclose(compiled(x), fn(x), atol=1e-6)
+    assert cnt.frame_count == 3

@@ -311,8 +311,11 @@ _PRINTER_NAMES = {"self", "inf", "nan", "NoneType", "torch", "device", "fx_pytre
                   "getattr", "operator", "builtins"}
 
 
+_NON_WORD = re.compile(r"\W+")
+
+
 def _identifier(text):
-    name = re.sub(r"\W+", "_", text).strip("_") or "x"
+    name = _NON_WORD.sub("_", text).strip("_") or "x"
     if name[0].isdigit():
         name = "_" + name
     if name in _PRINTER_NAMES:

@@ -43,6 +43,9 @@ def own_attribute(m, name) -> bool:
     return any(name in d.get(table, ()) for table in ("_parameters", "_buffers", "_modules"))
 
 
+_UNSEEN = object()
+
+
 class Coverage:
     """Decides, for one GuardSet, which guards the stamp covers; watches the modules it needs."""
 
@@ -51,19 +54,36 @@ class Coverage:
         self.pinned = {g.source for g in guards if g.kind.pins and g.source is not None}
         self._owner = {}
         self._fixed = {}
+        self._watchable = {}                    # id -> stamps.watchable of a module seen (it holds while partitioning)
+        self._descriptors = {}                  # (class, name) -> is a data descriptor there
         self.modules = {}                       # id -> module watched by the covered guards
+
+    def _class_descriptor(self, cls, name):
+        # (a deep model asks the same few classes for the same names once per layer)
+        key = (cls, name)
+        found = self._descriptors.get(key)
+        if found is None:
+            found = self._descriptors[key] = _data_descriptor(cls, name)
+        return found
+
+    def _can_watch(self, m):
+        ok = self._watchable.get(id(m))
+        if ok is None:
+            ok = self._watchable[id(m)] = stamps.watchable(m)
+        return ok
 
     def owner(self, source):
         """The watchable module whose own state ``source``'s last step reads, else None."""
-        if source in self._owner:
-            return self._owner[source]
+        m = self._owner.get(source, _UNSEEN)
+        if m is not _UNSEEN:
+            return m
         m = None
         if isinstance(source, (ModuleEntrySource, AttrSource)):
             base = self.objects.get(source.base)
-            if isinstance(base, torch.nn.Module) and stamps.watchable(base):
+            if isinstance(base, torch.nn.Module) and self._can_watch(base):
                 if isinstance(source, ModuleEntrySource):
                     m = base
-                elif source.attr in base.__dict__ and not _data_descriptor(type(base), source.attr):
+                elif source.attr in base.__dict__ and not self._class_descriptor(type(base), source.attr):
                     m = base
         self._owner[source] = m
         return m
@@ -71,8 +91,9 @@ class Coverage:
     def fixed(self, source):
         """Is the object at ``source`` the same on every call whose other checks pass, as long
         as the epoch does not move?"""
-        if source in self._fixed:
-            return self._fixed[source]
+        ok = self._fixed.get(source)
+        if ok is not None:
+            return ok
         self._fixed[source] = False   # no cycles through a source
         if isinstance(source, ItemSource):
             # An item of a fixed tuple (a layer's normalized_shape, kernel_size...).
@@ -99,7 +120,7 @@ class Coverage:
         """Is ``m`` watched (now, if it can be)?"""
         if id(m) in self.modules:
             return True
-        if not stamps.watchable(m):
+        if not self._can_watch(m):
             return False
         self._watch(m)
         return True

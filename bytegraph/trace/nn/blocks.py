@@ -182,7 +182,7 @@ class Template:
         self.instances = 0          # regions tagged with it so far
         self.key = key
         self.leaves = leaves        # the template call's argument values (leaves[0]: the module)
-        self.events = events
+        self.events = _without_repeated_global_guards(events)
         self.result = result
 
     # -- building -----------------------------------------------------------------------------
@@ -238,6 +238,7 @@ class Template:
         objects and sources each read and guard will use."""
         smap = {}      # template source -> replay source (prefix rewriting)
         objmap = {}    # replay source -> real object there now
+        known = tx.guards.objects
         for t, r in zip(self.leaves, leaves):
             if t.source is not None:
                 if r.source is None:
@@ -250,30 +251,36 @@ class Template:
                         return None
         memo_seen = {}   # id(real object) -> source it got earlier in this replay
         steps = []
+        append = steps.append
         for ev in self.events:
-            if ev[0] == "wrap":
+            tag = ev[0]
+            if tag == "wrap":
                 _, src_t, obj_t, value_t, hit_t = ev
                 src_r = _map_source(src_t, smap)
                 if src_r is None:
                     return None
-                if src_r == src_t:
+                if src_r is src_t or src_r == src_t:
                     obj_r = obj_t          # read from outside the block: the same object
+                    objmap[src_r] = obj_r
                 else:
-                    found, obj_r = _resolve(src_r, objmap, tx.guards.objects)
+                    found, obj_r = _resolve(src_r, objmap, known)
                     if not found or not _equivalent(obj_t, obj_r):
                         return None
-                objmap[src_r] = obj_r
-                hit_r, first_source = _memo_lookup(tx, obj_r, memo_seen)
+                    objmap[src_r] = obj_r
+                if isinstance(obj_r, CONSTANT_TYPES):
+                    hit_r = first_source = None
+                else:
+                    hit_r, first_source = _memo_lookup(tx, obj_r, memo_seen)
+                    if not hit_r:
+                        memo_seen[id(obj_r)] = src_r
                 if hit_t and not hit_r:
                     return None
-                if not isinstance(obj_r, CONSTANT_TYPES) and not hit_r:
-                    memo_seen[id(obj_r)] = src_r
                 if value_t.source is not None:
                     # Reads through this value go where a trace would send them: to the source
                     # the value has (its first), even when that is the template's own.
                     smap[value_t.source] = first_source if hit_r and first_source is not None else src_r
-                steps.append(("wrap", obj_r, src_r, value_t))
-            elif ev[0] == "guard":
+                append(("wrap", obj_r, src_r, value_t))
+            elif tag == "guard":
                 _, kind, src_t, expected, detail, dyn = ev
                 src_r = _map_source(src_t, smap) if src_t is not None else None
                 if src_t is not None and src_r is None:
@@ -282,15 +289,16 @@ class Template:
                     expected_r = _map_source(expected, smap)
                     if expected_r is None:
                         return None
+                    moved = expected_r is not expected and expected_r != expected
                 else:
                     expected_r = expected
-                moved = src_r != src_t or (isinstance(expected, Source) and expected_r != expected)
-                if src_r is not None and moved and not _guard_holds(kind, src_r, expected_r, objmap,
-                                                                          tx.guards.objects):
+                    moved = False
+                moved = moved or (src_r is not src_t and src_r != src_t)
+                if src_r is not None and moved and not _guard_holds(kind, src_r, expected_r, objmap, known):
                     return None
-                steps.append(("guard", kind, src_r, expected_r, detail, dyn))
+                append(("guard", kind, src_r, expected_r, detail, dyn))
             else:
-                steps.append(ev)
+                append(ev)
         return steps
 
     def _apply(self, tx, leaves, steps):
@@ -318,12 +326,31 @@ class Template:
         return _map_result(self.result, vmap, nmap, {})
 
 
+def _without_repeated_global_guards(events):
+    """``events`` less each guard of no source (global state, global hooks: one per module call)
+    equal to an earlier one: adding it again to the same trace changes nothing."""
+    seen = set()
+    out = []
+    for ev in events:
+        if ev[0] == "guard" and ev[2] is None:
+            try:
+                key = (ev[1], ev[3], ev[4], ev[5])
+                if key in seen:
+                    continue
+                seen.add(key)
+            except TypeError:
+                pass
+        out.append(ev)
+    return out
+
+
 # --- sources and objects -----------------------------------------------------------------------
 
 def _map_source(source, smap):
     """``source`` with its longest mapped prefix replaced; unchanged if no prefix is mapped."""
-    if source in smap:
-        return smap[source]
+    out = smap.get(source, _UNMAPPED)
+    if out is not _UNMAPPED:
+        return out
     if isinstance(source, _EDGE_SOURCES):
         base = _map_source(source.base, smap)
         if base is None:
@@ -345,13 +372,19 @@ def _map_source(source, smap):
     return source      # read from outside the block: stays where it is
 
 
+_UNMAPPED = object()
+
+
 def _resolve(source, objmap, known=None):
     """(found, the real object at ``source`` now), reading from a base already resolved;
     ``known``: objects the trace read before (the world does not change while tracing)."""
-    if source in objmap:
-        return True, objmap[source]
-    if known is not None and source in known:
-        return True, known[source]
+    obj = objmap.get(source, _UNMAPPED)
+    if obj is not _UNMAPPED:
+        return True, obj
+    if known is not None:
+        obj = known.get(source, _UNMAPPED)
+        if obj is not _UNMAPPED:
+            return True, obj
     if not isinstance(source, _EDGE_SOURCES):
         return False, None
     found, base = _resolve(source.base, objmap, known)
