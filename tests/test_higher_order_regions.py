@@ -9,6 +9,7 @@ import bytegraph
 from bytegraph.backends.registry import lookup_backend
 from bytegraph.graph.higher_order import invoke_region
 from bytegraph.testing import CompileCounter
+from helpers import assert_traced
 from test_higher_order import BACKENDS, _x, check
 
 
@@ -155,7 +156,9 @@ def test_region_with_side_effect_breaks():
     with pytest.raises(bytegraph.errors.Unsupported, match="changes Python state outside itself"):
         bytegraph.compile(fn, backend="eager", fullgraph=True)(torch.ones(2))
     log.clear()
+    bytegraph.reset()
     out = bytegraph.compile(fn, backend="eager")(torch.ones(2))
+    assert_traced()     # broken at the region, which runs natively
     assert torch.equal(out, fn(torch.ones(2))) and log == [1, 1]
 
 
