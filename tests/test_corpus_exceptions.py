@@ -949,8 +949,10 @@ def _check_module_runs(module, index):
     ``index + 2`` (in range of the lookups' 5 rows where ``index`` is, out of it where it is
     not): the same results, items appended and module state."""
     import copy
+    from bytegraph.testing import CompileCounter
     twin = copy.deepcopy(module)
-    compiled = bytegraph.compile(twin, backend="eager")
+    cnt = CompileCounter()
+    compiled = bytegraph.compile(twin, backend=cnt)
     for step in range(2):
         idx = torch.tensor([index + 2 * step])
         eager_items, compiled_items = [], []
@@ -960,6 +962,7 @@ def _check_module_runs(module, index):
         assert torch.equal(expected, actual) and eager_items == compiled_items
         for (name, a), (_, b) in zip(module.state_dict().items(), twin.state_dict().items()):
             assert torch.equal(a, b), name
+    assert cnt.frame_count == 1     # one graph, run again on the second call (a failing lookup included)
 
 
 @pytest.mark.parametrize("index", [1, 9])

@@ -99,6 +99,7 @@ MUST_TRACE = {
     "exp": "iufc", "sum": "bifc", "sum0": "bifc", "mean": "iufc", "max": "biuf", "all": "biufc",
     "cumsum": "bif", "reshape": "biufc", "where": "biufc", "clip": "iuf", "dot": "iufc",
     "getitem": "biufc", "setitem": "biufc", "astype_f32": "biuf", "matmul": "iufc", "fftshift": "biufc",
+    "and": "biu", "invert": "biu",
 }
 
 

@@ -8,6 +8,7 @@ import torch
 
 import bytegraph
 from bytegraph.testing import CompileCounter
+from helpers import assert_traced
 
 
 def _shown(fn, *inputs, action="default"):
@@ -68,24 +69,35 @@ def test_stacklevel_over_a_module_call_breaks():
     # wrapper, not nn.Module's __call__ as in eager.)
     expected, _ = _shown(fn, *_ones_then_other(2))
     actual, _ = _shown(bytegraph.compile(fn, backend="eager"), *_ones_then_other(2))
+    assert_traced()     # broken at the module call, rather than the frame left to run unread
     assert len(actual) == 2 and all(torch.equal(e, a) for e, a in zip(expected, actual))
     with pytest.raises(bytegraph.errors.Unsupported, match="stacklevel"):
         bytegraph.compile(fn, backend="eager", fullgraph=True)(torch.ones(2))
 
 
+def _breaks_at_error_warning(category):
+    from bytegraph.debug import records
+    return any(f"warnings.warn() of a {category.__name__} that the warning filters turn into an error"
+               in (r.break_reason or "") for r in records.frames)
+
+
 def test_warning_made_an_error_raises_as_eager():
-    compiled = bytegraph.compile(uses_helper, backend="eager")
+    cnt = CompileCounter()
+    compiled = bytegraph.compile(uses_helper, backend=cnt)
     compiled(torch.ones(2))     # compiled with the warning replayed
+    assert cnt.frame_count == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with pytest.raises(UserWarning, match="checking"):
             uses_helper(torch.ones(2))
         with pytest.raises(UserWarning, match="checking"):
             compiled(torch.ones(2))     # the filters' guard fails; the new trace breaks at the warning
+        assert _breaks_at_error_warning(UserWarning)
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
         with pytest.raises(DeprecationWarning, match="old helper"):
             compiled(torch.ones(2))
+        assert _breaks_at_error_warning(DeprecationWarning)
 
 
 def test_warning_in_a_loop_body_breaks():
