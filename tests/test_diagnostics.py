@@ -468,6 +468,9 @@ def test_frame_reading_builtins_run_eagerly(fn, builtin_name):
     compiled, _ = compile_counted(fn)
     assert_same(fn(x), compiled(x))
     assert_same(fn(x), compiled(x))
+    from bytegraph.debug import records     # eager for that reason, found by the tracer
+    reasons = [r.fallback_reason or "" for r in records.frames]
+    assert any(r.startswith(f"builtin {builtin_name}() cannot run inside a graph") for r in reasons), reasons
     err = fullgraph_error(fn, x)
     assert err.reason.startswith(f"builtin {builtin_name}() cannot run inside a graph: it "), err.reason
     assert f"the function calling {builtin_name}() runs eagerly" in err.hint
