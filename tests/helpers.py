@@ -56,24 +56,28 @@ def clone_input(value, _memo=None):
     return out
 
 
-def fresh_input(value, seed=1):
+def fresh_input(value, seed=1, single=False):
     """A test input of the same structure, shapes, strides, dtypes and ``requires_grad`` with
     other values (``refill``); a new object, as ``clone_input``. Deterministic for a ``seed``."""
     value = clone_input(value)
-    refill(value, seed)
+    refill(value, seed, single=single)
     return value
 
 
-def refill(value, seed=1):
+def refill(value, seed=1, single=False):
     """Give the tensors in ``value`` (nested lists, tuples, dicts) other values, in place:
     floating tensors scaled elementwise by factors in [0.5, 1.5) (signs and zeros kept, so
     sign-dependent control flow and masks keep their shapes); integer and bool tensors permuted
     (the same values, so indices stay in range), ascending ones kept as they are (offsets,
-    boundaries). Deterministic for a ``seed``."""
+    boundaries). Tensors of one element are left as they are (they often decide a Python branch
+    or a loop's length) unless ``single``: then floating ones are scaled too. Deterministic for
+    a ``seed``."""
     gen = torch.Generator().manual_seed(seed)
     seen = set()
     for _, t in _tensors(value):
-        if t.numel() <= 1 or t.layout != torch.strided or id(t) in seen:
+        if t.numel() == 0 or (t.numel() == 1 and not (single and (t.dtype.is_floating_point or t.dtype.is_complex))):
+            continue
+        if t.layout != torch.strided or id(t) in seen:
             continue
         seen.add(id(t))
         with torch.no_grad():
@@ -157,6 +161,8 @@ def check(fn, *args, graphs=1, ops=None, fullgraph=None, dynamic=None, rtol=1e-5
 
     ``fresh=False``: the second call gets the same values again (for functions whose inputs
     must hold particular values that ``fresh_input`` would not keep; say why at the call).
+    ``fresh="single"``: tensors of one element get other values too (``refill(single=True)``),
+    for functions that take no Python decision on them.
     Returns ``(counter, compiled_result)`` for extra assertions.
     """
     eager_args, eager_kwargs = clone_input(args), clone_input(kwargs)
@@ -185,7 +191,9 @@ def check(fn, *args, graphs=1, ops=None, fullgraph=None, dynamic=None, rtol=1e-5
 
     # Second call, inputs alike (shapes, dtypes, requires_grad) with other values: must hit the
     # cache and give what eager gives on those values.
-    new_args, new_kwargs = (fresh_input(args), fresh_input(kwargs)) if fresh else (args, kwargs)
+    single = fresh == "single"
+    new_args, new_kwargs = ((fresh_input(args, single=single), fresh_input(kwargs, single=single)) if fresh
+                            else (args, kwargs))
     eager_args, eager_kwargs = clone_input(new_args), clone_input(new_kwargs)
     expected2 = fn(*eager_args, **eager_kwargs)
     comp_args, comp_kwargs = clone_input(new_args), clone_input(new_kwargs)

@@ -22,6 +22,8 @@ import torch
 import torch.nn as nn
 
 import bytegraph
+from bytegraph.backends.registry import lookup_backend
+from bytegraph.testing import CompileCounter
 from helpers import assert_same_run, clone_input, compile_counted, run_observed, torch_compile_graphs
 from numpy_helpers import same_np
 
@@ -201,28 +203,32 @@ def test_inference_tensors_refused_after_the_block_as_in_eager():
             z = x * 2
         z.add_(1)           # eager: "Inplace update to inference tensor outside InferenceMode"
         return z
-    compiled, _ = compile_counted(saved_for_backward)
+    compiled, cnt = compile_counted(saved_for_backward)
     for _ in range(2):
         args = (randn(3), randn(3, requires_grad=True))
         assert_same_run(run_observed(saved_for_backward, lambda: (clone_input(args), {}, None)),
                         run_observed(compiled, lambda: (clone_input(args), {}, None)), "")
-    compiled, _ = compile_counted(changed_in_place)
+    assert cnt.frame_count == 1     # the block's graph; the refused op runs natively after the break
+    compiled, cnt = compile_counted(changed_in_place)
     for _ in range(2):
         args = (randn(3),)
         expected = run_observed(changed_in_place, lambda: (clone_input(args), {}, None))
         assert expected[1] is not None and expected[1][0] is RuntimeError
         assert_same_run(expected, run_observed(compiled, lambda: (clone_input(args), {}, None)), "")
+    assert cnt.frame_count == 1
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_inference_mode_block_with_aot_backends(backend):
     # AOTAutograd cannot trace the block (x.detach() in inference mode fails there): the graph is
     # compiled in parts, the block's body in inference mode.
-    compiled = bytegraph.compile(inference_block, backend=backend)
+    cnt = CompileCounter(lookup_backend(backend))
+    compiled = bytegraph.compile(inference_block, backend=cnt)
     for _ in range(2):
         args = (randn(3, requires_grad=True),)
         assert_same_run(run_observed(inference_block, lambda: (clone_input(args), {}, None)),
                         run_observed(compiled, lambda: (clone_input(args), {}, None)), backend)
+    assert cnt.frame_count == 1
 
 
 def test_inference_mode_block_left_when_the_graph_fails():
@@ -236,6 +242,7 @@ def test_inference_mode_block_left_when_the_graph_fails():
     with pytest.raises(IndexError):
         compiled(randn(5), torch.tensor([1, 7]))
     assert not torch.is_inference_mode_enabled() and torch.is_grad_enabled()
+    assert cnt.frame_count == 1     # the graph itself failed, not a frame run eagerly
 
 
 # --- dict.fromkeys, defaultdict.setdefault ----------------------------------------------------------

@@ -49,6 +49,12 @@ class RetryableError(RuntimeError):
     pass
 
 
+# A test whose every call ends in an exception raised natively after the graph (the exception
+# and the state it leaves are compared): no graph output reaches the caller, so memo_graph's
+# first-call outputs cannot show (scripts/mutate.py).
+RAISES_NATIVELY = pytest.mark.mutation_blind("memo_graph", reason="every call raises after the graph; no graph "
+                                                                  "output reaches the caller")
+
 DEFAULTS = {"scale": 2.0, "shift": 0.5}
 
 
@@ -388,6 +394,7 @@ def test_zero_division_from_fold():
             r = 0.0
         return x * r
     check(f, t(3), 0)
+    check(f, t(3), 2)       # the division done: a result that depends on x's values
 
 
 def test_retry_loop():
@@ -482,6 +489,7 @@ def test_try_except_in_loop_with_tensors():
 # ---------------------------------------------------------------- escaping the compiled function
 
 
+@RAISES_NATIVELY
 def test_escape_after_tensor_work():
     def f(x):
         y = x.relu() * 2
@@ -491,6 +499,7 @@ def test_escape_after_tensor_work():
     check_program(f, make_x, graphs=1, fullgraph=False)
 
 
+@RAISES_NATIVELY
 def test_escape_user_exception_from_inlined_call():
     def validate(x):
         if x.dim() != 3:
@@ -510,6 +519,7 @@ def test_escape_key_error_from_dict():
     check_program(f, make_x, graphs=0)
 
 
+@RAISES_NATIVELY
 def test_escape_reraised_after_handler():
     def f(x):
         y = x * 3
@@ -521,6 +531,7 @@ def test_escape_reraised_after_handler():
     check_program(f, make_x, graphs=1, fullgraph=False)
 
 
+@RAISES_NATIVELY
 def test_escape_through_finally_runs_it_once():
     events = []
 
@@ -541,6 +552,7 @@ def test_escape_through_finally_runs_it_once():
     assert not fallback_reasons()
 
 
+@RAISES_NATIVELY
 def test_escape_with_printing_handler():
     def f(x):
         y = x.sum()
@@ -571,6 +583,7 @@ def test_print_in_handler_keeps_graph_before_try():
     assert not fallback_reasons()
 
 
+@RAISES_NATIVELY
 def test_escape_after_print_before_try():
     def f(x):
         print("start")
@@ -932,13 +945,16 @@ class _CountingLookup(nn.Module):
 
 
 def _check_module_runs(module, index):
-    """Calls of ``module`` (eager) and of a compiled copy with the index ``index``: the same
-    results, items appended and module state, twice."""
+    """Calls of ``module`` (eager) and of a compiled copy with the index ``index``, then
+    ``index + 2`` (in range of the lookups' 5 rows where ``index`` is, out of it where it is
+    not): the same results, items appended and module state."""
     import copy
+    from bytegraph.testing import CompileCounter
     twin = copy.deepcopy(module)
-    compiled = bytegraph.compile(twin, backend="eager")
-    idx = torch.tensor([index])
-    for _ in range(2):
+    cnt = CompileCounter()
+    compiled = bytegraph.compile(twin, backend=cnt)
+    for step in range(2):
+        idx = torch.tensor([index + 2 * step])
         eager_items, compiled_items = [], []
         with torch.no_grad():
             expected = module(idx, eager_items)
@@ -946,6 +962,7 @@ def _check_module_runs(module, index):
         assert torch.equal(expected, actual) and eager_items == compiled_items
         for (name, a), (_, b) in zip(module.state_dict().items(), twin.state_dict().items()):
             assert torch.equal(a, b), name
+    assert cnt.frame_count == 1     # one graph, run again on the second call (a failing lookup included)
 
 
 @pytest.mark.parametrize("index", [1, 9])

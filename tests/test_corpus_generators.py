@@ -11,6 +11,7 @@ PYTEST_DONT_REWRITE
 import collections.abc
 import itertools
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -352,7 +353,7 @@ def test_unpack_generator():
 
     def f(x):
         a, b = two(x)
-        return a * a + b * b
+        return a * a + 2 * b
     check(f, t(3))
 
 
@@ -643,6 +644,8 @@ def test_user_iterator_identity_and_state():
     check(f, t(2))
 
 
+@pytest.mark.mutation_blind("memo_graph", reason="every call raises after the graphs; no graph output reaches "
+                                                "the caller")
 def test_exception_escaping_from_generator_replays_natively():
     def rows(x):
         for i in range(3):
@@ -708,11 +711,12 @@ def _drive(gen, sends=(None, 5, 7, 9)):
 
 
 def _compare_generators(fn, *args, graphs=1, advance_in_trace=0):
-    from helpers import assert_same, compile_counted
-    expected = fn(*args)
+    from helpers import assert_same, compile_counted, fresh_input
     compiled, cnt = compile_counted(fn, fullgraph=graphs == 1)
-    for _ in range(2):   # the second call hits the cache
-        got = compiled(*args)
+    for call in range(2):   # the second call, on other values of the same kind, hits the cache
+        call_args = args if call == 0 else fresh_input(args)
+        expected = fn(*call_args)
+        got = compiled(*call_args)
         exp_gen, got_gen = (expected, got) if not isinstance(got, tuple) else (expected[-1], got[-1])
         assert type(got_gen) is type(exp_gen)
         if isinstance(got_gen, type(counting(X, 0))):
@@ -720,7 +724,6 @@ def _compare_generators(fn, *args, graphs=1, advance_in_trace=0):
         if isinstance(got, tuple):
             assert_same(expected[:-1], got[:-1])
         assert_same(_drive(exp_gen), _drive(got_gen))
-        expected = fn(*args)
     assert cnt.frame_count == graphs
 
 

@@ -141,6 +141,7 @@ def test_backward_hook_on_submodule_recompiles():
     model, compiled, cnt = compiled_stack()
     x = x8()
     run_both(model, compiled, x)
+    assert cnt.frame_count == 1
     seen = []
     model.layers[0].lin.register_full_backward_hook(lambda m, gi, go: seen.append(1))
     model.train(False)
@@ -148,12 +149,14 @@ def test_backward_hook_on_submodule_recompiles():
     out = compiled(xr)
     out.sum().backward()
     assert seen, "the backward hook added after compiling did not run"
+    assert cnt.frame_count > 1, "not compiled again with the hook"   # how many graphs: the hook's breaks
 
 
 def test_global_hook_recompiles_and_runs():
     model, compiled, cnt = compiled_stack()
     x = x8()
     run_both(model, compiled, x)
+    assert cnt.frame_count == 1
     calls = []
     handle = torch.nn.modules.module.register_module_forward_hook(lambda m, a, o: calls.append(type(m).__name__))
     try:
@@ -162,6 +165,7 @@ def test_global_hook_recompiles_and_runs():
         assert eager_calls > 0 and len(calls) == 2 * eager_calls
     finally:
         handle.remove()
+    assert cnt.frame_count > 1, "not compiled again with the global hook"
 
 
 def test_changed_training_recompiles_and_switching_back_hits():
@@ -272,6 +276,7 @@ def test_requires_grad_through_module_recompiles():
     out = compiled(x)
     assert not out.requires_grad
     assert_same(model(x), out)
+    assert cnt.frame_count == 2
 
 
 def test_class_change_recompiles():
@@ -291,16 +296,19 @@ def test_module_shared_between_two_compiled_models():
     shared = Layer().eval()
     a = nn.Sequential(Layer().eval(), shared)
     b = nn.Sequential(shared, Layer().eval())
-    ca, cb = bytegraph.compile(a, backend="eager"), bytegraph.compile(b, backend="eager")
+    cnt_a, cnt_b = CompileCounter(), CompileCounter()
+    ca, cb = bytegraph.compile(a, backend=cnt_a), bytegraph.compile(b, backend=cnt_b)
     x = x8()
     run_both(a, ca, x)
     run_both(b, cb, x)
     shared.scale = -1.0
     run_both(a, ca, x)
     run_both(b, cb, x)
+    assert (cnt_a.frame_count, cnt_b.frame_count) == (2, 2)     # each model's own guard on the shared one
     shared.lin = nn.Linear(8, 8)
     run_both(b, cb, x)
     run_both(a, ca, x)
+    assert (cnt_a.frame_count, cnt_b.frame_count) == (3, 3)
 
 
 def test_unrelated_module_changes_do_not_recompile():

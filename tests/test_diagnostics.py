@@ -20,7 +20,7 @@ import torch
 import bytegraph
 from bytegraph import stacks
 from bytegraph.testing import CompileCounter
-from helpers import assert_same, compile_counted
+from helpers import assert_same, assert_traced, compile_counted
 
 HERE = __file__
 
@@ -355,8 +355,10 @@ def test_escaping_exception_points_at_the_raise():
     err = fullgraph_error(raises_in_helper, t(3))
     check_error(err, [at(raises_in_helper, "check_positive(y)"), at(check_positive, "raise ValueError")],
                 "ValueError")
+    bytegraph.reset()
     with pytest.raises(ValueError, match="at least 5"):
         bytegraph.compile(raises_in_helper)(t(3))
+    assert_traced()     # raised natively from the break at the raise, as eager raises it
 
 
 def two_prints(x):
@@ -468,6 +470,9 @@ def test_frame_reading_builtins_run_eagerly(fn, builtin_name):
     compiled, _ = compile_counted(fn)
     assert_same(fn(x), compiled(x))
     assert_same(fn(x), compiled(x))
+    from bytegraph.debug import records     # eager for that reason, found by the tracer
+    reasons = [r.fallback_reason or "" for r in records.frames]
+    assert any(r.startswith(f"builtin {builtin_name}() cannot run inside a graph") for r in reasons), reasons
     err = fullgraph_error(fn, x)
     assert err.reason.startswith(f"builtin {builtin_name}() cannot run inside a graph: it "), err.reason
     assert f"the function calling {builtin_name}() runs eagerly" in err.hint
@@ -617,6 +622,7 @@ def test_warnings_warn_is_shown_after_the_graph_from_the_users_line():
     expected = shown(warns_twice)
     lines, first = inspect.getsourcelines(warns_twice)
     assert [w[1:] for w in expected] == [(__file__, first + i) for i, text in enumerate(lines) if "careful" in text]
-    assert shown(bytegraph.compile(warns_twice, backend="eager")) == expected
+    compiled, cnt = compile_counted(warns_twice)
+    assert shown(compiled) == expected
     reasons = [r.break_reason for r in records.frames if r.break_reason]
-    assert reasons == []    # replayed after the graph, from the place it names
+    assert reasons == [] and cnt.frame_count == 1   # one graph, the warnings replayed after it

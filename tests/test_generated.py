@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from helpers import check
+from helpers import check, clone_input, fresh_input, same
 
 N_PROGRAMS = 300
 
@@ -35,6 +35,7 @@ INT_EXPR = ["({i} * 3 + {c}) % 7 - 3", "({i} + {j}) % 5", "max({i}, {j}) - min({
 class Gen:
     def __init__(self, seed):
         self.r = random.Random(seed)
+        self.values = torch.Generator().manual_seed(seed)     # the inputs' values: one seed, one program
         self.lines = []
         self.tensors = {}   # name -> shape
         self.contig = {}    # name -> bool
@@ -185,7 +186,7 @@ class Gen:
             name = f"x{k}"
             shape = base if k == 0 else r.choice([base, base[1:], (1,) + base[1:], base])
             params.append(name)
-            args.append(torch.randn(shape))
+            args.append(torch.randn(shape, generator=self.values))
             self.tensors[name] = tuple(shape)
             self.contig[name] = True
         if r.random() < 0.4:
@@ -226,11 +227,32 @@ def make_program(seed):
     return namespace["generated"], src, args
 
 
-@pytest.mark.parametrize("seed", range(N_PROGRAMS))
+def _answers_alike(seed):
+    """Does the program compute the same outputs on the values of ``check``'s second call as on
+    the first's (a zero made as ``t - t``, a relu of negatives only; an input returned as given
+    is not computed)? Then a graph that answers every call with its first outputs cannot be
+    told apart."""
+    fn, _, args = make_program(seed)
+
+    def computed(args):
+        return [None if any(out is a for a in args) else out for out in fn(*args)]
+    first, second = computed(clone_input(args)), computed(fresh_input(args, single=True))
+    return same(first, second, rtol=1e-4, atol=1e-5)
+
+
+def _seeds():
+    return [pytest.param(seed, marks=[pytest.mark.mutation_blind(
+                "memo_graph", reason="the program's outputs are the same on the second call's values")]
+                         if _answers_alike(seed) else []) for seed in range(N_PROGRAMS)]
+
+
+@pytest.mark.parametrize("seed", _seeds())
 def test_generated_program(seed):
     fn, src, args = make_program(seed)
     try:
-        check(fn, *args, rtol=1e-4, atol=1e-5)
+        # Straight-line programs take no Python decision on tensor values: every tensor, one
+        # element or more, gets other values on the second call.
+        check(fn, *args, rtol=1e-4, atol=1e-5, fresh="single")
     except Exception as e:
         raise AssertionError(f"generated program (seed {seed}) failed:\n{src}\nargs: {args!r}\n") from e
 

@@ -16,6 +16,7 @@ import torch.utils._pytree as pytree
 
 import bytegraph
 from bytegraph.testing import CompileCounter, same
+from helpers import assert_traced
 
 
 def compiled(fn, fullgraph=True):
@@ -160,6 +161,7 @@ def test_module_init_effects_happen_on_every_call():
     for i in range(3):
         assert same(fn(x), x + 1)
     assert CountsInstances.made == start + 3
+    assert_traced()     # broken at the class attribute's write, rather than run unread
 
 
 def test_module_with_parameters_made_in_forward_breaks_the_graph():
@@ -176,9 +178,11 @@ def test_module_with_parameters_made_in_forward_breaks_the_graph():
 
     with pytest.raises(bytegraph.Unsupported, match="parameters or buffers|Linear"):
         compiled(f)[0](t())
+    bytegraph.reset()
     fn, _ = compiled(f, fullgraph=False)
     x = t()
     assert same(fn(x), f(x))
+    assert_traced()
 
 
 class Meta(type):
@@ -210,8 +214,10 @@ def test_classes_with_a_metaclass_keeping_type_call_are_made_in_the_trace():
         except TypeError:
             return x - 1
         return x
+    bytegraph.reset()
     fn, _ = compiled(g, fullgraph=False)
     assert same(fn(x), x - 1)
+    assert_traced()     # the abstract class's call broke the graph; it raises natively
 
 
 # --- configs copied, validated, changed ---------------------------------------------------

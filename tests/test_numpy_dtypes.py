@@ -99,6 +99,7 @@ MUST_TRACE = {
     "exp": "iufc", "sum": "bifc", "sum0": "bifc", "mean": "iufc", "max": "biuf", "all": "biufc",
     "cumsum": "bif", "reshape": "biufc", "where": "biufc", "clip": "iuf", "dot": "iufc",
     "getitem": "biufc", "setitem": "biufc", "astype_f32": "biuf", "matmul": "iufc", "fftshift": "biufc",
+    "and": "biu", "invert": "biu",
 }
 
 
@@ -106,7 +107,23 @@ MUST_TRACE = {
 TORCH_DOES_NOT_TRACE = {"cholesky", "det", "inv", "solve", "linspace_arange", "eye_full"}
 
 
-@pytest.mark.parametrize("name", sorted(PROGRAMS))
+# Programs whose results a graph answering its first call's outputs cannot change
+# (scripts/mutate.py's memo_graph; the mark ``mutation_blind``), and why.
+MEMO_BLIND = {
+    "any": "the samples hold no zero (integers from 1, floats drawn nonzero): any() is True on every call",
+    "eq": "x == x is all True whatever the values",
+    "isclose": "isclose(x, x) is all True whatever the values",
+    "isnan": "the samples hold no NaN: all False on every call",
+    "zeros_like": "no result depends on the argument's values",
+    "full_like": "no result depends on the argument's values",
+    "eye_full": "no result depends on the argument's values",
+    "linspace_arange": "no result depends on the argument's values (only its shape)",
+    "flip": "its result is a view of the argument, made again from it after the graph",
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.mutation_blind("memo_graph", reason=MEMO_BLIND[n])]
+                                               if n in MEMO_BLIND else []) for n in sorted(PROGRAMS)])
 def test_program_over_dtypes(name):
     fn = PROGRAMS[name]
     for dtype in DTYPES:

@@ -10,7 +10,7 @@ import torch
 import bytegraph
 from bytegraph.testing import CompileCounter, same
 
-from helpers import check
+from helpers import assert_traced, check
 
 
 @dataclasses.dataclass
@@ -140,6 +140,7 @@ def test_long_loop_with_break_keeps_locals_live(capsys):
     got = bytegraph.compile(f, backend="eager")(x, ["a", "b", "c"])
     assert capsys.readouterr().out == "a\nb\nc\n"
     assert same(expected, got)
+    assert_traced()     # broken at the print inside the loop, resumed after it
 
 
 def _callee(x):
@@ -236,6 +237,7 @@ def test_star_args_with_keyword_only_parameters_bind_in_order(capsys):
     for args, kwargs in [((torch.ones(2), 4, "a", "b"), {"scale": 2.0, "tag": 1}),
                          ((torch.ones(2),), {}), ((torch.ones(2), 1, 5), {"scale": 3.0})]:
         assert same(f(*args, **kwargs), bytegraph.compile(f, backend="eager")(*args, **kwargs))
+    assert_traced()     # broken at the print, the resume function bound as the wrappers say
 
 
 def test_a_torch_function_returning_its_arguments_grouped_in_a_dict():
@@ -254,7 +256,7 @@ def test_a_torch_function_returning_its_arguments_grouped_in_a_dict():
 
     args = torch.randn(3), torch.randn(2, dtype=torch.float64), torch.randn(4)
     check(use, *args)
-    compiled = bytegraph.compile(group)(*args)
+    compiled = bytegraph.compile(group, fullgraph=True)(*args)
     expected = group(*args)
     assert compiled.keys() == expected.keys()
     for key in expected:

@@ -20,7 +20,7 @@ import torch
 
 import bytegraph
 from bytegraph.debug import records
-from helpers import CompileCounter, assert_same, clone_input, torch_compile_graphs
+from helpers import CompileCounter, assert_same, assert_traced, clone_input, torch_compile_graphs
 
 
 def run_calls(fn, inputs, backend="eager", grad=False, counter=None):
@@ -63,6 +63,8 @@ def assert_same_calls(fn, inputs, backend="eager", breaks_in_comprehension=False
         with contextlib.redirect_stdout(io.StringIO()):
             made = torch_compile_graphs(fn, *inputs)
         assert made == 0, f"no graph compiled where torch.compile makes {made}"
+    elif counter.frame_count == 0:
+        assert_traced()     # 3.11: the frame broke at its comprehension, rather than running unread
     for i, (e, c) in enumerate(zip(eager, compiled)):
         assert_same(e[0], c[0], what=f"result of call {i + 1}")
         assert e[1] == c[1], f"printed output of call {i + 1}: eager {e[1]!r}, compiled {c[1]!r}"
@@ -419,6 +421,7 @@ def test_compiled_functions_sharing_code_called_directly():
                 actual = cg(x)
             assert_same(expected, actual)
             assert buf_e.getvalue() == buf_c.getvalue()
+    assert_traced()     # each closure traced to its branch on the tensor
 
 
 def test_same_code_different_globals():

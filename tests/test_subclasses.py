@@ -14,7 +14,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 import bytegraph
 from bytegraph.backends.registry import lookup_backend
 from bytegraph.testing import CompileCounter
-from helpers import torch_compile_fullgraph_count
+from helpers import assert_traced, torch_compile_fullgraph_count
 
 aten = torch.ops.aten
 BACKENDS = ["eager", "aot_eager"]
@@ -318,9 +318,11 @@ def _breaks_then_matches(fn, make, reason):
         cfn(*make())
     torch.manual_seed(0)
     expected = fn(*make())
+    bytegraph.reset()
     cfn, cnt = compiled(fn, fullgraph=False)
     torch.manual_seed(0)
     assert_same_tensors(expected, cfn(*make()))
+    assert_traced()     # broken there, rather than the frame left to run unread
     return cnt
 
 
@@ -492,6 +494,7 @@ def test_pop_of_the_mode_stack_is_not_run_while_tracing():
     x = torch.randn(3)
     torch.testing.assert_close(cfn(x), torch.cos(x))
     assert torch._C._len_torch_function_stack() == 0
+    assert_traced()     # the with block broke the graph, the tracer asked the mode stack
 
 
 class _OwnUnflatten:

@@ -8,13 +8,20 @@ import torch
 
 import bytegraph
 from bytegraph.testing import CompileCounter
+from helpers import assert_traced
 
 
-def _shown(fn, *args, calls=2, action="default"):
+def _shown(fn, *inputs, action="default"):
+    """The results of ``fn`` on each of ``inputs`` in turn (a second call gets other values, so a
+    graph answering every call alike fails the comparison) and the warnings shown meanwhile."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter(action)
-        results = [fn(*args) for _ in range(calls)]
+        results = [fn(x) for x in inputs]
     return results, [(str(w.message), w.category, w.filename, w.lineno) for w in caught]
+
+
+def _ones_then_other(n):
+    return torch.ones(n), torch.arange(1.0, n + 1.0)
 
 
 def deprecated_helper(x):
@@ -31,17 +38,17 @@ def uses_helper(x):
 
 @pytest.mark.parametrize("action", ["default", "always", "once", "ignore", "module"])
 def test_shown_as_eager(action):
-    expected, expected_warnings = _shown(uses_helper, torch.ones(3), action=action)
+    expected, expected_warnings = _shown(uses_helper, *_ones_then_other(3), action=action)
     cnt = CompileCounter()
-    actual, actual_warnings = _shown(bytegraph.compile(uses_helper, backend=cnt, fullgraph=True), torch.ones(3),
-                                     action=action)
-    assert all(torch.equal(e, a) for e, a in zip(expected, actual))
+    actual, actual_warnings = _shown(bytegraph.compile(uses_helper, backend=cnt, fullgraph=True),
+                                     *_ones_then_other(3), action=action)
+    assert len(actual) == 2 and all(torch.equal(e, a) for e, a in zip(expected, actual))
     assert actual_warnings == expected_warnings
     assert cnt.frame_count == 1
 
 
 def test_stacklevel_names_the_callers_line():
-    _, shown = _shown(uses_helper, torch.ones(1), calls=1)
+    _, shown = _shown(uses_helper, torch.ones(1))
     assert [w[0] for w in shown] == ["checking", "old helper", "as an instance"]
     assert shown[1][3] == uses_helper.__code__.co_firstlineno + 2     # the line calling deprecated_helper
 
@@ -60,26 +67,37 @@ def test_stacklevel_over_a_module_call_breaks():
 
     # (Where it then shows from natively is the compiled forward's caller: bytegraph's dispatch
     # wrapper, not nn.Module's __call__ as in eager.)
-    expected, _ = _shown(fn, torch.ones(2))
-    actual, _ = _shown(bytegraph.compile(fn, backend="eager"), torch.ones(2))
-    assert all(torch.equal(e, a) for e, a in zip(expected, actual))
+    expected, _ = _shown(fn, *_ones_then_other(2))
+    actual, _ = _shown(bytegraph.compile(fn, backend="eager"), *_ones_then_other(2))
+    assert_traced()     # broken at the module call, rather than the frame left to run unread
+    assert len(actual) == 2 and all(torch.equal(e, a) for e, a in zip(expected, actual))
     with pytest.raises(bytegraph.errors.Unsupported, match="stacklevel"):
         bytegraph.compile(fn, backend="eager", fullgraph=True)(torch.ones(2))
 
 
+def _breaks_at_error_warning(category):
+    from bytegraph.debug import records
+    return any(f"warnings.warn() of a {category.__name__} that the warning filters turn into an error"
+               in (r.break_reason or "") for r in records.frames)
+
+
 def test_warning_made_an_error_raises_as_eager():
-    compiled = bytegraph.compile(uses_helper, backend="eager")
+    cnt = CompileCounter()
+    compiled = bytegraph.compile(uses_helper, backend=cnt)
     compiled(torch.ones(2))     # compiled with the warning replayed
+    assert cnt.frame_count == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with pytest.raises(UserWarning, match="checking"):
             uses_helper(torch.ones(2))
         with pytest.raises(UserWarning, match="checking"):
             compiled(torch.ones(2))     # the filters' guard fails; the new trace breaks at the warning
+        assert _breaks_at_error_warning(UserWarning)
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
         with pytest.raises(DeprecationWarning, match="old helper"):
             compiled(torch.ones(2))
+        assert _breaks_at_error_warning(DeprecationWarning)
 
 
 def test_warning_in_a_loop_body_breaks():
