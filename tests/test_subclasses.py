@@ -344,21 +344,25 @@ class Marked(torch.Tensor):
 
 
 
-def _same_log_and_results(fn, make, backend="eager", calls=2):
-    """``fn`` compiled and eager on the same inputs: equal results and classes, and the overrides
-    see the same functions in the same order on every call; one graph."""
-    cfn, cnt = compiled(fn, backend)
+def check_logged(fn, make, backend="eager", graphs=1, calls=2):
+    """``fn(*make())`` compiled and eager on equal inputs (``make`` seeded alike) over ``calls``
+    calls: equal results and classes, equal inputs afterwards (in-place operators), and the
+    overrides handed the same functions in the same order; ``graphs`` graphs (one: fullgraph)."""
+    cfn, cnt = compiled(fn, backend, fullgraph=graphs == 1)
     for seed in range(calls):
+        torch.manual_seed(seed)
+        eager_args = make()
         torch.manual_seed(seed)
         args = make()
         Logged.log.clear()
-        expected = fn(*args)
+        expected = fn(*eager_args)
         eager_log = list(Logged.log)
         Logged.log.clear()
         actual = cfn(*args)
         assert Logged.log == eager_log, (Logged.log, eager_log)
         assert_same_tensors(expected, actual)
-    assert cnt.frame_count == 1
+        assert_same_tensors(eager_args, args, "inputs after the call")
+    assert cnt.frame_count == graphs
     return cnt
 
 
@@ -374,7 +378,7 @@ def test_torch_function_subclass_traced(backend):
         c = 2 + -b[1:] + abs(x[0])     # reflected operator, unary operators, subscripts
         d = (x > 0, 0 < x, y <= x, x == 1, x != y)   # comparisons, reflected ones too
         return b, x.shape, F.relu(b) - x, type(b) is Logged, x.dtype, c, d
-    _same_log_and_results(fn, lambda: (_logged(3, 4), torch.randn(3, 4)), backend)
+    check_logged(fn, lambda: (_logged(3, 4), torch.randn(3, 4)), backend)
     assert torch_compile_fullgraph_count(fn, _logged(3, 4), torch.randn(3, 4)) == 1
 
 

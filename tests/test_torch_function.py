@@ -8,16 +8,7 @@ import torch.nn.functional as F
 import bytegraph
 from bytegraph.testing import CompileCounter
 from helpers import torch_compile_fullgraph_count, torch_compile_graphs
-
-
-class Logged(torch.Tensor):
-    """A plain subclass whose __torch_function__ records each function it is handed."""
-    log = []
-
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        cls.log.append(getattr(func, "__name__", None))
-        return super().__torch_function__(func, types, args, kwargs or {})
+from test_subclasses import Logged, check_logged, compiled
 
 
 def logged(*shape, dtype=torch.float32):
@@ -26,7 +17,8 @@ def logged(*shape, dtype=torch.float32):
 
 
 def assert_same(expected, actual, what="out"):
-    """Equal structure, classes and values."""
+    """Equal structure, classes and values, read without the classes' overrides (a test may
+    compare the overrides' records after it)."""
     assert type(actual) is type(expected), f"{what}: {type(actual).__name__} vs eager's {type(expected).__name__}"
     if isinstance(expected, torch.Tensor):
         torch.testing.assert_close(actual.as_subclass(torch.Tensor), expected.as_subclass(torch.Tensor), msg=what)
@@ -36,33 +28,6 @@ def assert_same(expected, actual, what="out"):
             assert_same(e, a, f"{what}[{i}]")
     else:
         assert actual == expected, what
-
-
-def compiled(fn, fullgraph=True):
-    cnt = CompileCounter()
-    return bytegraph.compile(fn, backend=cnt, fullgraph=fullgraph), cnt
-
-
-def check_logged(fn, make, graphs=1, calls=2):
-    """``fn(*make())`` compiled and eager on equal inputs over ``calls`` calls: equal results and
-    classes, equal inputs afterwards (in-place operators), and the override handed the same
-    functions in the same order."""
-    cfn, cnt = compiled(fn, fullgraph=graphs == 1)
-    for seed in range(calls):
-        torch.manual_seed(seed)
-        eager_args = make()
-        torch.manual_seed(seed)
-        args = make()
-        Logged.log.clear()
-        expected = fn(*eager_args)
-        eager_log = list(Logged.log)
-        Logged.log.clear()
-        actual = cfn(*args)
-        assert Logged.log == eager_log, (Logged.log, eager_log)
-        assert_same(expected, actual)
-        assert_same(eager_args, args, "inputs after the call")
-    assert cnt.frame_count == graphs
-    return cnt
 
 
 # --- operators on a __torch_function__ subclass ---------------------------------------------
@@ -225,7 +190,7 @@ def _around(make_mode, fn, make, calls=3, fullgraph=True):
     """``fn(*make())`` compiled and eager, each call under a fresh ``make_mode()`` around it:
     equal results and equal mode records (the mode sees what eager hands it, and nothing the
     guards or the graph read). The compiled function and its counter."""
-    cfn, cnt = compiled(fn, fullgraph)
+    cfn, cnt = compiled(fn, fullgraph=fullgraph)
     for seed in range(calls):
         torch.manual_seed(seed)
         args = make()
