@@ -29,7 +29,8 @@ runs them: the GPU's time where the CPU keeps ahead, the CPU's where it does not
 loss after the timed steps (the same seed everywhere: eager's and the compilers' should agree to
 a few digits), ``graphs`` the graphs compiled. Each process starts with empty compile caches
 (Inductor's, AOTAutograd's, Triton's, bytegraph's), so ``first call`` is a cold compile for both
-compilers; ``--warm-caches`` keeps the ordinary on-disk caches instead.
+compilers; ``--warm-caches`` keeps the ordinary on-disk caches instead. ``--warm-start`` runs each
+row twice over one fresh set of caches, cold then warm, and reports both first calls.
 
 The host side (CUDA): ``host`` is the CPU time to issue one step, measured while the GPU is still
 busy (a ``torch.cuda._sleep`` queued ahead of it), so the time is the Python and launch work of
@@ -376,8 +377,11 @@ def run_all(args):
     compilers = args.compilers.split(",") if args.compilers else COMPILERS
     for row in rows:
         for compiler in compilers:
-            runs = [run_one(row, compiler, args) for _ in range(args.processes)]
-            results.append(combine(runs))
+            if args.warm_start:
+                results.append(warm_start(row, compiler, args))
+            else:
+                runs = [run_one(row, compiler, args) for _ in range(args.processes)]
+                results.append(combine(runs))
             print(f"  done: {row} / {compiler}: {json.dumps(results[-1])[:600]}", file=sys.stderr, flush=True)
             if args.json:     # as it goes: a run cut short keeps what it measured
                 with open(args.json, "w") as f:
@@ -406,11 +410,31 @@ def combine(runs):
     return out
 
 
-def run_one(row, compiler, args):
+def warm_start(row, compiler, args):
+    """Two fresh processes over one new, empty set of on-disk caches (Inductor's, AOTAutograd's,
+    Triton's, bytegraph's): the first compiles cold and fills them, the second starts warm. The
+    row's figures are the warm process's; ``cold_first_ms``, ``warm_first_ms`` and their ratio
+    are added."""
+    import tempfile
+    root = tempfile.mkdtemp(prefix="train_step_warm_")
+    caches = {"TORCHINDUCTOR_CACHE_DIR": os.path.join(root, "inductor"),
+              "TRITON_CACHE_DIR": os.path.join(root, "triton"),
+              "BYTEGRAPH_CACHE_DIR": os.path.join(root, "bytegraph")}
+    cold = run_one(row, compiler, args, caches=caches, keep_caches=True)
+    warm = run_one(row, compiler, args, caches=caches, keep_caches=True)
+    if "error" in cold or "error" in warm:
+        return cold if "error" in cold else warm
+    out = dict(warm)
+    out.update(cold_first_ms=cold["first_ms"], warm_first_ms=warm["first_ms"],
+               warm_over_cold=warm["first_ms"] / cold["first_ms"], cold_loss=cold["loss"])
+    return out
+
+
+def run_one(row, compiler, args, caches=None, keep_caches=False):
     """One fresh process measuring ``row`` with ``compiler`` (under ``taskset`` with a busy
     neighbour on the same core for ``--slow-host``)."""
     real, extra_env = VARIANT_ENV.get(compiler, (compiler, {}))
-    env = dict(os.environ, **extra_env)
+    env = {**os.environ, **extra_env, **(caches or {})}
     cmd = [sys.executable, os.path.abspath(__file__), "--only-row", row, "--only-compiler", real,
            "--device", args.device, "--backend", args.backend, "--iters", str(args.iters),
            "--warmup", str(args.warmup), "--layers", str(args.layers), "--d", str(args.d),
@@ -418,7 +442,7 @@ def run_one(row, compiler, args):
            "--host-profile", str(args.host_profile), "--kernel-profile", str(args.kernel_profile)] + (["--slow-host-too"] if args.slow_host_too else [])
     if args.tiny:
         cmd.append("--tiny")
-    if args.warm_caches:
+    if args.warm_caches or keep_caches:
         cmd.append("--warm-caches")
     busy = None
     if args.slow_host:
@@ -453,6 +477,9 @@ def print_table(results, args):
         line = (f"{r['row']:38s} {r['compiler']:16s} {r['first_ms'] / 1e3:10.2f} s {r['median_ms']:7.2f} ms "
                 f"{r.get('pipelined_ms', float('nan')):7.2f} ms {r.get('host_ms', float('nan')):6.2f} ms "
                 f"{r['loss']:10.4f} {graphs:>7s}")
+        if "warm_first_ms" in r:
+            line += (f"  (cold first call {r['cold_first_ms'] / 1e3:.2f} s, warm {r['warm_first_ms'] / 1e3:.2f} s: "
+                     f"{r['warm_over_cold']:.2f}x)")
         if r.get("processes", 1) > 1:
             lo, hi = r["median_ms_spread"]
             line += f"  (median over {r['processes']} processes; step {lo:.2f}-{hi:.2f} ms"
@@ -487,6 +514,9 @@ def main():
     p.add_argument("--json", default=None)
     p.add_argument("--warm-caches", action="store_true",
                    help="keep Inductor's, Triton's and bytegraph's on-disk caches (default: each run starts cold)")
+    p.add_argument("--warm-start", action="store_true",
+                   help="per row and compiler, a cold process then a warm one over the same fresh caches "
+                        "(first calls and their ratio; the step figures are the warm process's)")
     p.add_argument("--compilers", default=None,
                    help="comma-separated columns (eager, torch.compile, bytegraph, bytegraph-whole); default: "
                         + ",".join(COMPILERS))
