@@ -328,5 +328,23 @@ def generate(name: str, params: list[str], tx: TraceContext, returned: Value, fn
     rb = Rebuilder(ns, exprs, tx.guards)
     effects = replay_side_effects(tx, rb, [returned])
     result = rb.expr(returned)
-    run, src = emit(name, params, lines + effects + rb.lines + [f"return {result}"], ns)
+    modes = mode_stack_lines(tx, rb)
+    if modes:
+        result = rb.temp(result)   # read before the stack changes (a mode read through it)
+    run, src = emit(name, params, lines + effects + rb.lines + modes + [f"return {result}"], ns)
     return run, src, gm
+
+
+def mode_stack_lines(tx, rb):
+    """Lines making the real TorchFunctionMode stack what the trace's is now (``tx.graph.
+    function_modes``): the modes around the call it left popped, those it entered pushed. The
+    graph ran before them, with no mode (its nodes are what the modes made of the calls)."""
+    entry, now = tx.graph.modes_at_entry, tx.graph.function_modes
+    kept = 0
+    while kept < min(len(entry), len(now)) and entry[kept] is now[kept]:
+        kept += 1
+    pop = rb.ns.ref(torch._C._pop_torch_function_stack, "pop_mode")
+    push = rb.ns.ref(torch._C._push_on_torch_function_stack, "push_mode")
+    # (rb.expr may bind the modes in rb.lines: the caller puts these lines after those)
+    exprs = [rb.expr(m) for m in now[kept:]]
+    return [f"{pop}()"] * (len(entry) - kept) + [f"{push}({e})" for e in exprs]
