@@ -430,7 +430,16 @@ def _native_failure(y):
     raise KeyError("native")
 
 
-@pytest.mark.parametrize("fn, error", [(_raise_inside, ValueError), (_call_that_raises, KeyError)])
+def _raise_without_break(x, mode):
+    with mode:
+        y = torch.sin(x)
+        if y.shape[0] == 3:
+            raise ValueError("three")
+    return y
+
+
+@pytest.mark.parametrize("fn, error", [(_raise_inside, ValueError), (_call_that_raises, KeyError),
+                                       (_raise_without_break, ValueError)])
 def test_exception_inside_a_mode_block_after_a_break(fn, error, capsys):
     # The mode is left as eager leaves it (its __exit__ natively) and sees the same calls.
     cfn, _ = compiled(fn, fullgraph=False)

@@ -13,10 +13,13 @@ off the stack while its handler runs, so the handler's own torch calls reach the
   (``guards.probes.function_modes``). The real stack is empty while the frame compiles
   (``runtime.compile_frame.modes_set_aside``) and the graph runs with torch function off
   (``residual.without_torch_function``): its nodes already are what the modes made of the calls.
-* **Modes entered inside** (``with MyMode(): ...`` in the compiled function) are pushed on entry
-  and popped on exit of the block, for classes that keep TorchFunctionMode's own
-  ``__enter__``/``__exit__``. A graph break inside such a block is refused (the mode would have to
-  be pushed natively for the rest): the frame runs eagerly.
+* **Modes entered inside** (``with MyMode(): ...``, ``mode.__enter__()`` in the compiled function):
+  their ``__enter__``/``__exit__`` are traced like any manager's; TorchFunctionMode's own push the
+  mode on the trace's stack and pop the innermost (``push_mode``, ``pop_mode``), as eager's
+  ``_push_mode``/``_pop_mode``. The generated code sets the real stack to the trace's after the
+  graph (``codegen.transformed.mode_stack_lines``): before a graph break's native step, which then
+  runs under the modes the trace had there (the resume function finds them around its call, and
+  pops them natively when it leaves their block), and before the frame returns.
 
 The handler is traced like any method; anything the trace cannot follow breaks. No node is added
 while a mode is on the stack but through the handler (``GraphBuilder._call`` refuses it), so an
@@ -101,8 +104,8 @@ def check_block(cls):
     ``__enter__``/``__exit__`` are then traced as any manager's, TorchFunctionMode's own ones
     reaching ``push_mode``/``pop_mode``)."""
     if issubclass(cls, DeviceContext):
-        raise Unsupported(f"entering a {cls.__qualname__} (a device context) inside the compiled function while "
-                          "TorchFunctionModes are traced is not supported yet",
+        raise Unsupported(f"entering a {cls.__qualname__} (a device context mode) inside the compiled function "
+                          "is not supported yet",
                           hint="without fullgraph=True the with-statement runs natively at a graph break")
     check_mode_class(cls, "entered in the function")
 
