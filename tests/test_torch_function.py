@@ -299,6 +299,17 @@ def test_checkpoint_inside_a_mode_block_runs_at_a_break():
     _check_split(fn, lambda: (torch.randn(3),), graphs=2, reference_graphs=1)
 
 
+def test_checkpoint_under_a_mode_around_the_call():
+    def fn(x):
+        y = torch.sin(x) + 1
+        y = torch.utils.checkpoint.checkpoint(lambda t: torch.sin(t) * 2, y, use_reentrant=False)
+        return torch.sin(y)
+    _, cnt = _around(SinIsCos, fn, lambda: (torch.randn(3),), calls=2, fullgraph=False)
+    assert cnt.frame_count == 2
+    with SinIsCos():     # one graph, which hands the mode `checkpoint` itself (eager: its calls)
+        assert torch_compile_graphs(fn, (torch.randn(3),)) == 1
+
+
 def _check_split(fn, make, graphs, mode_arg=None, calls=2, raises=None, reference_graphs=None):
     """``fn`` compiled without fullgraph against eager over ``calls`` calls: equal results (or
     the same exception), the mode (``mode_arg()``, passed last, if given) handed the same calls,
@@ -340,6 +351,8 @@ def test_graph_break_inside_a_mode_block(capsys):
     # The graph before the print under the mode, the print natively under it, the resume
     # function entering the block again under it and leaving it at the block's end: two graphs.
     _check_split(_break_inside_mode, lambda: (torch.randn(3),), graphs=2)
+    # the block in a function the compiled one calls: that call runs natively, its frame split
+    _check_split(lambda x: _break_inside_mode(x), lambda: (torch.randn(3),), graphs=2)
     cfn, _ = compiled(_break_inside_mode)
     with pytest.raises(bytegraph.Unsupported, match="print"):
         cfn(torch.ones(3))
@@ -406,6 +419,51 @@ def test_mode_entered_and_left_by_hand_across_a_break(capsys):
         mode.__exit__(None, None, None)
         return torch.sin(y)
     _check_split(fn, lambda: (torch.randn(3),), graphs=2, mode_arg=SinIsCos)
+
+
+def test_mode_entered_by_the_function_stays_after_it():
+    # mode.__enter__() with no exit: eager returns with the mode on the stack, and so does the
+    # compiled function (pushed after the graph); a mode around the call left by the function is
+    # off the stack after it.
+    def enters(x, mode):
+        mode.__enter__()
+        return torch.sin(x) + 1
+
+    def leaves(x, mode):
+        y = torch.sin(x)
+        mode.__exit__(None, None, None)
+        return y, torch.sin(y)
+
+    cfn, cnt = compiled(enters)
+    for _ in range(2):
+        x = torch.randn(3)
+        results = []
+        for run in (enters, cfn):
+            mode = SinIsCos()
+            out = run(x, mode)
+            assert torch._C._len_torch_function_stack() == 1 and torch._C._get_function_stack_at(0) is mode
+            with mode:              # (the mode's own exit takes it off again)
+                pass
+            mode.__exit__(None, None, None)
+            results.append((out, mode.seen))
+        assert torch._C._len_torch_function_stack() == 0
+        assert_same(results[0][0], results[1][0])
+        assert results[0][1] == results[1][1]
+    assert cnt.frame_count == 1
+
+    cfn, cnt = compiled(leaves)
+    for _ in range(2):
+        x = torch.randn(3)
+        results = []
+        for run in (leaves, cfn):
+            mode = SinIsCos()
+            mode.__enter__()
+            out = run(x, mode)
+            assert torch._C._len_torch_function_stack() == 0
+            results.append((out, mode.seen))
+        assert_same(results[0][0], results[1][0])
+        assert results[0][1] == results[1][1]
+    assert cnt.frame_count == 1
 
 
 def _raise_inside(x, mode):
