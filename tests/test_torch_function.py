@@ -466,6 +466,26 @@ def test_mode_entered_by_the_function_stays_after_it():
     assert cnt.frame_count == 1
 
 
+class Loud(SinIsCos):
+    """A mode whose handler breaks the graph (a print) for sin."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.sin:
+            print("sin")
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+def test_graph_break_in_the_handler_of_a_mode_entered_inside(capsys):
+    # The torch.sin that the handler breaks on runs natively under the mode (its handler, the
+    # print, eagerly); the rest of the block and after it in one graph (torch.compile: two).
+    def fn(x, mode):
+        with mode:
+            y = torch.sin(x) + 1
+            y = y * 2
+        return y, torch.sin(y)
+    _check_split(fn, lambda: (torch.randn(3),), graphs=1, mode_arg=Loud, reference_graphs=2)
+
+
 def _raise_inside(x, mode):
     with mode:
         y = torch.sin(x)
