@@ -359,6 +359,18 @@ def test_graph_break_inside_a_mode_block(capsys):
     assert torch._C._len_torch_function_stack() == 0
 
 
+def test_graph_break_inside_a_mode_block_under_a_device_context(capsys):
+    # The frame runs eagerly (a frame compiled under the pushed mode and the device context
+    # would compile under them): eager's values and record, the stack as eager leaves it.
+    cfn, _ = compiled(_break_inside_mode, fullgraph=False)
+    for _ in range(2):
+        x = torch.randn(3)
+        with torch.device("cpu"):
+            expected, actual = _break_inside_mode(x), cfn(x)
+            assert torch._C._len_torch_function_stack() == 1
+        assert_same(expected, actual)
+
+
 def test_graph_break_inside_a_mode_block_mode_made_outside(capsys):
     def fn(x, mode):
         with mode:
