@@ -262,18 +262,9 @@ def test_mode_and_subclass():
         assert torch_compile_fullgraph_count(fn, logged(3), torch.randn(3)) == 1
 
 
-class OwnEnter(SinIsCos):
-    def __enter__(self):
-        self.entered = True
-        return super().__enter__()
-
-
 @pytest.mark.parametrize("fn, reason", [
-    # a graph break inside a mode's block: the frame runs eagerly (the mode stays around the rest)
-    (lambda x: _break_inside_mode(x), "print"),
-    # a mode with its own __enter__
-    (lambda x: _own_enter(x), "its own __enter__"),
-    # a higher-order operator's body would be traced without the mode
+    # a higher-order operator's body: eager hands the mode checkpoint's own reads and runs the
+    # recomputation without it (torch.compile's one graph computes sin there, not cos)
     (lambda x: _checkpoint_under_mode(x), "under a TorchFunctionMode"),
 ])
 def test_modes_that_break(fn, reason, capsys):
@@ -286,23 +277,349 @@ def test_modes_that_break(fn, reason, capsys):
     assert torch._C._len_torch_function_stack() == 0
 
 
+def _checkpoint_under_mode(x):
+    mode = SinIsCos()
+    with mode:
+        y = torch.utils.checkpoint.checkpoint(torch.sin, x, use_reentrant=False)
+    return y, mode.seen
+
+
+def test_checkpoint_inside_a_mode_block_runs_at_a_break():
+    # checkpoint runs natively under the mode (pushed at the break), the rest of the block and
+    # after it in two graphs: eager's values and record, its reads of x.device included.
+    # torch.compile makes one graph, which hands the mode `checkpoint` itself and computes the
+    # body's sin as sin (eager: cos, through the mode).
+    def fn(x):
+        mode = SinIsCos()
+        with mode:
+            y = torch.sin(x) + 1
+            y = torch.utils.checkpoint.checkpoint(lambda t: torch.sin(t) * 2, y, use_reentrant=False)
+            y = torch.sin(y)
+        return y, torch.sin(y), mode.seen
+    _check_split(fn, lambda: (torch.randn(3),), graphs=2, reference_graphs=1)
+
+
+def test_checkpoint_under_a_mode_around_the_call():
+    def fn(x):
+        y = torch.sin(x) + 1
+        y = torch.utils.checkpoint.checkpoint(lambda t: torch.sin(t) * 2, y, use_reentrant=False)
+        return torch.sin(y)
+    _, cnt = _around(SinIsCos, fn, lambda: (torch.randn(3),), calls=2, fullgraph=False)
+    assert cnt.frame_count == 2
+    with SinIsCos():     # one graph, which hands the mode `checkpoint` itself (eager: its calls)
+        assert torch_compile_graphs(fn, (torch.randn(3),)) == 1
+
+
+def _check_split(fn, make, graphs, mode_arg=None, calls=2, raises=None, reference_graphs=None):
+    """``fn`` compiled without fullgraph against eager over ``calls`` calls: equal results (or
+    the same exception), the mode (``mode_arg()``, passed last, if given) handed the same calls,
+    no mode left on the stack; ``graphs`` graphs, as torch.compile makes (``reference_graphs``
+    where it makes another number)."""
+    cfn, cnt = compiled(fn, fullgraph=False)
+    for seed in range(calls):
+        outcomes = []
+        for run in (fn, cfn):
+            torch.manual_seed(seed)
+            args = make() + ((mode_arg(),) if mode_arg else ())
+            if raises is None:
+                out = run(*args)
+            else:
+                with pytest.raises(raises) as info:
+                    run(*args)
+                out = str(info.value)
+            assert torch._C._len_torch_function_stack() == 0
+            outcomes.append((out, getattr(args[-1], "seen", None) if mode_arg else None))
+        (expected, eager_seen), (actual, seen) = outcomes
+        assert_same(expected, actual)
+        assert seen == eager_seen, (seen, eager_seen)
+    assert cnt.frame_count == graphs
+    reference = graphs if reference_graphs is None else reference_graphs
+    assert torch_compile_graphs(fn, *[make() + ((mode_arg(),) if mode_arg else ()) for _ in range(calls)]) == reference
+    return cnt
+
+
 def _break_inside_mode(x):
     mode = SinIsCos()
     with mode:
         y = torch.sin(x)
         print("inside")
-        y = torch.sin(y)
-    return y, mode.seen
+        y = torch.sin(y) + x.shape[0]
+    return y, torch.sin(y), mode.seen
 
 
-def _own_enter(x):
-    with OwnEnter():
+def test_graph_break_inside_a_mode_block(capsys):
+    # The graph before the print under the mode, the print natively under it, the resume
+    # function entering the block again under it and leaving it at the block's end: two graphs.
+    _check_split(_break_inside_mode, lambda: (torch.randn(3),), graphs=2)
+    # the block in a function the compiled one calls: that call runs natively, its frame split
+    _check_split(lambda x: _break_inside_mode(x), lambda: (torch.randn(3),), graphs=2)
+    cfn, _ = compiled(_break_inside_mode)
+    with pytest.raises(bytegraph.Unsupported, match="print"):
+        cfn(torch.ones(3))
+    assert torch._C._len_torch_function_stack() == 0
+
+
+def test_graph_break_inside_a_mode_block_under_a_device_context(capsys):
+    # The frame runs eagerly (a frame compiled under the pushed mode and the device context
+    # would compile under them): eager's values and record, the stack as eager leaves it.
+    cfn, _ = compiled(_break_inside_mode, fullgraph=False)
+    for _ in range(2):
+        x = torch.randn(3)
+        with torch.device("cpu"):
+            expected, actual = _break_inside_mode(x), cfn(x)
+            assert torch._C._len_torch_function_stack() == 1
+        assert_same(expected, actual)
+
+
+def test_graph_break_inside_a_mode_block_mode_made_outside(capsys):
+    def fn(x, mode):
+        with mode:
+            y = x + 1
+            print("inside")
+            y = y + torch.sin(x)
+        return y * 2
+    _check_split(fn, lambda: (torch.randn(3),), graphs=2, mode_arg=lambda: Scaled(3.0))
+    _check_split(fn, lambda: (torch.randn(3),), graphs=2, mode_arg=SinIsCos)
+
+
+def test_graph_break_inside_nested_modes(capsys):
+    # Two modes entered in the function, the break in the inner block; the resume function
+    # leaves the inner, runs under the outer, leaves it.
+    def fn(x, outer):
+        with outer:
+            y = torch.sin(x)
+            with Scaled(2.0):
+                y = torch.sin(y) + 1
+                print("inside")
+                y = y + torch.sin(x)
+            z = torch.sin(y) + 1
+        return y, z, torch.sin(z)
+    _check_split(fn, lambda: (torch.randn(3),), graphs=2, mode_arg=SinIsCos)
+
+
+def test_graph_break_inside_a_mode_block_under_a_mode_around_the_call(capsys):
+    def fn(x):
+        inner = SinIsCos()
+        with inner:
+            y = torch.sin(x) + 1
+            print("inside")
+            y = torch.sin(y) + 1
+        return y + 1, torch.sin(y), inner.seen
+    cfn, cnt = _around(lambda: Scaled(2.0), fn, lambda: (torch.randn(3),), calls=2, fullgraph=False)
+    assert cnt.frame_count == 2
+    with Scaled(2.0):
+        assert torch_compile_graphs(fn, (torch.randn(3),)) == 2
+
+
+def test_graph_breaks_in_a_loop_inside_a_mode_block(capsys):
+    def fn(x, mode):
+        with mode:
+            for i in range(3):
+                x = torch.sin(x) + i
+                print(i)
         return torch.sin(x)
+    # Three graphs, as with a `with` block of any other manager there (torch.compile: six).
+    _check_split(fn, lambda: (torch.randn(3),), graphs=3, mode_arg=SinIsCos, reference_graphs=6)
 
 
-def _checkpoint_under_mode(x):
-    with SinIsCos():
-        return torch.utils.checkpoint.checkpoint(torch.sin, x, use_reentrant=False)
+def test_mode_entered_and_left_by_hand_across_a_break(capsys):
+    def fn(x, mode):
+        mode.__enter__()
+        y = torch.sin(x)
+        print("between")
+        y = torch.sin(y)
+        mode.__exit__(None, None, None)
+        return torch.sin(y)
+    _check_split(fn, lambda: (torch.randn(3),), graphs=2, mode_arg=SinIsCos)
+
+
+def test_mode_entered_by_the_function_stays_after_it():
+    # mode.__enter__() with no exit: eager returns with the mode on the stack, and so does the
+    # compiled function (pushed after the graph); a mode around the call left by the function is
+    # off the stack after it.
+    def enters(x, mode):
+        mode.__enter__()
+        return torch.sin(x) + 1
+
+    def leaves(x, mode):
+        y = torch.sin(x)
+        mode.__exit__(None, None, None)
+        return y, torch.sin(y)
+
+    cfn, cnt = compiled(enters)
+    for _ in range(2):
+        x = torch.randn(3)
+        results = []
+        for run in (enters, cfn):
+            mode = SinIsCos()
+            out = run(x, mode)
+            assert torch._C._len_torch_function_stack() == 1 and torch._C._get_function_stack_at(0) is mode
+            with mode:              # (the mode's own exit takes it off again)
+                pass
+            mode.__exit__(None, None, None)
+            results.append((out, mode.seen))
+        assert torch._C._len_torch_function_stack() == 0
+        assert_same(results[0][0], results[1][0])
+        assert results[0][1] == results[1][1]
+    assert cnt.frame_count == 1
+
+    cfn, cnt = compiled(leaves)
+    for _ in range(2):
+        x = torch.randn(3)
+        results = []
+        for run in (leaves, cfn):
+            mode = SinIsCos()
+            mode.__enter__()
+            out = run(x, mode)
+            assert torch._C._len_torch_function_stack() == 0
+            results.append((out, mode.seen))
+        assert_same(results[0][0], results[1][0])
+        assert results[0][1] == results[1][1]
+    assert cnt.frame_count == 1
+
+
+class Loud(SinIsCos):
+    """A mode whose handler breaks the graph (a print) for sin."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.sin:
+            print("sin")
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+def test_graph_break_in_the_handler_of_a_mode_entered_inside(capsys):
+    # The torch.sin that the handler breaks on runs natively under the mode (its handler, the
+    # print, eagerly); the rest of the block and after it in one graph (torch.compile: two).
+    def fn(x, mode):
+        with mode:
+            y = torch.sin(x) + 1
+            y = y * 2
+        return y, torch.sin(y)
+    _check_split(fn, lambda: (torch.randn(3),), graphs=1, mode_arg=Loud, reference_graphs=2)
+
+
+def _raise_inside(x, mode):
+    with mode:
+        y = torch.sin(x)
+        print("inside")
+        if y.shape[0] == 3:
+            raise ValueError(f"three: {torch.sin(y).shape}")
+    return y
+
+
+def _call_that_raises(x, mode):
+    with mode:
+        y = torch.sin(x)
+        y = _native_failure(y)
+    return y
+
+
+def _native_failure(y):
+    torch.sin(y)
+    print("failing")
+    raise KeyError("native")
+
+
+def _raise_without_break(x, mode):
+    with mode:
+        y = torch.sin(x)
+        if y.shape[0] == 3:
+            raise ValueError("three")
+    return y
+
+
+@pytest.mark.parametrize("fn, error", [(_raise_inside, ValueError), (_call_that_raises, KeyError),
+                                       (_raise_without_break, ValueError)])
+def test_exception_inside_a_mode_block_after_a_break(fn, error, capsys):
+    # The mode is left as eager leaves it (its __exit__ natively) and sees the same calls.
+    cfn, _ = compiled(fn, fullgraph=False)
+    for seed in range(2):
+        outcomes = []
+        for run in (fn, cfn):
+            torch.manual_seed(seed)
+            mode = SinIsCos()
+            with pytest.raises(error) as info:
+                run(torch.randn(3), mode)
+            assert torch._C._len_torch_function_stack() == 0
+            outcomes.append((str(info.value), mode.seen))
+        assert outcomes[0] == outcomes[1]
+
+
+class OwnEnter(SinIsCos):
+    """A mode with its own __enter__/__exit__ in Python (traced)."""
+
+    def __enter__(self):
+        self.entered = getattr(self, "entered", 0) + 1
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        self.seen.append("exit")
+        return super().__exit__(*exc)
+
+
+def test_mode_with_its_own_enter_and_exit():
+    def fn(x):
+        mode = OwnEnter()
+        with mode as m:
+            y = torch.sin(x)
+        return y, torch.sin(y), mode.seen, m.entered, m is mode
+    check_logged(fn, lambda: (torch.randn(3),))
+    assert torch_compile_fullgraph_count(fn, torch.randn(3)) == 1
+
+
+def test_mode_with_its_own_enter_and_a_break_inside(capsys):
+    def fn(x, mode):
+        with mode:
+            y = torch.sin(x)
+            print("inside")
+            y = torch.sin(y)
+        return y, mode.entered
+    _check_split(fn, lambda: (torch.randn(3),), graphs=2, mode_arg=OwnEnter)
+
+
+class PrintingEnter(SinIsCos):
+    """A mode whose __enter__ breaks the graph (print): the with-statement runs natively."""
+
+    def __enter__(self):
+        print("entering")
+        return super().__enter__()
+
+
+def test_mode_whose_enter_breaks(capsys):
+    def fn(x, mode):
+        y = torch.cos(x)
+        with mode:
+            y = torch.sin(y)
+        return y, torch.sin(y)
+    cfn, _ = compiled(fn)
+    with pytest.raises(bytegraph.Unsupported, match="print"):
+        cfn(torch.ones(3), PrintingEnter())
+    assert torch._C._len_torch_function_stack() == 0
+    # cos before the with-statement, the block after it (torch.compile: the cos graph, the rest eager)
+    _check_split(fn, lambda: (torch.randn(3),), graphs=2, mode_arg=PrintingEnter, reference_graphs=1)
+
+
+class DepthRecording(SinIsCos):
+    """A mode whose __enter__ reads the real mode stack (refused while modes are traced)."""
+
+    def __enter__(self):
+        out = super().__enter__()
+        self.depth = torch._C._len_torch_function_stack()
+        return out
+
+
+def test_mode_whose_enter_cannot_be_traced():
+    def fn(x, mode):
+        y = torch.cos(x)
+        with mode:
+            y = torch.sin(y)
+        return y, torch.sin(y), mode.depth
+    cfn, _ = compiled(fn)
+    with pytest.raises(bytegraph.Unsupported, match="_len_torch_function_stack"):
+        cfn(torch.ones(3), DepthRecording())
+    assert torch._C._len_torch_function_stack() == 0
+    # The with-statement runs natively (its __enter__ pushed the mode, read the depth) at a break.
+    _check_split(fn, lambda: (torch.randn(3),), graphs=2, mode_arg=DepthRecording, reference_graphs=1)
 
 
 def _break_between(x):

@@ -27,7 +27,7 @@ from ..stacks import CUT_FROM, code_name
 from ..values.base import CellValue, ExitValue
 from ..trace.machine.frame import PendingLocal
 from .rebuild import Namespace, Rebuilder
-from .transformed import emit, finish_graph, replay_side_effects, side_effect_values
+from .transformed import emit, finish_graph, mode_stack_lines, replay_side_effects, side_effect_values
 
 # resume code object -> ResumeInfo
 RESUME_INFO = {}
@@ -100,10 +100,6 @@ def generate_break(fn: types.FunctionType, result, ins: Instruction, kind: str, 
         # The native step and the resume function would run with overrides on.
         raise Unsupported("a graph break inside a `with torch._C.DisableTorchFunction()` (or ...Subclass) block "
                           "is not supported yet")
-    if len(tx.graph.function_modes) != tx.graph.modes_around_call:
-        # The rest of the block would have to run under the mode, pushed natively: not done.
-        raise Unsupported("a graph break inside a `with` block of a TorchFunctionMode entered in the compiled "
-                          "function is not supported yet")
     frame = result.frame
     code = fn.__code__
     stack = list(frame.stack)
@@ -141,7 +137,9 @@ def generate_break(fn: types.FunctionType, result, ins: Instruction, kind: str, 
     site = _BreakSite(fn, frame, ins, stack, bound, live_names, rb, ns, compiler, is_resume, closure,
                       {id(m): e for m, e in exits})
     step, tail = _STEPS.get(kind, _generic_step)(site)
-    body = lines + rb.lines + _guarded(step, [e for _, e in exits]) + tail
+    # The step and the resume function run under the modes the trace had on its stack there.
+    modes = mode_stack_lines(tx, rb)
+    body = lines + rb.lines + modes + _guarded(step, [e for _, e in exits]) + tail
     line = ins.line if ins.line is not None else code.co_firstlineno
     run, src = emit(name, guard_params, body, ns, stands_for=(CUT_FROM.get(code, code), line))
     return run, src, gm

@@ -12,8 +12,10 @@ from typing import Callable
 
 import torch
 import torch.fx as fx
+from torch.utils._device import DeviceContext
 
 from ..graph_facts import restart_plan, state_left
+from ..guards import probes
 from ..errors import Unsupported
 from ..guards.sources import AttrSource, ClosureSource, GlobalSource
 from ..debug.counting import count_ops
@@ -328,5 +330,31 @@ def generate(name: str, params: list[str], tx: TraceContext, returned: Value, fn
     rb = Rebuilder(ns, exprs, tx.guards)
     effects = replay_side_effects(tx, rb, [returned])
     result = rb.expr(returned)
-    run, src = emit(name, params, lines + effects + rb.lines + [f"return {result}"], ns)
+    modes = mode_stack_lines(tx, rb)
+    if modes:
+        result = rb.temp(result)   # read before the stack changes (a mode read through it)
+    run, src = emit(name, params, lines + effects + rb.lines + modes + [f"return {result}"], ns)
     return run, src, gm
+
+
+def mode_stack_lines(tx, rb):
+    """Lines making the real TorchFunctionMode stack what the trace's is now (``tx.graph.
+    function_modes``): the modes around the call it left popped, those it entered pushed. The
+    graph ran before them, with no mode (its nodes are what the modes made of the calls)."""
+    entry, now = tx.graph.modes_at_entry, tx.graph.function_modes
+    kept = 0
+    while kept < min(len(entry), len(now)) and entry[kept] is now[kept]:
+        kept += 1
+    if kept == len(entry) == len(now):
+        return []
+    if any(isinstance(m, DeviceContext) for m in probes.modes_around_call()):
+        # The frames compiled under the modes pushed here would compile under them: the modes
+        # are set aside while a frame compiles only with no device context among them.
+        raise Unsupported("a TorchFunctionMode entered or left in the compiled function while a device context "
+                          "(with torch.device(...), torch.set_default_device) is active is not supported yet",
+                          hint="without fullgraph=True the frame runs eagerly")
+    pop = rb.ns.ref(torch._C._pop_torch_function_stack, "pop_mode")
+    push = rb.ns.ref(torch._C._push_on_torch_function_stack, "push_mode")
+    # (rb.expr may bind the modes in rb.lines: the caller puts these lines after those)
+    exprs = [rb.expr(m) for m in now[kept:]]
+    return [f"{pop}()"] * (len(entry) - kept) + [f"{push}({e})" for e in exprs]

@@ -88,6 +88,7 @@ class GraphBuilder:
     function_subclass_inputs = False
     function_modes = ()
     modes_around_call = 0
+    modes_at_entry = ()
     function_modes_off = 0
     _fake_memo = None     # FakeMemo: fake results of repeated calls (graph/fake_memo.py)
 
@@ -120,6 +121,9 @@ class GraphBuilder:
         # is not empty no node is added but through them.
         self.function_modes = []
         self.modes_around_call = 0    # how many were around the call: the graph runs with them off
+        # The values of those modes: the real stack the generated code finds (codegen sets it
+        # to function_modes before a native step and before returning).
+        self.modes_at_entry = ()
         self.function_modes_off = 0   # > 0 inside `with torch._C.DisableTorchFunction()`
 
     def share_fake_results(self, results):

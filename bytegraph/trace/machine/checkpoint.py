@@ -5,10 +5,10 @@ the graph, stack and locals must be exactly the state before ``i``. Tracing the 
 ``stop_before=i`` gives that state, at the cost of a second trace of everything before ``i``.
 Instead, the root frame keeps a ``Checkpoint`` of what it had before each instruction it starts:
 its stack, and the marks of everything an instruction may change (graph nodes, side effects,
-grad mode / autocast entered, the contents of every container it can reach). When the break is
+grad mode / autocast / TorchFunctionModes entered, the contents of every container it can reach). When the break is
 met, ``stop_at`` gives the root frame back the state before ``i`` if the instruction (and every
 call it inlined) changed nothing but what can be taken back: new graph nodes that mutate nothing
-(erased) and grad-mode / autocast changes (undone). Anything else (a side effect, a container or
+(erased) and grad-mode / autocast / mode-stack changes (undone). Anything else (a side effect, a container or
 iterator changed, an in-place op, a new symbol or shape guard...) and the caller traces again.
 Guards the instruction added are kept: they hold for the values they were read from, so they
 only make the entry more specific.
@@ -159,7 +159,7 @@ def _same_state(now, before):
 class Checkpoint:
     """The root frame's state before the instruction at ``index``."""
     __slots__ = ("index", "stack", "locals", "kw_names", "contents", "last_node", "marks", "state_changes",
-                 "grad_mode", "handled")
+                 "grad_mode", "handled", "modes")
 
     def __init__(self, frame, index):
         tx = frame.tx
@@ -176,6 +176,9 @@ class Checkpoint:
         self.state_changes = len(tx.state_changes)
         self.grad_mode = torch.is_grad_enabled()
         self.handled = tx.handled_exception
+        # TorchFunctionModes entered by a call that breaks are left by going back (the code after
+        # the graph sets the real stack to this one: codegen.transformed.mode_stack_lines).
+        self.modes = list(tx.graph.function_modes)
 
 
 def take(frame, index, seen):
@@ -275,6 +278,8 @@ def stop_at(frame, checkpoint) -> bool:
     tx.undo_state_changes(checkpoint.state_changes)
     if torch.is_grad_enabled() != checkpoint.grad_mode:
         torch._C._set_grad_enabled(checkpoint.grad_mode)
+    if isinstance(tx.graph.function_modes, list):
+        tx.graph.function_modes[:] = checkpoint.modes
     frame.stack = list(checkpoint.stack)
     frame.locals = dict(checkpoint.locals)
     frame.kw_names = checkpoint.kw_names

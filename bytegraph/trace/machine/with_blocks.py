@@ -37,7 +37,9 @@ def enter(frame, mgr):
     else:
         raise Unsupported(f"with-block on {attrs.describe(mgr)} is not supported yet")
     if issubclass(cls, TorchFunctionMode):
-        return function_modes.enter_block(frame, mgr, cls)    # traced: its __torch_function__ runs here
+        # Its __enter__/__exit__ traced below; TorchFunctionMode's own push and pop the trace's
+        # mode stack (function_modes.push_mode), whose __torch_function__ then runs here.
+        function_modes.check_block(cls)
     if issubclass(cls, TorchDispatchMode):
         # Entering one changes how every torch call after it runs (a mode stack in C++).
         raise Unsupported(f"entering a {cls.__qualname__} (a torch dispatch"

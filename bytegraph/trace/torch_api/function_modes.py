@@ -13,10 +13,13 @@ off the stack while its handler runs, so the handler's own torch calls reach the
   (``guards.probes.function_modes``). The real stack is empty while the frame compiles
   (``runtime.compile_frame.modes_set_aside``) and the graph runs with torch function off
   (``residual.without_torch_function``): its nodes already are what the modes made of the calls.
-* **Modes entered inside** (``with MyMode(): ...`` in the compiled function) are pushed on entry
-  and popped on exit of the block, for classes that keep TorchFunctionMode's own
-  ``__enter__``/``__exit__``. A graph break inside such a block is refused (the mode would have to
-  be pushed natively for the rest): the frame runs eagerly.
+* **Modes entered inside** (``with MyMode(): ...``, ``mode.__enter__()`` in the compiled function):
+  their ``__enter__``/``__exit__`` are traced like any manager's; TorchFunctionMode's own push the
+  mode on the trace's stack and pop the innermost (``push_mode``, ``pop_mode``), as eager's
+  ``_push_mode``/``_pop_mode``. The generated code sets the real stack to the trace's after the
+  graph (``codegen.transformed.mode_stack_lines``): before a graph break's native step, which then
+  runs under the modes the trace had there (the resume function finds them around its call, and
+  pops them natively when it leaves their block), and before the frame returns.
 
 The handler is traced like any method; anything the trace cannot follow breaks. No node is added
 while a mode is on the stack but through the handler (``GraphBuilder._call`` refuses it), so an
@@ -32,9 +35,10 @@ from torch.utils._device import DeviceContext
 from ...errors import Unsupported
 from ...guards import probes
 from ...guards.sources import FunctionModeSource, ObjectSource
-from ...values.base import ConstantValue, DictValue, TracerCallableValue, TupleValue
+from ...values.base import ConstantValue, DictValue, TupleValue
 from ...values.builder import wrap
 from ..core import ops
+from ..core.handlers import builtin
 from ..python import attrs
 
 _IGNORED = torch.overrides.get_ignored_functions()
@@ -53,6 +57,7 @@ def enter_trace(tx):
         check_mode_class(type(m), "around the call")
     tx.graph.function_modes = [wrap(tx, m, FunctionModeSource(i)) for i, m in enumerate(modes)]
     tx.graph.modes_around_call = len(modes)
+    tx.graph.modes_at_entry = tuple(tx.graph.function_modes)
 
 
 def check_mode_class(cls, where):
@@ -94,28 +99,53 @@ def call_mode(frame, func, classes, args, kwargs, what):
     return result
 
 
-def enter_block(frame, mgr, cls):
-    """``with mode:`` in the compiled function: (the exit callable, the value ``as`` binds)."""
-    if issubclass(cls, DeviceContext) \
-            or inspect.getattr_static(cls, "__enter__", None) is not TorchFunctionMode.__enter__ \
-            or inspect.getattr_static(cls, "__exit__", None) is not TorchFunctionMode.__exit__:
-        raise Unsupported(f"entering a {cls.__qualname__} (a torch function mode with its own __enter__/__exit__) "
-                          "inside the compiled function is not supported yet",
-                          hint="enter the mode around the call of the compiled function; without fullgraph=True "
-                               "the with-statement runs natively at a graph break")
+def check_block(cls):
+    """``with mode:`` on a TorchFunctionMode in the compiled function: refused here, or None (its
+    ``__enter__``/``__exit__`` are then traced as any manager's, TorchFunctionMode's own ones
+    reaching ``push_mode``/``pop_mode``)."""
+    if issubclass(cls, DeviceContext):
+        raise Unsupported(f"entering a {cls.__qualname__} (a device context mode) inside the compiled function "
+                          "is not supported yet",
+                          hint="without fullgraph=True the with-statement runs natively at a graph break")
     check_mode_class(cls, "entered in the function")
+
+
+@builtin(TorchFunctionMode.__enter__)
+def push_mode(frame, args, kwargs):
+    """``TorchFunctionMode.__enter__(mode)`` (a ``with`` block, ``mode.__enter__()``, a subclass's
+    ``super().__enter__()``): the mode pushed on the trace's stack; the generated code pushes it
+    on the real one before a native step or the return that finds it there."""
+    if len(args) != 1 or kwargs:
+        raise Unsupported("TorchFunctionMode.__enter__ with unexpected arguments")
+    mode = args[0]
+    cls = _class_of(mode)
+    check_block(cls)
     stack = frame.tx.graph.function_modes
     if isinstance(stack, tuple):
         raise Unsupported(f"entering a {cls.__qualname__} inside a higher-order operator's body is not supported yet")
-    stack.append(mgr)
+    stack.append(mode)
+    return mode
 
-    def exit_(f, args, kwargs):
-        if not stack or stack[-1] is not mgr:
-            raise Unsupported(f"leaving a {cls.__qualname__} that is not the innermost torch function mode: "
-                              "not traced")
-        stack.pop()
-        return ConstantValue(None)
-    return TracerCallableValue(f"{cls.__qualname__}.__exit__", exit_), mgr
+
+@builtin(TorchFunctionMode.__exit__)
+def pop_mode(frame, args, kwargs):
+    """``TorchFunctionMode.__exit__``: pops the innermost mode, whichever it is, as eager's
+    ``_pop_mode()`` does (a mode around the call too: the generated code then pops it natively)."""
+    stack = frame.tx.graph.function_modes
+    if isinstance(stack, tuple) or not stack:
+        raise Unsupported("leaving a TorchFunctionMode with no torch function mode traced on the stack: not traced")
+    stack.pop()
+    return ConstantValue(None)
+
+
+def _class_of(v):
+    cls = getattr(v, "cls", None)
+    if isinstance(cls, type):
+        return cls
+    obj = getattr(v, "obj", None)
+    if isinstance(obj, TorchFunctionMode):
+        return type(obj)
+    raise Unsupported(f"TorchFunctionMode.__enter__ on {attrs.describe(v)}: not traced")
 
 
 _STACK_QUERIES = (torch._C._len_torch_function_stack, torch._C._get_function_stack_at,
@@ -146,4 +176,4 @@ def call_property_getter(frame, fn, args, kwargs):
     return attrs.get_attr(frame, args[0], name)
 
 
-__all__ = ["enter_trace", "reaches_modes", "call_mode", "enter_block", "refuse_stack_query", "call_property_getter"]
+__all__ = ["enter_trace", "reaches_modes", "call_mode", "check_block", "push_mode", "pop_mode", "refuse_stack_query", "call_property_getter"]

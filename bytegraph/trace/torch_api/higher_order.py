@@ -228,8 +228,12 @@ def trace_body(frame, sub, fn, args, kwargs, what, grad_mode=None, own=()):
     tx = frame.tx
     outer = tx.graph
     if outer.function_modes:
-        raise Unsupported(f"{what} under a TorchFunctionMode is not supported yet (its body would be traced "
-                          "without the mode)", hint="without fullgraph=True it runs eagerly")
+        # Eager hands the mode what the operator's own Python calls too (checkpoint reads each
+        # argument's .device) and a backward recomputation runs without it: a body traced under
+        # the mode would give the mode another record (torch.compile's computes without it).
+        raise Unsupported(f"{what} under a TorchFunctionMode is not supported yet: eager hands the mode the "
+                          "operator's own calls as well as its body's",
+                          hint="without fullgraph=True it runs natively under the mode at a graph break, as in eager")
     reachable = _snapshot([fn] + list(args) + list(kwargs.values()))
     reachable = [(v, c) for v, c in reachable if not any(v is o for o in own)]
     marks = _effect_marks(tx)
