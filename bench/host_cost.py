@@ -57,6 +57,39 @@ def profile_per_call(fn, iters, names):
     return {k: (round(a, 1), round(b, 1)) for k, (a, b) in out.items()}
 
 
+def guard_alone(call, iters, repeats):
+    """Per call (us), the largest generated guard function that passed during ``call()``, called
+    on its own with the arguments it was given (no profiler: cProfile inflates the many C calls
+    of a guard), and its name."""
+    import gc
+    import types
+    seen = {}
+
+    def watch(frame, event, arg):
+        if frame.f_code.co_name.startswith("guard") and frame.f_code.co_filename.startswith("<bytegraph"):
+            if event == "call":
+                code = frame.f_code
+                seen[code] = [frame.f_locals[n] for n in code.co_varnames[:code.co_argcount]]
+            elif event == "return" and arg is None:
+                seen.pop(frame.f_code, None)     # did not pass
+
+    sys.setprofile(watch)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    code = max(seen, key=lambda c: len(c.co_code))
+    fn = next(f for f in gc.get_objects() if isinstance(f, types.FunctionType) and f.__code__ is code)
+    args = seen[code]
+    grad = torch.is_grad_enabled()
+    torch.set_grad_enabled(False)     # (as the optimizer's step runs its frame: the guard checks it)
+    try:
+        assert fn(*args) is not None
+        return code.co_name, per_call(lambda: fn(*args), iters, repeats)
+    finally:
+        torch.set_grad_enabled(grad)
+
+
 def lanes_figures(opt_step, args):
     """The optimizer graph captured once (backend that keeps it), then run whole and split into lanes."""
     from bytegraph.backends.lanes import compile_by_lanes
@@ -69,21 +102,27 @@ def lanes_figures(opt_step, args):
     step = bytegraph.compile(opt_step, backend=keep)
     step()
     gm, examples = max(graphs, key=lambda g: len(g[0].graph.nodes))
-    split = compile_by_lanes(gm, examples, lambda part, ex: part.forward)
-    if split is None:
-        return {"lanes": "not split"}
+    from bytegraph.config import config
     real = list(examples)
 
-    def whole():
-        with torch.no_grad():      # (as the optimizer's step runs its graph)
-            gm(*real)
+    def timed(fn):
+        def run():
+            with torch.no_grad():      # (as the optimizer's step runs its graph)
+                fn(*real)
+        return round(per_call(run, args.iters, args.repeats), 1)
 
-    def in_lanes():
-        with torch.no_grad():
-            split(*real)
-    return {"lanes chunks": len(split.meta["bytegraph_chunks"]),
-            "optimizer graph whole (us)": round(per_call(whole, args.iters, args.repeats), 1),
-            "optimizer graph in lanes (us)": round(per_call(in_lanes, args.iters, args.repeats), 1)}
+    out = {"optimizer graph whole (us)": timed(gm)}
+    before = config.lane_max_chunks
+    try:
+        for most in (16, 8, 4, 2):
+            config.lane_max_chunks = most
+            split = compile_by_lanes(gm, examples, lambda part, ex: part.forward)
+            if split is not None:
+                out[f"optimizer graph in {len(split.meta['bytegraph_chunks'])} lane chunks "
+                    f"(lane_max_chunks={most}) (us)"] = timed(split)
+    finally:
+        config.lane_max_chunks = before
+    return out
 
 
 def main():
@@ -123,6 +162,7 @@ def main():
            "model call, eager (us)": round(per_call(lambda: model(x), args.iters, args.repeats), 1),
            "optimizer step (us)": round(per_call(copt, args.iters, args.repeats), 1),
            "optimizer step, eager (us)": round(per_call(opt_step, args.iters, args.repeats), 1),
+           "optimizer step's guard alone (us)": round(guard_alone(copt, args.iters, args.repeats)[1], 1),
            "optimizer step profile (own us, cum us)": profile_per_call(copt, args.iters,
                                                                        ("guard", "storage_groups")),
            "model call profile (own us, cum us)": profile_per_call(forward, args.iters,
