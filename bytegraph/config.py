@@ -119,6 +119,10 @@ _SETTINGS = {
     "regional_compile": (os.environ.get("BYTEGRAPH_REGIONAL_COMPILE", "1") != "0", (bool,),
                          "inductor compiles a graph with repeated blocks block by block, each distinct block once "
                          "(BYTEGRAPH_REGIONAL_COMPILE=0: the whole graph at once)"),
+    "lane_max_chunks": (int(os.environ.get("BYTEGRAPH_LANE_MAX_CHUNKS", "16")), (int,),
+                        "at most this many chunks of an optimizer's foreach update compiled by lanes "
+                        "(backends/lanes.py; each chunk is one more compiled call and its kernels a step, "
+                        "fewer chunks compile more lanes each: BYTEGRAPH_LANE_MAX_CHUNKS)"),
     "persistent_cache": (os.environ.get("BYTEGRAPH_PERSISTENT_CACHE", "1") != "0", (bool,),
                          "save compiled frames on disk and load them in later processes "
                          "(BYTEGRAPH_PERSISTENT_CACHE=0 turns it off)"),

@@ -103,6 +103,39 @@ def test_chunks_are_whole_periods_of_the_longest_repeat():
     assert lanes.chunks(["x"] * 12 + ["y"]) is None         # one chunk of 8 only: nothing repeats
 
 
+def test_at_most_lane_max_chunks_chunks_of_whole_periods():
+    sig = ["emb", "pos"] + ["w", "b", "w2", "b2"] * 12 + ["norm", "head"]     # 12 layers of 4
+    assert lanes.chunks(sig, max_chunks=4) == [(0, 2)] + [(2 + 12 * k, 14 + 12 * k) for k in range(4)] + [(50, 52)]
+    assert lanes.chunks(sig, max_chunks=2) == [(0, 2), (2, 26), (26, 50), (50, 52)]
+    assert lanes.chunks(sig, max_chunks=1) is None          # one chunk: compiled whole
+
+
+def test_an_update_in_fewer_larger_chunks_equals_eager():
+    from bytegraph.config import config
+    model = gpt(6)
+    ref = copy.deepcopy(model)
+    opt, opt_ref = OPTIMIZERS["adamw"](model.parameters()), OPTIMIZERS["adamw"](ref.parameters())
+    parts, outers = [], []
+    before = config.lane_max_chunks
+    config.lane_max_chunks = 2
+    try:
+        compiled = bytegraph.compile(lambda o: o.step(), backend=lanes_backend(parts, outers))
+        for i in range(3):
+            torch.manual_seed(i)
+            for p, q in zip(model.parameters(), ref.parameters()):
+                p.grad = torch.randn_like(p)
+                q.grad = p.grad.clone()
+            compiled(opt)
+            opt_ref.step()
+            for p, q in zip(model.parameters(), ref.parameters()):
+                torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)
+    finally:
+        config.lane_max_chunks = before
+        bytegraph.reset()
+    split = [o for o in outers if o is not None]
+    assert split and all(sum(1 for a, b in o.meta["bytegraph_chunks"] if b - a > 2) == 2 for o in split)
+
+
 def _graph(fn, *args):
     graphs = []
     bytegraph.compile(fn, backend=lambda gm, ex: graphs.append(gm) or gm.forward)(*args)

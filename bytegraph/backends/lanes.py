@@ -34,11 +34,11 @@ from .regions import meta_key, part_caller
 # Fewer lanes than this: compiled whole (nothing to gain).
 MIN_LANES = 16
 # A chunk covers whole periods and at least this many lanes, and the repeated run is cut into
-# at most MAX_CHUNKS chunks: each chunk is one more call of compiled code per step, so a model
-# of a thousand identical bias vectors is not split a hundred ways (a 48-layer model: 16 chunks
-# of 3 layers).
+# at most MAX_CHUNKS chunks (``config.lane_max_chunks``): each chunk is one more call of
+# compiled code per step, so a model of a thousand identical bias vectors is not split a
+# hundred ways (a 48-layer model: 16 chunks of 3 layers).
 MIN_CHUNK_LANES = 8
-MAX_CHUNKS = 16
+MAX_CHUNKS = 16        # config.lane_max_chunks's default
 
 
 def _is_foreach(n):
@@ -162,7 +162,7 @@ class _Lanes:
         return [tuple(s) for s in sig]
 
 
-def chunks(signatures):
+def chunks(signatures, max_chunks=None):
     """Contiguous ``(start, stop)`` lane ranges covering all lanes: the longest run of a
     repeating period cut into whole periods of at least ``MIN_CHUNK_LANES`` lanes, the lanes
     before and after it one chunk each; None if nothing repeats at least twice.
@@ -170,6 +170,7 @@ def chunks(signatures):
     For each period ``p``, ``same[i]`` says lane ``i`` looks like lane ``i + p``; a run of ``r``
     such lanes from ``offset`` means ``1 + r // p`` repeats of the period there. Vectorised: a
     model with a thousand parameters is a few million comparisons, not a billion."""
+    max_chunks = max(1, config.lane_max_chunks if max_chunks is None else max_chunks)   # 1: not split
     ids = {}
     seq = np.array([ids.setdefault(s, len(ids)) for s in signatures], dtype=np.int64)
     n = len(seq)
@@ -184,7 +185,7 @@ def chunks(signatures):
         run = nxt - np.arange(len(same))
         repeats = 1 + run // period
         # periods per chunk at each offset
-        group = np.maximum(-(-MIN_CHUNK_LANES // period), -(-repeats // MAX_CHUNKS))
+        group = np.maximum(-(-MIN_CHUNK_LANES // period), -(-repeats // max_chunks))
         count = repeats // group                                   # chunks at each offset
         covered = np.where(count >= 2, count * group * period, 0)
         offset = int(np.argmax(covered))

@@ -324,6 +324,14 @@ def _layout_check(e, t):
     return f"{e}.stride() == {t.stride!r}"
 
 
+def _plain_cpu(t):
+    """Is ``t`` (a TensorMeta) a CPU tensor whose class reads device and is_cpu as torch.Tensor
+    does? Then ``is_cpu`` is its device check (a CPU device has no index) without making a
+    torch.device."""
+    return t.device.type == "cpu" and t.device.index is None and t.cls.device is torch.Tensor.device \
+        and t.cls.is_cpu is torch.Tensor.is_cpu
+
+
 class TensorMatch(GuardKind):
     """A tensor's class, dtype, device, requires_grad, sizes and strides (``expected``: its
     TensorMeta; sizes in ``dynamic_dims`` are left to the shape guards)."""
@@ -350,16 +358,20 @@ class TensorMatch(GuardKind):
         e, who, t = em.render(g.source), g.source.name(), g.expected
         shape, stride, dynamic = t.shape, t.stride, g.dynamic_dims
         conds = [c for c, _ in pieces]
+        if _plain_cpu(t):
+            conds[2] = f"{e}.is_cpu"
         if not dynamic:
             # Per call, for every tensor of a model's optimizer step: the cheapest checks that
             # say the same. Equal sizes imply the rank; with every size at least 2, a
-            # contiguous tensor has exactly the contiguous strides.
-            del conds[-1]      # the rank
-            conds.append(f"{e}.shape == {shape!r}")
-            if t.contiguous and all(n >= 2 for n in shape):
-                conds.append(f"{e}.is_contiguous()")
-            else:
-                conds.append(f"{e}.stride() == {stride!r}")
+            # contiguous tensor has exactly the contiguous strides; a rank of 0 is all a 0-dim
+            # tensor's sizes and strides (an optimizer's step counters).
+            if shape:
+                del conds[-1]      # the rank
+                conds.append(f"{e}.shape == {shape!r}")
+                if t.contiguous and all(n >= 2 for n in shape):
+                    conds.append(f"{e}.is_contiguous()")
+                else:
+                    conds.append(f"{e}.stride() == {stride!r}")
         else:
             conds += [f"{e}.size({i}) == {n}" for i, n in enumerate(shape) if i not in dynamic]
             conds.append(_layout_check(e, t))

@@ -13,6 +13,8 @@ from torch.utils._device import DeviceContext
 from ..residual import warning_is_error
 
 _CPU = torch.device("cpu")
+_untyped_storage = torch.Tensor.untyped_storage
+_storage_data_ptr = torch.UntypedStorage.data_ptr
 
 
 def _byte_span(x):
@@ -48,8 +50,17 @@ def storage_groups(tensors) -> tuple:
     alias); for one that shares it, with its storage offset too: AOTAutograd rebuilds inputs
     that alias from one base with the offsets of the call it compiled for (the rows of a tensor
     a loop iterates, each passed with the tensor to a graph that changes it)."""
+    # Per call, over every tensor an optimizer's step changes: the addresses read by C-level
+    # map (no bytecode a tensor), and when they are all distinct (the usual case) the
+    # answer without a dict pass.
+    if all(c.untyped_storage is _untyped_storage for c in set(map(type, tensors))):
+        addresses = list(map(_storage_data_ptr, map(_untyped_storage, tensors)))
+    else:    # a class of its own untyped_storage: called as the program would
+        addresses = [t.untyped_storage().data_ptr() for t in tensors]
+    if len(set(addresses)) == len(addresses):
+        return tuple(range(len(addresses)))
     first = {}
-    groups = [first.setdefault(t.untyped_storage().data_ptr(), i) for i, t in enumerate(tensors)]
+    groups = [first.setdefault(a, i) for i, a in enumerate(addresses)]
     shared = {g for i, g in enumerate(groups) if g != i}
     return tuple((g, t.storage_offset()) if g in shared else g for g, t in zip(groups, tensors))
 
