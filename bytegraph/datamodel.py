@@ -49,6 +49,19 @@ def class_lookup_owner(cls, name):
     return None
 
 
+def tensor_class_attr(cls, name):
+    """``(attr, True)`` when a Python subclass of torch.Tensor in ``cls.__mro__`` defines ``name``
+    before torch's own classes do (its own ``device`` property, ``add`` method, ``__add__``):
+    Python finds that, not torch's; else ``(None, False)``."""
+    import torch
+    for klass in cls.__mro__:
+        if klass is torch.Tensor or klass is torch._C.TensorBase or klass is torch.nn.Parameter:
+            break
+        if name in klass.__dict__:
+            return klass.__dict__[name], True
+    return None, False
+
+
 def is_data_descriptor(attr):
     """Does ``attr``, found on a class, answer before an instance's own ``__dict__``? (Its type
     defines ``__get__`` and ``__set__`` or ``__delete__``: a property, a slot, ``__dict__``

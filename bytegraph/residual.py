@@ -456,12 +456,12 @@ def as_function_subclass(tensor, cls):
         return tensor.as_subclass(cls)
 
 
-def without_torch_function(compiled):
+def without_torch_function(compiled, subclass_inputs=False):
     """``compiled`` run with ``__torch_function__`` off, TorchFunctionModes too: a graph traced
     under the modes around the call already holds what their overrides do."""
     def run(*args):
         with torch._C.DisableTorchFunction():
-            return compiled(*args)
+            return compiled(*(_as_plain(args) if subclass_inputs else args))
     return run
 
 
@@ -470,6 +470,19 @@ def without_function_subclasses(compiled):
     are of such classes already did what their overrides do (as torch.compile runs its graphs)."""
     def run(*args):
         with torch._C.DisableTorchFunctionSubclass():
-            return compiled(*args)
+            return compiled(*_as_plain(args))
     return run
+
+
+def _as_plain(args):
+    """The graph's inputs with those of ``__torch_function__`` classes seen as plain tensors (an
+    alias: the same storage and autograd history). The graph's code reads methods and operators
+    off its inputs (``a.add(2)``, ``operator.add(a, 2)``): on an object of a class that defines
+    ``add`` or ``__add__`` in Python that would run the class's, where the trace recorded torch's."""
+    return [a.as_subclass(torch.Tensor) if _function_subclass(type(a)) else a for a in args]
+
+
+def _function_subclass(cls):
+    return cls is not torch.Tensor and cls is not torch.nn.Parameter and issubclass(cls, torch.Tensor) \
+        and not issubclass(cls, torch.nn.Parameter) and not hasattr(cls, "__tensor_flatten__")
 

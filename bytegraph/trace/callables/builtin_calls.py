@@ -24,8 +24,8 @@ from ...values.arrays import NdarrayValue
 from ...values.builder import wrap
 from ..core import ops
 from ..numpy_api import numpy_calls
-from ..python import attrs, generators, lookup, operators
-from ..torch_api import checks, distributed
+from ..python import attrs, generators, lookup, operators, protocols
+from ..torch_api import checks, distributed, torch_function
 from .calls import TENSOR_DATA_HINT, call, fold, has_tensor
 from ..core.basics import no_attr_name
 from ..python.exceptions import TracedRaise
@@ -48,6 +48,12 @@ def _const_args(args, what):
 def _len(frame, args, kwargs):
     (v,) = args
     if isinstance(v, TensorValue):
+        if protocols.has_special_method(v, "__len__"):    # its class's own, in Python
+            return protocols.call_special_method(frame, v, "__len__", [])
+        if v.cls not in (torch.Tensor, torch.nn.Parameter) or frame.tx.graph.function_modes:
+            overridden = torch_function.dispatch(frame, torch.Tensor.__len__, [v], {}, what="Tensor.__len__")
+            if overridden is not None:     # Tensor.__len__ asks the class's or a mode's override
+                return overridden
         if v.fake.dim() == 0:
             raise Unsupported("len() of a 0-d tensor")
         return frame.tx.graph.size_value(v, 0)

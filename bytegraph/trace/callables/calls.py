@@ -616,6 +616,10 @@ def tensor_method(frame: RunningFrame, tensor: TensorValue, name: str, args: lis
         return ConstantValue(tensor.fake.numel())
     if name == "__len__":
         return frame.tx.graph.size_value(tensor, 0)
+    if name == "__setitem__" and len(args) == 2 and not kwargs:
+        # (a store: its node has no result the graph would keep it for)
+        operators.setitem(frame, tensor, args[0], args[1], own_methods=False)
+        return ConstantValue(None)
     return frame.tx.graph.call("call_method", name, [tensor] + list(args), kwargs)
 
 

@@ -17,7 +17,7 @@ from ...values.base import (BoundMethodValue, ConstantValue, ContextManagerValue
                            TupleValue, UserObjectValue)
 from ...values.builder import CONSTANT_TYPES, is_trusted_module, note_reassigned_buffer, wrap
 from ...values.arrays import NdarrayValue
-from ...datamodel import MISSING, class_attr, class_lookup, has_python_get, is_data_descriptor
+from ...datamodel import MISSING, class_attr, class_lookup, has_python_get, is_data_descriptor, tensor_class_attr
 from . import exceptions, lookup
 from ..core import ops
 from ..numpy_api import numpy_calls
@@ -262,6 +262,11 @@ def _tensor_store_key(frame, v, name):
 
 
 def _tensor_attr(frame, v, name):
+    if v.cls not in (torch.Tensor, torch.nn.Parameter) and name not in _CLASS_BOOKKEEPING \
+            and not hasattr(v.cls, "__tensor_flatten__"):
+        own = _tensor_class_attr(frame, v, name)    # what the subclass defines in Python
+        if own is not None:
+            return own
     if frame.tx.graph.function_modes or v.cls not in (torch.Tensor, torch.nn.Parameter) \
             and not hasattr(v.cls, "__tensor_flatten__"):
         overridden = ops.function_subclass_attr(frame, v, name)   # a mode's or a class's   # a __torch_function__ class's
@@ -314,6 +319,24 @@ def _tensor_attr(frame, v, name):
     raise Unsupported(f"Tensor.{name} is not supported in a graph: the traced tensor cannot say what the "
                       "real one holds there",
                       hint="read it outside the compiled function, or pass what you need as an argument")
+
+
+# Entries every class's __dict__ has, which no read of a tensor's attribute finds there.
+_CLASS_BOOKKEEPING = {"__module__", "__doc__", "__dict__", "__weakref__", "__qualname__", "__slots__",
+                      "__annotations__", "__firstlineno__", "__static_attributes__"}
+
+
+def _tensor_class_attr(frame, v, name):
+    """``t.name`` where ``t``'s class (a Python subclass of torch.Tensor) defines ``name`` itself:
+    Python finds that before torch's attribute of the name (a ``device`` property, an ``add``
+    method), so it is traced as on any object; None where the class leaves ``name`` to torch."""
+    attr, found = tensor_class_attr(v.cls, name)
+    if not found:
+        return None
+    real = frame.tx.graph.real_tensor(v) if v.source is not None else None
+    if real is not None and name in getattr(real, "__dict__", {}) and not is_data_descriptor(attr):
+        return None    # the object's own entry comes first (read below)
+    return lookup.bind(frame, lookup.Instance(v, v.cls), name, attr)
 
 
 def _shape_value(frame, v):

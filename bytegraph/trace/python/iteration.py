@@ -13,6 +13,7 @@ from ...values.base import (ConstantValue, DictValue, DictViewValue, IteratorVal
 from ...values.builder import wrap
 from . import attrs, generators, protocols
 from ..numpy_api import numpy_calls
+from ..core import ops
 from ..core.basics import item_value
 from .exceptions import PythonError
 from ..core.basics import note_process_local
@@ -42,9 +43,17 @@ def iterate(frame: RunningFrame, v: Value) -> list[Value]:
     if numpy_calls.involves_arrays(v):
         return numpy_calls.iterate(frame, v)
     if isinstance(v, TensorValue):
+        if protocols.has_special_method(v, "__iter__"):    # its class's own, in Python
+            return iterate(frame, protocols.call_special_method(frame, v, "__iter__", []))
         n = v.fake.shape[0] if v.fake.dim() else None
         if n is None:
             raise Unsupported("iteration over a 0-d tensor")
+        if v.cls not in (torch.Tensor, torch.nn.Parameter) or frame.tx.graph.function_modes:
+            # Tensor.__iter__ asks self.dim(), then iterates self.unbind(0): an override or a mode
+            # sees those calls
+            # (read off the object: a class's own `dim` or `unbind` in Python is what runs)
+            ops.call(frame, attrs.get_attr(frame, v, "dim"), [], {})
+            return iterate(frame, ops.call(frame, attrs.get_attr(frame, v, "unbind"), [ConstantValue(0)], {}))
         return [getitem(frame, v, ConstantValue(i)) for i in range(n)]
     if protocols.dict_part(v) is not v and not protocols.has_special_method(v, "__iter__"):
         return iterate(frame, protocols.dict_part(v))

@@ -89,7 +89,10 @@ def _overridable(frame, *values):
         isinstance(v, TensorValue) and v.cls not in (torch.Tensor, torch.nn.Parameter) for v in values)
 
 
-def binary(frame: RunningFrame, op: str, a: Value, b: Value) -> Value:
+def binary(frame: RunningFrame, op: str, a: Value, b: Value, own_methods: bool = True) -> Value:
+    """``a <op> b`` as Python does it. ``own_methods=False``: torch's operator for tensors, past
+    special methods a tensor subclass defines in Python (``Tensor.__add__(x, y)`` called by name,
+    or torch's default ``__torch_function__`` running the operator it was handed)."""
     fn = BINARY[op]
     if numpy_calls.involves_arrays(a, b):
         return numpy_calls.binary(frame, op, a, b)
@@ -119,7 +122,16 @@ def binary(frame: RunningFrame, op: str, a: Value, b: Value) -> Value:
     if isinstance(a, TensorValue) or isinstance(b, TensorValue):
         if op.endswith("=") and not isinstance(a, TensorValue):
             # `n += tensor` with a Python number on the left is just `n + tensor`.
-            fn = BINARY[op[:-1]]
+            fn, op = BINARY[op[:-1]], op[:-1]
+        name = SPECIAL_NAMES[op.rstrip("=")]
+        if not own_methods:
+            own = None
+        elif op.endswith("="):
+            own = tensor_special_method(frame, a, None, f"__i{name}__", None, f"operator {op}")
+        else:
+            own = tensor_special_method(frame, a, b, f"__{name}__", f"__r{name}__", f"operator {op}")
+        if own is not None:
+            return own
         if _overridable(frame, a, b):
             overridden = ops.function_subclass_binary(frame, fn, a, b)   # a __torch_function__ class's
             if overridden is not None:
@@ -138,6 +150,37 @@ def binary(frame: RunningFrame, op: str, a: Value, b: Value) -> Value:
     if op in ("|", "|=") and isinstance(a, DictValue) and isinstance(b, DictValue):
         return ops.call_method(frame, a, "__ior__" if op == "|=" else "__or__", [b], {})
     return constant_fold(frame, fn, [a, b], f"operator {op}")
+
+
+_UNARY_NAMES = {operator.neg: "__neg__", operator.pos: "__pos__", operator.abs: "__abs__",
+                operator.invert: "__invert__"}
+
+
+def tensor_special_method(frame, a, b, name, reflected, what, args=None):
+    """``a <op> b`` (or ``a.name(*args)``) where a tensor operand's class, a Python subclass of
+    torch.Tensor, defines the special method in Python: it is traced, in the order Python asks
+    (``b``'s reflected one first when its class derives from ``a``'s); None where torch's own
+    methods answer. Where the class's method gives NotImplemented and Python would go on to
+    torch's, the trace stops (a graph break) rather than guess."""
+    left = protocols.python_special_method(a, name) if isinstance(a, TensorValue) else None
+    right = protocols.python_special_method(b, reflected) if reflected and isinstance(b, TensorValue) else None
+    if left is None and right is None:
+        return None
+    first_right = right is not None and (
+        not isinstance(a, TensorValue) or (b.cls is not a.cls and issubclass(b.cls, a.cls)))
+    own = (a, name, [b] if args is None else args)
+    if first_right:
+        order = [(b, reflected, [a])] + ([own] if left is not None else [])
+    elif left is not None:
+        order = [own] + ([(b, reflected, [a])] if right is not None else [])
+    else:
+        return None    # torch's own method of `a` answers first
+    for owner, method, call_args in order:
+        result = protocols.call_special_method(frame, owner, method, call_args)
+        if not is_not_implemented(result):
+            return result
+    raise Unsupported(f"{what}: the tensor subclass's {order[-1][1]} returned NotImplemented; what Python "
+                      "asks next is not traced yet", hint="without fullgraph=True it runs eagerly")
 
 
 def _sequence_op(frame, op, a, b):
@@ -190,7 +233,7 @@ def _empty(cls):
     return torch.Size([]) if cls is torch.Size else ()
 
 
-def compare(frame: RunningFrame, op: str, a: Value, b: Value) -> Value:
+def compare(frame: RunningFrame, op: str, a: Value, b: Value, own_methods: bool = True) -> Value:
     fn = COMPARE[op]
     if numpy_calls.involves_arrays(a, b):
         return numpy_calls.compare(frame, op, a, b)
@@ -206,6 +249,10 @@ def compare(frame: RunningFrame, op: str, a: Value, b: Value) -> Value:
     if isinstance(a, TensorValue) or isinstance(b, TensorValue):
         if a is NULL or b is NULL:
             raise Unsupported("comparison with NULL")
+        own = tensor_special_method(frame, a, b, f"__{COMPARE_NAMES[op]}__", f"__{REFLECTED_COMPARE[op]}__",
+                                    f"comparison {op}") if own_methods else None
+        if own is not None:
+            return own
         if (isinstance(a, ConstantValue) and a.value is None) or (isinstance(b, ConstantValue) and b.value is None):
             return ConstantValue(op == "!=")
         if _overridable(frame, a, b):
@@ -346,10 +393,14 @@ def float_op(frame, fn, args):
     return constant_fold(frame, fn, args, getattr(fn, "__name__", "operator"))
 
 
-def unary(frame: RunningFrame, fn: Callable, v: Value) -> Value:
+def unary(frame: RunningFrame, fn: Callable, v: Value, own_methods: bool = True) -> Value:
     if numpy_calls.involves_arrays(v):
         return numpy_calls.unary(frame, fn, v)
     if isinstance(v, TensorValue):
+        name = _UNARY_NAMES.get(fn)
+        own = tensor_special_method(frame, v, None, name, None, f"operator {name}") if name and own_methods else None
+        if own is not None:
+            return own
         if _overridable(frame, v):
             overridden = ops.function_subclass_binary(frame, fn, v, None)   # a __torch_function__ class's
             if overridden is not None:
@@ -456,10 +507,14 @@ def make_slice(start, stop, step):
     return SliceValue(start, stop, step)
 
 
-def getitem(frame: RunningFrame, obj: Value, index: Value) -> Value:
+def getitem(frame: RunningFrame, obj: Value, index: Value, own_methods: bool = True) -> Value:
     if numpy_calls.involves_arrays(obj, index):
         return numpy_calls.getitem(frame, obj, index)
     if isinstance(obj, TensorValue):
+        own = tensor_special_method(frame, obj, None, "__getitem__", None, "a subscript", [index]) \
+            if own_methods else None
+        if own is not None:
+            return own
         if _overridable(frame, obj, index):
             overridden = ops.function_subclass_binary(frame, operator.getitem, obj, index)   # a __torch_function__ class's
             if overridden is not None:
@@ -547,11 +602,14 @@ def _module_item(frame, mv, index):
     raise Unsupported(f"indexing {type(m).__name__} is not supported")
 
 
-def setitem(frame: RunningFrame, obj: Value, index: Value, value: Value) -> None:
+def setitem(frame: RunningFrame, obj: Value, index: Value, value: Value, own_methods: bool = True) -> None:
     if numpy_calls.involves_arrays(obj, index, value):
         numpy_calls.setitem(frame, obj, index, value)
         return
     if isinstance(obj, TensorValue):
+        if own_methods and tensor_special_method(frame, obj, None, "__setitem__", None, "a subscript store",
+                                                 [index, value]) is not None:
+            return
         if _overridable(frame, obj, index, value) \
                 and ops.function_subclass_setitem(frame, obj, index, value) is not None:
             return    # a __torch_function__ class's override

@@ -12,15 +12,16 @@ import types
 import numpy as np
 import torch
 
-from ...datamodel import class_lookup
+from ...datamodel import class_lookup, tensor_class_attr
 from ...guards.builder import ID_MATCH
 from ...guards.sources import AttrSource, ObjectSource
-from ...values.base import ConstantValue, ObjectValue, UserObjectValue
+from ...values.base import ConstantValue, ObjectValue, TensorValue, UserObjectValue
 from ...values.builder import wrap
 from ..core import ops
 
 # Classes whose Python-level special methods are *not* traced: their behaviour is known natively
 # (NumPy's: arrays, masked arrays and polynomials are trace/numpy_api/numpy_calls.py's, or run natively).
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 _NATIVE_BASES = (torch.nn.Module, torch.Tensor, type, np.ndarray, np.generic, np.poly1d,
                  np.polynomial._polybase.ABCPolyBase)
 
@@ -49,7 +50,11 @@ def guard_class_method(tx, cls, name, attr):
 
 
 def python_special_method(v, name):
-    """The Python function behind special method ``name`` of ``v``'s class, or None."""
+    """The Python function behind special method ``name`` of ``v``'s class, or None (for a tensor:
+    one its Python subclass of torch.Tensor defines, not torch's own)."""
+    if isinstance(v, TensorValue):
+        attr, found = tensor_class_attr(v.cls, name) if v.cls not in _PLAIN_TENSORS else (None, False)
+        return attr if found and isinstance(attr, types.FunctionType) else None
     if isinstance(v, UserObjectValue):
         cls = v.cls
     elif isinstance(v, ObjectValue) and not isinstance(v.obj, _NATIVE_BASES):
@@ -74,7 +79,8 @@ def has_special_method(v, name):
 def call_special_method(frame, v, name, args, kwargs=None):
     """Inline ``type(v).name(v, *args)``; the method must exist (see ``python_special_method``)."""
     fn = python_special_method(v, name)
-    src = guard_class_method(frame.tx, v.cls if isinstance(v, UserObjectValue) else type(v.obj), name, fn)
+    src = guard_class_method(frame.tx, v.cls if isinstance(v, (UserObjectValue, TensorValue)) else type(v.obj),
+                             name, fn)
     return ops.call(frame, wrap(frame.tx, fn, src), [v] + list(args), kwargs or {})
 
 

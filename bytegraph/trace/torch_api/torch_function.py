@@ -154,16 +154,20 @@ def base(frame, cls, func, args, kwargs):
     try:
         getter = _property_name(func)
         if func is torch._C.TensorBase.__getitem__ and len(args) == 2 and not kwargs:
-            result = operators.getitem(frame, args[0], args[1])
+            result = operators.getitem(frame, args[0], args[1], own_methods=False)
         elif func in _OPERATOR_OF and len(args) == 2 and not kwargs:
-            result = operators.compare(frame, _OPERATOR_OF[func], args[0], args[1])
+            result = operators.compare(frame, _OPERATOR_OF[func], args[0], args[1], own_methods=False)
         elif func in _OPERATOR_RUN and len(args) == 2 and not kwargs:
             op, swapped = _OPERATOR_RUN[func]
-            result = operators.binary(frame, op, *(args[::-1] if swapped else args))
+            result = operators.binary(frame, op, *(args[::-1] if swapped else args), own_methods=False)
+        elif func is torch.Tensor.__len__ and len(args) == 1 and not kwargs and isinstance(args[0], TensorValue):
+            if args[0].fake.dim() == 0:
+                raise Unsupported("len() of a 0-d tensor")
+            result = tx.graph.size_value(args[0], 0)
         elif func is _TB.__invert__ and len(args) == 1 and not kwargs:
-            result = operators.unary(frame, operator.invert, args[0])
+            result = operators.unary(frame, operator.invert, args[0], own_methods=False)
         elif func is _TB.__setitem__ and len(args) == 3 and not kwargs:
-            operators.setitem(frame, *args)
+            operators.setitem(frame, *args, own_methods=False)
             result = ConstantValue(None)
         elif getter is not None:
             if len(args) != 1 or kwargs:
