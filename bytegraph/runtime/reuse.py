@@ -20,6 +20,7 @@ namespace holds where it cannot be replaced (inside a container, or one no ident
 """
 from __future__ import annotations
 
+import functools
 import types
 
 import torch
@@ -186,8 +187,10 @@ def _holds_old(obj, old_ids, depth):
         items = obj
     elif isinstance(obj, dict):
         items = list(obj.keys()) + list(obj.values())
-    elif isinstance(obj, types.MethodType):
+    elif isinstance(obj, (types.MethodType, types.BuiltinMethodType)):
         items = (obj.__self__,)
+    elif isinstance(obj, functools.partial):
+        items = (obj.func, obj.args, obj.keywords)
     else:
         return False
     return any(id(x) in old_ids or _holds_old(x, old_ids, depth - 1) for x in items)
