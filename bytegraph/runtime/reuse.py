@@ -27,6 +27,7 @@ import torch
 import torch.fx as fx
 
 from ..debug import logs
+from ..guards import coverage
 from ..guards.builder import ID_MATCH, GuardSet, TensorMeta
 from ..guards.sources import Source
 from ..guards.stamps import EPOCH
@@ -127,7 +128,6 @@ def _remake(c, t, frame_args, values):
     if not new_of or len({id(v) for v in new_of.values()}) != len(new_of):
         return None         # the same objects (another guard failed), or two then and one now
     guards = GuardSet()
-    guards.epoch = -1       # the first check runs the detailed (module-stamp) guards too
     for source, old in t.objects.items():
         now = new_of.get(id(old), _MISSING)
         if now is _MISSING:
@@ -150,13 +150,18 @@ def _remake(c, t, frame_args, values):
         if gm is None:
             return None
     run = _function(t.run, ns, c.transformed_name())
+    # The guards the module stamp covers are read here (compiled, they are checked only once the
+    # stamp moves, and their text is written on first use); the others by the check itself.
+    _, covered, _ = coverage.partition(guards)
+    if not all(g.kind.evaluate(g, resolve) for g in covered):
+        return None
+    guards.epoch = EPOCH[0]
     check, _, _ = c.guards(guards, run)
     if check(*frame_args) is not run:
         return None
     if gm is not None:
         examples = [resolve(i) if isinstance(i, Source) else i for i in t.inputs]
         ns["__compiled_fn"] = c.compile_graph(gm, examples)
-    guards.epoch = EPOCH[0]
     return guards, run, t.source, gm, t
 
 
