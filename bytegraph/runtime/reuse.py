@@ -29,7 +29,7 @@ import torch.fx as fx
 from ..debug import logs
 from ..guards import coverage
 from ..guards.builder import ID_MATCH, GuardSet, TensorMeta
-from ..guards.sources import Source
+from ..guards.sources import ObjectSource, Source
 from ..guards.stamps import EPOCH
 from .cache import _same_expected
 from .persist import _Resolver
@@ -37,6 +37,7 @@ from .persist import _Resolver
 log = logs.get_logger("recompiles")
 
 _MISSING = object()
+_DROPPED = object()
 
 
 class Template:
@@ -79,7 +80,11 @@ def template_of(c, tx, run, source, gm, break_reason=None, user_stack=(), hint=N
         # With symbolic sizes the backend is handed the trace's fakes (the shape guards say they
         # hold for this call too); else the tensors now at the inputs' sources.
         inputs = [i.node.meta["example_value"] if graph.shapes.has_symbols else i.source for i in graph.inputs]
-    return Template(c.compiler, list(tx.guards), dict(tx.guards.objects), gm, state, inputs, run, source,
+    # (tensors no identity guard names, such as the call's inputs, are not kept: read again when made)
+    pinned = {id(g.expected) for g in tx.guards if g.kind is ID_MATCH}
+    objects = {s: _DROPPED if isinstance(o, torch.Tensor) and id(o) not in pinned else o
+               for s, o in tx.guards.objects.items()}
+    return Template(c.compiler, list(tx.guards), objects, gm, state, inputs, run, source,
                     break_reason, list(user_stack), hint)
 
 
@@ -135,9 +140,12 @@ def _remake(c, t, frame_args, values):
                 now = resolve(source)
             except Exception:   # noqa: BLE001 - a source that cannot be read now is left out
                 continue
-            if now is not old and not isinstance(now, (int, float, str, bool, type(None))):
+            if now is not old and old is not _DROPPED and not isinstance(now, (int, float, str, bool, type(None))):
                 old_ids.add(id(old))
         guards.objects[source] = now
+    held = [g.source for g in t.guards if g.source is not None] + [src for src, _ in t.state.values()]
+    if any(id(obj) in old_ids for source in held for obj in _objects_named(source)):
+        return None         # a guard or the graph's state reads the old object itself
     for g in t.guards:
         expected = new_of.get(id(g.expected), g.expected) if g.kind is ID_MATCH else g.expected
         guards.add(g.kind, g.source, expected, g.detail, g.dynamic_dims)
@@ -183,6 +191,18 @@ def _namespace(old_ns, new_of, old_ids):
     for name in functions:
         ns[name] = _function(old_ns[name], ns, name)
     return ns
+
+
+def _objects_named(source):
+    """The objects a source's chain names directly (its ObjectSource roots)."""
+    found = []
+
+    def render(s):
+        if isinstance(s, ObjectSource):
+            found.append(s.obj)
+        return s.expr_over(render)
+    render(source)
+    return found
 
 
 def _holds_old(obj, old_ids, depth):
