@@ -18,7 +18,8 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 import bytegraph
 from bytegraph.graph import fake_memo
-from bytegraph.runtime import compile_frame
+from bytegraph.runtime import compile_frame, reuse
+from bytegraph.stacks import CUT_FROM
 from bytegraph.trace.machine import frame as machine_frame
 from helpers import assert_no_internal_errors, assert_same, compile_counted
 
@@ -81,11 +82,14 @@ def _inlines_of(code, run):
     return count[0]
 
 
-def _compile_and_compare(model, remember=True):
-    """Two calls compiled, each compared with eager; the counter."""
-    original = compile_frame._remember_known_break
+def _compile_and_compare(model, remember=True, remake=True):
+    """Two calls compiled, each compared with eager; the counter. ``remember=False``: no known
+    breaking calls; ``remake=False``: no entries made again for other modules (runtime/reuse.py)."""
+    original, original_remake = compile_frame._remember_known_break, reuse.remake
     if not remember:
         compile_frame._remember_known_break = lambda *args, **kwargs: None
+    if not remake:
+        reuse.remake = lambda *args, **kwargs: None
     try:
         bytegraph.reset()
         compiled, cnt = compile_counted(model)
@@ -95,7 +99,7 @@ def _compile_and_compare(model, remember=True):
             assert_same(model(x.clone()), compiled(x.clone()))
         assert_no_internal_errors()
     finally:
-        compile_frame._remember_known_break = original
+        compile_frame._remember_known_break, reuse.remake = original, original_remake
     return cnt
 
 
@@ -109,7 +113,8 @@ def test_layers_breaking_alike_inline_the_layer_once(n):
         assert _inlines_of(forward, lambda: found.append(_compile_and_compare(model))) == 1
         # without the site remembered: each layer's call inlines the layer down to the break
         alone = []
-        assert _inlines_of(forward, lambda: alone.append(_compile_and_compare(model, remember=False))) == n
+        assert _inlines_of(forward, lambda: alone.append(_compile_and_compare(model, remember=False,
+                                                                               remake=False))) == n
     # the same graphs either way
     assert found[0].frame_count == alone[0].frame_count > n
     assert found[0].op_count == alone[0].op_count
@@ -123,6 +128,78 @@ def test_site_whose_later_calls_do_not_break_is_forgotten():
         alone = _compile_and_compare(model, remember=False)
     assert found.op_count == alone.op_count
     assert found.frame_count <= alone.frame_count + 2     # (the second layer split before it is known)
+
+
+# --- entries made again for another module of the same structure (runtime/reuse.py) ----------
+
+class _ScaledLayer(_Layer):
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x, breaks=True):
+        h = self.lin(x).relu() * self.scale
+        if breaks:
+            h = _middle(h)
+        return h - self.scale
+
+
+def _traces_of(codes, run):
+    """How many traces of a frame of ``codes`` (or of a resume function cut from one) ``run()`` made."""
+    count = [0]
+    original = compile_frame.trace_frame
+
+    def counting(fn, *args, **kwargs):
+        if CUT_FROM.get(fn.__code__, fn.__code__) in codes:
+            count[0] += 1
+        return original(fn, *args, **kwargs)
+
+    compile_frame.trace_frame = counting
+    try:
+        run()
+    finally:
+        compile_frame.trace_frame = original
+    return count[0]
+
+
+def test_later_layers_frames_are_made_again_not_traced():
+    torch.manual_seed(0)
+    model = _Stack(3)
+    codes = {_Layer.forward.__code__}
+    with torch.no_grad():
+        found, alone = [], []
+        made = _traces_of(codes, lambda: found.append(_compile_and_compare(model)))
+        traced = _traces_of(codes, lambda: alone.append(_compile_and_compare(model, remake=False)))
+    # the layer's forward and its resume function: traced for the first layer only
+    assert made == 2 < traced
+    assert found[0].frame_count == alone[0].frame_count
+    assert found[0].op_count == alone[0].op_count
+
+
+def test_layers_that_differ_are_traced_again():
+    """A layer whose constant differs (or whose submodule has a hook) is traced; one like a layer
+    already compiled is made from that layer's entry; every call equal to eager."""
+    torch.manual_seed(0)
+    model = _Stack(1)
+    model.layers = torch.nn.ModuleList([_ScaledLayer(1.0), _ScaledLayer(2.0), _ScaledLayer(2.0), _ScaledLayer(2.0)])
+    model.layers[3].lin.register_forward_hook(lambda m, args, out: out * 3)
+    codes = {_ScaledLayer.forward.__code__}
+    with torch.no_grad():
+        # traced: layers 0 and 1 (forward and resume function each), layer 3's forward (the
+        # hook: its resume function reads no hooked module and is made from layer 2's); layer 2 made again
+        assert _traces_of(codes, lambda: _compile_and_compare(model)) == 5
+
+
+def test_other_parameter_shapes_are_traced_again():
+    torch.manual_seed(0)
+    model = _Stack(1)
+    plain, transposed = _Layer(), _Layer()
+    transposed.lin.weight = torch.nn.Parameter(torch.randn(4, 4).t())    # another layout, same shape
+    model.layers = torch.nn.ModuleList([plain, transposed])
+    with torch.no_grad():
+        # traced: the first layer's forward and resume function, the second's forward (its
+        # resume function reads no parameter and is made from the first's)
+        assert _traces_of({_Layer.forward.__code__}, lambda: _compile_and_compare(model)) == 3
 
 
 # --- remembered fake results ------------------------------------------------------------------

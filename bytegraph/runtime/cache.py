@@ -35,6 +35,7 @@ class CacheEntry:
     fallback_reason: str = None   # set when this entry runs the frame eagerly
     identity: tuple = ()      # ((source, object), ...): root objects the guards match by identity
     backend: object = None    # the backend it was compiled with under set_stance(force_backend=...)
+    template: object = None   # reuse.Template: the entry made again for other modules of its structure
 
     @property
     def keyset(self):

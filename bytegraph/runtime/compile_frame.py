@@ -29,7 +29,7 @@ from ..stacks import CUT_FROM, frame_summary, function_entry
 from ..trace.nn.blocks import ReplayError
 from ..trace.tracer import frame_params, trace_frame
 from ..values.base import ObjectValue
-from . import persist
+from . import persist, reuse
 from .cache import CacheEntry, CodeCache
 from .signature import _signature_parts
 
@@ -162,7 +162,9 @@ class _Compile:
         """Guards, logs and records for a traced frame; the cache entry."""
         if tx.graph.shapes.needs_guard:
             tx.guards.add(SHAPE_ENV, None, tx.graph.shapes)
-        return self.entry_from(tx.guards, run, source, gm, break_reason, user_stack, hint)
+        entry = self.entry_from(tx.guards, run, source, gm, break_reason, user_stack, hint)
+        entry.template = reuse.template_of(self, tx, run, source, gm, break_reason, user_stack, hint)
+        return entry
 
     def entry_from(self, guard_set, run, source, gm, break_reason=None, user_stack=(), hint=None):
         guard, explain, guard_source = self.guards(guard_set, run)
@@ -230,6 +232,14 @@ def _compile(c, fn, frame_args, compiler):
     loaded = persist.load(c, values)
     if loaded is not None:
         return c.entry_from(*loaded)
+    made = reuse.remake(c, frame_args, values)
+    if made is not None:
+        # Another module of the structure an entry of this code was traced for (reuse.py).
+        guard_set, run, source, gm, template = made
+        entry = c.entry_from(guard_set, run, source, gm, template.break_reason, template.user_stack,
+                             template.hint)
+        entry.template = template
+        return entry
     if hinted is not None:
         c.known_site = hinted.known_site
         entry = _split_at_hinted_break(c, values, hinted)
