@@ -51,7 +51,7 @@ class Coverage:
 
     def __init__(self, guards):
         self.objects = guards.objects           # source -> the object read there while tracing
-        self.pinned = {g.source for g in guards if g.kind.pins and g.source is not None}
+        self.pinned = {g.source for g in guards.entries() if g.kind.pins and g.source is not None}
         self._owner = {}
         self._fixed = {}
         self._watchable = {}                    # id -> stamps.watchable of a module seen (it holds while partitioning)
@@ -141,9 +141,53 @@ def is_heap_type(cls) -> bool:
 
 
 def partition(guards):
-    """(guards checked on every call, guards checked when the epoch moved, watched modules)."""
+    """(guards checked on every call, guards checked when the epoch moved, watched modules).
+    A stamped layer's entry (``layers.LAYER_MATCH``) goes whole where all its parts go, else its
+    parts go one by one."""
+    from .layers import LAYER_MATCH     # (layers' kind is made after this module's import)
+    entries = guards.entries()
     cov = Coverage(guards)
+    if guards.layers:
+        for g in entries:
+            if g.kind is LAYER_MATCH:
+                cov.pinned.update(g.expected.pinned(g.source))
     every, covered = [], []
-    for g in guards:
+    for g in entries:
+        if g.kind is LAYER_MATCH:
+            if _layer_covered(cov, g):
+                covered.append(g)
+                continue
+            for p in g.parts():
+                (covered if cov.covers(p) else every).append(p)
+            continue
         (covered if cov.covers(g) else every).append(g)
     return every, covered, list(cov.modules.values())
+
+
+def _layer_covered(cov, g):
+    """Are all of a stamped layer's guards covered, as each would be on its own? Decided once
+    per shape over its first layer's guards, anchored only at that layer's root (so the answer
+    is the layer's own, not borrowed from identity guards elsewhere), then per layer: its root
+    is stable, and the modules the shape watches are watchable here, their hooks stamped alike."""
+    facts = g.expected
+    shape = facts.shape
+    if shape.mask is None:
+        first = Coverage.__new__(Coverage)
+        first.__dict__.update(cov.__dict__)
+        first.pinned = {shape.root} | {p.source for p in shape.parts if p.kind.pins and p.source is not None}
+        first._owner, first._fixed, first.modules = {}, {}, {}
+        first_objects = facts.shape.first_objects
+        shape.mask = all(first.covers(p) for p in shape.parts)
+        index = {id(o): i for i, o in enumerate(first_objects)}
+        shape.watched = [index.get(id(m)) for m in first.modules.values()]
+        if None in shape.watched:
+            shape.mask = False
+        shape.hooks = [stamps.hooks_watched(first_objects[i]) for i in shape.watched] if shape.mask else []
+    if not shape.mask or not cov.stable(g.source):
+        return False
+    objects = facts.objects
+    for i, hooks in zip(shape.watched, shape.hooks):
+        m = objects[i]
+        if not cov.watch_if(m) or stamps.hooks_watched(m) != hooks:
+            return False
+    return True

@@ -36,7 +36,7 @@ from ...graph.subgraph import SubgraphBuilder
 from ...guards.sources import AttrSource, ModuleEntrySource
 from ...values.base import ConstantValue, ObjectValue, SubgraphValue, TensorValue, TupleValue
 from ...values.builder import wrap
-from . import blocks
+from . import blocks, region_stamps
 from ..torch_api import higher_order
 from ..core.basics import describe
 from ..torch_api.higher_order import flatten, to_value, trace_body
@@ -98,6 +98,7 @@ class _Region:
         self.structure = structure      # how the flat outputs regroup into what the function returned
         self.out_metas = out_metas      # (shape, stride, dtype, device) per output
         self.reach = reach              # per output: the operand positions its autograd history reaches
+        self.walk = None                # region_stamps.Walk from the first stamped call (False: none applies)
 
 
 def call_region(frame, fn_value, fn, args, kwargs):
@@ -249,10 +250,38 @@ def _template(key, key_leaves, rec, sub, leaves, before, after):
 def _stamp(frame, region, key_leaves, leaves):
     """The call as a copy of ``region``'s first, or None when the record does not apply here."""
     tx = frame.tx
+    walk = region.walk
+    if walk:
+        layer = region_stamps.layer_of(key_leaves)
+        lifted = region_stamps.stamp(tx, walk, layer) if layer is not None else None
+        if lifted is not None:
+            return _stamped(tx, region, leaves, [key_leaves[o] if k == "leaf" else v
+                                                 for (k, o), v in zip(region.origins, lifted)])
     template = region.template
     steps = template._plan(tx, key_leaves)
     if steps is None:
         return None
+    layer = region_stamps.layer_of(key_leaves) if walk is None else None
+    tap = None
+    if layer is not None and not tx.guards.recorders and tx.guards.tap is None \
+            and region_stamps.fresh_reads(tx, steps, layer.source):
+        tap = tx.guards.tap = []
+    try:
+        values = _replay(tx, template, key_leaves, steps)
+    finally:
+        if tap is not None:
+            tx.guards.tap = None
+    if walk is None:
+        region.walk = (region_stamps.build(tx, layer, steps, tap, values, region.origins) if tap is not None
+                       else None) or False
+    lifted = []
+    for kind, origin in region.origins:
+        lifted.append(key_leaves[origin] if kind == "leaf" else values[id(origin)])
+    return _stamped(tx, region, leaves, lifted)
+
+
+def _replay(tx, template, key_leaves, steps):
+    """Do a plan's reads and add its guards; the values read, by the recorded value's id."""
     values = {}
     for t, r in zip(template.leaves, key_leaves):
         values[id(t)] = r
@@ -267,9 +296,10 @@ def _stamp(frame, region, key_leaves, leaves):
         elif step[0] == "guard":
             _, kind, source, expected, detail, dims = step
             tx.guards.add(kind, source, expected, detail, dims)
-    lifted = []
-    for kind, origin in region.origins:
-        lifted.append(key_leaves[origin] if kind == "leaf" else values[id(origin)])
+    return values
+
+
+def _stamped(tx, region, leaves, lifted):
     operands = leaves + lifted
     graph = tx.graph
     get_attr = graph.graph.get_attr(region.name)
