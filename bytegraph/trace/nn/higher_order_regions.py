@@ -263,7 +263,7 @@ def _stamp(frame, region, key_leaves, leaves):
         return None
     layer = region_stamps.layer_of(key_leaves) if walk is None else None
     tap = None
-    if layer is not None and not tx.guards.recorders and tx.guards.tap is None \
+    if layer is not None and tx.guards.tap is None \
             and region_stamps.fresh_reads(tx, steps, layer.source):
         tap = tx.guards.tap = []
     try:

@@ -20,7 +20,8 @@ object is equivalent to the one the general stamp saw (``blocks._equivalent``, t
 that none of the objects is known to the trace yet (the general stamp's reads were all first
 reads, so ``wrap`` added every guard it would), then adds the parameters' ``get_attr`` nodes
 and one ``LAYER_MATCH`` guard for the layer (``GuardSet.add_layer``: the same guards, kept as one
-entry). Anything else (nested recording, ``functional_call``'s overrides, a reassigned buffer,
+entry). A module forward being recorded around the call (``blocks.Recorder``) is not kept then:
+its record would lack the layer's reads. Anything else (``functional_call``'s overrides, a reassigned buffer,
 a step that fails, a check that does not hold) gives None: the call is stamped the general way.
 """
 from __future__ import annotations
@@ -175,7 +176,7 @@ def build(tx, layer, steps, tapped, values, origins):
 def stamp(tx, walk, layer):
     """(operand values, per lifted input) for the call on ``layer`` as a copy of the walk, its
     guards added as one entry; None (nothing changed) when the walk does not apply."""
-    if tx.guards.recorders or tx.state_overrides or values_builder._reassigned_buffers:
+    if tx.state_overrides or values_builder._reassigned_buffers:
         return None
     objects = [layer.obj]
     first = walk.first_objects
@@ -210,6 +211,11 @@ def stamp(tx, walk, layer):
         if (known is not None and known[0] is obj) or id(obj) in seen:
             return None
         seen.add(id(obj))
+    for r in tx.guards.recorders:
+        # A module forward around the call is being recorded (trace/blocks.py): this layer's
+        # reads and guards do not go through wrap and GuardSet.add, so a copy of that record
+        # would lack them; it is not kept (a model's body around its layers is called once).
+        r.ok = False
     root = layer.source
     moved = {}
     graph = tx.graph
