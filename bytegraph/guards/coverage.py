@@ -132,6 +132,7 @@ class Coverage:
         return g.kind.covered(self, g, self.objects.get(g.source))
 
 
+_LAYER_MATCH = "LAYER_MATCH"   # guards.layers' kind (a kind equals its name; layers imports kinds, which imports this)
 _HEAPTYPE = 1 << 9    # Py_TPFLAGS_HEAPTYPE (no Python module names it)
 
 
@@ -144,16 +145,15 @@ def partition(guards):
     """(guards checked on every call, guards checked when the epoch moved, watched modules).
     A stamped layer's entry (``layers.LAYER_MATCH``) goes whole where all its parts go, else its
     parts go one by one."""
-    from .layers import LAYER_MATCH     # (layers' kind is made after this module's import)
     entries = guards.entries()
     cov = Coverage(guards)
     if guards.layers:
         for g in entries:
-            if g.kind is LAYER_MATCH:
+            if g.kind == _LAYER_MATCH:
                 cov.pinned.update(g.expected.pinned(g.source))
     every, covered = [], []
     for g in entries:
-        if g.kind is LAYER_MATCH:
+        if g.kind == _LAYER_MATCH:
             if _layer_covered(cov, g):
                 covered.append(g)
                 continue
