@@ -57,6 +57,7 @@ class Coverage:
         self._watchable = {}                    # id -> stamps.watchable of a module seen (it holds while partitioning)
         self._descriptors = {}                  # (class, name) -> is a data descriptor there
         self.modules = {}                       # id -> module watched by the covered guards
+        self.layers = {}                        # root source -> a stamped layer's LAYER_MATCH entry
 
     def _class_descriptor(self, cls, name):
         # (a deep model asks the same few classes for the same names once per layer)
@@ -108,8 +109,19 @@ class Coverage:
         return ok
 
     def stable(self, source):
-        """Fixed, or pinned by an identity guard of its own."""
-        return source in self.pinned or self.fixed(source)
+        """Fixed, or pinned by an identity guard of its own (a stamped layer's among them)."""
+        return source in self.pinned or self.fixed(source) or (bool(self.layers) and self._layer_pinned(source))
+
+    def _layer_pinned(self, source):
+        # A stamped layer's identity guards pin sources under its root: asked for the few
+        # sources queried rather than made for every layer (guards.layers).
+        base = source
+        while base is not None:
+            layer = self.layers.get(base)
+            if layer is not None:
+                return layer.expected.pins_source(source, base)
+            base = base.base_source
+        return False
 
     def _watch(self, m):
         if id(m) not in self.modules:
@@ -148,9 +160,7 @@ def partition(guards):
     entries = guards.entries()
     cov = Coverage(guards)
     if guards.layers:
-        for g in entries:
-            if g.kind == _LAYER_MATCH:
-                cov.pinned.update(g.expected.pinned(g.source))
+        cov.layers = {g.source: g for g in entries if g.kind == _LAYER_MATCH}
     every, covered = [], []
     for g in entries:
         if g.kind == _LAYER_MATCH:
@@ -175,7 +185,7 @@ def _layer_covered(cov, g):
         first = Coverage.__new__(Coverage)
         first.__dict__.update(cov.__dict__)
         first.pinned = {shape.root} | {p.source for p in shape.parts if p.kind.pins and p.source is not None}
-        first._owner, first._fixed, first.modules = {}, {}, {}
+        first._owner, first._fixed, first.modules, first.layers = {}, {}, {}, {}
         first_objects = facts.shape.first_objects
         shape.mask = all(first.covers(p) for p in shape.parts)
         index = {id(o): i for i, o in enumerate(first_objects)}

@@ -61,6 +61,7 @@ class LayerShape:
         self.identity = identity    # per part: index into the layer's objects its ID_MATCH expects, or None
         self.first_objects = first_objects   # the first stamped layer's objects, in the walk's order
         self.pins = [i for i, p in enumerate(parts) if p.kind.pins and p.source is not None]
+        self.pinned = None          # their sources (coverage asks whether one of them is pinned)
         self.observed = [i for i, p in enumerate(parts) if p.kind.observation(p) is not None]
         self.mask = None            # per part: covered (coverage.partition, computed once)
         self.watched = None         # indices (into the layer's objects) of the modules the covered parts watch
@@ -97,12 +98,12 @@ class LayerFacts:
         expected = self.objects[ident] if ident is not None else part.expected
         return make_guard(part.kind, src, expected, part.detail, part.dynamic_dims)
 
-    def pinned(self, root):
-        """The sources the layer's identity guards pin (``coverage``), without making its other guards."""
-        if self._parts is not None:
-            return [self._parts[i].source for i in self.shape.pins]
-        shape, memo = self.shape, {}
-        return [rebase(shape.parts[i].source, shape.root, root, memo) for i in shape.pins]
+    def pins_source(self, source, root):
+        """Does one of the layer's identity guards pin ``source`` (under ``root``, its source)?"""
+        shape = self.shape
+        if shape.pinned is None:
+            shape.pinned = {shape.parts[i].source for i in shape.pins}
+        return rebase(source, root, shape.root, {}) in shape.pinned
 
     def __repr__(self):
         return f"<layer of {len(self.shape.parts)} guards>"

@@ -31,7 +31,7 @@ import torch
 from ...guards import builder as g
 from ...guards.kinds import ID_MATCH
 from ...guards.layers import LayerFacts, LayerShape, rebase
-from ...guards.sources import AttrSource, ItemSource, ModuleEntrySource, Source
+from ...guards.sources import AttrSource, ItemSource, ModuleEntrySource, Source, _plain
 from ...values import builder as values_builder
 from ...values.base import ObjectValue
 from ...values.builder import CONSTANT_TYPES
@@ -48,7 +48,8 @@ class Walk:
         self.wrapped = wrapped              # indices of the objects read through wrap (not constants)
         self.shape = shape                  # guards.layers.LayerShape
         self.checks = checks                # (object index, kind, expected) of the guards that are not identities
-        self.operands = operands            # per lifted input: (object index, its source under the root, is a parameter) or None
+        self.operands = operands            # per lifted input: (object index, its source under the root, is a
+                                            # parameter, its name after the root's) or None
 
 
 def layer_of(key_leaves):
@@ -159,7 +160,11 @@ def build(tx, layer, steps, tapped, values, origins):
         if not isinstance(source, ModuleEntrySource) or source.table not in ("_parameters", "_buffers") \
                 or type(objects[i]) not in (torch.Tensor, torch.nn.Parameter) or value.node.op != "get_attr":
             return None
-        operands.append((i, source, source.table == "_parameters"))
+        # Its name under another layer: that layer's name and the same steps (as Source.name
+        # writes a path whose bases are attribute, table and item steps).
+        name, root_name = source.name(), root.name()
+        suffix = name[len(root_name):] if name.startswith(root_name) and root_name == _plain(root) else None
+        operands.append((i, source, source.table == "_parameters", suffix))
     # Deduplicate the parts the way the guard set does (a guard asked for twice is one guard).
     seen, kept, kept_identity = set(), [], []
     for part, ident in zip(parts, identity):
@@ -217,6 +222,7 @@ def stamp(tx, walk, layer):
         # would lack them; it is not kept (a model's body around its layers is called once).
         r.ok = False
     root = layer.source
+    root_name = None
     moved = {}
     graph = tx.graph
     guards = tx.guards
@@ -225,10 +231,13 @@ def stamp(tx, walk, layer):
         if operand is None:
             lifted.append(None)
             continue
-        i, source, is_parameter = operand
+        i, source, is_parameter, suffix = operand
         tensor = objects[i]
         source_r = rebase(source, walk.root, root, moved)
-        value = graph.add_module_state(tensor, source_r, is_parameter)
+        if suffix is not None and root_name is None:
+            root_name = root.name()
+        value = graph.add_module_state(tensor, source_r, is_parameter,
+                                       root_name + suffix if suffix is not None else None)
         memo[id(tensor)] = (tensor, value)
         guards.objects[source_r] = tensor
         lifted.append(value)
