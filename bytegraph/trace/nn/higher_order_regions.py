@@ -98,7 +98,8 @@ class _Region:
         self.structure = structure      # how the flat outputs regroup into what the function returned
         self.out_metas = out_metas      # (shape, stride, dtype, device) per output
         self.reach = reach              # per output: the operand positions its autograd history reaches
-        self.walk = None                # region_stamps.Walk from the first stamped call (False: none applies)
+        self.walk = None                # region_stamps.Walk from the first stamped call (False: none applies;
+                                        # a tuple: build's arguments, until a third call needs it)
 
 
 def call_region(frame, fn_value, fn, args, kwargs):
@@ -251,6 +252,9 @@ def _stamp(frame, region, key_leaves, leaves):
     """The call as a copy of ``region``'s first, or None when the record does not apply here."""
     tx = frame.tx
     walk = region.walk
+    if type(walk) is tuple:
+        # Summed up at the third call, not the second: a model of two layers never needs it.
+        walk = region.walk = region_stamps.build(tx, *walk) or False
     if walk:
         layer = region_stamps.layer_of(key_leaves)
         lifted = region_stamps.stamp(tx, walk, layer) if layer is not None else None
@@ -272,8 +276,7 @@ def _stamp(frame, region, key_leaves, leaves):
         if tap is not None:
             tx.guards.tap = None
     if walk is None:
-        region.walk = (region_stamps.build(tx, layer, steps, tap, values, region.origins) if tap is not None
-                       else None) or False
+        region.walk = (layer, steps, tap, values, region.origins) if tap is not None else False
     lifted = []
     for kind, origin in region.origins:
         lifted.append(key_leaves[origin] if kind == "leaf" else values[id(origin)])
