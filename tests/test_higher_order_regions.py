@@ -103,6 +103,9 @@ _MUTATIONS = {
     "submodule_structure": _without_bias,
     "submodule_class": lambda m: setattr(m, "ln", torch.nn.Identity()),
     "hook": _hooked,
+    # (the parameters keep their identity; what the graph was built for is checked when the
+    # module epoch moves, with the metadata taken when the layer was traced or stamped)
+    "parameter_requires_grad": lambda m: m.fc.requires_grad_(False),
 }
 
 
@@ -159,7 +162,7 @@ def _guards_and_explain(mutation, walk):
     return guards, re.sub("0x[0-9a-f]+", "0x", why)
 
 
-@pytest.mark.parametrize("mutation", ["constant", "parameter", "hook"])
+@pytest.mark.parametrize("mutation", ["constant", "parameter", "hook", "parameter_requires_grad"])
 def test_a_walked_layer_has_the_guards_and_messages_of_a_stamped_one(mutation):
     # Layers from the third on are stamped by a walk over their objects and keep their guards
     # as one entry: the same guards, one by one, and the same reason on a miss, as the general stamp.

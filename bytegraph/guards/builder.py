@@ -122,8 +122,7 @@ class Guard:
         return (self,)
 
 
-def _part_guard(kind, source, expected, detail, dynamic_dims):
-    meta = TensorMeta(expected) if kind is ID_MATCH and isinstance(expected, torch.Tensor) else None
+def _part_guard(kind, source, expected, detail, dynamic_dims, meta):
     return Guard(kind, source, expected, detail, tuple(dynamic_dims), meta)
 
 

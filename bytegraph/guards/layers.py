@@ -21,6 +21,8 @@ while tracing and compiling the check.
 """
 from __future__ import annotations
 
+import torch
+
 from .kinds import ID_MATCH, GuardKind, KINDS
 from .sources import AttrSource, DefaultSource, ItemSource, ModuleEntrySource
 
@@ -62,6 +64,10 @@ class LayerShape:
         self.first_objects = first_objects   # the first stamped layer's objects, in the walk's order
         self.pins = [i for i, p in enumerate(parts) if p.kind.pins and p.source is not None]
         self.pinned = None          # their sources (coverage asks whether one of them is pinned)
+        # Identity guards on tensors: their metadata is taken when the layer is stamped (as
+        # GuardSet.add takes it), not when the guards are made (the deep check is written later).
+        self.tensor_parts = [i for i, (p, ident) in enumerate(zip(parts, identity))
+                             if ident is not None and p.kind is ID_MATCH and isinstance(first_objects[ident], torch.Tensor)]
         self.observed = [i for i, p in enumerate(parts) if p.kind.observation(p) is not None]
         self.mask = None            # per part: covered (coverage.partition, computed once)
         self.watched = None         # indices (into the layer's objects) of the modules the covered parts watch
@@ -71,9 +77,10 @@ class LayerShape:
 class LayerFacts:
     """``expected`` of a LAYER_MATCH guard: one layer stamped like ``shape``'s."""
 
-    def __init__(self, shape, objects):
+    def __init__(self, shape, objects, metas):
         self.shape = shape
         self.objects = objects      # the layer's objects, in the walk's order (0: the layer module)
+        self.metas = dict(zip(shape.tensor_parts, metas))   # part index -> builder.TensorMeta taken at the stamp
         self._parts = None
 
     def expand(self, root, make_guard):
@@ -82,10 +89,10 @@ class LayerFacts:
             shape = self.shape
             memo = {}
             out = []
-            for part, ident in zip(shape.parts, shape.identity):
+            for i, (part, ident) in enumerate(zip(shape.parts, shape.identity)):
                 src = rebase(part.source, shape.root, root, memo) if part.source is not None else None
                 expected = self.objects[ident] if ident is not None else part.expected
-                out.append(make_guard(part.kind, src, expected, part.detail, part.dynamic_dims))
+                out.append(make_guard(part.kind, src, expected, part.detail, part.dynamic_dims, self.metas.get(i)))
             self._parts = out
         return self._parts
 
@@ -96,7 +103,7 @@ class LayerFacts:
         part, ident = self.shape.parts[i], self.shape.identity[i]
         src = rebase(part.source, self.shape.root, root, {}) if part.source is not None else None
         expected = self.objects[ident] if ident is not None else part.expected
-        return make_guard(part.kind, src, expected, part.detail, part.dynamic_dims)
+        return make_guard(part.kind, src, expected, part.detail, part.dynamic_dims, self.metas.get(i))
 
     def pins_source(self, source, root):
         """Does one of the layer's identity guards pin ``source`` (under ``root``, its source)?"""

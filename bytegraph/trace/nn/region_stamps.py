@@ -241,7 +241,8 @@ def stamp(tx, walk, layer):
         memo[id(tensor)] = (tensor, value)
         guards.objects[source_r] = tensor
         lifted.append(value)
-    guards.add_layer(root, LayerFacts(walk.shape, objects))
+    metas = [g.TensorMeta(objects[walk.shape.identity[i]]) for i in walk.shape.tensor_parts]
+    guards.add_layer(root, LayerFacts(walk.shape, objects, metas))
     return lifted
 
 
