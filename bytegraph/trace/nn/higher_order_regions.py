@@ -16,6 +16,8 @@ anything (``trace.blocks.Template._plan``: the same check that lets a repeated b
 copied), then the reads are done again (guards, get_attr nodes, as a trace makes them) and the
 call is stamped out with its own operands; its results' fake tensors are made from the first
 call's (with an autograd edge to the operands each output depends on, for what reads those).
+From the third call on, a call on a layer built like the second's is stamped by a walk over the
+layer's objects, its guards one entry (``region_stamps``).
 So capture time stops growing with depth the way a flat trace's does: graphs stay flat unless a
 region is marked (``config.nest_repeated_blocks`` marks repeated blocks of a ``ModuleList``
 or ``Sequential``).
