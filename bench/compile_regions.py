@@ -1,6 +1,7 @@
 """Capture time against depth with the block's forward marked ``torch.compiler.nested_compile_region``.
 
     OMP_NUM_THREADS=1 python bench/compile_regions.py [--layers 2,8,32] [--repeat 3] [--grad] [--clock cpu] [--stat min]
+    OMP_NUM_THREADS=1 python bench/compile_regions.py --layers 2,32 --only regions --calls
 
 The subject is ``bench/depth.py``'s nanoGPT-style decoder (``TinyGPT``, d=128, 4 heads, 1 x 8
 tokens, CPU, one thread) with each ``Block`` replaced by a subclass whose ``forward`` is marked
@@ -71,6 +72,22 @@ def eager_ms(layers, train):
     return (CLOCK[0]() - t0) * 100
 
 
+def capture_calls(variant, layers, train):
+    """Python calls of one fresh capture (cProfile's count): a measure the machine's load does not move."""
+    import cProfile
+    import pstats
+    model, x = make_model(layers, variant in ("regions", "torch"), train)
+    bytegraph.reset()
+    compiled = bytegraph.compile(model, backend="eager")
+    gc.collect()
+    prof = cProfile.Profile()
+    with bytegraph.config.patch(nest_repeated_blocks=variant == "nested"):
+        prof.enable()
+        run(compiled, x, train)
+        prof.disable()
+    return sum(v[1] for v in pstats.Stats(prof).stats.values())
+
+
 def capture_ms(variant, layers, train):
     model, x = make_model(layers, variant in ("regions", "torch"), train)
     gc.collect()
@@ -99,6 +116,9 @@ def main(argv=None):
     parser.add_argument("--only", default=",".join(VARIANTS))
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     parser.add_argument("--stat", choices=("median", "min"), default="median")
+    parser.add_argument("--calls", action="store_true",
+                        help="instead of times: Python calls per added layer, (calls(deepest) - calls(shallowest)) / "
+                             "(deepest - shallowest) layers, from cProfile's counts (bytegraph variants)")
     args = parser.parse_args(argv)
     CLOCK[0] = time.process_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(1)
@@ -106,6 +126,13 @@ def main(argv=None):
     layers = [int(n) for n in args.layers.split(",")]
     for v in variants:      # imports and first-compile caches: not counted
         capture_ms(v, 1, args.grad)
+    if args.calls:
+        lo, hi = layers[0], layers[-1]
+        for v in variants:
+            capture_calls(v, lo, args.grad)    # (lazily made caches of the first profiled capture)
+            per = (capture_calls(v, hi, args.grad) - capture_calls(v, lo, args.grad)) / (hi - lo)
+            print(f"{VARIANTS[v]}: {per:.0f} Python calls per layer ({lo} to {hi} layers)")
+        return
     print(f"torch {torch.__version__}, python {sys.version.split()[0]}, {'training' if args.grad else 'no_grad'}; "
           f"capture ms of {args.clock} time, {args.stat} of {args.repeat} (first call less an eager call)")
     print(f"{'layers':>6} | " + " | ".join(f"{VARIANTS[v]:>30}" for v in variants))

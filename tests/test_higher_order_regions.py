@@ -2,12 +2,15 @@
 as one invoke_subgraph node per call, the region traced once per input signature and stamped out
 for the other calls; config.nest_repeated_blocks does the same for repeated blocks unmarked.
 Values and gradients equal eager's."""
+import re
+
 import pytest
 import torch
 
 import bytegraph
 from bytegraph.backends.registry import lookup_backend
 from bytegraph.graph.higher_order import invoke_region
+from bytegraph.guards.builder import GuardList
 from bytegraph.testing import CompileCounter
 from helpers import assert_traced
 from test_higher_order import BACKENDS, _x, check
@@ -100,6 +103,9 @@ _MUTATIONS = {
     "submodule_structure": _without_bias,
     "submodule_class": lambda m: setattr(m, "ln", torch.nn.Identity()),
     "hook": _hooked,
+    # (the parameters keep their identity; what the graph was built for is checked when the
+    # module epoch moves, with the metadata taken when the layer was traced or stamped)
+    "parameter_requires_grad": lambda m: m.fc.requires_grad_(False),
 }
 
 
@@ -125,6 +131,42 @@ def test_a_changed_stamped_layer_compiles_again(mutation):
     x = torch.randn(3, 8)       # other values: the new graph computes them, rather than its first answer
     assert torch.allclose(compiled(x), fn(x), atol=1e-6)
     assert cnt.frame_count == 2
+
+
+def _guards_and_explain(mutation, walk):
+    from bytegraph.trace.nn import region_stamps
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[RegionBlock() for _ in range(5)])
+    build = region_stamps.build
+    if not walk:
+        region_stamps.build = lambda *args: None
+    try:
+        bytegraph.reset()
+
+        def fn(x):
+            with torch.no_grad():
+                return model(x)
+
+        compiled = bytegraph.compile(fn, backend="eager")
+        x = torch.randn(3, 8)
+        assert torch.allclose(compiled(x), fn(x))
+    finally:
+        region_stamps.build = build
+    (entry,) = compiled._bytegraph_cache.entries
+    assert isinstance(entry.guards, GuardList) == walk      # layers kept as one guard entry each, or not
+    guards = sorted(re.sub("0x[0-9a-f]+", "0x", g.describe()) for g in entry.guards)   # (another model's addresses)
+    _MUTATIONS[mutation](model[4])
+    assert torch.allclose(compiled(x), fn(x), atol=1e-6)
+    (why,) = compiled._bytegraph_cache.recompile_reasons
+    assert "[4]" in why
+    return guards, re.sub("0x[0-9a-f]+", "0x", why)
+
+
+@pytest.mark.parametrize("mutation", ["constant", "parameter", "hook", "parameter_requires_grad"])
+def test_a_walked_layer_has_the_guards_and_messages_of_a_stamped_one(mutation):
+    # Layers from the third on are stamped by a walk over their objects and keep their guards
+    # as one entry: the same guards, one by one, and the same reason on a miss, as the general stamp.
+    assert _guards_and_explain(mutation, walk=True) == _guards_and_explain(mutation, walk=False)
 
 
 def test_aot_graph_has_invoke_subgraph():

@@ -245,11 +245,12 @@ class GraphBuilder:
             raise Unsupported("symbolic float arithmetic is not supported yet")
         return ConstantValue(result)
 
-    def add_module_state(self, tensor, source, is_parameter):
-        """A parameter or buffer of an nn.Module, read in the graph through get_attr."""
+    def add_module_state(self, tensor, source, is_parameter, source_name=None):
+        """A parameter or buffer of an nn.Module, read in the graph through get_attr
+        (``source_name``: ``source.name()``, when the caller has it already)."""
         name = self._state_names.get(id(tensor))
         if name is None:
-            name = self._unique(_identifier(source.name()))
+            name = self._unique(_identifier(source_name or source.name()))
             self._state_names[id(tensor)] = name
             self.state_sources[name] = (source, is_parameter)
             if is_parameter:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import builtins
 import linecache
 from collections import UserString
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Callable
 
@@ -31,6 +32,7 @@ from .kinds import (ALIAS, ARRAYS_APART, CONSTANT_MATCH, DICT_KEYS, GLOBAL_HOOKS
 # What guard checks read, importable from here as before (values.builder, trace/).
 from .probes import (default_device, function_modes, global_state_snapshot, memory_apart, process_group_state,
                      storage_groups)
+from .layers import LAYER_MATCH
 from .sources import GlobalSource, ObjectSource, Source
 
 __all__ = [
@@ -113,6 +115,16 @@ class Guard:
         """The guard in the user's terms (explain, the guards log, the debug directory)."""
         return self.kind.describe(self)
 
+    def parts(self):
+        """The guards this one stands for: itself, or a stamped layer's (``layers``)."""
+        if self.kind is LAYER_MATCH:
+            return self.expected.expand(self.source, _part_guard)
+        return (self,)
+
+
+def _part_guard(kind, source, expected, detail, dynamic_dims, meta):
+    return Guard(kind, source, expected, detail, tuple(dynamic_dims), meta)
+
 
 class GuardSet:
     """Guards collected during one trace, deduplicated, in insertion order."""
@@ -123,6 +135,8 @@ class GuardSet:
         self.epoch = stamps.EPOCH[0]   # the module epoch when the trace began
         self.recorders = []   # trace.nn.blocks recorders listening to guards and wraps
         self.in_wrap = 0      # >0 while values.builder.wrap runs (its guards come with it)
+        self.layers = 0       # LAYER_MATCH entries (stamped layers' guards kept as one)
+        self.tap = None       # a list taking every guard asked for, while set
 
     def add(self, kind: GuardKind | str, source: Source | None, expected: object, detail: str = "",
             dynamic_dims=()) -> None:
@@ -130,6 +144,9 @@ class GuardSet:
         state) against ``expected``; one guard per (kind, source, detail), and per attribute
         name for the kinds whose ``expected`` is one."""
         kind = KINDS[kind]
+        if self.tap is not None:
+            # (trace.nn.region_stamps: every guard one stamp asks for, those already here too)
+            self.tap.append((kind, source, expected, detail, dynamic_dims))
         if self.recorders and not self.in_wrap:
             # trace.nn.blocks records what a module's forward added, to add it again for a copy.
             for r in self.recorders:
@@ -140,11 +157,51 @@ class GuardSet:
             meta = TensorMeta(expected) if kind is ID_MATCH and isinstance(expected, torch.Tensor) else None
             self._guards[key] = Guard(kind, source, expected, detail, tuple(dynamic_dims), meta)
 
+    def add_layer(self, source: Source, facts) -> None:
+        """A stamped layer's guards as one entry (``layers.LAYER_MATCH``); iterating gives them
+        one by one."""
+        key = (LAYER_MATCH, source, "", None)
+        if key not in self._guards:
+            self._guards[key] = Guard(LAYER_MATCH, source, facts)
+            self.layers += 1
+
+    def entries(self):
+        """The guards as kept: a stamped layer's as one entry (``Guard.parts`` gives its guards)."""
+        return self._guards.values()
+
     def __iter__(self):
-        return iter(self._guards.values())
+        if not self.layers:
+            return iter(self._guards.values())
+        return (p for g in self._guards.values() for p in g.parts())
 
     def __len__(self):
         return len(self._guards)
+
+    def listed(self):
+        """The guards one by one as a list, a stamped layer's made when first read."""
+        return GuardList(self) if self.layers else list(self._guards.values())
+
+
+class GuardList(Sequence):
+    """``list(guard_set)``, expanded on first use (a cache entry's guards are rarely read)."""
+
+    def __init__(self, guard_set):
+        self._set = guard_set
+        self._list = None
+
+    def _items(self):
+        if self._list is None:
+            self._list = list(self._set)
+        return self._list
+
+    def __getitem__(self, i):
+        return self._items()[i]
+
+    def __len__(self):
+        return len(self._items())
+
+    def __iter__(self):
+        return iter(self._items())
 
 
 # --- global state -----------------------------------------------------------
@@ -177,11 +234,12 @@ class _Emitter:
         self.ns = dict(_NAMESPACE)
         self._consts = {}
         self.uses = {}
-        for g in guards:
-            s = g.source
-            while s is not None:
-                self.uses[s] = self.uses.get(s, 0) + 1
-                s = s.base_source
+        for entry in guards:
+            for g in entry.parts():
+                s = g.source
+                while s is not None:
+                    self.uses[s] = self.uses.get(s, 0) + 1
+                    s = s.base_source
         self.names = {}
         self.assignments = []
         self.prefix = "_v"
@@ -265,6 +323,12 @@ def _without_function_subclasses(fn):
     return run
 
 
+def _observed_parts(g):
+    if g.kind is LAYER_MATCH:
+        return [g.expected.part(i, g.source, _part_guard) for i in g.expected.shape.observed]
+    return (g,) if g.kind.observation(g) is not None else ()
+
+
 def compile_guards(guards: GuardSet, params, fn_globals: dict, name: str = "guard",
                    hit: object = True) -> tuple[Callable, Callable, GuardText]:
     """Generate (check, explain, source_text) for a GuardSet over ``params``.
@@ -290,7 +354,8 @@ def compile_guards(guards: GuardSet, params, fn_globals: dict, name: str = "guar
                 f"            if __detail('deep_{name}')({sig}) is None: return None",
                 "            if __rewatch(__watched): __seen[0] = __e"]
     src += ["    except Exception:", "        return None", "    return __hit", ""]
-    quiet = any(isinstance(g.expected, TensorMeta) and _overrides_function(g.expected.cls) for g in guards)
+    # (a stamped layer's guards check no tensor's metadata: entries, not parts)
+    quiet = any(isinstance(g.expected, TensorMeta) and _overrides_function(g.expected.cls) for g in guards.entries())
     under_modes = any(isinstance(kind, type) for kind in function_modes())
     if quiet or under_modes:
         # A tensor of a __torch_function__ class, or TorchFunctionModes around the call: reading
@@ -300,8 +365,8 @@ def compile_guards(guards: GuardSet, params, fn_globals: dict, name: str = "guar
             else torch._C.DisableTorchFunctionSubclass
         src = [src[0], "    with __no_subclass_function():"] + ["    " + line for line in src[1:-1]] + [""]
     classes = [type(m) for m in modules]   # as compiled (the text below is written later)
-    ordered = _order(list(guards))
-    observed = [g for g in ordered if g.kind.observation(g) is not None]
+    ordered = _order(list(guards.entries()))
+    observed = [p for g in ordered for p in _observed_parts(g)]
 
     def detail_source():
         # The detailed checks (run when the module epoch moved), the explain and observe

@@ -51,12 +51,13 @@ class Coverage:
 
     def __init__(self, guards):
         self.objects = guards.objects           # source -> the object read there while tracing
-        self.pinned = {g.source for g in guards if g.kind.pins and g.source is not None}
+        self.pinned = {g.source for g in guards.entries() if g.kind.pins and g.source is not None}
         self._owner = {}
         self._fixed = {}
         self._watchable = {}                    # id -> stamps.watchable of a module seen (it holds while partitioning)
         self._descriptors = {}                  # (class, name) -> is a data descriptor there
         self.modules = {}                       # id -> module watched by the covered guards
+        self.layers = {}                        # root source -> a stamped layer's LAYER_MATCH entry
 
     def _class_descriptor(self, cls, name):
         # (a deep model asks the same few classes for the same names once per layer)
@@ -108,8 +109,19 @@ class Coverage:
         return ok
 
     def stable(self, source):
-        """Fixed, or pinned by an identity guard of its own."""
-        return source in self.pinned or self.fixed(source)
+        """Fixed, or pinned by an identity guard of its own (a stamped layer's among them)."""
+        return source in self.pinned or self.fixed(source) or (bool(self.layers) and self._layer_pinned(source))
+
+    def _layer_pinned(self, source):
+        # A stamped layer's identity guards pin sources under its root: asked for the few
+        # sources queried rather than made for every layer (guards.layers).
+        base = source
+        while base is not None:
+            layer = self.layers.get(base)
+            if layer is not None:
+                return layer.expected.pins_source(source, base)
+            base = base.base_source
+        return False
 
     def _watch(self, m):
         if id(m) not in self.modules:
@@ -132,6 +144,7 @@ class Coverage:
         return g.kind.covered(self, g, self.objects.get(g.source))
 
 
+_LAYER_MATCH = "LAYER_MATCH"   # guards.layers' kind (a kind equals its name; layers imports kinds, which imports this)
 _HEAPTYPE = 1 << 9    # Py_TPFLAGS_HEAPTYPE (no Python module names it)
 
 
@@ -141,9 +154,50 @@ def is_heap_type(cls) -> bool:
 
 
 def partition(guards):
-    """(guards checked on every call, guards checked when the epoch moved, watched modules)."""
+    """(guards checked on every call, guards checked when the epoch moved, watched modules).
+    A stamped layer's entry (``layers.LAYER_MATCH``) goes whole where all its parts go, else its
+    parts go one by one."""
+    entries = guards.entries()
     cov = Coverage(guards)
+    if guards.layers:
+        cov.layers = {g.source: g for g in entries if g.kind == _LAYER_MATCH}
     every, covered = [], []
-    for g in guards:
+    for g in entries:
+        if g.kind == _LAYER_MATCH:
+            if _layer_covered(cov, g):
+                covered.append(g)
+                continue
+            for p in g.parts():
+                (covered if cov.covers(p) else every).append(p)
+            continue
         (covered if cov.covers(g) else every).append(g)
     return every, covered, list(cov.modules.values())
+
+
+def _layer_covered(cov, g):
+    """Are all of a stamped layer's guards covered, as each would be on its own? Decided once
+    per shape over its first layer's guards, anchored only at that layer's root (so the answer
+    is the layer's own, not borrowed from identity guards elsewhere), then per layer: its root
+    is stable, and the modules the shape watches are watchable here, their hooks stamped alike."""
+    facts = g.expected
+    shape = facts.shape
+    if shape.mask is None:
+        first = Coverage.__new__(Coverage)
+        first.__dict__.update(cov.__dict__)
+        first.pinned = {shape.root} | {p.source for p in shape.parts if p.kind.pins and p.source is not None}
+        first._owner, first._fixed, first.modules, first.layers = {}, {}, {}, {}
+        first_objects = facts.shape.first_objects
+        shape.mask = all(first.covers(p) for p in shape.parts)
+        index = {id(o): i for i, o in enumerate(first_objects)}
+        shape.watched = [index.get(id(m)) for m in first.modules.values()]
+        if None in shape.watched:
+            shape.mask = False
+        shape.hooks = [stamps.hooks_watched(first_objects[i]) for i in shape.watched] if shape.mask else []
+    if not shape.mask or not cov.stable(g.source):
+        return False
+    objects = facts.objects
+    for i, hooks in zip(shape.watched, shape.hooks):
+        m = objects[i]
+        if not cov.watch_if(m) or stamps.hooks_watched(m) != hooks:
+            return False
+    return True

@@ -168,7 +168,7 @@ class _Compile:
 
     def entry_from(self, guard_set, run, source, gm, break_reason=None, user_stack=(), hint=None):
         guard, explain, guard_source = self.guards(guard_set, run)
-        guards = list(guard_set)
+        guards = guard_set.listed()
         if logs.enabled("guards"):
             log_guards.debug("GUARDS %s\n%s", self.name, "\n".join(f"  - {g.describe()}" for g in guards))
         if logs.enabled("output_code"):
@@ -181,7 +181,7 @@ class _Compile:
         self.dump.finish("graph break" if break_reason else ("graph" if gm is not None else "no graph"),
                          self.times, guards, guard_source, source, break_reason, hint, user_stack)
         return CacheEntry(guard, run, explain, guards, graph=gm, transformed_source=source,
-                          guard_source=guard_source, identity=identity_of(guards))
+                          guard_source=guard_source, identity=identity_of(guard_set.entries()))
 
 
 def compile_frame(fn: types.FunctionType, frame_args: list, compiler, cache: CodeCache | None = None) -> CacheEntry:

@@ -16,6 +16,8 @@ anything (``trace.blocks.Template._plan``: the same check that lets a repeated b
 copied), then the reads are done again (guards, get_attr nodes, as a trace makes them) and the
 call is stamped out with its own operands; its results' fake tensors are made from the first
 call's (with an autograd edge to the operands each output depends on, for what reads those).
+From the third call on, a call on a layer built like the second's is stamped by a walk over the
+layer's objects, its guards one entry (``region_stamps``).
 So capture time stops growing with depth the way a flat trace's does: graphs stay flat unless a
 region is marked (``config.nest_repeated_blocks`` marks repeated blocks of a ``ModuleList``
 or ``Sequential``).
@@ -36,7 +38,7 @@ from ...graph.subgraph import SubgraphBuilder
 from ...guards.sources import AttrSource, ModuleEntrySource
 from ...values.base import ConstantValue, ObjectValue, SubgraphValue, TensorValue, TupleValue
 from ...values.builder import wrap
-from . import blocks
+from . import blocks, region_stamps
 from ..torch_api import higher_order
 from ..core.basics import describe
 from ..torch_api.higher_order import flatten, to_value, trace_body
@@ -98,6 +100,8 @@ class _Region:
         self.structure = structure      # how the flat outputs regroup into what the function returned
         self.out_metas = out_metas      # (shape, stride, dtype, device) per output
         self.reach = reach              # per output: the operand positions its autograd history reaches
+        self.walk = None                # region_stamps.Walk from the first stamped call (False: none applies;
+                                        # a tuple: build's arguments, until a third call needs it)
 
 
 def call_region(frame, fn_value, fn, args, kwargs):
@@ -249,10 +253,40 @@ def _template(key, key_leaves, rec, sub, leaves, before, after):
 def _stamp(frame, region, key_leaves, leaves):
     """The call as a copy of ``region``'s first, or None when the record does not apply here."""
     tx = frame.tx
+    walk = region.walk
+    if type(walk) is tuple:
+        # Summed up at the third call, not the second: a model of two layers never needs it.
+        walk = region.walk = region_stamps.build(tx, *walk) or False
+    if walk:
+        layer = region_stamps.layer_of(key_leaves)
+        lifted = region_stamps.stamp(tx, walk, layer) if layer is not None else None
+        if lifted is not None:
+            return _stamped(tx, region, leaves, [key_leaves[o] if k == "leaf" else v
+                                                 for (k, o), v in zip(region.origins, lifted)])
     template = region.template
     steps = template._plan(tx, key_leaves)
     if steps is None:
         return None
+    layer = region_stamps.layer_of(key_leaves) if walk is None else None
+    tap = None
+    if layer is not None and tx.guards.tap is None \
+            and region_stamps.fresh_reads(tx, steps, layer.source):
+        tap = tx.guards.tap = []
+    try:
+        values = _replay(tx, template, key_leaves, steps)
+    finally:
+        if tap is not None:
+            tx.guards.tap = None
+    if walk is None:
+        region.walk = (layer, steps, tap, values, region.origins) if tap is not None else False
+    lifted = []
+    for kind, origin in region.origins:
+        lifted.append(key_leaves[origin] if kind == "leaf" else values[id(origin)])
+    return _stamped(tx, region, leaves, lifted)
+
+
+def _replay(tx, template, key_leaves, steps):
+    """Do a plan's reads and add its guards; the values read, by the recorded value's id."""
     values = {}
     for t, r in zip(template.leaves, key_leaves):
         values[id(t)] = r
@@ -267,9 +301,10 @@ def _stamp(frame, region, key_leaves, leaves):
         elif step[0] == "guard":
             _, kind, source, expected, detail, dims = step
             tx.guards.add(kind, source, expected, detail, dims)
-    lifted = []
-    for kind, origin in region.origins:
-        lifted.append(key_leaves[origin] if kind == "leaf" else values[id(origin)])
+    return values
+
+
+def _stamped(tx, region, leaves, lifted):
     operands = leaves + lifted
     graph = tx.graph
     get_attr = graph.graph.get_attr(region.name)
