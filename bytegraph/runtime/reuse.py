@@ -132,6 +132,11 @@ def _remake(c, t, frame_args, values):
         old_ids.add(id(old))
     if not new_of or len({id(v) for v in new_of.values()}) != len(new_of):
         return None         # the same objects (another guard failed), or two then and one now
+    if not any(isinstance(v, torch.nn.Module) for v in new_of.values()):
+        # Only tensors changed under the same modules (a buffer replaced each call): tracing
+        # again makes such a tensor an input, kept from then on; made again here it would be
+        # compiled again on every call.
+        return None
     guards = GuardSet()
     for source, old in t.objects.items():
         now = new_of.get(id(old), _MISSING)
