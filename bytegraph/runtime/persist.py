@@ -718,14 +718,20 @@ def _expected_in(kind, source, exp, resolve):
     raise NotPortable(f"unknown guard form {tag!r}")
 
 
-def _graph_in(saved, resolve):
+def state_module(state):
+    """A module holding a graph's state: ``{name: (tensor, is a parameter)}``."""
     root = torch.nn.Module()
-    for name, (src, is_param) in saved["state"].items():
-        tensor = resolve(_source_in(src))
+    for name, (tensor, is_param) in state.items():
         if is_param:
             root.register_parameter(name, tensor)
         else:
             root.register_buffer(name, tensor)
+    return root
+
+
+def _graph_in(saved, resolve):
+    root = state_module({name: (resolve(_source_in(src)), is_param)
+                         for name, (src, is_param) in saved["state"].items()})
     graph = fx.Graph()
     env = {}
     for op, name, (tkind, tdata), data, region in saved["nodes"]:

@@ -32,7 +32,7 @@ from ..guards.builder import ID_MATCH, GuardSet, TensorMeta
 from ..guards.sources import ObjectSource, Source
 from ..guards.stamps import EPOCH
 from .cache import _same_expected
-from .persist import _Resolver
+from .persist import _Resolver, state_module
 
 log = logs.get_logger("recompiles")
 
@@ -235,16 +235,14 @@ def _function(fn, ns, name):
 
 def _graph(t, resolve, new_of, old_ids):
     """The template's graph over the parameters and buffers now at their sources."""
-    root = torch.nn.Module()
+    state = {}
     for name, (source, is_param) in t.state.items():
         old = getattr(t.gm, name)
         tensor = resolve(source)
         if tensor is not old and new_of.get(id(old)) is not tensor:
             return None     # state no identity guard named
-        if is_param:
-            root.register_parameter(name, tensor)
-        else:
-            root.register_buffer(name, tensor)
+        state[name] = (tensor, is_param)
+    root = state_module(state)
     graph = fx.Graph()
     env = {}
     out = graph.graph_copy(t.gm.graph, env)
