@@ -110,7 +110,9 @@ _SETTINGS = {
                     "trace NumPy code as tensor code (BYTEGRAPH_TRACE_NUMPY=0 runs NumPy natively at graph breaks)"),
     "reuse_traced_blocks": (os.environ.get("BYTEGRAPH_REUSE_BLOCKS", "1") != "0", (bool,),
                             "trace a module's forward once and copy that trace for other modules of its class "
-                            "called alike (BYTEGRAPH_REUSE_BLOCKS=0 turns it off; the graphs are the same)"),
+                            "called alike, and make a frame's cache entry again for another module of the "
+                            "structure it was traced for (runtime/reuse.py) (BYTEGRAPH_REUSE_BLOCKS=0 turns both "
+                            "off; the graphs are the same)"),
     "nest_repeated_blocks": (_env_flag("BYTEGRAPH_NEST_REPEATED_BLOCKS"), (bool,),
                              "call each module of a ModuleList/Sequential that holds other modules of its class "
                              "built alike as a compile region (torch.compiler.nested_compile_region of its forward): "

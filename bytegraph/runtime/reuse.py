@@ -26,6 +26,7 @@ import types
 import torch
 import torch.fx as fx
 
+from .. import config
 from ..debug import logs
 from ..guards import coverage
 from ..guards.builder import ID_MATCH, GuardSet, TensorMeta
@@ -91,8 +92,8 @@ def template_of(c, tx, run, source, gm, break_reason=None, user_stack=(), hint=N
 def remake(c, frame_args, values):
     """(guard set, run, source, graph, template) for this call from an entry of the same code made
     for other objects of the same structure, or None."""
-    if c.cache is None or c.cache.auto_dynamic or c.cache.auto_dynamic_scalars:
-        return None     # sizes that changed are traced as symbolic now
+    if not config.reuse_traced_blocks or c.cache is None or c.cache.auto_dynamic or c.cache.auto_dynamic_scalars:
+        return None     # (sizes that changed are traced as symbolic now)
     for entry in c.cache.entries[:4]:
         t = getattr(entry, "template", None)
         if t is None or t.compiler is not c.compiler:
