@@ -308,3 +308,22 @@ def test_a_changed_shared_module_compiles_again():
     model[1].norm = torch.nn.LayerNorm(8, eps=0.5)               # layer 1 alone gets its own
     assert torch.allclose(compiled(x), fn(x), atol=1e-6)
     assert cnt.frame_count == 3
+
+
+def test_a_buffer_reassigned_elsewhere_leaves_the_walk_on():
+    # Another module whose compiled forward gives a buffer a new tensor: its buffer is read as an
+    # input from then on; layers that hold no such module are still stamped by the walk.
+    class Counter(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("n", torch.zeros(()))
+
+        def forward(self, x):
+            self.n = self.n + 1
+            return x + self.n
+
+    counter = Counter()
+    out = bytegraph.compile(counter, backend="eager")(torch.ones(2))
+    assert torch.equal(out, torch.full((2,), 2.0)) and counter.n.item() == 1
+    assert _guards_and_explain("constant", walk=True) == _guards_and_explain("constant", walk=False)
+    assert counter.n.item() == 1     # (kept alive to here)

@@ -181,7 +181,7 @@ def build(tx, layer, steps, tapped, values, origins):
 def stamp(tx, walk, layer):
     """(operand values, per lifted input) for the call on ``layer`` as a copy of the walk, its
     guards added as one entry; None (nothing changed) when the walk does not apply."""
-    if tx.state_overrides or values_builder._reassigned_buffers:
+    if tx.state_overrides:
         return None
     objects = [layer.obj]
     first = walk.first_objects
@@ -205,6 +205,9 @@ def stamp(tx, walk, layer):
     for a, b in zip(first, objects):
         if a is not b and not _equivalent(a, b):
             return None
+    reassigned = values_builder._reassigned_buffers
+    if reassigned and any(isinstance(o, torch.nn.Module) and o in reassigned for o in objects):
+        return None     # a buffer of the layer gets a new tensor each call: read as an input, not stamped
     for i, kind, expected in walk.checks:
         if kind.holds(objects[i], expected) is not True:
             return None
