@@ -25,6 +25,7 @@ import types
 
 import torch
 import torch.fx as fx
+from torch.utils._pytree import tree_leaves
 
 from .. import config
 from ..debug import logs
@@ -251,17 +252,6 @@ def _graph(t, resolve, new_of, old_ids):
     for node in graph.nodes:
         if node.op == "get_attr" and "real_tensor" in node.meta:
             node.meta["real_tensor"] = getattr(root, node.target)
-        if any(id(a) in old_ids for a in _leaves((node.args, node.kwargs))):
+        if any(id(a) in old_ids for a in tree_leaves((node.args, node.kwargs))):
             return None
     return fx.GraphModule(root, graph)
-
-
-def _leaves(obj):
-    if isinstance(obj, (tuple, list)):
-        for x in obj:
-            yield from _leaves(x)
-    elif isinstance(obj, dict):
-        for x in obj.values():
-            yield from _leaves(x)
-    else:
-        yield obj
