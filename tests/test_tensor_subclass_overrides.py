@@ -162,3 +162,30 @@ def test_graph_ops_on_an_input_of_such_a_class_are_torchs():
 def test_explicit_dunder_store_on_a_plain_tensor():
     x = torch.tensor([1.0, 2.0, 3.0])
     assert torch.equal(bytegraph.compile(_dunder_setitem, backend="eager")(x), _dunder_setitem(x))
+
+
+def test_iterating_under_a_mode_hands_it_what_tensor_iter_asks():
+    # Tensor.__iter__ asks dim() and then unbind(0): a mode sees those calls, not subscripts.
+    from torch.overrides import TorchFunctionMode
+
+    class Record(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.seen.append(getattr(func, "__name__", repr(func)))
+            return func(*args, **(kwargs or {}))
+
+    def fn(x):
+        with mode:
+            return [row * 2 for row in x]
+
+    x = torch.randn(3, 2)
+    mode = Record()
+    expected = fn(x)
+    expected_seen = mode.seen
+    mode = Record()
+    got = bytegraph.compile(fn, backend="eager")(x)
+    assert mode.seen == expected_seen == ["dim", "unbind", "mul", "mul", "mul"]
+    assert all(torch.equal(a, b) for a, b in zip(got, expected)) and len(got) == len(expected)
