@@ -4,6 +4,7 @@
     python bench/flex_attention.py --rows attention     # only the attention case
     python bench/flex_attention.py --device cpu --tiny  # a quick check that it all runs (no Inductor: aot_eager)
     python bench/flex_attention.py --processes 3        # medians over three processes per compiler
+    python bench/flex_attention.py --interleave         # both compilers in one process, alternating rounds
 
 Rows:
 
@@ -21,6 +22,10 @@ caches in every process), ``median`` (steady state per call, CUDA events), ``gra
 compiled; torch.compile's from its own counters), and ``vs torch.compile`` (bytegraph's median /
 torch.compile's: the issue's target is at most 1.03 for the attention row), with the spread of the
 processes' medians when there are several.
+
+``--interleave`` compiles the row with both compilers in one process and times them in
+alternating rounds (``bench/interleave.py``): steady state only, the ratio a host that is fast in
+one process and slow in the next cannot tilt; ``--processes`` then repeats that process.
 """
 import argparse
 import json
@@ -169,6 +174,8 @@ def worker(args):
     else:
         fn, step = build_attention(args, s, device, inside=args.row == "attention_inside")
     graphs = None
+    if args.compiler == "both":
+        return interleaved_worker(args, fn, step, backend, device)
     if args.compiler == "bytegraph":
         import bytegraph
         from bytegraph.backends.registry import lookup_backend
@@ -213,6 +220,59 @@ def worker(args):
     print(json.dumps({"first_s": first, "median_ms": statistics.median(times), "graphs": graphs}))
 
 
+def interleaved_worker(args, fn, step, backend, device):
+    """Both compilers' versions of ``fn`` in this process, warmed, then timed in alternating
+    rounds; prints one JSON line."""
+    import bytegraph
+    import torch
+    from bytegraph.backends.registry import lookup_backend
+    from bytegraph.testing import CompileCounter
+    import interleave
+    counter = CompileCounter(lookup_backend(backend))
+    compiled = {"torch.compile": torch.compile(fn, backend=backend), "bytegraph": bytegraph.compile(fn, backend=counter)}
+    for c in compiled.values():
+        for _ in range(4):
+            step(c)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    result = interleave.alternate({name: (lambda c=c: step(c)) for name, c in compiled.items()},
+                                  args.rounds, args.iters, device, reference="torch.compile")
+    from torch._dynamo.utils import counters
+    result["compilers"]["bytegraph"]["graphs"] = counter.frame_count
+    result["compilers"]["torch.compile"]["graphs"] = counters["stats"]["unique_graphs"]
+    print(json.dumps({"row": args.row, "interleaved": result}))
+
+
+def interleaved_rows(args):
+    """``--interleave``: per row, ``--processes`` processes each timing both compilers in turns."""
+    everything = []
+    for row in args.rows.split(","):
+        for _ in range(args.processes):
+            cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--row", row, "--compiler", "both",
+                   "--device", args.device, "--iters", str(args.iters), "--rounds", str(args.rounds)] + (
+                       ["--tiny"] if args.tiny else [])
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            line = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+            if proc.returncode != 0 or not line:
+                err = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "no output"
+                print(f"{ROWS[row]:<30} | interleaved | ERR: {err}", flush=True)
+                continue
+            r = json.loads(line[-1])
+            everything.append(r)
+            block = r["interleaved"]
+            tc, bg = block["compilers"]["torch.compile"], block["compilers"]["bytegraph"]
+            ratio = block["ratios"]["bytegraph"]
+            print(f"{ROWS[row]:<30} | interleaved {block['rounds']}x{block['iters']} | torch.compile "
+                  f"{tc['median_ms']:.3f} ms ({tc['graphs']} graphs) | bytegraph {bg['median_ms']:.3f} ms "
+                  f"({bg['graphs']} graphs) | {ratio['step']:.3f}x ({ratio['step_spread'][0]:.3f}-"
+                  f"{ratio['step_spread'][1]:.3f}) | host speed {min(block['host_speed_us']):.0f}-"
+                  f"{max(block['host_speed_us']):.0f} us", flush=True)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(everything, f, indent=1)
+    return everything
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", default="attention,attention_inside,gpt")
@@ -223,12 +283,17 @@ def main(argv=None):
     p.add_argument("--processes", type=int, default=1,
                    help="fresh processes per row and compiler (medians; each process's median kept)")
     p.add_argument("--json", default=None, help="write the rows here as they finish")
+    p.add_argument("--interleave", action="store_true",
+                   help="both compilers in one process per row, timed in alternating rounds (steady state)")
+    p.add_argument("--rounds", type=int, default=6, help="alternating rounds for --interleave")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--row", help=argparse.SUPPRESS)
     p.add_argument("--compiler", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         return worker(args)
+    if args.interleave:
+        return interleaved_rows(args)
     import torch
     s = sizes(args)
     print(f"torch {torch.__version__}; device {args.device}"

@@ -41,6 +41,15 @@ any machine. ``--processes N`` runs each row N times (fresh processes) and repor
 the spread (min-max), so a 10% difference can be told from noise. ``--compilers`` picks the
 columns; ``bytegraph-whole`` is bytegraph with regional compilation off
 (``BYTEGRAPH_REGIONAL_COMPILE=0``).
+
+``--interleave``: per row, one process builds every compiler's step and times them in
+alternating rounds (``bench/interleave.py``): the steady-state comparison a host that runs fast
+in one process and slow in the next cannot tilt. Its first calls are not cold (the second
+compiler finds the first one's imports and kernels) and are not reported; ``--rounds`` and
+``--iters`` set its length, ``--slow-host-too`` adds the same rounds pinned to a busy core.
+Every process also reports ``host_speed_us`` (a fixed pure-Python loop, lower is faster) and
+the CUDA allocator's device allocations per step, which tell a slow host or a thrashing
+allocator from a slow compiler.
 """
 import argparse
 import json
@@ -57,6 +66,7 @@ from torch.utils.checkpoint import checkpoint
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from reduce_overhead import GPT  # noqa: E402
+import interleave  # noqa: E402
 
 
 class CheckpointedGPT(GPT):
@@ -252,7 +262,9 @@ def measure(row, compiler, args):
     sync(device)
     pipelined = (time.perf_counter() - t0) / args.iters * 1e3
     result = {"row": row, "compiler": compiler, "first_ms": first * 1e3, "median_ms": statistics.median(times),
-              "pipelined_ms": pipelined}
+              "pipelined_ms": pipelined, "host_speed_us": interleave.host_speed_us()}
+    if device == "cuda":
+        result["device_allocs_per_step"] = device_allocs_per_step(fn, inputs)
     if device == "cuda":
         result["host_ms"], profile = host_time(fn, inputs, args)
         if profile:
@@ -272,6 +284,62 @@ def measure(row, compiler, args):
             result["memory_mb"] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
         else:
             result["memory_mb"] = saved_bytes(fn, inputs) / 2 ** 20
+    return result
+
+
+def device_allocs_per_step(fn, inputs, steps=5):
+    """cudaMalloc calls the caching allocator made per step over ``steps`` warm steps: above zero,
+    the allocator frees and re-allocates every step (a synchronizing, host-bound pattern)."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats().get("num_device_alloc", 0)
+    for _ in range(steps):
+        fn(*inputs)
+    torch.cuda.synchronize()
+    return (torch.cuda.memory_stats().get("num_device_alloc", 0) - before) / steps
+
+
+def measure_interleaved(row, compilers, args):
+    """Every compiler's step for ``row`` built in this process, warmed up, then timed in
+    alternating rounds (``interleave.alternate``), normal and (``--slow-host-too``) pinned to a
+    busy core. The reference for the ratios is torch.compile when it is among them."""
+    device = args.device
+    s = sizes(args)
+    steps, losses, graphs = {}, {}, {}
+    for compiler in compilers:
+        real, env = VARIANT_ENV.get(compiler, (compiler, {}))
+        patch = None
+        if env.get("BYTEGRAPH_REGIONAL_COMPILE") == "0":
+            patch = _bytegraph().config.patch(regional_compile=False)
+        fn, inputs, counter, _ = build(row, real, args, s, device)
+        if patch is not None:       # compiling happens on the first calls: only they need it
+            with patch:
+                for _ in range(1 + args.warmup):
+                    out = fn(*inputs)
+        else:
+            for _ in range(1 + args.warmup):
+                out = fn(*inputs)
+        sync(device)
+        steps[compiler] = (lambda fn=fn, inputs=inputs: fn(*inputs))
+        graphs[compiler] = counter[0] if real == "bytegraph" else torch_graphs() if real == "torch.compile" else None
+        losses[compiler] = out
+    reference = "torch.compile" if "torch.compile" in compilers else compilers[0]
+    result = {"row": row, "compiler": "interleaved", "interleaved": interleave.alternate(
+        steps, args.rounds, args.iters, device, reference=reference)}
+    if args.slow_host_too:
+        busy = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", "while True: pass"])
+        os.sched_setaffinity(0, {0})
+        try:
+            result["slow_interleaved"] = interleave.alternate(steps, args.rounds, args.iters, device,
+                                                              reference=reference)
+        finally:
+            busy.kill()
+            os.sched_setaffinity(0, range(os.cpu_count()))
+    for compiler, out in losses.items():
+        value = steps[compiler]()
+        value = value if value.dim() == 0 else value.float().abs().mean()
+        result["interleaved"]["compilers"][compiler].update(loss=float(value), graphs=graphs[compiler])
+    if device == "cuda":
+        result["device_allocs_per_step"] = {c: device_allocs_per_step(lambda f=f: f(), ()) for c, f in steps.items()}
     return result
 
 
@@ -376,6 +444,14 @@ def run_all(args):
     results = []
     compilers = args.compilers.split(",") if args.compilers else COMPILERS
     for row in rows:
+        if args.interleave:
+            for _ in range(args.processes):
+                results.append(run_one(row, ",".join(c for c in compilers if c != "eager"), args))
+                print(f"  done: {row} / interleaved: {json.dumps(results[-1])[:600]}", file=sys.stderr, flush=True)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump({"args": vars(args), "torch": torch.__version__, "results": results}, f, indent=1)
+            continue
         for compiler in compilers:
             if args.warm_start:
                 results.append(warm_start(row, compiler, args))
@@ -434,12 +510,16 @@ def run_one(row, compiler, args, caches=None, keep_caches=False):
     """One fresh process measuring ``row`` with ``compiler`` (under ``taskset`` with a busy
     neighbour on the same core for ``--slow-host``)."""
     real, extra_env = VARIANT_ENV.get(compiler, (compiler, {}))
+    if args.interleave:     # every compiler in one process; variants are set up inside it
+        real, extra_env = compiler, {}
     env = {**os.environ, **extra_env, **(caches or {})}
     cmd = [sys.executable, os.path.abspath(__file__), "--only-row", row, "--only-compiler", real,
            "--device", args.device, "--backend", args.backend, "--iters", str(args.iters),
            "--warmup", str(args.warmup), "--layers", str(args.layers), "--d", str(args.d),
            "--heads", str(args.heads), "--batch", str(args.batch), "--tokens", str(args.tokens),
-           "--host-profile", str(args.host_profile), "--kernel-profile", str(args.kernel_profile)] + (["--slow-host-too"] if args.slow_host_too else [])
+           "--host-profile", str(args.host_profile), "--kernel-profile", str(args.kernel_profile),
+           "--rounds", str(args.rounds)] + (["--slow-host-too"] if args.slow_host_too else []) + (
+               ["--interleave"] if args.interleave else [])
     if args.tiny:
         cmd.append("--tiny")
     if args.warm_caches or keep_caches:
@@ -458,7 +538,8 @@ def run_one(row, compiler, args, caches=None, keep_caches=False):
         err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return {"row": row, "compiler": compiler, "error": err[:160]}
     result = json.loads(line)
-    result["compiler"] = compiler
+    if not args.interleave:
+        result["compiler"] = compiler
     return result
 
 
@@ -472,6 +553,9 @@ def print_table(results, args):
     for r in results:
         if "error" in r:
             print(f"{r['row']:38s} {r['compiler']:16s} ERROR: {r['error']}")
+            continue
+        if "interleaved" in r:
+            print_interleaved(r)
             continue
         graphs = "" if r.get("graphs") is None else str(r["graphs"])
         line = (f"{r['row']:38s} {r['compiler']:16s} {r['first_ms'] / 1e3:10.2f} s {r['median_ms']:7.2f} ms "
@@ -492,6 +576,26 @@ def print_table(results, args):
         if mem:
             line += f" {r['memory_mb']:8.1f} MB"
         print(line)
+
+
+def print_interleaved(r):
+    """One interleaved process: each compiler's median step and pipelined time over its turns, and
+    the median ratio to the reference over rounds (with its spread), normal and slow host."""
+    for key, label in (("interleaved", ""), ("slow_interleaved", " (slow host)")):
+        if key not in r:
+            continue
+        block = r[key]
+        speeds = block["host_speed_us"]
+        print(f"{r['row'] + label:38s} interleaved, {block['rounds']} rounds x {block['iters']} steps; "
+              f"host speed {min(speeds):.0f}-{max(speeds):.0f} us")
+        for name, c in block["compilers"].items():
+            ratio = block["ratios"].get(name)
+            extra = (f"  step {ratio['step']:.3f}x ({ratio['step_spread'][0]:.3f}-{ratio['step_spread'][1]:.3f}), "
+                     f"pipelined {ratio['pipelined']:.3f}x") if ratio else "  (reference)"
+            loss = f"{c['loss']:10.4f}" if "loss" in c else ""
+            graphs = "" if c.get("graphs") is None else str(c["graphs"])
+            print(f"{'':38s} {name:16s} {'':12s} {c['median_ms']:7.2f} ms {c['pipelined_ms']:7.2f} ms "
+                  f"{'':9s} {loss} {graphs:>7s}{extra}")
 
 
 def main():
@@ -530,13 +634,21 @@ def main():
                    help="add the N functions taking most host time per issued step to the JSON (CUDA)")
     p.add_argument("--kernel-profile", type=int, default=0,
                    help="add kernels per step and the N kernels taking most GPU time per step to the JSON (CUDA)")
+    p.add_argument("--interleave", action="store_true",
+                   help="per row, one process with every compiler's step, timed in alternating rounds "
+                        "(steady state only: bench/interleave.py)")
+    p.add_argument("--rounds", type=int, default=6, help="alternating rounds for --interleave")
     p.add_argument("--only-row", default=None)
     p.add_argument("--only-compiler", default=None)
     args = p.parse_args()
     if args.only_row is not None:
         if not args.warm_caches:
             cold_caches()
-        print(json.dumps(measure(args.only_row, args.only_compiler, args)), flush=True)
+        if args.interleave:
+            result = measure_interleaved(args.only_row, args.only_compiler.split(","), args)
+        else:
+            result = measure(args.only_row, args.only_compiler, args)
+        print(json.dumps(result), flush=True)
         return
     run_all(args)
 
