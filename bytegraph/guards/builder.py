@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from . import coverage, stamps
+from . import coverage, stamps, tensor_batch
 from .kinds import (ALIAS, ARRAYS_APART, CONSTANT_MATCH, DICT_KEYS, GLOBAL_HOOKS, GLOBAL_STATE, HAS_ATTR, ID_MATCH,
                     KINDS, LENGTH_MATCH, MISSING_ATTR, NDARRAY_MATCH, NO_HOOKS, NOT_ALIAS, NOT_OWN_ATTR, SHAPE_ENV,
                     SIZES_BY_SHAPE_GUARDS, STATE_MATCH, STORAGE_GROUPS, STORAGE_SHARED, SUBCLASS_META, TENSOR_MATCH,
@@ -243,6 +243,7 @@ class _Emitter:
         self.names = {}
         self.assignments = []
         self.prefix = "_v"
+        self.batches = []      # tensor_batch.TensorBatch of the check function's lines
 
     def fork(self, guards, prefix):
         """An emitter for another function over the same namespace and constants (its shared
@@ -292,17 +293,31 @@ class _Emitter:
 
 
 def _lines(em, ordered):
-    """(check lines, explain lines) for guards already in emission order."""
+    """(check lines, explain lines) for guards already in emission order. Static TENSOR_MATCH
+    guards of plain tensors, when there are enough of them, are checked by one call at the end
+    (``tensor_batch``): each keeps its explain lines."""
     check_lines = []
     explain_lines = []
+    batched = [g for g in ordered if g.kind is TENSOR_MATCH and tensor_batch.batchable(g)]
+    if len(batched) < tensor_batch.MIN_BATCH:
+        batched = []
+    in_batch = set(map(id, batched))
     for g in ordered:
         before = len(em.assignments)
         check, explain = g.kind.lines(g, em)
         new_assign = em.assignments[before:]     # shared sub-expressions its checks named
         check_lines += new_assign
         explain_lines += new_assign
-        check_lines += check
+        if id(g) not in in_batch:
+            check_lines += check
         explain_lines += explain
+    if batched:
+        batch = tensor_batch.TensorBatch([g.expected for g in batched], [g.source.name() for g in batched])
+        em.batches.append(batch)
+        name = em.const(batch)
+        args = ", ".join(em.render(g.source) for g in batched)    # names bound by their lines above
+        check_lines.append(f"if not {name}.check({args}): return None")
+        explain_lines += [f"__why = {name}.explain({args})", "if __why is not None: return __why"]
     return check_lines, explain_lines
 
 
@@ -413,6 +428,7 @@ def compile_guards(guards: GuardSet, params, fn_globals: dict, name: str = "guar
     linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
     exec(compile(text, filename, "exec"), ns)
     check = ns[name]
+    check.tensor_batches = tuple(em.batches)     # (what tensor_batch.prime builds)
     # What automatic dynamic shapes compares on a miss: current sizes and ints at these sources.
     check.observe = _detail_caller(lazy, f"observe_{name}")
     check.observed = observed

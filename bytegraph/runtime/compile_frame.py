@@ -20,6 +20,7 @@ from ..debug import debug_dir, logs, minifier, progress, records, replay, timing
 from ..debug.inner import watch_inner_compiler
 from ..errors import BackendError, BytegraphError, Unsupported
 from ..guards import probes
+from ..guards import tensor_batch
 from ..guards.builder import ID_MATCH, SHAPE_ENV, GuardSet, add_global_state_guards, compile_guards
 from ..guards.sources import ClosureSource, LocalSource
 from ..codegen.breaks import RESUME_INFO, generate_break, original_offset, plan_break
@@ -192,7 +193,10 @@ def compile_frame(fn: types.FunctionType, frame_args: list, compiler, cache: Cod
     c.dump = debug_dir.begin_frame(fn, cache)
     try:
         with _gc_paused(), modes_set_aside():
-            return _compile(c, fn, frame_args, compiler)
+            entry = _compile(c, fn, frame_args, compiler)
+        # (after the modes are back: the call's own dispatch state is what later calls match)
+        tensor_batch.prime(entry.guard, frame_args)
+        return entry
     except BaseException as e:
         c.dump.finish("error", c.times, reason=f"{type(e).__name__}: {e}")
         raise
