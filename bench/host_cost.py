@@ -20,7 +20,9 @@ against the same graph whole.
 per step, this thread's CPU time (min and median over ``--repeats`` rounds of ``--iters`` steps)
 of the whole step compiled as one function (forward, cross-entropy, ``backward()``, foreach
 AdamW ``step()``, ``zero_grad()``; the graph break at ``opt.step()`` makes several frames) and
-of the model-only step (the model compiled, the rest eager); ``--profile N`` adds the N
+of the model-only step (the model compiled, the rest eager); for bytegraph, each generated guard
+timed in place (unprofiled: where it runs in the step, its tensors out of the CPU's caches);
+``--profile N`` adds the N
 functions with most own time per step (cProfile) and bytegraph's time by kind (guards,
 regions, AOTAutograd's runtime wrappers, ``storage_groups``, dispatch).
 """
@@ -198,6 +200,8 @@ def step_figures(kind, compiler, args):
         loss = fn(x, y)
     out = {"per step (us): min, median": per_call_stats(lambda: fn(x, y), args.iters, args.repeats),
            "loss": round(float(fn(x, y)), 6)}
+    if compiler == "bytegraph":
+        out["guards in place, us per step: min, median"] = guards_in_place(lambda: fn(x, y), args.iters * 3)
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()
@@ -216,6 +220,44 @@ def step_figures(kind, compiler, args):
             f"{os.path.basename(k[0])}:{k[1]}({k[2]}) calls {v[1] // args.iters} own {v[2] * 1e6 / args.iters:.1f} "
             f"cum {v[3] * 1e6 / args.iters:.1f}" for k, v in top]
     return out
+
+
+def guards_in_place(call, steps):
+    """{generated guard: (min, median) us per step}, each passing guard timed where it runs, in
+    the step (no profiler): the dispatch functions' entries wrapped for ``steps`` steps, then put
+    back. In place a guard over hundreds of tensors finds them out of the CPU's caches (the step
+    touched much else since), so it costs several times what it costs called in a loop."""
+    import gc
+    import statistics
+    import types
+    times, lists = {}, []
+
+    def timed(check):
+        def run(*a):
+            t = time.thread_time_ns()
+            hit = check(*a)
+            if hit is not None:
+                times.setdefault(getattr(check, "__name__", "?"), []).append((time.thread_time_ns() - t) / 1e3)
+            return hit
+        return run
+    import warnings
+    with warnings.catch_warnings():     # (gc's objects include deprecated names of torch.distributed)
+        warnings.simplefilter("ignore")
+        functions = [f for f in gc.get_objects() if isinstance(f, types.FunctionType)]
+    for f in functions:
+        if f.__code__.co_filename.startswith("<bytegraph dispatch"):
+            entries = f.__globals__.get("__entries")
+            if isinstance(entries, list) and all(callable(e) for e in entries):
+                lists.append((entries, list(entries)))
+                entries[:] = [timed(e) for e in entries]
+    try:
+        for _ in range(steps):
+            call()
+    finally:
+        for entries, before in lists:
+            entries[:] = before
+    return {k: (round(min(v), 1), round(statistics.median(v), 1))
+            for k, v in sorted(times.items(), key=lambda kv: -statistics.median(kv[1]))}
 
 
 def compare_steps(args):
