@@ -12,6 +12,19 @@ the own and cumulative time of its generated guard function (``guard*``) and of
 ``storage_groups`` per call. ``--lanes`` also times the optimizer graph split into foreach
 lanes (``backends/lanes.compile_by_lanes`` with the eager backend, as Inductor would on a GPU)
 against the same graph whole.
+
+``--steps`` compares the compilers on whole steps instead, each compiler in a fresh process:
+
+    PYTHONPATH=. python bench/host_cost.py --steps [--compilers torch.compile,bytegraph,bytegraph-whole]
+
+per step, this thread's CPU time (min and median over ``--repeats`` rounds of ``--iters`` steps)
+of the whole step compiled as one function (forward, cross-entropy, ``backward()``, foreach
+AdamW ``step()``, ``zero_grad()``; the graph break at ``opt.step()`` makes several frames) and
+of the model-only step (the model compiled, the rest eager); for bytegraph, each generated guard
+timed in place (unprofiled: where it runs in the step, its tensors out of the CPU's caches);
+``--profile N`` adds the N
+functions with most own time per step (cProfile) and bytegraph's time by kind (guards,
+regions, AOTAutograd's runtime wrappers, ``storage_groups``, dispatch).
 """
 import argparse
 import cProfile
@@ -127,6 +140,146 @@ def lanes_figures(opt_step, args):
     return out
 
 
+STEP_VARIANTS = {"bytegraph-whole": ("bytegraph", {"BYTEGRAPH_REGIONAL_COMPILE": "0"})}
+
+
+def per_call_stats(fn, iters, repeats):
+    """(min, median) over ``repeats`` rounds of the mean thread CPU time of ``iters`` calls, in us."""
+    import statistics
+    rounds = []
+    for _ in range(repeats):
+        t0 = time.thread_time()
+        for _ in range(iters):
+            fn()
+        rounds.append((time.thread_time() - t0) / iters * 1e6)
+    return round(min(rounds), 1), round(statistics.median(rounds), 1)
+
+
+def kind_of(file, func):
+    """Which part of a compiled step a profiled function belongs to (for the breakdown by kind)."""
+    if func.startswith("guard") and file.startswith("<bytegraph"):
+        return "bytegraph guards"
+    if func == "storage_groups":
+        return "storage_groups"
+    if "/bytegraph/backends/regions" in file or "/bytegraph/backends/subgraphs" in file:
+        return "bytegraph regions"
+    if "/bytegraph/" in file:
+        return "bytegraph other"
+    if file.startswith("<bytegraph"):
+        return "bytegraph generated code"
+    if "/_functorch/" in file:
+        return "AOTAutograd runtime"
+    if "/_dynamo/" in file:
+        return "torch._dynamo"
+    if "/torch/optim/" in file:
+        return "torch.optim"
+    if "/torch/autograd/" in file or "run_backward" in func:
+        return "autograd"
+    return None
+
+
+def step_figures(kind, compiler, args):
+    """Per-step CPU time of ``kind`` ("whole" or "model") compiled by ``compiler`` (this process)."""
+    torch.manual_seed(0)
+    model = GPT(args.layers, args.d, heads=2, vocab=64, ctx=16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, foreach=True)
+    x = torch.randint(0, 64, (1, 8))
+    y = torch.randint(0, 64, (1, 8))
+    compile_ = (lambda f: torch.compile(f, backend=args.backend)) if compiler == "torch.compile" else \
+        (lambda f: bytegraph.compile(f, backend=args.backend)) if compiler != "eager" else (lambda f: f)
+    forward = compile_(model) if kind == "model" else model
+
+    def step(idx, targets):
+        loss = F.cross_entropy(forward(idx).view(-1, 64), targets.view(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+    fn = compile_(step) if kind == "whole" else step
+    for _ in range(args.warmup):
+        loss = fn(x, y)
+    out = {"per step (us): min, median": per_call_stats(lambda: fn(x, y), args.iters, args.repeats),
+           "loss": round(float(fn(x, y)), 6)}
+    if compiler == "bytegraph":
+        out["guards in place, us per step: min, median"] = guards_in_place(lambda: fn(x, y), args.iters * 3)
+    if args.profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(args.iters):
+            fn(x, y)
+        prof.disable()
+        stats = pstats.Stats(prof).stats
+        kinds = {}
+        for (file, line, func), (cc, nc, tt, ct, callers) in stats.items():
+            k = kind_of(file, func)
+            if k is not None:
+                kinds[k] = kinds.get(k, 0.0) + tt * 1e6 / args.iters
+        out["own us per step by kind (profiled)"] = {k: round(v, 1) for k, v in sorted(kinds.items())}
+        top = sorted(stats.items(), key=lambda kv: -kv[1][2])[:args.profile]
+        out["top own us per step (profiled)"] = [
+            f"{os.path.basename(k[0])}:{k[1]}({k[2]}) calls {v[1] // args.iters} own {v[2] * 1e6 / args.iters:.1f} "
+            f"cum {v[3] * 1e6 / args.iters:.1f}" for k, v in top]
+    return out
+
+
+def guards_in_place(call, steps):
+    """{generated guard: (min, median) us per step}, each passing guard timed where it runs, in
+    the step (no profiler): the dispatch functions' entries wrapped for ``steps`` steps, then put
+    back. In place a guard over hundreds of tensors finds them out of the CPU's caches (the step
+    touched much else since), so it costs several times what it costs called in a loop."""
+    import gc
+    import statistics
+    import types
+    times, lists = {}, []
+
+    def timed(check):
+        def run(*a):
+            t = time.thread_time_ns()
+            hit = check(*a)
+            if hit is not None:
+                times.setdefault(getattr(check, "__name__", "?"), []).append((time.thread_time_ns() - t) / 1e3)
+            return hit
+        return run
+    import warnings
+    with warnings.catch_warnings():     # (gc's objects include deprecated names of torch.distributed)
+        warnings.simplefilter("ignore")
+        functions = [f for f in gc.get_objects() if isinstance(f, types.FunctionType)]
+    for f in functions:
+        if f.__code__.co_filename.startswith("<bytegraph dispatch"):
+            entries = f.__globals__.get("__entries")
+            if isinstance(entries, list) and all(callable(e) for e in entries):
+                lists.append((entries, list(entries)))
+                entries[:] = [timed(e) for e in entries]
+    try:
+        for _ in range(steps):
+            call()
+    finally:
+        for entries, before in lists:
+            entries[:] = before
+    return {k: (round(min(v), 1), round(statistics.median(v), 1))
+            for k, v in sorted(times.items(), key=lambda kv: -statistics.median(kv[1]))}
+
+
+def compare_steps(args):
+    """Each compiler, each step kind, in a fresh process; one JSON object of all the figures."""
+    import subprocess
+    results = {}
+    for compiler in args.compilers.split(","):
+        real, env = STEP_VARIANTS.get(compiler, (compiler, {}))
+        for kind in ("whole", "model"):
+            cmd = [sys.executable, os.path.abspath(__file__), "--one-step", kind, "--compiler", real,
+                   "--layers", str(args.layers), "--d", str(args.d), "--backend", args.backend,
+                   "--iters", str(args.iters), "--repeats", str(args.repeats), "--warmup", str(args.warmup),
+                   "--profile", str(args.profile)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
+            line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("{")), None)
+            results[f"{kind} step, {compiler}"] = json.loads(line) if line else \
+                {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1]}
+            print(f"{kind} step, {compiler}: {json.dumps(results[f'{kind} step, {compiler}'])[:300]}",
+                  file=sys.stderr, flush=True)
+    print(json.dumps(results, indent=1))
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--layers", type=int, default=12)
@@ -135,8 +288,19 @@ def main():
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--lanes", action="store_true")
+    p.add_argument("--steps", action="store_true", help="whole and model-only steps, each compiler in a process")
+    p.add_argument("--compilers", default="eager,torch.compile,bytegraph,bytegraph-whole")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--profile", type=int, default=0, help="with --steps: top N functions by own time per step")
+    p.add_argument("--one-step", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--compiler", default="bytegraph", help=argparse.SUPPRESS)
     args = p.parse_args()
     torch.set_num_threads(1)     # (all of it on the thread whose CPU time is measured)
+    if args.steps:
+        return compare_steps(args)
+    if args.one_step:
+        print(json.dumps(step_figures(args.one_step, args.compiler, args)), flush=True)
+        return
     torch.manual_seed(0)
     model = GPT(args.layers, args.d, heads=2, vocab=64, ctx=16)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, foreach=True)

@@ -192,10 +192,36 @@ class _OwnStorage(torch.Tensor):
     lambda: (lambda a: [torch.from_numpy(a), torch.randn(3), torch.from_numpy(a)])(np.ones(3, np.float32)),
     lambda: [torch.empty(0), torch.empty(0), torch.randn(2)],
     lambda: (lambda x: [x, x, x.view(2, 3)])(torch.randn(6)),
+    # read by data pointer when every offset is 0: views at offset 0 of one storage still group
+    lambda: (lambda b: [b.view(2, 4), b[:4], torch.randn(2)])(torch.randn(8)),
+    lambda: (lambda b: [torch.nn.Parameter(b), b.detach()[:2], torch.tensor(1.0)])(torch.randn(4)),
+    lambda: [torch.tensor(1.0), torch.tensor(2.0), torch.nn.Parameter(torch.randn(3))],
+    lambda: [torch.empty(2, device="meta"), torch.empty(3, device="meta")],
+    lambda: (lambda b: [b[:0], b[:2]])(torch.randn(4)),
 ])
 def test_storage_groups_equal_a_pass_over_each_tensor(make):
     tensors = make()
     assert storage_groups(tensors) == _groups_one_by_one(tensors)
+
+
+def test_storage_groups_of_a_tensor_without_storage_raise_as_before():
+    tensors = [torch.randn(2, 2).to_sparse(), torch.randn(2)]
+    with pytest.raises(RuntimeError) as before:
+        _groups_one_by_one(tensors)
+    with pytest.raises(type(before.value)):
+        storage_groups(tensors)
+
+
+def test_inputs_viewing_one_storage_at_offset_0_recompile():
+    compiled, cnt = _compiled(_scale_into)
+    _run_both(_scale_into, compiled, _inputs)
+
+    def two_views_at_offset_0():
+        torch.manual_seed(0)
+        base = torch.randn(12)
+        return base.view(4, 3), base[:12].view(4, 3), torch.tensor(2.0)
+    _run_both(_scale_into, compiled, two_views_at_offset_0)
+    assert cnt.frame_count == 2
 
 
 def test_storage_groups_call_a_class_own_untyped_storage():

@@ -15,6 +15,9 @@ from ..residual import warning_is_error
 _CPU = torch.device("cpu")
 _untyped_storage = torch.Tensor.untyped_storage
 _storage_data_ptr = torch.UntypedStorage.data_ptr
+_storage_offset = torch.Tensor.storage_offset
+_tensor_data_ptr = torch.Tensor.data_ptr
+_PLAIN_TENSORS = frozenset((torch.Tensor, torch.nn.Parameter))
 
 
 def _byte_span(x):
@@ -53,7 +56,19 @@ def storage_groups(tensors) -> tuple:
     # Per call, over every tensor an optimizer's step changes: the addresses read by C-level
     # map (no bytecode a tensor), and when they are all distinct (the usual case) the
     # answer without a dict pass.
-    if all(c.untyped_storage is _untyped_storage for c in set(map(type, tensors))):
+    classes = set(map(type, tensors))
+    if classes <= _PLAIN_TENSORS:
+        # At storage offset 0 a tensor's data pointer is its storage's, unless it has no
+        # elements (then it is 0 and says nothing): read without making a storage object a
+        # tensor (in a step, a fifth less time over an optimizer's tensors).
+        try:
+            if not any(map(_storage_offset, tensors)):
+                distinct = set(map(_tensor_data_ptr, tensors))
+                if len(distinct) == len(tensors) and 0 not in distinct:
+                    return tuple(range(len(tensors)))
+        except RuntimeError:
+            pass    # (a tensor without storage: asked below as before, which says so)
+    if all(c.untyped_storage is _untyped_storage for c in classes):
         addresses = list(map(_storage_data_ptr, map(_untyped_storage, tensors)))
     else:    # a class of its own untyped_storage: called as the program would
         addresses = [t.untyped_storage().data_ptr() for t in tensors]
