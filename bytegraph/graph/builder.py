@@ -257,7 +257,7 @@ class GraphBuilder:
                 self.state_root.register_parameter(name, tensor)
             else:
                 self.state_root.register_buffer(name, tensor)
-        node = self.graph.get_attr(name)
+        node = self.get_attr_node(name)
         fake = self._state_fakes.get(id(tensor))
         if fake is None:
             fake = self._state_fakes[id(tensor)] = self._state_fake(tensor)
@@ -267,6 +267,14 @@ class GraphBuilder:
         if _function_subclass_of(value) is not None:
             self.function_subclass_inputs = True   # run with subclass dispatch off, as its inputs
         return value
+
+    def get_attr_node(self, name):
+        """``graph.get_attr(name)`` for a name this builder registered on ``state_root``: the node
+        named as fx names it (``_snake_case`` of the target, the name itself when it is lower
+        case), without fx's naming work (a deep model reads hundreds of parameters)."""
+        if name.islower() and not name.startswith("__"):
+            return self.graph.create_node("get_attr", name, name=name)
+        return self.graph.get_attr(name)
 
     def _state_fake(self, tensor):
         """The fake of a parameter or buffer: made straight from a meta tensor when it is a plain
