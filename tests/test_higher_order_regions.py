@@ -103,6 +103,10 @@ _MUTATIONS = {
     "submodule_structure": _without_bias,
     "submodule_class": lambda m: setattr(m, "ln", torch.nn.Identity()),
     "hook": _hooked,
+    # a hook on a submodule of the layer (its hook tables are watched per module)
+    "submodule_hook": lambda m: m.fc.register_forward_pre_hook(lambda mod, args: (args[0] * 2,)),
+    # another shape (linear's bias broadcasts)
+    "parameter_shape": lambda m: setattr(m.fc, "bias", torch.nn.Parameter(torch.randn(1))),
     # (the parameters keep their identity; what the graph was built for is checked when the
     # module epoch moves, with the metadata taken when the layer was traced or stamped)
     "parameter_requires_grad": lambda m: m.fc.requires_grad_(False),
@@ -129,6 +133,49 @@ def test_a_changed_stamped_layer_compiles_again(mutation):
     assert torch.allclose(compiled(x), fn(x), atol=1e-6)
     assert cnt.frame_count == 2
     x = torch.randn(3, 8)       # other values: the new graph computes them, rather than its first answer
+    assert torch.allclose(compiled(x), fn(x), atol=1e-6)
+    assert cnt.frame_count == 2
+
+
+def test_stamped_layers_with_inputs_of_other_sizes():
+    # A miss with another input size compares the sizes the guards observed (a walked layer's
+    # parts listed when first asked): the next graph is dynamic in that size, eager's values.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[RegionBlock() for _ in range(5)])
+
+    def fn(x):
+        with torch.no_grad():
+            return model(x)
+
+    cnt = CompileCounter(lookup_backend("eager"))
+    compiled = bytegraph.compile(fn, backend=cnt)
+    for rows in (3, 5, 7, 2):
+        x = torch.randn(rows, 8)
+        assert torch.allclose(compiled(x), fn(x), atol=1e-6)
+    assert cnt.frame_count == 2
+    model[3].fc.weight.data.mul_(2.0)      # values only: the same graph, eager's values
+    x = torch.randn(4, 8)
+    assert torch.allclose(compiled(x), fn(x), atol=1e-6)
+    assert cnt.frame_count == 2
+
+
+def test_a_hook_added_where_stamped_layers_had_hooks_compiles_again():
+    # Each layer's fc has a hook when compiled (its hook table, not empty, cannot be swapped for
+    # one that tells of changes): a hook added to a later layer's fc is still seen.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[RegionBlock() for _ in range(5)])
+    for block in model:
+        block.fc.register_forward_hook(lambda mod, args, out: out + 1.0)
+
+    def fn(x):
+        with torch.no_grad():
+            return model(x)
+
+    cnt = CompileCounter(lookup_backend("eager"))
+    compiled = bytegraph.compile(fn, backend=cnt)
+    x = torch.randn(3, 8)
+    assert torch.allclose(compiled(x), fn(x), atol=1e-6)
+    model[3].fc.register_forward_hook(lambda mod, args, out: out * 3.0)
     assert torch.allclose(compiled(x), fn(x), atol=1e-6)
     assert cnt.frame_count == 2
 
@@ -162,7 +209,8 @@ def _guards_and_explain(mutation, walk):
     return guards, re.sub("0x[0-9a-f]+", "0x", why)
 
 
-@pytest.mark.parametrize("mutation", ["constant", "parameter", "hook", "parameter_requires_grad"])
+@pytest.mark.parametrize("mutation", ["constant", "parameter", "hook", "submodule_hook", "parameter_shape",
+                                      "parameter_requires_grad"])
 def test_a_walked_layer_has_the_guards_and_messages_of_a_stamped_one(mutation):
     # Layers from the third on are stamped by a walk over their objects and keep their guards
     # as one entry: the same guards, one by one, and the same reason on a miss, as the general stamp.

@@ -171,12 +171,16 @@ def invoke_region(subgraph, identifier, *operands):
     identifier and Inductor compiles once. Run for real (the ``eager`` backend) it is the
     graph's own call: the operator's autograd works only while a compiler traces it (torch.compile
     with ``backend="eager"`` fails in backward there)."""
-    if any(_traced(t) for t in operands):
-        return torch.ops.higher_order.invoke_subgraph(subgraph, identifier, *operands)
+    for t in operands:      # (a loop: run once per layer per call)
+        if _traced(t):
+            return torch.ops.higher_order.invoke_subgraph(subgraph, identifier, *operands)
     return tuple(subgraph(*operands))
 
 
 def _traced(t):
+    cls = type(t)
+    if cls is torch.Tensor or cls is torch.nn.Parameter:
+        return torch._is_functional_tensor(t)
     if not isinstance(t, torch.Tensor):
         return False
     return isinstance(t, FakeTensor) or torch._is_functional_tensor(t) or type(t) is not torch.Tensor \

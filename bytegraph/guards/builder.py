@@ -381,7 +381,8 @@ def compile_guards(guards: GuardSet, params, fn_globals: dict, name: str = "guar
         src = [src[0], "    with __no_subclass_function():"] + ["    " + line for line in src[1:-1]] + [""]
     classes = [type(m) for m in modules]   # as compiled (the text below is written later)
     ordered = _order(list(guards.entries()))
-    observed = [p for g in ordered for p in _observed_parts(g)]
+    # (made when first asked: a stamped layer's parts are made one by one for it)
+    observed = _Observed(lambda: [p for g in ordered for p in _observed_parts(g)])
 
     def detail_source():
         # The detailed checks (run when the module epoch moved), the explain and observe
@@ -437,6 +438,21 @@ def compile_guards(guards: GuardSet, params, fn_globals: dict, name: str = "guar
     if quiet or under_modes:
         check.observe, explain = _without_function_subclasses(check.observe), _without_function_subclasses(explain)
     return check, explain, GuardText(lambda: text + "\n" + lazy.text())
+
+
+class _Observed:
+    """The guards whose values automatic dynamic shapes compares on a miss, listed on first use."""
+
+    def __init__(self, make):
+        self._make, self._items = make, None
+
+    def __iter__(self):
+        if self._items is None:
+            self._items = self._make()
+        return iter(self._items)
+
+    def __len__(self):
+        return sum(1 for _ in self)
 
 
 class GuardText(UserString):

@@ -125,7 +125,7 @@ class Coverage:
 
     def _watch(self, m):
         if id(m) not in self.modules:
-            stamps.watch(m)
+            stamps.watch(m, known_watchable=True)     # (callers asked _can_watch)
             self.modules[id(m)] = m
 
     def watch_if(self, m):

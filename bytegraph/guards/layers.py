@@ -32,11 +32,13 @@ _EDGES = (AttrSource, ModuleEntrySource, ItemSource, DefaultSource)
 def rebase(source, old_root, new_root, memo):
     """``source`` (under ``old_root`` through attribute, table and item steps) under ``new_root``;
     None if it is not under ``old_root`` that way."""
-    if source == old_root:
+    if source is old_root:
         return new_root
     out = memo.get(source)
     if out is not None:
         return out
+    if type(source) is type(old_root) and source == old_root:
+        return new_root
     if not isinstance(source, _EDGES):
         return None
     base = rebase(source.base, old_root, new_root, memo)

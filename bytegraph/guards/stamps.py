@@ -247,12 +247,12 @@ def watchable(module):
     return True
 
 
-def watch(module):
+def watch(module, known_watchable=False):
     """Swap ``module``'s tables for stamped ones (hook tables only while empty: a
     ``RemovableHandle`` holds a weak reference to its table). True if all of its state
     tables are stamped now; the hook tables that are stamped are reported by
-    ``hooks_watched``."""
-    if not watchable(module):
+    ``hooks_watched``. ``known_watchable``: the caller has just asked ``watchable``."""
+    if not known_watchable and not watchable(module):
         return False
     d = module.__dict__
     for name in TABLES:
@@ -274,7 +274,14 @@ def is_watched(module):
 def hooks_watched(module):
     """Are all of ``module``'s hook tables stamped (so adding or removing a hook bumps)?"""
     d = module.__dict__
-    return all(type(d.get(name)) in STAMPED for name in HOOK_TABLES if name in d)
+    for name in HOOK_TABLES:     # (a loop, not all(): asked for every module of every stamped layer)
+        table = d.get(name, _ABSENT)
+        if table is not _ABSENT and type(table) not in STAMPED:
+            return False
+    return True
+
+
+_ABSENT = object()
 
 
 def rewatch(modules):

@@ -307,7 +307,7 @@ def _replay(tx, template, key_leaves, steps):
 def _stamped(tx, region, leaves, lifted):
     operands = leaves + lifted
     graph = tx.graph
-    get_attr = graph.graph.get_attr(region.name)
+    get_attr = graph.get_attr_node(region.name)
     items = _emit(graph, get_attr, region.name, operands, _fresh_results(graph, region, operands))
     tx.blocks_replayed += 1
     return to_value(region.structure.build(items))

@@ -226,7 +226,7 @@ def stamp(tx, walk, layer):
         r.ok = False
     root = layer.source
     root_name = None
-    moved = {}
+    sources = [root] + [None] * len(walk.steps)     # per object, its source under this layer (when asked)
     graph = tx.graph
     guards = tx.guards
     lifted = []
@@ -236,7 +236,7 @@ def stamp(tx, walk, layer):
             continue
         i, source, is_parameter, suffix = operand
         tensor = objects[i]
-        source_r = rebase(source, walk.root, root, moved)
+        source_r = _source_at(walk.steps, sources, i)
         if suffix is not None and root_name is None:
             root_name = root.name()
         value = graph.add_module_state(tensor, source_r, is_parameter,
@@ -247,6 +247,23 @@ def stamp(tx, walk, layer):
     metas = [g.TensorMeta(objects[walk.shape.identity[i]]) for i in walk.shape.tensor_parts]
     guards.add_layer(root, LayerFacts(walk.shape, objects, metas))
     return lifted
+
+
+def _source_at(steps, sources, i):
+    """The source of the walk's ``i``-th object under this layer, made from its parent's (what
+    ``rebase`` of the general stamp's source gives, without comparing and hashing its bases)."""
+    source = sources[i]
+    if source is None:
+        parent, step, key, _own = steps[i - 1]
+        base = _source_at(steps, sources, parent)
+        if step == "attr":
+            source = AttrSource(base, key)
+        elif step == "item":
+            source = ItemSource(base, key)
+        else:
+            source = ModuleEntrySource(base, step, key)
+        sources[i] = source
+    return source
 
 
 __all__ = ["Walk", "build", "fresh_reads", "layer_of", "stamp"]
