@@ -14,6 +14,7 @@ import torch.nn as nn
 
 import bytegraph
 from bytegraph.backends.registry import lookup_backend
+from bytegraph.debug import records
 from bytegraph.testing import CompileCounter
 
 # The compiled step takes the "capturable" path of Adam-like optimizers (tensors where eager uses
@@ -514,3 +515,43 @@ def test_clip_grad_value_in_a_whole_training_step_is_traced(foreach):
     assert cnt.frame_count == 4, cnt.frame_count
     reasons = [b.reason for b in bytegraph.explain(make(model, opt))(x, y).break_reasons]
     assert all("backward" in r or "graph_break()" in r for r in reasons), reasons
+
+
+@pytest.mark.parametrize("name", ["adamw_foreach", "adam", "rmsprop_foreach"])
+def test_state_made_on_the_first_step_is_followed_by_identity(name):
+    """The state the first compiled step makes is read by identity, as the state found made is:
+    a state tensor changed in place is seen by the next step, one replaced (a load_state_dict)
+    recompiles; both equal eager."""
+    eager_model = _model()
+    model = copy.deepcopy(eager_model)
+    eager_opt, opt = OPTIMIZERS[name](eager_model.parameters()), OPTIMIZERS[name](model.parameters())
+    cnt = CompileCounter(lookup_backend("eager"))
+    step = bytegraph.compile(opt.step, backend=cnt)
+    x = torch.randn(5, 4)
+
+    def both():
+        for m, o, s in ((eager_model, eager_opt, eager_opt.step), (model, opt, step)):
+            o.zero_grad()
+            m(x).pow(2).sum().backward()
+            s()
+        _assert_same_state(eager_model, eager_opt, model, opt)
+    before = len(records.frames)
+    for _ in range(3):
+        both()
+    graphs = cnt.frame_count
+    state_guards = [g for r in records.frames[before:] for g in r.guards
+                    if g.source is not None and any(k in g.source.name() for k in ("exp_avg", "square_avg"))]
+    assert state_guards and all(g.kind == "ID_MATCH" for g in state_guards)
+    for o in (eager_opt, opt):              # in place: the same objects
+        for state in o.state.values():
+            for key, value in state.items():
+                if key != "step" and torch.is_tensor(value):
+                    value.mul_(0.5)
+    both()
+    assert cnt.frame_count == graphs
+    saved = copy.deepcopy(eager_opt.state_dict())
+    eager_opt.load_state_dict(saved)         # new state tensors
+    opt.load_state_dict(copy.deepcopy(saved))
+    both()
+    both()
+    assert cnt.frame_count > graphs

@@ -176,6 +176,8 @@ def make_optimizer_state(frame, fn, args, kwargs):
     finally:
         if flip:
             group["capturable"] = False
+    # The state just made is long-lived as the state found made is: read by identity.
+    tx.note_optimizer(opt)
 
 
 __all__ = ["call", "unwrap", "make_optimizer_state"]
