@@ -113,19 +113,23 @@ _MUTATIONS = {
 }
 
 
+def _no_grad_compiled(model):
+    """(``model`` called under no_grad, that compiled with a counting eager backend, the counter)."""
+    def fn(x):
+        with torch.no_grad():
+            return model(x)
+
+    cnt = CompileCounter(lookup_backend("eager"))
+    return fn, bytegraph.compile(fn, backend=cnt), cnt
+
+
 @pytest.mark.parametrize("mutation", list(_MUTATIONS))
 def test_a_changed_stamped_layer_compiles_again(mutation):
     # Layers after the first are stamped out of its record; a change to one of them after the
     # compile is caught by that layer's own guards: a new graph, eager's result.
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[RegionBlock() for _ in range(4)])
-
-    def fn(x):
-        with torch.no_grad():
-            return model(x)
-
-    cnt = CompileCounter(lookup_backend("eager"))
-    compiled = bytegraph.compile(fn, backend=cnt)
+    fn, compiled, cnt = _no_grad_compiled(model)
     x = torch.randn(3, 8)
     assert torch.allclose(compiled(x), fn(x))
     assert cnt.frame_count == 1 and _regions(cnt.graphs[0]) == (4, 1)
@@ -142,13 +146,7 @@ def test_stamped_layers_with_inputs_of_other_sizes():
     # parts listed when first asked): the next graph is dynamic in that size, eager's values.
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[RegionBlock() for _ in range(5)])
-
-    def fn(x):
-        with torch.no_grad():
-            return model(x)
-
-    cnt = CompileCounter(lookup_backend("eager"))
-    compiled = bytegraph.compile(fn, backend=cnt)
+    fn, compiled, cnt = _no_grad_compiled(model)
     for rows in (3, 5, 7, 2):
         x = torch.randn(rows, 8)
         assert torch.allclose(compiled(x), fn(x), atol=1e-6)
