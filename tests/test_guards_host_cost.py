@@ -31,6 +31,13 @@ def _inputs():
     return torch.randn(4, 3), torch.randn(4, 3), torch.tensor(2.0)
 
 
+def _compiled_and_run_once():
+    """``_scale_into`` compiled, and run once next to eager on ``_inputs()``."""
+    compiled, cnt = _compiled(_scale_into)
+    _run_both(_scale_into, compiled, _inputs)
+    return compiled, cnt
+
+
 def _run_both(fn, compiled, make):
     """``fn`` and ``compiled`` on two equal sets of inputs from ``make()``: results and inputs equal."""
     eager_in, compiled_in = make(), make()
@@ -49,8 +56,7 @@ def _run_both(fn, compiled, make):
     lambda s: torch.nn.Parameter(s.clone()),        # another class
 ])
 def test_a_0_dim_input_changed_recompiles(change):
-    compiled, cnt = _compiled(_scale_into)
-    _run_both(_scale_into, compiled, _inputs)
+    compiled, cnt = _compiled_and_run_once()
     assert cnt.frame_count == 1
 
     def changed():
@@ -61,8 +67,7 @@ def test_a_0_dim_input_changed_recompiles(change):
 
 
 def test_a_0_dim_input_whose_data_is_swapped_recompiles():
-    compiled, cnt = _compiled(_scale_into)
-    _run_both(_scale_into, compiled, _inputs)
+    compiled, cnt = _compiled_and_run_once()
 
     def swapped():
         a, b, s = _inputs()
@@ -117,8 +122,7 @@ def test_only_a_tensor_class_reading_device_as_torch_does_gets_is_cpu():
 # ------------------------------------------------------------- input aliasing
 
 def test_inputs_made_to_alias_recompile():
-    compiled, cnt = _compiled(_scale_into)
-    _run_both(_scale_into, compiled, _inputs)
+    compiled, cnt = _compiled_and_run_once()
 
     def same_tensor_twice():
         a, _, s = _inputs()
@@ -135,8 +139,7 @@ def test_inputs_made_to_alias_recompile():
 
 
 def test_an_input_set_to_another_inputs_storage_recompiles():
-    compiled, cnt = _compiled(_scale_into)
-    _run_both(_scale_into, compiled, _inputs)
+    compiled, cnt = _compiled_and_run_once()
 
     def set_to_b():
         a, b, s = _inputs()
@@ -147,8 +150,7 @@ def test_an_input_set_to_another_inputs_storage_recompiles():
 
 
 def test_an_input_whose_data_becomes_anothers_recompiles():
-    compiled, cnt = _compiled(_scale_into)
-    _run_both(_scale_into, compiled, _inputs)
+    compiled, cnt = _compiled_and_run_once()
 
     def data_of_b():
         a, b, s = _inputs()
@@ -160,8 +162,7 @@ def test_an_input_whose_data_becomes_anothers_recompiles():
 
 def test_arrays_sharing_memory_count_as_aliased_inputs():
     # Two tensors made from one array: two storages of one address (grouped by address)
-    compiled, cnt = _compiled(_scale_into)
-    _run_both(_scale_into, compiled, _inputs)
+    compiled, cnt = _compiled_and_run_once()
 
     def from_one_array():
         arr = np.arange(12, dtype=np.float32).reshape(4, 3)
@@ -213,8 +214,7 @@ def test_storage_groups_of_a_tensor_without_storage_raise_as_before():
 
 
 def test_inputs_viewing_one_storage_at_offset_0_recompile():
-    compiled, cnt = _compiled(_scale_into)
-    _run_both(_scale_into, compiled, _inputs)
+    compiled, cnt = _compiled_and_run_once()
 
     def two_views_at_offset_0():
         torch.manual_seed(0)
