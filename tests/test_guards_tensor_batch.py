@@ -50,7 +50,7 @@ def test_many_tensors_are_checked_in_one_call():
     assert_same(only_here(ps, x), compiled(ps, x))
     assert_same(only_here(ps, x), compiled(ps, x))
     check = _guard_text(compiled)
-    assert ".check(x, " in check            # the batch call, over the argument and the list items
+    assert "_check(x, " in check            # the batch call, over the argument and the list items
     assert ".shape ==" not in check and ".requires_grad is" not in check
     assert cnt.frame_count == 1
 
@@ -62,7 +62,7 @@ def test_few_tensors_keep_their_python_checks():
     a, b = torch.randn(3), torch.randn(3)
     assert_same(two(a, b), compiled(a, b))
     text = _guard_text(compiled)
-    assert ".check(" not in text
+    assert "_check(" not in text
     assert "a.shape ==" in text
 
 

@@ -48,6 +48,10 @@ class TensorBatch:
         self.names = names
         self.priming = False
         self._checker = None
+        self._slot = None       # (namespace, name) the guard function calls ``check`` by
+
+    def bind(self, namespace, name):
+        self._slot = (namespace, name)
 
     def _holds(self, tensors):
         if len(tensors) != len(self.metas):
@@ -68,6 +72,9 @@ class TensorBatch:
         if self.priming:
             self._checker = TensorGuards(*tensors, dynamic_dims_sizes=[list(m.shape) for m in self.metas],
                                          dynamic_dims_strides=[list(m.stride) for m in self.metas])
+            if self._slot is not None:
+                namespace, name = self._slot
+                namespace[name] = self._checker.check
         return True
 
     def explain(self, *tensors):
