@@ -30,7 +30,8 @@ from . import scalars, unbacked
 from .call_values import (  # noqa: F401 (_example, _mutates, _identifier: read from here by other modules)
     _INT_ARITHMETIC, _constant_result, _example, _find_alias, _has_scalar_tensors, _holds_traced, _identifier,
     _input_storages, _is_data_input, _is_data_source, _meta_like, _mutates, _quiet_meta_failures, _storage_key,
-    _structseq, _swap_values, _target_name, _tensor_values, _tensors_of, _unwrap, _writes_call)
+    _structseq, _swap_values, _target_name, _tensor_values, _tensors_of, _unwrap, _writes_call,
+    new_fake)
 from .data_dependent import BackwardCheck, BackwardDataDependent, data_dependent
 from .fake_memo import FakeMemo
 from .printing import printable
@@ -281,11 +282,9 @@ class GraphBuilder:
             meta = _meta_like(tuple(tensor.shape), tensor.stride(), tensor.storage_offset(), tensor.dtype,
                               tensor.element_size(), tensor.untyped_storage().nbytes())
             if meta is not None:
-                if tensor.requires_grad:
-                    meta.requires_grad_(True)
                 # Each its own storage: state tensors sharing one are rare, and what fakes
                 # tell the trace (shapes, dtypes) does not depend on it.
-                return FakeTensor(self.fake_mode, meta, tensor.device)
+                return new_fake(self.fake_mode, meta, tensor.device, tensor.requires_grad)
         return self.fake(tensor)
     def real_tensor(self, value):
         """The real tensor a graph input or module-state value stands for (None for computed ones)."""
@@ -629,7 +628,7 @@ class GraphBuilder:
             return None
         meta = _meta_like(t.shape, t.stride(), t.storage_offset(), t.dtype, t.element_size(),
                           t.untyped_storage().nbytes())
-        return None if meta is None else FakeTensor(self.fake_mode, meta, t.device)
+        return None if meta is None else new_fake(self.fake_mode, meta, t.device)
 
     def _alias_tensor(self, t, base):
         """A fake with ``t``'s layout over the storage of ``base`` (the copy of the input ``t``

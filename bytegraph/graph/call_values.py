@@ -5,10 +5,12 @@ writes, and the names ops and graph inputs get in messages and printed code.
 import logging
 import operator
 import re
+import weakref
 
 import numpy as np
 import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConfig
 
 from ..errors import Unsupported
 from ..guards.sources import AttrSource
@@ -40,6 +42,66 @@ def _meta_like(shape, stride, offset, dtype, itemsize, nbytes):
         return torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype, device="meta")
     # A view of a larger buffer (linear's output over its matmul, a slice of a mask): same layout.
     return torch.empty((nbytes // itemsize,), dtype=dtype, device="meta").as_strided(shape, stride, offset)
+
+
+# (fake mode -> {device: the instance state of a FakeTensor just made}; False: the quick way
+# was found not to give what ``FakeTensor.__new__`` gives, so it is not used)
+_FRESH_STATE = weakref.WeakKeyDictionary()
+_QUICK = [None]
+
+
+def new_fake(fake_mode, meta, device, requires_grad=None):
+    """``FakeTensor(fake_mode, meta, device)`` for a plain meta tensor ``meta`` made for it (its own,
+    not read anywhere else), made without ``FakeTensor.__new__``'s Python work (~60 calls, ~15 us;
+    a deep model makes thousands: every parameter of every layer, remembered fake results): the
+    subclass made from ``meta`` as ``__new__`` makes it, then the instance state of a FakeTensor
+    just made for the same mode and device (the attributes ``__new__`` sets, all None but the mode
+    and the device) copied in. ``requires_grad``: None keeps ``meta``'s. The first use checks the
+    quick way against ``__new__`` (instance state, dispatch keys); if they differ, or where
+    ``__new__`` does more (its debug traces, an export's leak tracker, a device it normalises),
+    ``__new__`` makes it."""
+    if requires_grad is None:
+        requires_grad = meta.requires_grad
+    quick = _QUICK[0]
+    if quick is False or type(device) is not torch.device or (device.index is None and device.type != "cpu") \
+            or FakeTensorConfig.debug or torch.compiler.is_exporting():
+        return _slow_fake(fake_mode, meta, device, requires_grad)
+    states = _FRESH_STATE.get(fake_mode)
+    state = states.get(device) if states is not None else None
+    if state is None:
+        fake = _slow_fake(fake_mode, meta, device, requires_grad)
+        if device.type == "meta":
+            return fake     # (a mode that allows it: rare, left to __new__)
+        state = dict(fake.__dict__)
+        if quick is None:
+            other = _quick_fake(fake_mode, torch.empty_like(meta), device, requires_grad, state)
+            _QUICK[0] = quick = type(other) is FakeTensor and other.__dict__ == fake.__dict__ \
+                and torch._C._dispatch_keys(other) == torch._C._dispatch_keys(fake) \
+                and other.requires_grad == fake.requires_grad and other.device == fake.device
+            if not quick:
+                return fake
+        if states is None:
+            states = _FRESH_STATE[fake_mode] = {}
+        states[device] = state
+        return fake
+    return _quick_fake(fake_mode, meta, device, requires_grad, state)
+
+
+def _quick_fake(fake_mode, meta, device, requires_grad, state):
+    fake = torch.Tensor._make_subclass(FakeTensor, meta, requires_grad, dispatch_device=True,
+                                       device_for_backend_keys=device)
+    if fake_mode._allow_unsafe_data_ptr_access:
+        torch._C._set_warn_deprecated_on_mutable_data_ptr(fake)
+    else:
+        torch._C._set_throw_on_mutable_data_ptr(fake)
+    fake.__dict__.update(state)
+    return fake
+
+
+def _slow_fake(fake_mode, meta, device, requires_grad):
+    if requires_grad and not meta.requires_grad:
+        meta.requires_grad_(True)
+    return FakeTensor(fake_mode, meta, device)
 
 
 def _example(node):

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
-from .call_values import _meta_like
+from .call_values import _meta_like, new_fake
 
 _SCALARS = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
                       torch.memory_format})
@@ -89,7 +89,7 @@ class FakeMemo:
             return None
         shape, stride, offset, dtype, device, nbytes = meta
         empty = _meta_like(shape, stride, offset, dtype, dtype.itemsize, nbytes)
-        return None if empty is None else FakeTensor(self.fake_mode, empty, device)
+        return None if empty is None else new_fake(self.fake_mode, empty, device)
 
     def remember(self, key, result, tensors, versions):
         """Keep ``result``'s metadata for ``key`` if it is one new plain tensor and the call

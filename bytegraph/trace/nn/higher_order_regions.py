@@ -30,9 +30,9 @@ import operator
 import types
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
 
 from ...errors import Unsupported
+from ...graph.call_values import new_fake
 from ...graph.higher_order import invoke_region
 from ...graph.subgraph import SubgraphBuilder
 from ...guards.sources import AttrSource, ModuleEntrySource
@@ -393,7 +393,7 @@ def _fresh_results(graph, region, operands):
         # Straight from a meta tensor (static sizes): a fake op costs ~10x more, once a layer.
         empty = _meta_empty(shape, stride, dtype)
         if empty is not None:
-            out.append(FakeTensor(graph.fake_mode, empty, device))
+            out.append(new_fake(graph.fake_mode, empty, device))
         else:
             with graph.fake_mode:
                 out.append(torch.empty_strided(shape, stride, dtype=dtype, device=device))
