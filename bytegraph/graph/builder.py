@@ -276,16 +276,25 @@ class GraphBuilder:
 
     def _state_fake(self, tensor):
         """The fake of a parameter or buffer: made straight from a meta tensor when it is a plain
-        dense tensor owning its storage (from_tensor costs ~30x more; deep models have hundreds)."""
-        if type(tensor) in (torch.Tensor, torch.nn.Parameter) and tensor.layout == torch.strided \
-                and not tensor.is_quantized and tensor.device.type != "meta":
-            meta = _meta_like(tuple(tensor.shape), tensor.stride(), tensor.storage_offset(), tensor.dtype,
-                              tensor.element_size(), tensor.untyped_storage().nbytes())
-            if meta is not None:
-                # Each its own storage: state tensors sharing one are rare, and what fakes
-                # tell the trace (shapes, dtypes) does not depend on it.
-                return new_fake(self.fake_mode, meta, tensor.device, tensor.requires_grad)
+        dense tensor (from_tensor costs ~30x more; deep models have hundreds)."""
+        if type(tensor) in _PLAIN_STATE and tensor.layout == torch.strided:
+            device = tensor.device
+            if device.type != "meta" and not tensor.is_quantized:
+                nbytes = tensor.untyped_storage().nbytes()
+                if tensor.storage_offset() == 0 and tensor.is_contiguous() \
+                        and nbytes == tensor.numel() * tensor.element_size():
+                    # (what _meta_like makes of a tensor spanning its whole storage, without
+                    # its checks: a real tensor's sizes are ints)
+                    meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
+                else:
+                    meta = _meta_like(tuple(tensor.shape), tensor.stride(), tensor.storage_offset(), tensor.dtype,
+                                      tensor.element_size(), nbytes)
+                if meta is not None:
+                    # Each its own storage: state tensors sharing one are rare, and what fakes
+                    # tell the trace (shapes, dtypes) does not depend on it.
+                    return new_fake(self.fake_mode, meta, device, tensor.requires_grad)
         return self.fake(tensor)
+
     def real_tensor(self, value):
         """The real tensor a graph input or module-state value stands for (None for computed ones)."""
         node = value.node
@@ -697,6 +706,9 @@ class GraphBuilder:
         unbacked.insert_asserts(gm, self.shapes, "bytegraph graph")
         gm.graph.lint()
         return gm
+
+
+_PLAIN_STATE = (torch.Tensor, torch.nn.Parameter)
 
 
 def _register_state(root, name, tensor, is_parameter):

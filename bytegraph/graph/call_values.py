@@ -94,7 +94,7 @@ def _quick_fake(fake_mode, meta, device, requires_grad, state):
         torch._C._set_warn_deprecated_on_mutable_data_ptr(fake)
     else:
         torch._C._set_throw_on_mutable_data_ptr(fake)
-    fake.__dict__.update(state)
+    fake.__dict__ = state.copy()
     return fake
 
 
