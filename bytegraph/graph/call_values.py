@@ -99,8 +99,8 @@ def _quick_fake(fake_mode, meta, device, requires_grad, state):
 
 
 def _slow_fake(fake_mode, meta, device, requires_grad):
-    if requires_grad and not meta.requires_grad:
-        meta.requires_grad_(True)
+    if requires_grad != meta.requires_grad:
+        meta.requires_grad_(requires_grad)
     return FakeTensor(fake_mode, meta, device)
 
 
