@@ -201,3 +201,24 @@ def test_parameters_that_are_views_of_one_storage(backend):
         table.mul_(-1.0)
         eager_table.mul_(-1.0)
     assert torch.allclose(compiled(x), eager(x), atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_transposed_weight_in_a_stamped_layer(backend):
+    # A weight that does not span its storage in order (its fake made through _meta_like).
+    model, eager = _model(5), _model(5)
+    for m in (model, eager):
+        w = torch.randn(8, 8, generator=torch.Generator().manual_seed(2))
+        m[3].fc.weight = torch.nn.Parameter(w.t())
+    assert not model[3].fc.weight.is_contiguous()
+    x = torch.randn(3, 8)
+    cnt = CompileCounter(lookup_backend(backend))
+    compiled = bytegraph.compile(model, backend=cnt)
+    out, ref = compiled(x), eager(x)
+    assert torch.allclose(out, ref, atol=1e-5)
+    out.sum().backward()
+    ref.sum().backward()
+    for p, q in zip(model.parameters(), eager.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-5)
+    fakes = {id(r): f for r, f in _state_fakes(cnt.graphs[0])}
+    assert fakes[id(model[3].fc.weight)].stride() == (1, 8)
