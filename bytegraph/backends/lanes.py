@@ -29,7 +29,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..config import config
 from ..graph_facts import is_random, is_state_node, writes, written
-from .regions import meta_key, part_caller
+from .regions import meta_key, outer_function, part_caller
 
 # Fewer lanes than this: compiled whole (nothing to gain).
 MIN_LANES = 16
@@ -300,6 +300,9 @@ def compile_by_lanes(gm, example_inputs, compile_part):
     outer_gm = fx.GraphModule(gm, outer)
     outer_gm.meta["bytegraph_parts"] = len(compiled)
     outer_gm.meta["bytegraph_chunks"] = [r for length in lanes.families for r in (ranges[length] or [(0, length)])]
+    fast = outer_function(outer_gm, "run_lanes_outer")
+    if fast is not None:
+        outer_gm.forward = fast
     return outer_gm
 
 
