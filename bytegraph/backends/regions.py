@@ -489,7 +489,11 @@ def compile_by_regions(gm, example_inputs, compile_part):
     outer.output(fx.node.map_arg(out_node.args[0], env.__getitem__))
     outer_gm = fx.GraphModule(gm, outer)
     outer_gm.meta["bytegraph_parts"] = len(compiled)
+    fast = outer_function(outer_gm, "run_regions_outer")
+    if fast is not None:
+        outer_gm.forward = fast
     return outer_gm
 
 
-__all__ = ["compile_by_regions", "global_state_kept", "worth_sharing", "worth_splitting", "is_state_node", "meta_key", "part_caller", "REGION"]
+__all__ = ["compile_by_regions", "global_state_kept", "worth_sharing", "worth_splitting", "is_state_node", "meta_key",
+           "outer_function", "part_caller", "REGION"]
