@@ -267,7 +267,9 @@ class _Chunk:
 def compile_by_lanes(gm, example_inputs, compile_part):
     """``gm`` (a graph of foreach list ops: an optimizer step) split into chunks of lanes, each
     distinct chunk compiled once with ``compile_part(chunk_gm, fake_example_inputs)``; the
-    callable running them all, or None when ``gm`` is not made of lanes that repeat."""
+    outer graph module calling them all (its ``forward`` the plain function
+    ``regions.outer_function`` writes from it: the state tensors bound once), or None when ``gm``
+    is not made of lanes that repeat."""
     if not config.regional_compile:
         return None
     lanes = _Lanes(gm)

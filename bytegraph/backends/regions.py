@@ -13,7 +13,8 @@ compile time grows with the graph (Inductor) can then split the graph at those r
   strides, dtypes, devices and requires_grad) are compiled once;
 * the nodes between regions (embeddings, the final norm and head) form graphs of their own,
   compiled once each;
-* an outer graph calls the compiled parts in order, passing each region its own parameters.
+* an outer graph calls the compiled parts in order, passing each region its own parameters
+  (run as a plain function written from it, ``outer_function``, with the parameters bound once).
 
 Each part is compiled by the same backend on fake example inputs, so training works as for a
 whole graph (AOTAutograd per part, autograd across them). The result is the whole graph's,
@@ -433,8 +434,9 @@ class _Unwritable(Exception):
 def compile_by_regions(gm, example_inputs, compile_part):
     """``gm`` split at its repeated regions, each distinct part compiled once with
     ``compile_part(part_gm, fake_example_inputs)`` (a callable returning the part's outputs in
-    order); the callable running them all, or None when ``gm`` has no region repeated (or
-    cannot be split: symbolic sizes, inputs without fake values)."""
+    order); the outer graph module running them all (its ``forward`` the plain function
+    ``outer_function`` writes from it), or None when ``gm`` has no region repeated (or cannot
+    be split: symbolic sizes, inputs without fake values)."""
     if not config.regional_compile:
         return None
     parts = [_Part(tag, nodes) for tag, nodes in _parts(gm)]
