@@ -227,3 +227,36 @@ def test_a_gpu_graph_that_is_differentiated_is_compiled_whole(monkeypatch, grad)
     assert regions.worth_splitting(graphs[0]) == (not grad)
     monkeypatch.setattr(regions, "CUDA_MIN_REGION_FLOPS", work + 1)
     assert not regions.worth_splitting(graphs[0])
+
+
+def test_split_model_trained_several_steps_follows_its_parameters_like_eager():
+    # The split graph runs as regions.outer_function's generated code, holding the parameters it
+    # read once (not fx's code reading them from the module per call): the optimizer's in-place
+    # updates, a parameter's data swapped, and a changed lr between steps all reach it.
+    import copy
+    model = gpt(4)
+    ref = copy.deepcopy(model)
+    parts, outer = [], []
+    compiled = bytegraph.compile(model, backend=regional_backend(parts, outer))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
+    for i in range(4):
+        torch.manual_seed(i)
+        x = torch.randint(0, 64, (2, 8))
+        if i == 2:
+            for o in (opt, opt_ref):
+                o.param_groups[0]["lr"] = 3e-3
+            with torch.no_grad():
+                for m in (model, ref):
+                    m.h[1].mlp.c_fc.weight.data = m.h[1].mlp.c_fc.weight.data * 0.5
+        out, expected = compiled(x), ref(x)
+        assert_same(expected, out, atol=1e-5)
+        out.square().mean().backward()
+        expected.square().mean().backward()
+        for o in (opt, opt_ref):
+            o.step()
+            o.zero_grad()
+        for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-5, msg=n)
+    assert outer[0] is not None and outer[0].forward.__name__ == "run_regions_outer"
+    assert "self." not in outer[0].forward._bytegraph_source

@@ -340,3 +340,48 @@ def test_two_parameter_groups_are_two_families_of_lanes():
     chunks = split[-1].meta["bytegraph_chunks"]
     assert sum(b - a for a, b in chunks) == n_matrices + n_vectors
     assert len(chunks) > 2 and split[-1].meta["bytegraph_parts"] < len(chunks)
+
+
+@pytest.mark.parametrize("tensor_lr", [False, True])
+def test_the_outer_function_binds_state_once_and_follows_lr_changes(tensor_lr):
+    # The split update runs as a plain function (regions.outer_function) holding the optimizer's
+    # state tensors it read once, not fx's code reading each from the module per call: two groups,
+    # the learning rate changed between steps (AdamW's float: the update is compiled again; SGD's
+    # tensor: changed in place, read by the bound tensor), values against eager after each step.
+    model = gpt(5)
+    ref = copy.deepcopy(model)
+
+    def groups(m):
+        params = list(m.parameters())
+        lr = (lambda v: torch.tensor(v)) if tensor_lr else (lambda v: v)
+        return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1, "lr": lr(1e-2)},
+                {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0, "lr": lr(3e-3)}]
+
+    make = (lambda g: torch.optim.SGD(g, momentum=0.9, foreach=True)) if tensor_lr else \
+        (lambda g: torch.optim.AdamW(g, foreach=True))     # (AdamW takes a tensor lr only if capturable)
+    opt, opt_ref = make(groups(model)), make(groups(ref))
+    parts, outers = [], []
+    compiled = bytegraph.compile(opt.step, backend=lanes_backend(parts, outers))
+    for i in range(5):
+        torch.manual_seed(i)
+        for p, q in zip(model.parameters(), ref.parameters()):
+            p.grad = torch.randn_like(p)
+            q.grad = p.grad.clone()
+        if i == 3:
+            for o in (opt, opt_ref):
+                for g in o.param_groups:
+                    if tensor_lr:
+                        g["lr"].mul_(0.25)
+                    else:
+                        g["lr"] = g["lr"] * 0.25
+        compiled()
+        opt_ref.step()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)
+            for key, value in opt_ref.state[q].items():
+                torch.testing.assert_close(opt.state[p][key], value, rtol=1e-6, atol=1e-6)
+    split = [o for o in outers if o is not None]
+    assert split, "the update was compiled whole"
+    for outer in split:
+        assert outer.forward.__name__ == "run_lanes_outer"       # the generated function, not fx's
+        assert "self." not in outer.forward._bytegraph_source

@@ -29,7 +29,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..config import config
 from ..graph_facts import is_random, is_state_node, writes, written
-from .regions import meta_key, part_caller
+from .regions import meta_key, outer_function, part_caller
 
 # Fewer lanes than this: compiled whole (nothing to gain).
 MIN_LANES = 16
@@ -267,7 +267,9 @@ class _Chunk:
 def compile_by_lanes(gm, example_inputs, compile_part):
     """``gm`` (a graph of foreach list ops: an optimizer step) split into chunks of lanes, each
     distinct chunk compiled once with ``compile_part(chunk_gm, fake_example_inputs)``; the
-    callable running them all, or None when ``gm`` is not made of lanes that repeat."""
+    outer graph module calling them all (its ``forward`` the plain function
+    ``regions.outer_function`` writes from it: the state tensors bound once), or None when ``gm``
+    is not made of lanes that repeat."""
     if not config.regional_compile:
         return None
     lanes = _Lanes(gm)
@@ -300,6 +302,9 @@ def compile_by_lanes(gm, example_inputs, compile_part):
     outer_gm = fx.GraphModule(gm, outer)
     outer_gm.meta["bytegraph_parts"] = len(compiled)
     outer_gm.meta["bytegraph_chunks"] = [r for length in lanes.families for r in (ranges[length] or [(0, length)])]
+    fast = outer_function(outer_gm, "run_lanes_outer")
+    if fast is not None:
+        outer_gm.forward = fast
     return outer_gm
 
 

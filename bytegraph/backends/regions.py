@@ -13,7 +13,8 @@ compile time grows with the graph (Inductor) can then split the graph at those r
   strides, dtypes, devices and requires_grad) are compiled once;
 * the nodes between regions (embeddings, the final norm and head) form graphs of their own,
   compiled once each;
-* an outer graph calls the compiled parts in order, passing each region its own parameters.
+* an outer graph calls the compiled parts in order, passing each region its own parameters
+  (run as a plain function written from it, ``outer_function``, with the parameters bound once).
 
 Each part is compiled by the same backend on fake example inputs, so training works as for a
 whole graph (AOTAutograd per part, autograd across them). The result is the whole graph's,
@@ -331,18 +332,111 @@ class _GlobalStates:
 
 def part_caller(compiled, name="run_part"):
     """``compiled`` as a function of this module, named ``name``: the outer graph's code names it
-    as a global of its own (a target from torch's modules would be spelled as an import path)."""
+    as a global of its own (a target from torch's modules would be spelled as an import path).
+    ``outer_function`` calls ``compiled`` itself (``_bytegraph_part``)."""
     def run_part(*args):
         return compiled(*args)
     run_part.__name__ = run_part.__qualname__ = name
+    run_part._bytegraph_part = compiled
     return run_part
+
+
+def outer_function(gm, name="run_outer"):
+    """``gm``'s forward (an outer graph calling compiled parts) as a plain function of its
+    placeholders, or None where the graph has what this does not write (then ``gm.forward``).
+
+    What fx's code for the graph does per call and this does once: each ``get_attr`` (a
+    parameter or optimizer state tensor: ``Module.__getattr__``, ~1 us each, hundreds in an
+    optimizer's update) is read here and bound, as AOTAutograd binds the parameters it lifts when
+    it compiles a graph whole; a part's ``part_caller`` is skipped for the compiled callable it
+    wraps. Values are freed after their last use, as fx's code frees them, except the inputs
+    (the caller holds them anyway)."""
+    graph = gm.graph
+    if type(graph._codegen) is not fx.graph.CodeGen:
+        return None
+    names, params, lines = {}, [], []
+    namespace = {}
+
+    def bind(value):
+        key = f"_k{len(namespace)}"
+        namespace[key] = value
+        return key
+
+    def expr(a):
+        if isinstance(a, fx.Node):
+            return names[a]
+        if isinstance(a, tuple):
+            return "(" + "".join(expr(x) + ", " for x in a) + ")"
+        if isinstance(a, list):
+            return "[" + ", ".join(expr(x) for x in a) + "]"
+        if isinstance(a, dict):
+            return "{" + ", ".join(f"{bind(k)}: {expr(v)}" for k, v in a.items()) + "}"
+        if a is None or type(a) in (bool, int):
+            return repr(a)
+        return bind(a)
+
+    def call_args(args, kwargs):
+        if not all(isinstance(k, str) and k.isidentifier() for k in kwargs):
+            raise _Unwritable
+        return ", ".join([expr(a) for a in args] + [f"{k}={expr(v)}" for k, v in kwargs.items()])
+
+    nodes = list(graph.nodes)
+    last_use = {}
+    for i, n in enumerate(nodes):
+        for a in n.all_input_nodes:
+            last_use[a] = i
+    try:
+        for i, n in enumerate(nodes):
+            names[n] = v = f"v{i}"
+            if n.op == "placeholder":
+                if n.args or str(n.target).startswith("*"):
+                    return None          # a default value or *args
+                params.append(v)
+                continue
+            if n.op == "get_attr":
+                value = gm
+                for atom in str(n.target).split("."):
+                    value = getattr(value, atom)
+                names[n] = bind(value)
+                continue
+            if n.op == "output":
+                lines.append(f"return {expr(n.args[0])}")
+                break
+            if n.op == "call_function":
+                target = getattr(n.target, "_bytegraph_part", n.target)
+                lines.append(f"{v} = {bind(target)}({call_args(n.args, n.kwargs)})")
+            elif n.op == "call_method" and isinstance(n.target, str) and n.target.isidentifier() and n.args:
+                lines.append(f"{v} = {expr(n.args[0])}.{n.target}({call_args(n.args[1:], n.kwargs)})")
+            elif n.op == "call_module":
+                lines.append(f"{v} = {bind(gm.get_submodule(n.target))}({call_args(n.args, n.kwargs)})")
+            else:
+                return None
+            dead = [names[a] for a in n.all_input_nodes if last_use[a] == i
+                    and a.op not in ("placeholder", "get_attr")]
+            if not n.users:
+                dead.append(v)
+            if dead:
+                lines.append(f"del {', '.join(dict.fromkeys(dead))}")
+    except _Unwritable:
+        return None
+    source = f"def {name}({', '.join(params)}):\n" + "".join(f"    {line}\n" for line in lines)
+    code = compile(source, f"<bytegraph {name}>", "exec")
+    exec(code, namespace)
+    fn = namespace[name]
+    fn._bytegraph_source = source
+    return fn
+
+
+class _Unwritable(Exception):
+    pass
 
 
 def compile_by_regions(gm, example_inputs, compile_part):
     """``gm`` split at its repeated regions, each distinct part compiled once with
     ``compile_part(part_gm, fake_example_inputs)`` (a callable returning the part's outputs in
-    order); the callable running them all, or None when ``gm`` has no region repeated (or
-    cannot be split: symbolic sizes, inputs without fake values)."""
+    order); the outer graph module running them all (its ``forward`` the plain function
+    ``outer_function`` writes from it), or None when ``gm`` has no region repeated (or cannot
+    be split: symbolic sizes, inputs without fake values)."""
     if not config.regional_compile:
         return None
     parts = [_Part(tag, nodes) for tag, nodes in _parts(gm)]
@@ -397,7 +491,11 @@ def compile_by_regions(gm, example_inputs, compile_part):
     outer.output(fx.node.map_arg(out_node.args[0], env.__getitem__))
     outer_gm = fx.GraphModule(gm, outer)
     outer_gm.meta["bytegraph_parts"] = len(compiled)
+    fast = outer_function(outer_gm, "run_regions_outer")
+    if fast is not None:
+        outer_gm.forward = fast
     return outer_gm
 
 
-__all__ = ["compile_by_regions", "global_state_kept", "worth_sharing", "worth_splitting", "is_state_node", "meta_key", "part_caller", "REGION"]
+__all__ = ["compile_by_regions", "global_state_kept", "worth_sharing", "worth_splitting", "is_state_node", "meta_key",
+           "outer_function", "part_caller", "REGION"]
