@@ -1,9 +1,7 @@
 """The ``inductor`` backend: TorchInductor code generation (C++/OpenMP on CPU)."""
-import contextlib
 import logging
 
 import torch
-import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
@@ -96,76 +94,6 @@ def _with_shared_blocks(gm, example_inputs, config_patches):
         return None
 
 
-def scalars_to_gpu_without_waiting(gm, example_inputs):
-    """Copy each 0-d CPU tensor input that a GPU op of ``gm`` reads to that GPU with a
-    non-blocking copy, in the graph. Inductor moves such an input (a learning rate a scheduler
-    changes reaches the graph as a 0-d float64 tensor) itself, with a blocking copy, and a
-    blocking copy from the host waits for everything queued on the GPU: a training step that
-    should stay ahead of the GPU then waits for the previous step to finish. The copy's source
-    is staged before the call returns, so the value the GPU reads is the one passed in; the
-    values are those of Inductor's own copy. Inputs that need grad, and ops whose arguments'
-    devices are not known, are left as they are. Returns the number of copies added."""
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    examples = as_list(example_inputs)
-    if len(placeholders) != len(examples):
-        return 0
-    first_op = next((n for n in gm.graph.nodes if n.op != "placeholder"), None)
-    added = 0
-    for node, example in zip(placeholders, examples):
-        if not (isinstance(example, torch.Tensor) and example.dim() == 0 and example.device.type == "cpu"
-                and not example.requires_grad and type(example) in (torch.Tensor, FakeTensor)):
-            continue
-        copies = {}
-        for user in list(node.users):
-            device = _gpu_of_call(user, node)
-            if device is None:
-                continue
-            if device not in copies:
-                with gm.graph.inserting_before(first_op):
-                    copies[device] = gm.graph.call_method("to", (node,), {"device": device, "non_blocking": True})
-                if "example_value" in node.meta:
-                    with _fake_mode_of(node.meta["example_value"]):
-                        copies[device].meta["example_value"] = node.meta["example_value"].to(device)
-            user.replace_input_with(node, copies[device])
-        added += len(copies)
-    if added:
-        gm.recompile()
-    return added
-
-
-def _fake_mode_of(value):
-    mode = getattr(value, "fake_mode", None)
-    return mode if mode is not None else contextlib.nullcontext()
-
-
-def _gpu_of_call(user, scalar):
-    """The one GPU device of the tensors ``user`` (an op reading ``scalar``) reads besides it, or
-    None (none on a GPU, several devices, an argument of unknown device, not an op)."""
-    if user.op not in ("call_function", "call_method"):
-        return None
-    devices = set()
-    unknown = False
-
-    def visit(arg):
-        nonlocal unknown
-        if isinstance(arg, fx.Node):
-            if arg is scalar:
-                return
-            value = arg.meta.get("example_value", None)
-            values = value if isinstance(value, (list, tuple)) else [value]
-            for v in values:
-                if isinstance(v, torch.Tensor):
-                    devices.add(v.device)
-                elif v is None or not isinstance(v, (int, float, bool, torch.SymInt, torch.SymFloat)):
-                    unknown = True
-        return arg
-    fx.node.map_aggregate((user.args, user.kwargs), visit)
-    if unknown or len(devices) != 1:
-        return None
-    (device,) = devices
-    return device if device.type == "cuda" else None
-
-
 def inductor_whole(gm, example_inputs, *, config_patches=None):
     """Compile ``gm`` with ``torch._inductor.compile_fx.compile_fx``.
 
@@ -189,7 +117,6 @@ def inductor_whole(gm, example_inputs, *, config_patches=None):
         return run_uncompiled("inductor", gm, cause, restore)
     grads = grad_presence.plan(gm)
     mark_parameters_static(gm)
-    scalars_to_gpu_without_waiting(gm, example_inputs)
     try:
         compiled = compile_fx(gm, cacheable_examples(example_inputs),
                               inner_compile=watched_inner(compile_fx_inner, "inductor"),
