@@ -3,6 +3,12 @@
     python bench/ddp_step.py                           # 2 GPUs, NCCL, GPT-2-small-like model
     python bench/ddp_step.py --device cpu --tiny       # 2 CPU processes, gloo, tiny model
     torchrun --nproc_per_node 2 bench/ddp_step.py      # the same, started by torchrun
+    python bench/ddp_step.py --wrap fsdp2              # FSDP2 instead of DDP (fully_shard per block, then the root)
+
+``--wrap fsdp2`` shards the model with FSDP2 (``fully_shard`` on every block, then on the root)
+instead of wrapping it in DDP, and compiles that model; its all-gathers and reduce-scatters are
+FSDP2's own, so the bucket columns stay empty; ``peak MiB`` is the largest memory a rank
+allocated during the timed steps (CUDA; NaN on the CPU).
 
 Without torchrun the script starts its own processes (a free port on 127.0.0.1). Each variant
 trains a fresh copy of the same model on the same data (AdamW, bf16 autocast on CUDA) and
@@ -60,6 +66,7 @@ def parse(argv=None):
     p.add_argument("--vocab", type=int, default=50304)
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--batch", type=int, default=8, help="sequences per process")
+    p.add_argument("--wrap", choices=("ddp", "fsdp2"), default="ddp", help="DDP (default) or FSDP2's fully_shard")
     p.add_argument("--bucket-cap-mb", type=float, default=None, help="DDP bucket_cap_mb (default: DDP's 25)")
     p.add_argument("--backend", default="inductor", help="compile backend for both compilers")
     p.add_argument("--variants", default=",".join(VARIANTS),
@@ -184,12 +191,18 @@ class CompileCounterTorch:
 
 def run_variant(name, args, rank, device, clock, data):
     model = make_model(args).to(device)
-    ddp_kwargs = {"device_ids": [device.index]} if device.type == "cuda" else {}
-    if args.bucket_cap_mb is not None:
-        ddp_kwargs["bucket_cap_mb"] = args.bucket_cap_mb
-    ddp = DDP(model, **ddp_kwargs)
     recorder = BucketRecorder(clock)
-    ddp.register_comm_hook(None, recorder.hook())
+    if args.wrap == "fsdp2":
+        from torch.distributed.fsdp import fully_shard   # heavy; only this wrap needs it
+        for block in model.h:
+            fully_shard(block)
+        ddp = fully_shard(model)
+    else:
+        ddp_kwargs = {"device_ids": [device.index]} if device.type == "cuda" else {}
+        if args.bucket_cap_mb is not None:
+            ddp_kwargs["bucket_cap_mb"] = args.bucket_cap_mb
+        ddp = DDP(model, **ddp_kwargs)
+        ddp.register_comm_hook(None, recorder.hook())
     counters = []
     step_fn = compile_variant(name, ddp, args, counters)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -217,6 +230,8 @@ def run_variant(name, args, rank, device, clock, data):
     for i in range(1, args.warmup):
         losses.append(step(i, False)[0])
     graphs_after_warmup = counters[0].frame_count if counters else 0
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     timings = []
     for i in range(args.steps):
         _, start, end, _ = step(args.warmup + i, True)
@@ -224,6 +239,7 @@ def run_variant(name, args, rank, device, clock, data):
     clock.sync()
     step_ms = statistics.median(clock.ms(a, b) for a, b in timings)
     graphs_after_timing = counters[0].frame_count if counters else 0
+    peak_mib = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else float("nan")
 
     # Overlap: two more steps with the end of every backward compute node and the launch of every
     # bucket marked.
@@ -244,7 +260,7 @@ def run_variant(name, args, rank, device, clock, data):
     result = {"variant": name, "step_ms": step_ms, "first_step_s": first_s,
               "graphs": graphs_after_warmup, "recompiled_while_timed": graphs_after_timing != graphs_after_warmup,
               "buckets": buckets, "early": early, "overlap_ms": lead, "backward_ms": backward_ms,
-              "losses": [float(x) for x in losses]}
+              "peak_mib": peak_mib, "losses": [float(x) for x in losses]}
     if name.startswith("bytegraph"):
         splits = [s for r in bytegraph.debug.records.frames for s in r.ddp_splits]
         result["pieces"] = [s.piece_count for s in splits]
@@ -291,18 +307,18 @@ def report(args, gathered, device):
     rows = gathered[0]
     eager = next((r for r in rows if r["variant"] == "eager"), None)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    print(f"# DDP step, {len(gathered)} x {where}, {args.layers} layers d={args.d} seq={args.seq} "
+    print(f"# {'FSDP2' if args.wrap == 'fsdp2' else 'DDP'} step, {len(gathered)} x {where}, {args.layers} layers d={args.d} seq={args.seq} "
           f"batch={args.batch}/process, backend={args.backend}, bucket_cap_mb={args.bucket_cap_mb or 25}, "
           f"torch {torch.__version__}")
     print(f"{'variant':24} {'step ms':>9} {'first s':>8} {'graphs':>6} {'buckets':>7} {'early':>5} "
-          f"{'overlap ms':>10} {'loss diff':>9}")
+          f"{'overlap ms':>10} {'loss diff':>9} {'peak MiB':>9}")
     for r in rows:
         # Slowest rank's step time: the step is as slow as its slowest process.
         step_ms = max(g[rows.index(r)]["step_ms"] for g in gathered)
         diff = max(abs(a - b) for a, b in zip(r["losses"], eager["losses"])) if eager else float("nan")
         flag = " (recompiled while timed)" if r["recompiled_while_timed"] else ""
         print(f"{r['variant']:24} {step_ms:9.2f} {r['first_step_s']:8.1f} {r['graphs']:6d} {r['buckets']:7d} "
-              f"{r['early']:5d} {r['overlap_ms']:10.2f} {diff:9.2e}{flag}")
+              f"{r['early']:5d} {r['overlap_ms']:10.2f} {diff:9.2e} {r['peak_mib']:9.0f}{flag}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "ranks": gathered}, f, indent=1)
