@@ -55,6 +55,20 @@ def _no_grad(model):
     return fn, bytegraph.compile(fn, backend=cnt), cnt
 
 
+def _compiled_step_matches_eager(model, eager, x, backend):
+    """``model`` compiled with ``backend`` (counted): one forward and backward, outputs and every
+    parameter's gradient checked against ``eager``'s; (the compiled model, its counter)."""
+    cnt = CompileCounter(lookup_backend(backend))
+    compiled = bytegraph.compile(model, backend=cnt)
+    out, ref = compiled(x), eager(x)
+    assert torch.allclose(out, ref, atol=1e-5)
+    out.sum().backward()
+    ref.sum().backward()
+    for p, q in zip(model.parameters(), eager.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-5)
+    return compiled, cnt
+
+
 def test_new_fake_is_what_fake_tensor_new_gives():
     mode = FakeTensorMode()
     cpu = torch.device("cpu")
@@ -118,14 +132,7 @@ def test_weights_tied_across_layers(backend):
         for i in (2, 3, 4):
             m[i].fc.weight = m[1].fc.weight
     x = torch.randn(3, 8)
-    cnt = CompileCounter(lookup_backend(backend))
-    compiled = bytegraph.compile(model, backend=cnt)
-    out, ref = compiled(x), eager(x)
-    assert torch.allclose(out, ref, atol=1e-5)
-    out.sum().backward()
-    ref.sum().backward()
-    for p, q in zip(model.parameters(), eager.parameters()):
-        assert torch.allclose(p.grad, q.grad, atol=1e-5)
+    compiled, cnt = _compiled_step_matches_eager(model, eager, x, backend)
     pairs = _state_fakes(cnt.graphs[0])
     tied = [f for r, f in pairs if r is model[1].fc.weight]
     assert len(tied) == 1
@@ -189,14 +196,7 @@ def test_parameters_that_are_views_of_one_storage(backend):
     (model, table), (eager, eager_table) = models
     assert model[0].gain.untyped_storage().data_ptr() == model[3].gain.untyped_storage().data_ptr()
     x = torch.randn(3, 8)
-    cnt = CompileCounter(lookup_backend(backend))
-    compiled = bytegraph.compile(model, backend=cnt)
-    out, ref = compiled(x), eager(x)
-    assert torch.allclose(out, ref, atol=1e-5)
-    out.sum().backward()
-    ref.sum().backward()
-    for p, q in zip(model.parameters(), eager.parameters()):
-        assert torch.allclose(p.grad, q.grad, atol=1e-5)
+    compiled, cnt = _compiled_step_matches_eager(model, eager, x, backend)
     with torch.no_grad():
         table.mul_(-1.0)
         eager_table.mul_(-1.0)
@@ -212,13 +212,6 @@ def test_transposed_weight_in_a_stamped_layer(backend):
         m[3].fc.weight = torch.nn.Parameter(w.t())
     assert not model[3].fc.weight.is_contiguous()
     x = torch.randn(3, 8)
-    cnt = CompileCounter(lookup_backend(backend))
-    compiled = bytegraph.compile(model, backend=cnt)
-    out, ref = compiled(x), eager(x)
-    assert torch.allclose(out, ref, atol=1e-5)
-    out.sum().backward()
-    ref.sum().backward()
-    for p, q in zip(model.parameters(), eager.parameters()):
-        assert torch.allclose(p.grad, q.grad, atol=1e-5)
+    compiled, cnt = _compiled_step_matches_eager(model, eager, x, backend)
     fakes = {id(r): f for r, f in _state_fakes(cnt.graphs[0])}
     assert fakes[id(model[3].fc.weight)].stride() == (1, 8)
