@@ -32,6 +32,22 @@ OPTIMIZERS = {
 }
 
 
+def _same_fresh_grads(model, ref, seed):
+    """Random gradients (from ``seed``), the same on ``model`` and its eager copy ``ref``."""
+    torch.manual_seed(seed)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        p.grad = torch.randn_like(p)
+        q.grad = p.grad.clone()
+
+
+def _same_params_and_state(model, ref, opt, opt_ref):
+    """``model``'s parameters and ``opt``'s state equal the eager copies'."""
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)
+        for key, value in opt_ref.state[q].items():
+            torch.testing.assert_close(opt.state[p][key], value, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_optimizer_update_compiled_a_layer_at_a_time_equals_eager(name):
     model = gpt(5)
@@ -45,16 +61,10 @@ def test_optimizer_update_compiled_a_layer_at_a_time_equals_eager(name):
     parts, outers = [], []
     compiled = bytegraph.compile(step, backend=lanes_backend(parts, outers))
     for i in range(4):
-        torch.manual_seed(i)
-        for p, q in zip(model.parameters(), ref.parameters()):
-            p.grad = torch.randn_like(p)
-            q.grad = p.grad.clone()
+        _same_fresh_grads(model, ref, seed=i)
         compiled(opt)
         step(opt_ref)
-        for p, q in zip(model.parameters(), ref.parameters()):
-            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)
-            for key, value in opt_ref.state[q].items():
-                torch.testing.assert_close(opt.state[p][key], value, rtol=1e-6, atol=1e-6)
+        _same_params_and_state(model, ref, opt, opt_ref)
     # (SGD's first step, making its momentum buffers, is a graph of its own.)
     split = [o for o in outers if o is not None]
     assert 1 <= len(split) <= 2
@@ -322,16 +332,10 @@ def test_two_parameter_groups_are_two_families_of_lanes():
     parts, outers = [], []
     compiled = bytegraph.compile(opt.step, backend=lanes_backend(parts, outers))
     for i in range(3):
-        torch.manual_seed(i)
-        for p, q in zip(model.parameters(), ref.parameters()):
-            p.grad = torch.randn_like(p)
-            q.grad = p.grad.clone()
+        _same_fresh_grads(model, ref, seed=i)
         compiled()
         opt_ref.step()
-        for p, q in zip(model.parameters(), ref.parameters()):
-            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)
-            for key, value in opt_ref.state[q].items():
-                torch.testing.assert_close(opt.state[p][key], value, rtol=1e-6, atol=1e-6)
+        _same_params_and_state(model, ref, opt, opt_ref)
     split = [o for o in outers if o is not None]
     assert split, "the update was compiled whole"
     n_matrices = sum(p.dim() >= 2 for p in model.parameters())
@@ -363,10 +367,7 @@ def test_the_outer_function_binds_state_once_and_follows_lr_changes(tensor_lr):
     parts, outers = [], []
     compiled = bytegraph.compile(opt.step, backend=lanes_backend(parts, outers))
     for i in range(5):
-        torch.manual_seed(i)
-        for p, q in zip(model.parameters(), ref.parameters()):
-            p.grad = torch.randn_like(p)
-            q.grad = p.grad.clone()
+        _same_fresh_grads(model, ref, seed=i)
         if i == 3:
             for o in (opt, opt_ref):
                 for g in o.param_groups:
@@ -376,10 +377,7 @@ def test_the_outer_function_binds_state_once_and_follows_lr_changes(tensor_lr):
                         g["lr"] = g["lr"] * 0.25
         compiled()
         opt_ref.step()
-        for p, q in zip(model.parameters(), ref.parameters()):
-            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)
-            for key, value in opt_ref.state[q].items():
-                torch.testing.assert_close(opt.state[p][key], value, rtol=1e-6, atol=1e-6)
+        _same_params_and_state(model, ref, opt, opt_ref)
     split = [o for o in outers if o is not None]
     assert split, "the update was compiled whole"
     for outer in split:
