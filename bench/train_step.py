@@ -576,6 +576,39 @@ def print_table(results, args):
         if mem:
             line += f" {r['memory_mb']:8.1f} MB"
         print(line)
+    print_process_summary(results)
+
+
+def print_process_summary(results):
+    """Per row interleaved in several processes: each compiler's step ratio to the reference, the
+    median over processes of each process's median ratio (with the spread over processes), and
+    the median of all rounds pooled; normal and slow host."""
+    by_row = {}
+    for r in results:
+        if "interleaved" in r:
+            by_row.setdefault(r["row"], []).append(r)
+    for row, runs in by_row.items():
+        if len(runs) < 2:
+            continue
+        for key, label in (("interleaved", ""), ("slow_interleaved", " (slow host)")):
+            blocks = [r[key] for r in runs if key in r]
+            if len(blocks) < 2:
+                continue
+            print(f"{row + label:38s} over {len(blocks)} processes:")
+            for name in blocks[0]["ratios"]:
+                per_process = [b["ratios"][name]["step"] for b in blocks if name in b["ratios"]]
+                pooled = [a / b for blk in blocks if name in blk["ratios"]
+                          for a, b in zip(blk["compilers"][name]["round_medians_ms"],
+                                          blk["compilers"][_reference(blk)]["round_medians_ms"])]
+                line = (f"{'':38s} {name:16s} step {statistics.median(per_process):.3f}x "
+                        f"(processes {', '.join(f'{x:.3f}' for x in per_process)})")
+                if pooled:
+                    line += f"; all {len(pooled)} rounds: median {statistics.median(pooled):.3f}x"
+                print(line)
+
+
+def _reference(block):
+    return next(n for n in block["compilers"] if n not in block["ratios"])
 
 
 def print_interleaved(r):
