@@ -228,6 +228,17 @@ def test_worth_sharing_on_a_gpu_only(monkeypatch):
     assert regions.worth_sharing(gm, cudagraphs=False)
 
 
+def test_a_training_graph_on_a_gpu_is_shared_only_under_cuda_graphs(monkeypatch):
+    graphs = []
+    model = gpt(2).train()
+    bytegraph.compile(model, backend=lambda gm, ex: graphs.append(gm) or gm.forward)(torch.randint(0, 64, (2, 8)))
+    gm = graphs[0]
+    monkeypatch.setattr(regions, "on_cuda", lambda gm: True)
+    monkeypatch.setattr(regions, "CUDA_MIN_REGION_FLOPS", 0)
+    assert not regions.worth_sharing(gm, cudagraphs=False)        # its steps would pay for the sharing
+    assert regions.worth_sharing(gm, cudagraphs=True)
+
+
 @pytest.mark.parametrize("fails", [False, True])
 def test_inductor_compiles_the_shared_graph_without_buffer_reuse_or_falls_back(monkeypatch, fails):
     monkeypatch.setattr(inductor_backend, "worth_sharing", lambda gm, cudagraphs: True)
@@ -254,14 +265,16 @@ def test_inductor_compiles_the_shared_graph_without_buffer_reuse_or_falls_back(m
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="Inductor on a GPU")
-def test_shared_blocks_with_inductor_on_a_gpu_train_like_eager(monkeypatch):
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_inductor_on_a_gpu_trains_like_eager_shared_under_cuda_graphs(monkeypatch, mode):
     monkeypatch.setattr(regions, "CUDA_MIN_REGION_FLOPS", 0)
     model = gpt(4).cuda().train()
     x = torch.randint(0, 64, (2, 8), device="cuda")
-    compiled = bytegraph.compile(model, backend="inductor")
+    compiled = bytegraph.compile(model, backend="inductor", mode=mode)
     for _ in range(3):
         out = compiled(x)
         out.float().square().mean().backward()
+        out = out.clone()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
     for _ in range(3):

@@ -43,8 +43,9 @@ def inductor(gm, example_inputs, *, config_patches=None):
     ``regions.worth_sharing`` says so; otherwise, split block by block (``backends/regions.py``)
     unless CUDA graphs are asked for (they want one graph with its parameters in place) or, on a
     GPU, the graph will be differentiated or its blocks do too little work for the extra calls
-    to hide behind the kernels (``worth_splitting``). An optimizer's foreach update is compiled
-    a layer's parameters at a time, each distinct chunk once (``backends/lanes.py``)."""
+    to hide behind the kernels (``worth_splitting``): on a GPU a training graph is compiled whole
+    unless CUDA graphs are asked for. An optimizer's foreach update is compiled a layer's
+    parameters at a time, each distinct chunk once (``backends/lanes.py``)."""
     if has_inference_blocks(gm):
         return inference_parts("inductor", gm, example_inputs,
                                lambda part, examples: inductor(part, examples, config_patches=config_patches))

@@ -159,14 +159,26 @@ def worth_sharing(gm, cudagraphs):
     buffer reuse on, and the split steps about as fast: a 6-layer d=64 training step, 11.34 ms
     split against 11.09 shared): when CUDA graphs replay the whole
     graph (nothing of the extra calls is left a step: 1x128 tokens, 1.65 ms against 1.63 for
-    torch.compile), or when each block does enough work to hide one more kernel boundary per
-    layer (``CUDA_MIN_REGION_FLOPS``; without CUDA graphs a GPT at 1x256 tokens stepped in 3.19
-    ms shared against 2.83 whole, BERT-base at 8x128 in 5.26 against 4.18; GPT-2 small at 8x1024
-    in training in 26.45 against 26.44 ms for torch.compile)."""
+    torch.compile), or, for a graph that will not be differentiated, when each block does enough
+    work to hide one more kernel boundary per layer (``CUDA_MIN_REGION_FLOPS``; without CUDA
+    graphs a GPT at 1x256 tokens stepped in 3.19 ms shared against 2.83 whole, BERT-base at
+    8x128 in 5.26 against 4.18).
+
+    A graph that will be differentiated (a training step) without CUDA graphs is compiled
+    whole: its shared blocks cost host work on every step (their input checks, outputs
+    allocated without Inductor's buffer reuse), and the steps lost to torch.compile wherever the
+    GPU outran the host. Measured (H200, GPT-2 small, 8x1024 tokens, bf16, whole training step,
+    three processes each alternating the compilers in six rounds): foreach AdamW 1.066x
+    torch.compile's shared (processes 1.041-1.121) against 1.003x whole, fused AdamW 1.022x shared;
+    pinned to a busy core 1.083x and 1.095x shared, 1.003x whole. Sharing made the first call
+    about a third of torch.compile's (17 s against 47 s), compiled whole it is 0.8-0.9x of it (39-44
+    s against 49-51 s); a training run repays the difference within minutes."""
     if not on_cuda(gm):
         return False
     if cudagraphs:
         return True
+    if _differentiated(gm):
+        return False
     work = region_flops(gm)
     return bool(work) and max(work.values()) >= CUDA_MIN_REGION_FLOPS
 
