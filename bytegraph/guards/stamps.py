@@ -228,21 +228,25 @@ def _known_setattr():
     return _KNOWN_SETATTR
 
 
+_TABLE_TYPES = (dict, OrderedDict) + STAMPED
+
+
+def _class_watchable(cls):
+    setattr_ = cls.__setattr__
+    return (setattr_ is _setattr or setattr_ in _known_setattr()) and cls.__delattr__ is _delattr \
+        and cls.__getattribute__ in (object.__getattribute__, torch.nn.Module.__getattribute__)
+
+
 def watchable(module):
     """Can changes to ``module``'s own state be seen through ``EPOCH``?"""
     if not isinstance(module, torch.nn.Module):
         return False
     install()
-    cls = type(module)
-    if cls.__setattr__ is not _setattr and cls.__setattr__ not in _known_setattr():
-        return False
-    if cls.__delattr__ is not _delattr:
-        return False
-    if cls.__getattribute__ not in (object.__getattribute__, torch.nn.Module.__getattribute__):
+    if not _class_watchable(type(module)):
         return False
     d = module.__dict__
     for name in STATE_TABLES:
-        if type(d.get(name)) not in (dict, OrderedDict) + STAMPED:
+        if type(d.get(name)) not in _TABLE_TYPES:
             return False
     return True
 
@@ -254,16 +258,41 @@ def watch(module, known_watchable=False):
     ``hooks_watched``. ``known_watchable``: the caller has just asked ``watchable``."""
     if not known_watchable and not watchable(module):
         return False
-    d = module.__dict__
-    for name in TABLES:
+    _stamp_tables(module.__dict__)
+    return True
+
+
+def watch_module(module):
+    """``watchable``, ``watch`` and ``hooks_watched`` in one pass (a deep model's layers watch
+    a dozen modules each): None when ``module`` cannot be watched, else whether all of its hook
+    tables are stamped now."""
+    if not watchable(module):
+        return None
+    return _stamp_tables(module.__dict__)
+
+
+def _stamp_tables(d):
+    """Swap the tables in a module's ``__dict__`` ``d`` for stamped ones (hook tables only while
+    empty); are all of its hook tables stamped now (``hooks_watched``)?"""
+    for name in STATE_TABLES:
         table = d.get(name)
         cls = STAMPED_FOR.get(type(table))
-        if cls is None:
+        if cls is not None:
+            d[name] = cls(table)
+    hooks = True
+    for name in HOOK_TABLES:
+        table = d.get(name, _ABSENT)
+        if table is _ABSENT:
             continue
-        if name in HOOK_TABLES and table:
+        kind = type(table)
+        if kind in STAMPED:
             continue
-        d[name] = cls(table)
-    return True
+        cls = STAMPED_FOR.get(kind)
+        if cls is None or table:
+            hooks = False
+            continue
+        d[name] = cls()
+    return hooks
 
 
 def is_watched(module):

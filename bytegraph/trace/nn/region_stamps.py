@@ -35,7 +35,12 @@ from ...guards.sources import AttrSource, ItemSource, ModuleEntrySource, Source,
 from ...values import builder as values_builder
 from ...values.base import ObjectValue
 from ...values.builder import CONSTANT_TYPES
-from .blocks import _equivalent
+from .blocks import _equivalent, _same_tables
+
+try:
+    from torch._C._dynamo.guards import TensorGuards    # a checker only (as guards.tensor_batch)
+except ImportError:
+    TensorGuards = None
 
 _STEPS = (AttrSource, ModuleEntrySource, ItemSource)
 
@@ -50,6 +55,7 @@ class Walk:
         self.checks = checks                # (object index, kind, expected) of the guards that are not identities
         self.operands = operands            # per lifted input: (object index, its source under the root, is a
                                             # parameter, its name after the root's) or None
+        self.same = Sameness(first_objects)  # is a later layer's walk equivalent to this one's objects
 
 
 def layer_of(key_leaves):
@@ -202,9 +208,9 @@ def stamp(tx, walk, layer):
         except Exception:
             return None
         append(obj)
-    for a, b in zip(first, objects):
-        if a is not b and not _equivalent(a, b):
-            return None
+    same = walk.same
+    if not same.holds(objects):
+        return None
     reassigned = values_builder._reassigned_buffers
     if reassigned and any(isinstance(o, torch.nn.Module) and o in reassigned for o in objects):
         return None     # a buffer of the layer gets a new tensor each call: read as an input, not stamped
@@ -244,9 +250,71 @@ def stamp(tx, walk, layer):
         memo[id(tensor)] = (tensor, value)
         guards.objects[source_r] = tensor
         lifted.append(value)
-    metas = [g.TensorMeta(objects[walk.shape.identity[i]]) for i in walk.shape.tensor_parts]
+    metas = same.metas(objects, [walk.shape.identity[i] for i in walk.shape.tensor_parts])
     guards.add_layer(root, LayerFacts(walk.shape, objects, metas))
     return lifted
+
+
+class Sameness:
+    """Is a later layer's walk equivalent, object by object, to the general stamp's
+    (``blocks._equivalent``)? Its tensors are compared with a snapshot taken when the walk
+    is built (the objects the general stamp saw, checked then): the plain ones all at once by
+    torch's C++ tensor checker (class, dispatch keys, dtype, device, requires_grad, sizes,
+    strides; storage offset and layout apart), and a layer that matches has the snapshot's
+    ``TensorMeta``s (they are made of what was compared). Modules compare their instance
+    ``forward`` and table names (``blocks._same_tables``); anything else by ``_equivalent``."""
+
+    def __init__(self, first):
+        self.first = first
+        tensors = [i for i, o in enumerate(first) if type(o) in _PLAIN_TENSORS and o.layout is torch.strided
+                   and o.device.type in ("cpu", "cuda") and not o.dtype.is_complex] if TensorGuards else []
+        self.tensors = tensors
+        self.checker = None
+        self._metas = {}
+        self.offsets = ()
+        if tensors:
+            ts = [first[i] for i in tensors]
+            try:
+                self.checker = TensorGuards(*ts, dynamic_dims_sizes=[list(t.shape) for t in ts],
+                                            dynamic_dims_strides=[list(t.stride()) for t in ts])
+            except Exception:
+                tensors = self.tensors = []
+            else:
+                self.offsets = [(i, t.storage_offset()) for i, t in zip(tensors, ts)]
+                self._metas = {i: g.TensorMeta(t) for i, t in zip(tensors, ts)}
+        apart = set(tensors)
+        self.modules = [(i, o, o.__dict__.get("forward")) for i, o in enumerate(first)
+                        if i not in apart and isinstance(o, torch.nn.Module)]
+        apart.update(i for i, _, _ in self.modules)
+        self.others = [(i, o) for i, o in enumerate(first) if i not in apart]
+
+    def holds(self, objects):
+        """Is each of ``objects`` (a later layer's walk) equivalent to the general stamp's?"""
+        if self.tensors:
+            if not self.checker.check(*[objects[i] for i in self.tensors]):
+                return False
+            for i, offset in self.offsets:
+                t = objects[i]
+                if t.storage_offset() != offset or t.layout is not torch.strided:
+                    return False
+        for i, a, forward in self.modules:
+            b = objects[i]
+            if a is not b and (type(b) is not type(a) or b.__dict__.get("forward") is not forward
+                               or not _same_tables(a, b)):
+                return False
+        for i, a in self.others:
+            b = objects[i]
+            if a is not b and not _equivalent(a, b):
+                return False
+        return True
+
+    def metas(self, objects, indices):
+        """The ``TensorMeta`` of each of ``objects[i]`` for ``i`` in ``indices`` (after ``holds``)."""
+        found = self._metas
+        return [found.get(i) or g.TensorMeta(objects[i]) for i in indices]
+
+
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 def _source_at(steps, sources, i):
