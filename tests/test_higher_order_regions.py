@@ -382,6 +382,8 @@ _BEFORE = {
     "dtype": lambda m: m.register_buffer("extra", torch.zeros(2, dtype=torch.float64)),
     "no_bias": _without_bias,
     "forward": lambda m: setattr(m.ln, "forward", lambda x: x * 2.0),
+    "constant": lambda m: setattr(m.ln, "eps", 0.25),
+    "constant_type": lambda m: setattr(m, "scale", 1),
 }
 
 

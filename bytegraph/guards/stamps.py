@@ -282,16 +282,14 @@ def _stamp_tables(d):
     hooks = True
     for name in HOOK_TABLES:
         table = d.get(name, _ABSENT)
-        if table is _ABSENT:
-            continue
         kind = type(table)
-        if kind in STAMPED:
-            continue
-        cls = STAMPED_FOR.get(kind)
-        if cls is None or table:
+        if kind is OrderedDict or kind is dict:
+            if table:
+                hooks = False       # (a RemovableHandle holds a weak reference to it: kept)
+            else:
+                d[name] = StampedOrderedDict() if kind is OrderedDict else StampedDict()
+        elif kind is not StampedOrderedDict and kind is not StampedDict and table is not _ABSENT:
             hooks = False
-            continue
-        d[name] = cls()
     return hooks
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from ...guards import builder as g
-from ...guards.kinds import ID_MATCH
+from ...guards.kinds import CONSTANT_MATCH, ID_MATCH
 from ...guards.layers import LayerFacts, LayerShape, rebase
 from ...guards.sources import AttrSource, ItemSource, ModuleEntrySource, Source, _plain
 from ...values import builder as values_builder
@@ -56,6 +56,7 @@ class Walk:
         self.operands = operands            # per lifted input: (object index, its source under the root, is a
                                             # parameter, its name after the root's) or None
         self.same = Sameness(first_objects)  # is a later layer's walk equivalent to this one's objects
+        self.checks = self.same.unimplied(checks)
 
 
 def layer_of(key_leaves):
@@ -308,6 +309,16 @@ class Sameness:
                 return False
         return True
 
+    def unimplied(self, checks):
+        """``checks`` less those ``holds`` implies: a CONSTANT_MATCH expecting the walk's own
+        int, bool, str or float (not a NaN) at its place, which ``_equivalent`` compares by type
+        and value (a float by its repr: a zero's sign too)."""
+        others = {i for i, _ in self.others}
+        first = self.first
+        return [(i, kind, expected) for i, kind, expected in checks
+                if not (kind is CONSTANT_MATCH and i in others and expected is first[i]
+                        and type(expected) in _PLAIN_CONSTANTS and expected == expected)]
+
     def metas(self, objects, indices):
         """The ``TensorMeta`` of each of ``objects[i]`` for ``i`` in ``indices`` (after ``holds``)."""
         found = self._metas
@@ -315,6 +326,7 @@ class Sameness:
 
 
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_PLAIN_CONSTANTS = (int, bool, str, float)
 
 
 def _source_at(steps, sources, i):
