@@ -449,3 +449,20 @@ def test_walked_layers_match_their_general_stamps_metadata():
 
     walked = metas(True)
     assert walked and walked == metas(False)
+
+
+def test_a_layer_with_an_empty_entry_where_the_others_have_a_buffer_is_not_walked():
+    # A walked layer's tables must name the same entries, empty (None) where the walk's layer's
+    # are, also where the forward does not read them: layer 3 is stamped the general way.
+    from bytegraph.guards.layers import LAYER_MATCH
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[RegionBlock() for _ in range(6)])
+    for block in model:
+        block.fc.register_buffer("spare", torch.zeros(1))
+    model[3].fc.spare = None
+    fn, compiled, cnt = _no_grad_compiled(model)
+    x = torch.randn(3, 8)
+    assert torch.allclose(compiled(x), fn(x), atol=1e-6)
+    (entry,) = compiled._bytegraph_cache.entries
+    walked = {g.source.name() for g in entry.guards._set.entries() if g.kind is LAYER_MATCH}
+    assert {"model[2]", "model[4]", "model[5]"} <= walked and "model[3]" not in walked

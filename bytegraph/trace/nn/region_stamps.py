@@ -262,8 +262,10 @@ class Sameness:
     is built (the objects the general stamp saw, checked then): the plain ones all at once by
     torch's C++ tensor checker (class, dispatch keys, dtype, device, requires_grad, sizes,
     strides; storage offset and layout apart), and a layer that matches has the snapshot's
-    ``TensorMeta``s (they are made of what was compared). Modules compare their instance
-    ``forward`` and table names (``blocks._same_tables``); anything else by ``_equivalent``."""
+    ``TensorMeta``s (they are made of what was compared). Modules compare their class, instance
+    ``forward`` and table names and empty entries (``blocks._same_tables``: as one list of
+    names and lengths, and no entry None where the walk's module had none); anything else by
+    ``_equivalent``."""
 
     def __init__(self, first):
         self.first = first
@@ -284,9 +286,17 @@ class Sameness:
                 self.offsets = [(i, t.storage_offset()) for i, t in zip(tensors, ts)]
                 self._metas = {i: g.TensorMeta(t) for i, t in zip(tensors, ts)}
         apart = set(tensors)
-        self.modules = [(i, o, o.__dict__.get("forward")) for i, o in enumerate(first)
-                        if i not in apart and isinstance(o, torch.nn.Module)]
-        apart.update(i for i, _, _ in self.modules)
+        self.modules = []
+        for i, o in enumerate(first):
+            if i not in apart and isinstance(o, torch.nn.Module):
+                d = o.__dict__
+                m, p, b = d.get("_modules", _EMPTY), d.get("_parameters", _EMPTY), d.get("_buffers", _EMPTY)
+                if not (isinstance(m, dict) and isinstance(p, dict) and isinstance(b, dict)):
+                    continue        # (compared by _equivalent)
+                # (no entry None: then a later layer's tables need only their names and no None)
+                plain = _NONE not in map(type, [*m.values(), *p.values(), *b.values()])
+                self.modules.append((i, o, d.get("forward"), [len(m), *m, len(p), *p, len(b), *b], plain))
+        apart.update(m[0] for m in self.modules)
         self.others = [(i, o) for i, o in enumerate(first) if i not in apart]
 
     def holds(self, objects):
@@ -298,10 +308,20 @@ class Sameness:
                 t = objects[i]
                 if t.storage_offset() != offset or t.layout is not torch.strided:
                     return False
-        for i, a, forward in self.modules:
-            b = objects[i]
-            if a is not b and (type(b) is not type(a) or b.__dict__.get("forward") is not forward
-                               or not _same_tables(a, b)):
+        for i, a, forward, names, plain in self.modules:
+            o = objects[i]
+            if a is o:
+                continue
+            d = o.__dict__
+            if type(o) is not type(a) or d.get("forward") is not forward:
+                return False
+            m, p, b = d.get("_modules", _EMPTY), d.get("_parameters", _EMPTY), d.get("_buffers", _EMPTY)
+            if [len(m), *m, len(p), *p, len(b), *b] != names:
+                return False
+            if plain:
+                if _NONE in map(type, [*m.values(), *p.values(), *b.values()]):
+                    return False
+            elif not _same_tables(a, o):
                 return False
         for i, a in self.others:
             b = objects[i]
@@ -327,6 +347,8 @@ class Sameness:
 
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 _PLAIN_CONSTANTS = (int, bool, str, float)
+_NONE = type(None)
+_EMPTY = {}
 
 
 def _source_at(steps, sources, i):
