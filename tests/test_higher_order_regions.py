@@ -375,6 +375,10 @@ def test_a_buffer_reassigned_elsewhere_leaves_the_walk_on():
     assert counter.n.item() == 1     # (kept alive to here)
 
 
+class _OtherParameter(torch.nn.Parameter):
+    pass
+
+
 _BEFORE = {
     "requires_grad": lambda m: m.fc.weight.requires_grad_(False),
     "stride": lambda m: setattr(m.fc, "weight", torch.nn.Parameter(torch.randn(8, 8).t())),
@@ -384,6 +388,8 @@ _BEFORE = {
     "forward": lambda m: setattr(m.ln, "forward", lambda x: x * 2.0),
     "constant": lambda m: setattr(m.ln, "eps", 0.25),
     "constant_type": lambda m: setattr(m, "scale", 1),
+    "tuple_to_list": lambda m: setattr(m.ln, "normalized_shape", [8]),
+    "parameter_class": lambda m: setattr(m.fc, "bias", _OtherParameter(torch.randn(8))),
 }
 
 

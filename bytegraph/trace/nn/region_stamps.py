@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from ...guards import builder as g
-from ...guards.kinds import CONSTANT_MATCH, ID_MATCH
+from ...guards.kinds import CONSTANT_MATCH, ID_MATCH, LENGTH_MATCH, NOT_OWN_ATTR, TYPE_MATCH
 from ...guards.layers import LayerFacts, LayerShape, rebase
 from ...guards.sources import AttrSource, ItemSource, ModuleEntrySource, Source, _plain
 from ...values import builder as values_builder
@@ -295,7 +295,7 @@ class Sameness:
                     continue        # (compared by _equivalent)
                 # (no entry None: then a later layer's tables need only their names and no None)
                 plain = _NONE not in map(type, [*m.values(), *p.values(), *b.values()])
-                self.modules.append((i, o, d.get("forward"), [len(m), *m, len(p), *p, len(b), *b], plain))
+                self.modules.append((i, o, d.get("forward", _ABSENT), [len(m), *m, len(p), *p, len(b), *b], plain))
         apart.update(m[0] for m in self.modules)
         self.others = [(i, o) for i, o in enumerate(first) if i not in apart]
 
@@ -313,7 +313,7 @@ class Sameness:
             if a is o:
                 continue
             d = o.__dict__
-            if type(o) is not type(a) or d.get("forward") is not forward:
+            if type(o) is not type(a) or d.get("forward", _ABSENT) is not forward:
                 return False
             m, p, b = d.get("_modules", _EMPTY), d.get("_parameters", _EMPTY), d.get("_buffers", _EMPTY)
             if [len(m), *m, len(p), *p, len(b), *b] != names:
@@ -332,12 +332,27 @@ class Sameness:
     def unimplied(self, checks):
         """``checks`` less those ``holds`` implies: a CONSTANT_MATCH expecting the walk's own
         int, bool, str or float (not a NaN) at its place, which ``_equivalent`` compares by type
-        and value (a float by its repr: a zero's sign too)."""
+        and value (a float by its repr: a zero's sign too); a TYPE_MATCH expecting the walk's
+        object's class (every object is compared by its exact class); a LENGTH_MATCH of the
+        walk's own tuple (``_equivalent`` compares lengths); a NOT_OWN_ATTR of ``forward`` on a
+        module that had none of its own (compared as absent)."""
         others = {i for i, _ in self.others}
+        no_forward = {m[0] for m in self.modules if m[2] is _ABSENT}
         first = self.first
-        return [(i, kind, expected) for i, kind, expected in checks
-                if not (kind is CONSTANT_MATCH and i in others and expected is first[i]
-                        and type(expected) in _PLAIN_CONSTANTS and expected == expected)]
+
+        def implied(i, kind, expected):
+            if kind is CONSTANT_MATCH:
+                return i in others and expected is first[i] and type(expected) in _PLAIN_CONSTANTS \
+                    and expected == expected
+            if kind is TYPE_MATCH:
+                return type(first[i]) is expected
+            if kind is LENGTH_MATCH:
+                return i in others and type(first[i]) is tuple and len(first[i]) == expected
+            if kind is NOT_OWN_ATTR:
+                return i in no_forward and expected == "forward"
+            return False
+
+        return [(i, kind, expected) for i, kind, expected in checks if not implied(i, kind, expected)]
 
     def metas(self, objects, indices):
         """The ``TensorMeta`` of each of ``objects[i]`` for ``i`` in ``indices`` (after ``holds``)."""
@@ -349,6 +364,7 @@ _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 _PLAIN_CONSTANTS = (int, bool, str, float)
 _NONE = type(None)
 _EMPTY = {}
+_ABSENT = object()
 
 
 def _source_at(steps, sources, i):
