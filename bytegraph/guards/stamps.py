@@ -266,9 +266,21 @@ def watch_module(module):
     """``watchable``, ``watch`` and ``hooks_watched`` in one pass (a deep model's layers watch
     a dozen modules each): None when ``module`` cannot be watched, else whether all of its hook
     tables are stamped now."""
-    if not watchable(module):
+    if not isinstance(module, torch.nn.Module):
         return None
-    return _stamp_tables(module.__dict__)
+    install()
+    if not _class_watchable(type(module)):
+        return None
+    d = module.__dict__
+    tables = [d.get(name) for name in STATE_TABLES]
+    for table in tables:
+        if type(table) not in _TABLE_TYPES:
+            return None
+    for name, table in zip(STATE_TABLES, tables):
+        cls = STAMPED_FOR.get(type(table))
+        if cls is not None:
+            d[name] = cls(table)
+    return _stamp_hook_tables(d)
 
 
 def _stamp_tables(d):
@@ -279,6 +291,10 @@ def _stamp_tables(d):
         cls = STAMPED_FOR.get(type(table))
         if cls is not None:
             d[name] = cls(table)
+    return _stamp_hook_tables(d)
+
+
+def _stamp_hook_tables(d):
     hooks = True
     for name in HOOK_TABLES:
         table = d.get(name, _ABSENT)
