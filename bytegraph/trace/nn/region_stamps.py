@@ -26,6 +26,8 @@ a step that fails, a check that does not hold) gives None: the call is stamped t
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from ...guards import builder as g
@@ -274,7 +276,7 @@ class Sameness:
         self.tensors = tensors
         self.checker = None
         self._metas = {}
-        self.offsets = ()
+        self.offsets = self.layouts = ()
         if tensors:
             ts = [first[i] for i in tensors]
             try:
@@ -283,7 +285,9 @@ class Sameness:
             except Exception:
                 tensors = self.tensors = []
             else:
-                self.offsets = [(i, t.storage_offset()) for i, t in zip(tensors, ts)]
+                self.pick = operator.itemgetter(*tensors) if len(tensors) > 1 else (lambda objects: (objects[tensors[0]],))
+                self.offsets = [t.storage_offset() for t in ts]
+                self.layouts = [torch.strided] * len(ts)
                 self._metas = {i: g.TensorMeta(t) for i, t in zip(tensors, ts)}
         apart = set(tensors)
         self.modules = []
@@ -302,12 +306,10 @@ class Sameness:
     def holds(self, objects):
         """Is each of ``objects`` (a later layer's walk) equivalent to the general stamp's?"""
         if self.tensors:
-            if not self.checker.check(*[objects[i] for i in self.tensors]):
+            ts = self.pick(objects)
+            if not self.checker.check(*ts) or list(map(_storage_offset, ts)) != self.offsets \
+                    or list(map(_layout, ts)) != self.layouts:
                 return False
-            for i, offset in self.offsets:
-                t = objects[i]
-                if t.storage_offset() != offset or t.layout is not torch.strided:
-                    return False
         for i, a, forward, names, plain in self.modules:
             o = objects[i]
             if a is o:
@@ -361,6 +363,8 @@ class Sameness:
 
 
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_storage_offset = torch.Tensor.storage_offset
+_layout = operator.attrgetter("layout")
 _PLAIN_CONSTANTS = (int, bool, str, float)
 _NONE = type(None)
 _EMPTY = {}
