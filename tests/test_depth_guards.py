@@ -369,3 +369,28 @@ def test_module_with_own_setattr_keeps_per_call_checks():
     model.scale = 5.0     # no bump: the guard on scale is checked on every call
     run_both(model, compiled, x)
     assert cnt.frame_count == 2
+
+
+def test_watch_module_stamps_tables_and_reports_hooks_as_the_separate_steps():
+    # stamps.watch_module (a stamped layer's modules) is watchable, watch and hooks_watched in one
+    # pass: the same tables swapped, the same answers, and a change through a swapped table bumps.
+    class OwnSetattr(nn.Linear):
+        def __setattr__(self, name, value):
+            super().__setattr__(name, value)
+
+    for make, hooked in [(lambda: nn.Linear(4, 4), False), (lambda: nn.Linear(4, 4), True),
+                         (lambda: OwnSetattr(4, 4), False)]:
+        a, b = make(), make()
+        for m in (a, b):
+            if hooked:
+                m.register_forward_hook(lambda mod, args, out: out)
+        expected = stamps.watchable(a) and stamps.watch(a) and stamps.hooks_watched(a)
+        got = stamps.watch_module(b)
+        assert got == (None if not stamps.watchable(b) else expected)
+        assert [type(t) for t in a.__dict__.values() if isinstance(t, dict)] == \
+            [type(t) for t in b.__dict__.values() if isinstance(t, dict)]
+        if got is not None:
+            before = stamps.EPOCH[0]
+            b.register_forward_pre_hook(lambda mod, args: None)
+            b.register_parameter("extra", nn.Parameter(torch.zeros(1)))
+            assert stamps.EPOCH[0] == before + 2

@@ -373,3 +373,102 @@ def test_a_buffer_reassigned_elsewhere_leaves_the_walk_on():
     assert torch.equal(out, torch.full((2,), 2.0)) and counter.n.item() == 1
     assert _guards_and_explain("constant", walk=True) == _guards_and_explain("constant", walk=False)
     assert counter.n.item() == 1     # (kept alive to here)
+
+
+class _OtherParameter(torch.nn.Parameter):
+    pass
+
+
+_BEFORE = {
+    "requires_grad": lambda m: m.fc.weight.requires_grad_(False),
+    "stride": lambda m: setattr(m.fc, "weight", torch.nn.Parameter(torch.randn(8, 8).t())),
+    "storage_offset": lambda m: setattr(m.fc, "weight", torch.nn.Parameter(torch.randn(72)[8:].view(8, 8))),
+    "dtype": lambda m: m.register_buffer("extra", torch.zeros(2, dtype=torch.float64)),
+    "no_bias": _without_bias,
+    "forward": lambda m: setattr(m.ln, "forward", lambda x: x * 2.0),
+    "constant": lambda m: setattr(m.ln, "eps", 0.25),
+    "constant_type": lambda m: setattr(m, "scale", 1),
+    "tuple_to_list": lambda m: setattr(m.ln, "normalized_shape", [8]),
+    "parameter_class": lambda m: setattr(m.fc, "bias", _OtherParameter(torch.randn(8))),
+}
+
+
+def _assert_operands_as_traced(gm):
+    # Each region call's operands have the metadata its region graph was traced with.
+    for n in gm.graph.nodes:
+        if n.target is invoke_region:
+            sub = getattr(gm, n.args[0].target)
+            inputs = [p.meta.get("example_value") for p in sub.graph.nodes if p.op == "placeholder"]
+            operands = [a.meta.get("example_value") for a in n.args[2:]]
+            assert len(inputs) == len(operands)
+            for a, b in zip(inputs, operands):
+                assert (a.dtype, a.shape, a.stride(), a.storage_offset(), a.requires_grad) == \
+                    (b.dtype, b.shape, b.stride(), b.storage_offset(), b.requires_grad)
+
+
+@pytest.mark.parametrize("change", list(_BEFORE))
+def test_a_walked_layer_unlike_the_others_when_compiled(change):
+    # Layers from the third on are compared with the layer the walk was made from (their tensors
+    # by torch's C++ tensor checker, their metadata then taken from that layer's): a layer that
+    # differs is stamped the general way, eager's values, and its guards hold its own metadata (an
+    # unrelated change to a watched module makes the detailed checks run: they pass, no new graph).
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[RegionBlock() for _ in range(6)])
+    _BEFORE[change](model[3])
+    fn, compiled, cnt = _no_grad_compiled(model)
+    x = torch.randn(3, 8)
+    assert torch.allclose(compiled(x), fn(x), atol=1e-6)
+    assert cnt.frame_count == 1
+    _assert_operands_as_traced(cnt.graphs[0])
+    model[0].note = 1.0
+    model[4].ln.note = 2.0
+    x = torch.randn(3, 8)
+    assert torch.allclose(compiled(x), fn(x), atol=1e-6)
+    assert cnt.frame_count == 1
+    model[3].fc.weight = torch.nn.Parameter(torch.randn(8, 8))     # the walked layers' own guards
+    model[5].fc.weight.requires_grad_(False)
+    assert torch.allclose(compiled(x), fn(x), atol=1e-6)
+    assert cnt.frame_count == 2
+
+
+def test_walked_layers_match_their_general_stamps_metadata():
+    # The metadata a walked layer's identity guards keep (taken from the layer the walk was made
+    # from) is each tensor's own: the same as a general stamp takes.
+    from bytegraph.trace.nn import region_stamps
+
+    def metas(walk):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[RegionBlock() for _ in range(5)])
+        build = region_stamps.build
+        if not walk:
+            region_stamps.build = lambda *args: None
+        try:
+            bytegraph.reset()
+            fn, compiled, cnt = _no_grad_compiled(model)
+            x = torch.randn(3, 8)
+            assert torch.allclose(compiled(x), fn(x))
+        finally:
+            region_stamps.build = build
+        (entry,) = compiled._bytegraph_cache.entries
+        return [(re.sub("0x[0-9a-f]+", "0x", g.describe()), tuple((k, str(getattr(g.meta, k))) for k in g.meta.__slots__))
+                for g in entry.guards if g.meta is not None and "[4]" in g.source.name()]
+
+    walked = metas(True)
+    assert walked and walked == metas(False)
+
+
+def test_a_layer_with_an_empty_entry_where_the_others_have_a_buffer_is_not_walked():
+    # A walked layer's tables must name the same entries, empty (None) where the walk's layer's
+    # are, also where the forward does not read them: layer 3 is stamped the general way.
+    from bytegraph.guards.layers import LAYER_MATCH
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[RegionBlock() for _ in range(6)])
+    for block in model:
+        block.fc.register_buffer("spare", torch.zeros(1))
+    model[3].fc.spare = None
+    fn, compiled, cnt = _no_grad_compiled(model)
+    x = torch.randn(3, 8)
+    assert torch.allclose(compiled(x), fn(x), atol=1e-6)
+    (entry,) = compiled._bytegraph_cache.entries
+    walked = {g.source.name() for g in entry.guards._set.entries() if g.kind is LAYER_MATCH}
+    assert {"model[2]", "model[4]", "model[5]"} <= walked and "model[3]" not in walked

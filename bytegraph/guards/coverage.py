@@ -137,6 +137,19 @@ class Coverage:
         self._watch(m)
         return True
 
+    def watch_hooks(self, m):
+        """``watch_if(m)`` and then ``stamps.hooks_watched(m)`` (once for each module of each
+        stamped layer): None when ``m`` cannot be watched, else whether its hook tables are stamped."""
+        if id(m) in self.modules:
+            return stamps.hooks_watched(m)
+        if self._watchable.get(id(m)) is False:
+            return None
+        hooks = stamps.watch_module(m)
+        self._watchable[id(m)] = hooks is not None
+        if hooks is not None:
+            self.modules[id(m)] = m
+        return hooks
+
     def covers(self, g):
         """Does the stamp cover ``g``? What each kind asks is its own (``kinds``, ``covered``)."""
         if g.source is None:
@@ -196,8 +209,8 @@ def _layer_covered(cov, g):
     if not shape.mask or not cov.stable(g.source):
         return False
     objects = facts.objects
+    watch_hooks = cov.watch_hooks
     for i, hooks in zip(shape.watched, shape.hooks):
-        m = objects[i]
-        if not cov.watch_if(m) or stamps.hooks_watched(m) != hooks:
+        if watch_hooks(objects[i]) is not hooks:
             return False
     return True

@@ -19,12 +19,11 @@ def _source(cls):
     field_hash = cls.__hash__
 
     def __hash__(self):
-        try:
-            return self._hash
-        except AttributeError:
+        h = self._hash      # (the class's None until computed: no exception on a first hash)
+        if h is None:
             h = field_hash(self)
             object.__setattr__(self, "_hash", h)
-            return h
+        return h
 
     def __getstate__(self):
         # The hash of a string differs between processes: never carry the cached one.
@@ -34,6 +33,7 @@ def _source(cls):
 
     cls.__hash__ = __hash__
     cls.__getstate__ = __getstate__
+    cls._hash = None
     return cls
 
 

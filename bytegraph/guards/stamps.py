@@ -228,21 +228,25 @@ def _known_setattr():
     return _KNOWN_SETATTR
 
 
+_TABLE_TYPES = (dict, OrderedDict) + STAMPED
+
+
+def _class_watchable(cls):
+    setattr_ = cls.__setattr__
+    return (setattr_ is _setattr or setattr_ in _known_setattr()) and cls.__delattr__ is _delattr \
+        and cls.__getattribute__ in (object.__getattribute__, torch.nn.Module.__getattribute__)
+
+
 def watchable(module):
     """Can changes to ``module``'s own state be seen through ``EPOCH``?"""
     if not isinstance(module, torch.nn.Module):
         return False
     install()
-    cls = type(module)
-    if cls.__setattr__ is not _setattr and cls.__setattr__ not in _known_setattr():
-        return False
-    if cls.__delattr__ is not _delattr:
-        return False
-    if cls.__getattribute__ not in (object.__getattribute__, torch.nn.Module.__getattribute__):
+    if not _class_watchable(type(module)):
         return False
     d = module.__dict__
     for name in STATE_TABLES:
-        if type(d.get(name)) not in (dict, OrderedDict) + STAMPED:
+        if type(d.get(name)) not in _TABLE_TYPES:
             return False
     return True
 
@@ -254,16 +258,55 @@ def watch(module, known_watchable=False):
     ``hooks_watched``. ``known_watchable``: the caller has just asked ``watchable``."""
     if not known_watchable and not watchable(module):
         return False
+    _stamp_tables(module.__dict__)
+    return True
+
+
+def watch_module(module):
+    """``watchable``, ``watch`` and ``hooks_watched`` in one pass (a deep model's layers watch
+    a dozen modules each): None when ``module`` cannot be watched, else whether all of its hook
+    tables are stamped now."""
+    if not isinstance(module, torch.nn.Module):
+        return None
+    install()
+    if not _class_watchable(type(module)):
+        return None
     d = module.__dict__
-    for name in TABLES:
+    tables = [d.get(name) for name in STATE_TABLES]
+    for table in tables:
+        if type(table) not in _TABLE_TYPES:
+            return None
+    for name, table in zip(STATE_TABLES, tables):
+        cls = STAMPED_FOR.get(type(table))
+        if cls is not None:
+            d[name] = cls(table)
+    return _stamp_hook_tables(d)
+
+
+def _stamp_tables(d):
+    """Swap the tables in a module's ``__dict__`` ``d`` for stamped ones (hook tables only while
+    empty); are all of its hook tables stamped now (``hooks_watched``)?"""
+    for name in STATE_TABLES:
         table = d.get(name)
         cls = STAMPED_FOR.get(type(table))
-        if cls is None:
-            continue
-        if name in HOOK_TABLES and table:
-            continue
-        d[name] = cls(table)
-    return True
+        if cls is not None:
+            d[name] = cls(table)
+    return _stamp_hook_tables(d)
+
+
+def _stamp_hook_tables(d):
+    hooks = True
+    for name in HOOK_TABLES:
+        table = d.get(name, _ABSENT)
+        kind = type(table)
+        if kind is OrderedDict or kind is dict:
+            if table:
+                hooks = False       # (a RemovableHandle holds a weak reference to it: kept)
+            else:
+                d[name] = StampedOrderedDict() if kind is OrderedDict else StampedDict()
+        elif kind is not StampedOrderedDict and kind is not StampedDict and table is not _ABSENT:
+            hooks = False
+    return hooks
 
 
 def is_watched(module):

@@ -26,16 +26,23 @@ a step that fails, a check that does not hold) gives None: the call is stamped t
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from ...guards import builder as g
-from ...guards.kinds import ID_MATCH
+from ...guards.kinds import CONSTANT_MATCH, ID_MATCH, LENGTH_MATCH, NOT_OWN_ATTR, TYPE_MATCH
 from ...guards.layers import LayerFacts, LayerShape, rebase
 from ...guards.sources import AttrSource, ItemSource, ModuleEntrySource, Source, _plain
 from ...values import builder as values_builder
 from ...values.base import ObjectValue
 from ...values.builder import CONSTANT_TYPES
-from .blocks import _equivalent
+from .blocks import _equivalent, _same_tables
+
+try:
+    from torch._C._dynamo.guards import TensorGuards    # a checker only (as guards.tensor_batch)
+except ImportError:
+    TensorGuards = None
 
 _STEPS = (AttrSource, ModuleEntrySource, ItemSource)
 
@@ -50,6 +57,8 @@ class Walk:
         self.checks = checks                # (object index, kind, expected) of the guards that are not identities
         self.operands = operands            # per lifted input: (object index, its source under the root, is a
                                             # parameter, its name after the root's) or None
+        self.same = Sameness(first_objects)  # is a later layer's walk equivalent to this one's objects
+        self.checks = self.same.unimplied(checks)
 
 
 def layer_of(key_leaves):
@@ -202,9 +211,9 @@ def stamp(tx, walk, layer):
         except Exception:
             return None
         append(obj)
-    for a, b in zip(first, objects):
-        if a is not b and not _equivalent(a, b):
-            return None
+    same = walk.same
+    if not same.holds(objects):
+        return None
     reassigned = values_builder._reassigned_buffers
     if reassigned and any(isinstance(o, torch.nn.Module) and o in reassigned for o in objects):
         return None     # a buffer of the layer gets a new tensor each call: read as an input, not stamped
@@ -244,9 +253,122 @@ def stamp(tx, walk, layer):
         memo[id(tensor)] = (tensor, value)
         guards.objects[source_r] = tensor
         lifted.append(value)
-    metas = [g.TensorMeta(objects[walk.shape.identity[i]]) for i in walk.shape.tensor_parts]
+    metas = same.metas(objects, [walk.shape.identity[i] for i in walk.shape.tensor_parts])
     guards.add_layer(root, LayerFacts(walk.shape, objects, metas))
     return lifted
+
+
+class Sameness:
+    """Is a later layer's walk equivalent, object by object, to the general stamp's
+    (``blocks._equivalent``)? Its tensors are compared with a snapshot taken when the walk
+    is built (the objects the general stamp saw, checked then): the plain ones all at once by
+    torch's C++ tensor checker (class, dispatch keys, dtype, device, requires_grad, sizes,
+    strides; storage offset and layout apart), and a layer that matches has the snapshot's
+    ``TensorMeta``s (they are made of what was compared). Modules compare their class, instance
+    ``forward`` and table names and empty entries (``blocks._same_tables``: as one list of
+    names and lengths, and no entry None where the walk's module had none); anything else by
+    ``_equivalent``."""
+
+    def __init__(self, first):
+        self.first = first
+        tensors = [i for i, o in enumerate(first) if type(o) in _PLAIN_TENSORS and o.layout is torch.strided
+                   and o.device.type in ("cpu", "cuda") and not o.dtype.is_complex] if TensorGuards else []
+        self.tensors = tensors
+        self.checker = None
+        self._metas = {}
+        self.offsets = self.layouts = ()
+        if tensors:
+            ts = [first[i] for i in tensors]
+            try:
+                self.checker = TensorGuards(*ts, dynamic_dims_sizes=[list(t.shape) for t in ts],
+                                            dynamic_dims_strides=[list(t.stride()) for t in ts])
+            except Exception:
+                tensors = self.tensors = []
+            else:
+                self.pick = operator.itemgetter(*tensors) if len(tensors) > 1 else (lambda objects: (objects[tensors[0]],))
+                self.offsets = [t.storage_offset() for t in ts]
+                self.layouts = [torch.strided] * len(ts)
+                self._metas = {i: g.TensorMeta(t) for i, t in zip(tensors, ts)}
+        apart = set(tensors)
+        self.modules = []
+        for i, o in enumerate(first):
+            if i not in apart and isinstance(o, torch.nn.Module):
+                d = o.__dict__
+                m, p, b = d.get("_modules", _EMPTY), d.get("_parameters", _EMPTY), d.get("_buffers", _EMPTY)
+                if not (isinstance(m, dict) and isinstance(p, dict) and isinstance(b, dict)):
+                    continue        # (compared by _equivalent)
+                # (no entry None: then a later layer's tables need only their names and no None)
+                plain = _NONE not in map(type, [*m.values(), *p.values(), *b.values()])
+                self.modules.append((i, o, d.get("forward", _ABSENT), [len(m), *m, len(p), *p, len(b), *b], plain))
+        apart.update(m[0] for m in self.modules)
+        self.others = [(i, o) for i, o in enumerate(first) if i not in apart]
+
+    def holds(self, objects):
+        """Is each of ``objects`` (a later layer's walk) equivalent to the general stamp's?"""
+        if self.tensors:
+            ts = self.pick(objects)
+            if not self.checker.check(*ts) or list(map(_storage_offset, ts)) != self.offsets \
+                    or list(map(_layout, ts)) != self.layouts:
+                return False
+        for i, a, forward, names, plain in self.modules:
+            o = objects[i]
+            if a is o:
+                continue
+            d = o.__dict__
+            if type(o) is not type(a) or d.get("forward", _ABSENT) is not forward:
+                return False
+            m, p, b = d.get("_modules", _EMPTY), d.get("_parameters", _EMPTY), d.get("_buffers", _EMPTY)
+            if [len(m), *m, len(p), *p, len(b), *b] != names:
+                return False
+            if plain:
+                if _NONE in map(type, [*m.values(), *p.values(), *b.values()]):
+                    return False
+            elif not _same_tables(a, o):
+                return False
+        for i, a in self.others:
+            b = objects[i]
+            if a is not b and not _equivalent(a, b):
+                return False
+        return True
+
+    def unimplied(self, checks):
+        """``checks`` less those ``holds`` implies: a CONSTANT_MATCH expecting the walk's own
+        int, bool, str or float (not a NaN) at its place, which ``_equivalent`` compares by type
+        and value (a float by its repr: a zero's sign too); a TYPE_MATCH expecting the walk's
+        object's class (every object is compared by its exact class); a LENGTH_MATCH of the
+        walk's own tuple (``_equivalent`` compares lengths); a NOT_OWN_ATTR of ``forward`` on a
+        module that had none of its own (compared as absent)."""
+        others = {i for i, _ in self.others}
+        no_forward = {m[0] for m in self.modules if m[2] is _ABSENT}
+        first = self.first
+
+        def implied(i, kind, expected):
+            if kind is CONSTANT_MATCH:
+                return i in others and expected is first[i] and type(expected) in _PLAIN_CONSTANTS \
+                    and expected == expected
+            if kind is TYPE_MATCH:
+                return type(first[i]) is expected
+            if kind is LENGTH_MATCH:
+                return i in others and type(first[i]) is tuple and len(first[i]) == expected
+            if kind is NOT_OWN_ATTR:
+                return i in no_forward and expected == "forward"
+            return False
+
+        return [(i, kind, expected) for i, kind, expected in checks if not implied(i, kind, expected)]
+
+    def metas(self, objects, indices):
+        """The ``TensorMeta`` of each of ``objects[i]`` for ``i`` in ``indices`` (after ``holds``)."""
+        found = self._metas
+        return [found.get(i) or g.TensorMeta(objects[i]) for i in indices]
+
+
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_storage_offset = torch.Tensor.storage_offset
+_layout = operator.attrgetter("layout")
+_PLAIN_CONSTANTS = (int, bool, str, float)
+_NONE = type(None)
+_EMPTY = {}
+_ABSENT = object()
 
 
 def _source_at(steps, sources, i):
