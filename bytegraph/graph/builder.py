@@ -736,9 +736,16 @@ class GraphBuilder:
             if not inp.node.users:
                 self.graph.erase_node(inp.node)
                 self.inputs.remove(inp)
+        # fx's lint (nodes in order, each of this graph, names unique), before the module is made:
+        # with a module, lint also looks up each get_attr/call_module target on it (half its time
+        # in a deep model), which making the module does already (_graph_module copies each target
+        # from state_root: a missing one raises), and checks targets' types, as each Node does
+        # when made. Asserts added to the module's graph are linted there.
+        self.graph.lint()
         gm = _graph_module(self.state_root, self.graph)
-        unbacked.insert_asserts(gm, self.shapes, "bytegraph graph")
-        gm.graph.lint()
+        if self.shapes.unbacked:
+            unbacked.insert_asserts(gm, self.shapes, "bytegraph graph")
+            gm.graph.lint()
         return gm
 
 
