@@ -215,3 +215,42 @@ def test_transposed_weight_in_a_stamped_layer(backend):
     compiled, cnt = _compiled_step_matches_eager(model, eager, x, backend)
     fakes = {id(r): f for r, f in _state_fakes(cnt.graphs[0])}
     assert fakes[id(model[3].fc.weight)].stride() == (1, 8)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_layers_stamped_inside_a_checkpointed_body(backend):
+    # The layers' parameters are read from inside a traced body (a subgraph builder): each is
+    # the enclosing graph's get_attr, lifted into the body; values and gradients as eager's.
+    model, eager = _model(5), _model(5)
+
+    def step(m):
+        def fn(x):
+            return torch.utils.checkpoint.checkpoint(m, x, use_reentrant=False) * 2
+        return fn
+
+    x = torch.randn(3, 8)
+    cnt = CompileCounter(lookup_backend(backend))
+    compiled = bytegraph.compile(step(model), backend=cnt, fullgraph=True)
+    out, ref = compiled(x), step(eager)(x)
+    assert torch.allclose(out, ref, atol=1e-5)
+    out.sum().backward()
+    ref.sum().backward()
+    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+        assert p.grad is not None and torch.allclose(p.grad, q.grad, atol=1e-5), name
+    assert cnt.frame_count == 1
+
+
+def test_stamped_layers_share_the_region_get_attr_and_keep_readable_names():
+    model = _model(6)
+    fn, compiled, cnt = _no_grad(model)
+    x = torch.randn(3, 8)
+    assert torch.allclose(compiled(x), fn(x), atol=1e-6)
+    gm = cnt.graphs[0]
+    calls = [n for n in gm.graph.nodes if n.target is invoke_region]
+    assert len(calls) == 6 and len({n.args[0] for n in calls}) == 1      # one get_attr node of the region
+    names = [n.name for n in gm.graph.nodes]
+    assert len(set(names)) == len(names)
+    state = [n.target for n in gm.graph.nodes if n.op == "get_attr" and n.target.endswith("fc_weight")]
+    assert len(state) == 6 and all(t.isidentifier() and t[-len("_fc_weight"):] == "_fc_weight" for t in state)
+    assert [t for t in state if "5" in t] and len(set(state)) == 6
+    gm.graph.lint()

@@ -266,6 +266,40 @@ class GraphBuilder:
             self.function_subclass_inputs = True   # run with subclass dispatch off, as its inputs
         return value
 
+    def add_layer_state(self, entries):
+        """``add_module_state`` for each ``(tensor, source, is_parameter, name text)`` of a stamped
+        layer (trace/nn/region_stamps.py): the values, in order. A plain tensor no trace read yet
+        takes the short way (the same name, node, fake and registration, without the checks and
+        calls a read of any state makes: a deep model stamps hundreds); anything else is
+        ``add_module_state``'s."""
+        graph = self.graph
+        names, fakes, sources = self._state_names, self._state_fakes, self.state_sources
+        root, used = self.state_root, self._names
+        values = []
+        for tensor, source, is_parameter, text in entries:
+            cls = type(tensor)
+            if (cls is not torch.Tensor and cls is not torch.nn.Parameter) or id(tensor) in names:
+                values.append(self.add_module_state(tensor, source, is_parameter, text))
+                continue
+            name = _identifier(text if text is not None else source.name())
+            if name in used:
+                name = self._unique(name)
+            else:
+                used.add(name)
+            names[id(tensor)] = name
+            sources[name] = (source, is_parameter)
+            _register_state(root, name, tensor, is_parameter)
+            if name.islower() and not name.startswith("__"):
+                node = graph.create_node("get_attr", name, name=name)
+            else:
+                node = graph.get_attr(name)
+            fake = fakes[id(tensor)] = self._state_fake(tensor)
+            meta = node.meta
+            meta["example_value"] = fake
+            meta["real_tensor"] = tensor
+            values.append(TensorValue(node, fake, source, cls))
+        return values
+
     def get_attr_node(self, name):
         """``graph.get_attr(name)`` for a name this builder registered on ``state_root``: the node
         named as fx names it (``_snake_case`` of the target, the name itself when it is lower
@@ -702,9 +736,16 @@ class GraphBuilder:
             if not inp.node.users:
                 self.graph.erase_node(inp.node)
                 self.inputs.remove(inp)
+        # fx's lint (nodes in order, each of this graph, names unique), before the module is made:
+        # with a module, lint also looks up each get_attr/call_module target on it (half its time
+        # in a deep model), which making the module does already (_graph_module copies each target
+        # from state_root: a missing one raises), and checks targets' types, as each Node does
+        # when made. Asserts added to the module's graph are linted there.
+        self.graph.lint()
         gm = _graph_module(self.state_root, self.graph)
-        unbacked.insert_asserts(gm, self.shapes, "bytegraph graph")
-        gm.graph.lint()
+        if self.shapes.unbacked:
+            unbacked.insert_asserts(gm, self.shapes, "bytegraph graph")
+            gm.graph.lint()
         return gm
 
 

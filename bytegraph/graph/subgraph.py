@@ -94,8 +94,11 @@ class SubgraphBuilder(GraphBuilder):
     def add_sym_input(self, value, source):
         return self.parent.add_sym_input(value, source)
 
-    def add_module_state(self, tensor, source, is_parameter):
-        return self.parent.add_module_state(tensor, source, is_parameter)
+    def add_module_state(self, tensor, source, is_parameter, source_name=None):
+        return self.parent.add_module_state(tensor, source, is_parameter, source_name)
+
+    def add_layer_state(self, entries):
+        return self.parent.add_layer_state(entries)
 
     def add_float_input(self, value, source, guard):
         return self.parent.add_float_input(value, source, guard)

@@ -102,6 +102,7 @@ class _Region:
         self.reach = reach              # per output: the operand positions its autograd history reaches
         self.walk = None                # region_stamps.Walk from the first stamped call (False: none applies;
                                         # a tuple: build's arguments, until a third call needs it)
+        self.attr_node = None           # the get_attr node of the region's graph the calls share
 
 
 def call_region(frame, fn_value, fn, args, kwargs):
@@ -205,6 +206,7 @@ def _trace(frame, fn_value, fn, args, kwargs, leaves, in_structures, key, key_le
     get_attr = graph.add_subgraph(SubgraphValue(gm, f"region_{_identifier(fn)}"))
     name = get_attr.target
     region = _Region(graph, name, None, None, structure, [_meta(o.fake) for o in outs], reach)
+    region.attr_node = get_attr
     if rec is not None:
         template = _template(key, key_leaves, rec, sub, leaves, before, _state(tx))
         if template is not None:
@@ -307,7 +309,11 @@ def _replay(tx, template, key_leaves, steps):
 def _stamped(tx, region, leaves, lifted):
     operands = leaves + lifted
     graph = tx.graph
-    get_attr = graph.get_attr_node(region.name)
+    get_attr = region.attr_node
+    if get_attr is None or get_attr.graph is not graph.graph or getattr(get_attr, "_erased", True):
+        # (one get_attr node for all of a graph's calls of the region: a line less per layer
+        # in the graph's code; a new one where that node is gone)
+        get_attr = region.attr_node = graph.get_attr_node(region.name)
     items = _emit(graph, get_attr, region.name, operands, _fresh_results(graph, region, operands))
     tx.blocks_replayed += 1
     return to_value(region.structure.build(items))

@@ -238,20 +238,25 @@ def stamp(tx, walk, layer):
     sources = [root] + [None] * len(walk.steps)     # per object, its source under this layer (when asked)
     graph = tx.graph
     guards = tx.guards
+    entries = []
+    for operand in walk.operands:
+        if operand is None:
+            continue
+        i, source, is_parameter, suffix = operand
+        source_r = _source_at(walk.steps, sources, i)
+        if suffix is not None and root_name is None:
+            root_name = root.name()
+        entries.append((objects[i], source_r, is_parameter, root_name + suffix if suffix is not None else None))
+    values = iter(graph.add_layer_state(entries))
     lifted = []
     for operand in walk.operands:
         if operand is None:
             lifted.append(None)
             continue
-        i, source, is_parameter, suffix = operand
-        tensor = objects[i]
-        source_r = _source_at(walk.steps, sources, i)
-        if suffix is not None and root_name is None:
-            root_name = root.name()
-        value = graph.add_module_state(tensor, source_r, is_parameter,
-                                       root_name + suffix if suffix is not None else None)
+        value = next(values)
+        tensor = objects[operand[0]]
         memo[id(tensor)] = (tensor, value)
-        guards.objects[source_r] = tensor
+        guards.objects[value.source] = tensor
         lifted.append(value)
     metas = same.metas(objects, [walk.shape.identity[i] for i in walk.shape.tensor_parts])
     guards.add_layer(root, LayerFacts(walk.shape, objects, metas))
