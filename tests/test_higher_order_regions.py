@@ -2,6 +2,7 @@
 as one invoke_subgraph node per call, the region traced once per input signature and stamped out
 for the other calls; config.nest_repeated_blocks does the same for repeated blocks unmarked.
 Values and gradients equal eager's."""
+import contextlib
 import re
 
 import pytest
@@ -178,15 +179,24 @@ def test_a_hook_added_where_stamped_layers_had_hooks_compiles_again():
     assert cnt.frame_count == 2
 
 
-def _guards_and_explain(mutation, walk):
+@contextlib.contextmanager
+def _walks(walk):
+    """Layers stamped by a walk (``walk``) or each the general way."""
     from bytegraph.trace.nn import region_stamps
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[RegionBlock() for _ in range(5)])
     build = region_stamps.build
     if not walk:
         region_stamps.build = lambda *args: None
     try:
         bytegraph.reset()
+        yield
+    finally:
+        region_stamps.build = build
+
+
+def _guards_and_explain(mutation, walk):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[RegionBlock() for _ in range(5)])
+    with _walks(walk):
 
         def fn(x):
             with torch.no_grad():
@@ -195,8 +205,6 @@ def _guards_and_explain(mutation, walk):
         compiled = bytegraph.compile(fn, backend="eager")
         x = torch.randn(3, 8)
         assert torch.allclose(compiled(x), fn(x))
-    finally:
-        region_stamps.build = build
     (entry,) = compiled._bytegraph_cache.entries
     assert isinstance(entry.guards, GuardList) == walk      # layers kept as one guard entry each, or not
     guards = sorted(re.sub("0x[0-9a-f]+", "0x", g.describe()) for g in entry.guards)   # (another model's addresses)
@@ -434,21 +442,13 @@ def test_a_walked_layer_unlike_the_others_when_compiled(change):
 def test_walked_layers_match_their_general_stamps_metadata():
     # The metadata a walked layer's identity guards keep (taken from the layer the walk was made
     # from) is each tensor's own: the same as a general stamp takes.
-    from bytegraph.trace.nn import region_stamps
-
     def metas(walk):
         torch.manual_seed(0)
         model = torch.nn.Sequential(*[RegionBlock() for _ in range(5)])
-        build = region_stamps.build
-        if not walk:
-            region_stamps.build = lambda *args: None
-        try:
-            bytegraph.reset()
+        with _walks(walk):
             fn, compiled, cnt = _no_grad_compiled(model)
             x = torch.randn(3, 8)
             assert torch.allclose(compiled(x), fn(x))
-        finally:
-            region_stamps.build = build
         (entry,) = compiled._bytegraph_cache.entries
         return [(re.sub("0x[0-9a-f]+", "0x", g.describe()), tuple((k, str(getattr(g.meta, k))) for k in g.meta.__slots__))
                 for g in entry.guards if g.meta is not None and "[4]" in g.source.name()]

@@ -47,12 +47,17 @@ def _state_fakes(gm):
 
 
 def _no_grad(model):
+    """``model`` under no_grad compiled with a counted eager backend and called once on a fresh
+    input, checked against eager: (the function, the compiled one, the counter, the input)."""
     def fn(x):
         with torch.no_grad():
             return model(x)
 
     cnt = CompileCounter(lookup_backend("eager"))
-    return fn, bytegraph.compile(fn, backend=cnt), cnt
+    compiled = bytegraph.compile(fn, backend=cnt)
+    x = torch.randn(3, 8)
+    assert torch.allclose(compiled(x), fn(x), atol=1e-6)
+    return fn, compiled, cnt, x
 
 
 def _compiled_step_matches_eager(model, eager, x, backend):
@@ -90,9 +95,7 @@ def test_new_fake_is_what_fake_tensor_new_gives():
 
 def test_stamped_layers_state_fakes_map_to_their_own_tensors():
     model = _model(6)
-    fn, compiled, cnt = _no_grad(model)
-    x = torch.randn(3, 8)
-    assert torch.allclose(compiled(x), fn(x), atol=1e-6)
+    fn, compiled, cnt, x = _no_grad(model)
     gm = cnt.graphs[0]
     assert _calls(gm) == 6
     pairs = _state_fakes(gm)
@@ -145,9 +148,7 @@ def test_weights_tied_across_layers(backend):
 
 def test_parameter_of_another_shape_compiles_again():
     model = _model(5)
-    fn, compiled, cnt = _no_grad(model)
-    x = torch.randn(3, 8)
-    assert torch.allclose(compiled(x), fn(x), atol=1e-6)
+    fn, compiled, cnt, x = _no_grad(model)
     model[3].gain = torch.nn.Parameter(torch.randn(1))        # a stamped layer's: broadcast now
     assert torch.allclose(compiled(x), fn(x), atol=1e-6)
     assert cnt.frame_count == 2
@@ -160,9 +161,7 @@ def test_parameter_of_another_shape_compiles_again():
 
 def test_buffer_changed_in_place_between_calls():
     model = _model(5)
-    fn, compiled, cnt = _no_grad(model)
-    x = torch.randn(3, 8)
-    assert torch.allclose(compiled(x), fn(x), atol=1e-6)
+    fn, compiled, cnt, x = _no_grad(model)
     model[4].shift.add_(3.0)
     model[2].gain.data.mul_(-1.0)
     assert torch.allclose(compiled(x), fn(x), atol=1e-6)
@@ -175,9 +174,7 @@ def test_buffers_that_are_views_of_one_storage():
     table = torch.randn(5, 8)
     for i, m in enumerate(model):
         m.shift = table[i]
-    fn, compiled, cnt = _no_grad(model)
-    x = torch.randn(3, 8)
-    assert torch.allclose(compiled(x), fn(x), atol=1e-6)
+    fn, compiled, cnt, x = _no_grad(model)
     table.mul_(2.0)
     assert torch.allclose(compiled(x), fn(x), atol=1e-6)
     assert cnt.frame_count == 1 and _calls(cnt.graphs[0]) == 5
@@ -242,9 +239,7 @@ def test_layers_stamped_inside_a_checkpointed_body(backend):
 
 def test_stamped_layers_share_the_region_get_attr_and_keep_readable_names():
     model = _model(6)
-    fn, compiled, cnt = _no_grad(model)
-    x = torch.randn(3, 8)
-    assert torch.allclose(compiled(x), fn(x), atol=1e-6)
+    fn, compiled, cnt, x = _no_grad(model)
     gm = cnt.graphs[0]
     calls = [n for n in gm.graph.nodes if n.target is invoke_region]
     assert len(calls) == 6 and len({n.args[0] for n in calls}) == 1      # one get_attr node of the region
