@@ -7,7 +7,7 @@ The subject is ``bench/depth.py``'s nanoGPT-style decoder (``TinyGPT``, d=128, 4
 tokens, CPU, one thread) with each ``Block`` replaced by a subclass whose ``forward`` is marked
 (``--grad``: in training mode with gradients, else eval under ``torch.no_grad()``). Columns: capture
 ms (first call with ``backend="eager"`` less one eager call; median of ``--repeat`` fresh
-compiles; ``--clock cpu``: this process's CPU time, which other work on a shared machine
+compiles, the depths taking turns; ``--clock cpu``: this process's CPU time, which other work on a shared machine
 disturbs less than wall time; ``--stat min``: the least of the repeats, steadier there than the
 median) for bytegraph with the regions, bytegraph with the same model unmarked (flat graph,
 repeated blocks copied: trace/blocks.py), bytegraph with ``config.nest_repeated_blocks`` on the
@@ -136,15 +136,16 @@ def main(argv=None):
     print(f"torch {torch.__version__}, python {sys.version.split()[0]}, {'training' if args.grad else 'no_grad'}; "
           f"capture ms of {args.clock} time, {args.stat} of {args.repeat} (first call less an eager call)")
     print(f"{'layers':>6} | " + " | ".join(f"{VARIANTS[v]:>30}" for v in variants))
-    table = {}
+    # The depths take turns, repeat after repeat: a machine slower for a while slows each alike.
+    base = {n: eager_ms(n, args.grad) for n in layers}
+    caps = {(v, n): [] for v in variants for n in layers}
+    for _ in range(args.repeat):
+        for n in layers:
+            for v in variants:
+                caps[(v, n)].append(capture_ms(v, n, args.grad) - base[n])
+    table = {key: min(c) if args.stat == "min" else statistics.median(c) for key, c in caps.items()}
     for n in layers:
-        base = eager_ms(n, args.grad)
-        row = []
-        for v in variants:
-            caps = [capture_ms(v, n, args.grad) - base for _ in range(args.repeat)]
-            table[(v, n)] = min(caps) if args.stat == "min" else statistics.median(caps)
-            row.append(f"{table[(v, n)]:>30.1f}")
-        print(f"{n:>6} | " + " | ".join(row), flush=True)
+        print(f"{n:>6} | " + " | ".join(f"{table[(v, n)]:>30.1f}" for v in variants), flush=True)
     lo, hi = layers[0], layers[-1]
     print(f"{f'{hi}/{lo}':>6} | " + " | ".join(f"{table[(v, hi)] / table[(v, lo)]:>29.2f}x" for v in variants))
 
