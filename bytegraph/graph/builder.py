@@ -14,8 +14,6 @@ import warnings
 import torch
 import torch.fx as fx
 from torch._dispatch.python import enable_python_dispatcher
-from torch.fx.graph_module import _copy_attr
-from torch.nn.modules import module as nn_module
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException, DynamicOutputShapeException, FakeTensor, FakeTensorMode,
 )
@@ -36,6 +34,7 @@ from .data_dependent import BackwardCheck, BackwardDataDependent, data_dependent
 from .fake_memo import FakeMemo
 from .printing import printable
 from .shapes import Shapes
+from .state_root import graph_module, register_state
 
 
 def _run_fake(kind, target, fake_args, fake_kwargs):
@@ -254,7 +253,7 @@ class GraphBuilder:
             name = self._unique(_identifier(source_name or source.name()))
             self._state_names[id(tensor)] = name
             self.state_sources[name] = (source, is_parameter)
-            _register_state(self.state_root, name, tensor, is_parameter)
+            register_state(self.state_root, name, tensor, is_parameter)
         node = self.get_attr_node(name)
         fake = self._state_fakes.get(id(tensor))
         if fake is None:
@@ -272,27 +271,18 @@ class GraphBuilder:
         takes the short way (the same name, node, fake and registration, without the checks and
         calls a read of any state makes: a deep model stamps hundreds); anything else is
         ``add_module_state``'s."""
-        graph = self.graph
-        names, fakes, sources = self._state_names, self._state_fakes, self.state_sources
-        root, used = self.state_root, self._names
+        names, fakes, sources, root = self._state_names, self._state_fakes, self.state_sources, self.state_root
         values = []
         for tensor, source, is_parameter, text in entries:
             cls = type(tensor)
             if (cls is not torch.Tensor and cls is not torch.nn.Parameter) or id(tensor) in names:
                 values.append(self.add_module_state(tensor, source, is_parameter, text))
                 continue
-            name = _identifier(text if text is not None else source.name())
-            if name in used:
-                name = self._unique(name)
-            else:
-                used.add(name)
+            name = self._unique(_identifier(text if text is not None else source.name()))
             names[id(tensor)] = name
             sources[name] = (source, is_parameter)
-            _register_state(root, name, tensor, is_parameter)
-            if name.islower() and not name.startswith("__"):
-                node = graph.create_node("get_attr", name, name=name)
-            else:
-                node = graph.get_attr(name)
+            register_state(root, name, tensor, is_parameter)
+            node = self.get_attr_node(name)
             fake = fakes[id(tensor)] = self._state_fake(tensor)
             meta = node.meta
             meta["example_value"] = fake
@@ -738,11 +728,11 @@ class GraphBuilder:
                 self.inputs.remove(inp)
         # fx's lint (nodes in order, each of this graph, names unique), before the module is made:
         # with a module, lint also looks up each get_attr/call_module target on it (half its time
-        # in a deep model), which making the module does already (_graph_module copies each target
+        # in a deep model), which making the module does already (graph_module copies each target
         # from state_root: a missing one raises), and checks targets' types, as each Node does
         # when made. Asserts added to the module's graph are linted there.
         self.graph.lint()
-        gm = _graph_module(self.state_root, self.graph)
+        gm = graph_module(self.state_root, self.graph)
         if self.shapes.unbacked:
             unbacked.insert_asserts(gm, self.shapes, "bytegraph graph")
             gm.graph.lint()
@@ -750,55 +740,6 @@ class GraphBuilder:
 
 
 _PLAIN_STATE = (torch.Tensor, torch.nn.Parameter)
-
-
-def _register_state(root, name, tensor, is_parameter):
-    """``root.register_parameter``/``register_buffer``. A parameter whose name no attribute of
-    ``root`` has, where no global registration hook is installed, is put in the table directly
-    (what ``register_parameter`` ends with then; ~10 us each, a deep model has hundreds)."""
-    if is_parameter and type(tensor) is torch.nn.Parameter and not nn_module._global_parameter_registration_hooks \
-            and name not in root.__dict__ and not hasattr(type(root), name) and name not in root._parameters \
-            and name not in root._buffers and name not in root._modules:
-        root._parameters[name] = tensor
-    elif is_parameter:
-        root.register_parameter(name, tensor)
-    else:
-        root.register_buffer(name, tensor)
-
-
-def _graph_module(root, graph):
-    """``fx.GraphModule(root, graph)``. GraphModule copies each attribute a node reads through
-    ``Module.__setattr__`` (~25 us each, hundreds in a deep model); a flat name that only the
-    root's tables hold, where no attribute of the new module is in the way, is put in the same
-    table directly (what ``register_parameter``/``register_buffer``/``add_module`` end with when no
-    global registration hook is installed); anything else is copied as GraphModule does."""
-    gm = fx.GraphModule(root, fx.Graph())
-    hooks = (nn_module._global_parameter_registration_hooks or nn_module._global_buffer_registration_hooks
-             or nn_module._global_module_registration_hooks)
-    cls = type(gm)
-    copied = set()
-    for node in graph.nodes:
-        if node.op not in ("get_attr", "call_module"):
-            continue
-        target = node.target
-        if target in copied:
-            continue
-        copied.add(target)
-        if not hooks and "." not in target and not hasattr(cls, target) and target not in gm.__dict__:
-            for table in ("_parameters", "_buffers", "_modules"):
-                entries = root.__dict__[table]
-                if target in entries and entries[target] is not None and target not in root.__dict__:
-                    if table == "_buffers" and isinstance(entries[target], torch.nn.Parameter):
-                        _copy_attr(root, gm, target)      # (GraphModule makes it a parameter)
-                    else:
-                        gm.__dict__[table][target] = entries[target]
-                    break
-            else:
-                _copy_attr(root, gm, target)
-        else:
-            _copy_attr(root, gm, target)
-    gm.graph = graph
-    return gm
 
 
 def _function_subclass_of(obj):

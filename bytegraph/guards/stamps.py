@@ -266,21 +266,9 @@ def watch_module(module):
     """``watchable``, ``watch`` and ``hooks_watched`` in one pass (a deep model's layers watch
     a dozen modules each): None when ``module`` cannot be watched, else whether all of its hook
     tables are stamped now."""
-    if not isinstance(module, torch.nn.Module):
+    if not watchable(module):
         return None
-    install()
-    if not _class_watchable(type(module)):
-        return None
-    d = module.__dict__
-    tables = [d.get(name) for name in STATE_TABLES]
-    for table in tables:
-        if type(table) not in _TABLE_TYPES:
-            return None
-    for name, table in zip(STATE_TABLES, tables):
-        cls = STAMPED_FOR.get(type(table))
-        if cls is not None:
-            d[name] = cls(table)
-    return _stamp_hook_tables(d)
+    return _stamp_tables(module.__dict__)
 
 
 def _stamp_tables(d):

@@ -54,10 +54,11 @@ class Walk:
         self.first_objects = first_objects  # the general stamp's objects (0: its layer module)
         self.wrapped = wrapped              # indices of the objects read through wrap (not constants)
         self.shape = shape                  # guards.layers.LayerShape
-        self.checks = checks                # (object index, kind, expected) of the guards that are not identities
         self.operands = operands            # per lifted input: (object index, its source under the root, is a
                                             # parameter, its name after the root's) or None
         self.same = Sameness(first_objects)  # is a later layer's walk equivalent to this one's objects
+        # (object index, kind, expected) of the guards that are not identities, less those
+        # the equivalence check implies
         self.checks = self.same.unimplied(checks)
 
 
