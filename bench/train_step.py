@@ -240,6 +240,9 @@ def measure(row, compiler, args):
     first = time.perf_counter() - t0 + COMPILE_CALL_S[0]
     for _ in range(args.warmup):
         out = fn(*inputs)
+    settled = settle(compiler, fn, inputs, args)
+    if settled is not None:      # seconds from the first call's start until the steady state
+        settled = time.perf_counter() - t0 + COMPILE_CALL_S[0]
     times = []
     for _ in range(args.iters):
         if device == "cuda":
@@ -263,6 +266,8 @@ def measure(row, compiler, args):
     pipelined = (time.perf_counter() - t0) / args.iters * 1e3
     result = {"row": row, "compiler": compiler, "first_ms": first * 1e3, "median_ms": statistics.median(times),
               "pipelined_ms": pipelined, "host_speed_us": interleave.host_speed_us()}
+    if settled is not None:
+        result["steady_after_s"] = settled
     if device == "cuda":
         result["device_allocs_per_step"] = device_allocs_per_step(fn, inputs)
     if device == "cuda":
@@ -285,6 +290,21 @@ def measure(row, compiler, args):
         else:
             result["memory_mb"] = saved_bytes(fn, inputs) / 2 ** 20
     return result
+
+
+def settle(compiler, fn, inputs, args):
+    """For bytegraph: wait until every graph's whole compile is in (``wait_for_background_compiles``:
+    a training graph first called with shared blocks switches to the graph compiled whole by a
+    child process), then warm up again, so that the steps timed are the steady state's. The
+    seconds waited, or None for a compiler that compiles once."""
+    if not compiler.startswith("bytegraph"):
+        return None
+    t0 = time.perf_counter()
+    _bytegraph().wait_for_background_compiles(args.timeout)
+    for _ in range(max(1, args.warmup)):
+        fn(*inputs)
+    sync(args.device)
+    return time.perf_counter() - t0
 
 
 def device_allocs_per_step(fn, inputs, steps=5):
@@ -318,6 +338,7 @@ def measure_interleaved(row, compilers, args):
         else:
             for _ in range(1 + args.warmup):
                 out = fn(*inputs)
+        settle(real, fn, inputs, args)
         sync(device)
         steps[compiler] = (lambda fn=fn, inputs=inputs: fn(*inputs))
         graphs[compiler] = counter[0] if real == "bytegraph" else torch_graphs() if real == "torch.compile" else None
@@ -475,7 +496,7 @@ def combine(runs):
         return runs[0]
     out = dict(ok[0])
     for key in ("first_ms", "median_ms", "pipelined_ms", "host_ms", "slow_median_ms", "slow_pipelined_ms",
-                "slow_host_ms"):
+                "slow_host_ms", "steady_after_s"):
         values = [r[key] for r in ok if key in r]
         if values:
             out[key] = statistics.median(values)
@@ -561,6 +582,8 @@ def print_table(results, args):
         line = (f"{r['row']:38s} {r['compiler']:16s} {r['first_ms'] / 1e3:10.2f} s {r['median_ms']:7.2f} ms "
                 f"{r.get('pipelined_ms', float('nan')):7.2f} ms {r.get('host_ms', float('nan')):6.2f} ms "
                 f"{r['loss']:10.4f} {graphs:>7s}")
+        if "steady_after_s" in r:
+            line += f"  (whole graphs in after {r['steady_after_s']:.1f} s)"
         if "warm_first_ms" in r:
             line += (f"  (cold first call {r['cold_first_ms'] / 1e3:.2f} s, warm {r['warm_first_ms'] / 1e3:.2f} s: "
                      f"{r['warm_over_cold']:.2f}x)")

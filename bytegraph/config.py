@@ -121,6 +121,12 @@ _SETTINGS = {
     "regional_compile": (os.environ.get("BYTEGRAPH_REGIONAL_COMPILE", "1") != "0", (bool,),
                          "inductor compiles a graph with repeated blocks block by block, each distinct block once "
                          "(BYTEGRAPH_REGIONAL_COMPILE=0: the whole graph at once)"),
+    "background_whole_compile": (os.environ.get("BYTEGRAPH_BACKGROUND_WHOLE_COMPILE", "1") != "0", (bool,),
+                                 "on a GPU, a training graph inductor compiles with shared blocks is also compiled "
+                                 "whole by a child process from its second call on, and calls switch to that "
+                                 "once it is ready: the shared blocks' first call, the whole graph's steps "
+                                 "(backends/tiers.py; BYTEGRAPH_BACKGROUND_WHOLE_COMPILE=0: training graphs are "
+                                 "compiled whole at once)"),
     "lane_max_chunks": (int(os.environ.get("BYTEGRAPH_LANE_MAX_CHUNKS", "16")), (int,),
                         "at most this many chunks of an optimizer's foreach update compiled by lanes "
                         "(backends/lanes.py; each chunk is one more compiled call and its kernels a step, "

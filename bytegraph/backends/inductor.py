@@ -2,13 +2,14 @@
 import logging
 
 import torch
+import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from . import grad_presence
+from . import grad_presence, tiers
 from .inference import has_inference_blocks, inference_parts
 from .lanes import compile_by_lanes
-from .regions import compile_by_regions, worth_sharing, worth_splitting
+from .regions import compile_by_regions, needs_whole_later, worth_sharing, worth_splitting
 from .subgraphs import compiling, with_shared_blocks
 from .cudagraphs import watch_static_inputs
 from ._common import (as_list, compile_failed, flat_tuple_output, input_made_differentiable, note_static_addresses,
@@ -56,10 +57,13 @@ def inductor(gm, example_inputs, *, config_patches=None):
         from torch._inductor.async_compile import maybe_warm_pool
     maybe_warm_pool()
     cudagraphs = bool((config_patches or {}).get("triton.cudagraphs"))
-    if worth_sharing(gm, cudagraphs):
-        compiled = _with_shared_blocks(gm, example_inputs, config_patches)
-        if compiled is not None:
-            return compiled
+    tierable = not cudagraphs and tiers.possible(gm, example_inputs)
+    if worth_sharing(gm, cudagraphs, tiered=tierable):
+        later = _whole_later(gm, example_inputs, config_patches) if tierable else None
+        if later is not None or not needs_whole_later(gm, cudagraphs):
+            compiled = _with_shared_blocks(gm, example_inputs, config_patches)
+            if compiled is not None:
+                return compiled if later is None else tiers.tiered(compiled, later, "shared blocks")
     if not cudagraphs:
         def compile_part(part, examples):
             return inductor_whole(part, examples, config_patches=config_patches)
@@ -69,6 +73,26 @@ def inductor(gm, example_inputs, *, config_patches=None):
         if split is not None:
             return split.forward
     return inductor_whole(gm, example_inputs, config_patches=config_patches)
+
+
+def _whole_later(gm, example_inputs, config_patches):
+    """What a child process needs to compile ``gm`` whole for the second tier
+    (``backends/tiers.py``), with what turns that compile into the graph's callable here; None
+    where ``gm`` cannot be written down (logged) or would not be compiled (``run_uncompiled``)."""
+    examples = as_list(example_inputs)
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    copy = fx.GraphModule(gm, graph)     # node metadata kept: the gradient plan reads it
+    restore = flat_tuple_output(copy)
+    if input_made_differentiable(copy, examples) is not None:
+        return None
+    grads = grad_presence.plan(copy)
+    try:
+        return tiers.WholeLater(tiers.GraphRecord(copy, examples), config_patches,
+                                finish=lambda compiled: with_restore(grad_presence.gate(compiled, grads), restore))
+    except tiers.NotRecordable as exc:
+        logging.getLogger("bytegraph.regions").info("not compiled in two tiers: %s", exc)
+        return None
 
 
 def _with_shared_blocks(gm, example_inputs, config_patches):
@@ -108,20 +132,13 @@ def inductor_whole(gm, example_inputs, *, config_patches=None):
     gradients land on the original parameters. ``gm`` may be modified in
     place. Non-tensor example inputs are specialised to their values.
     """
-    with quiet_torch_imports():
-        # Heavy (Inductor): imported on first use, not with bytegraph.
-        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
-
     restore = flat_tuple_output(gm)
     cause = input_made_differentiable(gm, example_inputs)
     if cause is not None:
         return run_uncompiled("inductor", gm, cause, restore)
     grads = grad_presence.plan(gm)
-    mark_parameters_static(gm)
     try:
-        compiled = compile_fx(gm, cacheable_examples(example_inputs),
-                              inner_compile=watched_inner(compile_fx_inner, "inductor"),
-                              config_patches=config_patches or None)
+        compiled = compile_fx_whole(gm, cacheable_examples(example_inputs), config_patches)
     except Exception as exc:
         cause = uncompilable_cause(exc)
         if cause is not None:
@@ -135,3 +152,15 @@ def inductor_whole(gm, example_inputs, *, config_patches=None):
         static = list(gm.parameters()) + list(gm.buffers())
         compiled = watch_static_inputs(compiled, [t for t in static if t.is_cuda], "reduce-overhead")
     return with_restore(grad_presence.gate(compiled, grads), restore)
+
+
+def compile_fx_whole(gm, example_inputs, config_patches):
+    """``compile_fx`` on ``gm`` (outputs a flat tuple) with its parameters marked static: the one
+    call both tiers' whole compiles make (``backends/tiers.py``), so that they hit the same cache
+    entries."""
+    with quiet_torch_imports():
+        # Heavy (Inductor): imported on first use, not with bytegraph.
+        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+    mark_parameters_static(gm)
+    return compile_fx(gm, example_inputs, inner_compile=watched_inner(compile_fx_inner, "inductor"),
+                      config_patches=config_patches or None)

@@ -152,7 +152,12 @@ def worth_splitting(gm):
     return bool(work) and max(work.values()) >= CUDA_MIN_REGION_FLOPS
 
 
-def worth_sharing(gm, cudagraphs):
+def needs_whole_later(gm, cudagraphs):
+    """Is ``gm`` worth sharing only if a whole compile replaces it later (``worth_sharing``)?"""
+    return not cudagraphs and _differentiated(gm)
+
+
+def worth_sharing(gm, cudagraphs, tiered=False):
     """Should ``gm``'s repeated blocks become shared subgraphs (``backends/subgraphs.py``)?
 
     On a GPU only (on the CPU, Inductor's code for shared blocks computed wrong gradients with
@@ -164,21 +169,22 @@ def worth_sharing(gm, cudagraphs):
     graphs a GPT at 1x256 tokens stepped in 3.19 ms shared against 2.83 whole, BERT-base at
     8x128 in 5.26 against 4.18).
 
-    A graph that will be differentiated (a training step) without CUDA graphs is compiled
+    A graph that will be differentiated (a training step) without CUDA graphs is shared only
+    when a whole compile will replace it (``tiered``: ``backends/tiers.py``), otherwise compiled
     whole: its shared blocks cost host work on every step (their input checks, outputs
     allocated without Inductor's buffer reuse), and the steps lost to torch.compile wherever the
     GPU outran the host. Measured (H200, GPT-2 small, 8x1024 tokens, bf16, whole training step,
     three processes each alternating the compilers in six rounds): foreach AdamW 1.066x
     torch.compile's shared (processes 1.041-1.121) against 1.003x whole, fused AdamW 1.022x shared;
     pinned to a busy core 1.083x and 1.095x shared, 1.003x whole. The first call stays short
-    without the sharing: compiled whole, with the optimizer's update in lanes, 20.0 s against
-    torch.compile's 45.2 s (17 s shared)."""
+    without the sharing where the optimizer's update is in the step (in lanes): 20.0 s against
+    torch.compile's 45.2 s (17 s shared); the model compiled alone is not helped by lanes."""
     if not on_cuda(gm):
         return False
     if cudagraphs:
         return True
     if _differentiated(gm):
-        return False
+        return tiered
     work = region_flops(gm)
     return bool(work) and max(work.values()) >= CUDA_MIN_REGION_FLOPS
 

@@ -1,0 +1,532 @@
+"""Two tiers on a GPU: the quick compile's first call, the whole graph's steps.
+
+On a GPU, Inductor compiles a training graph with repeated blocks several times faster with each
+distinct block compiled once (shared blocks, ``backends/subgraphs.py``), but its steps then cost
+more than the graph compiled whole (an input check and output allocation per block call, no
+fusion across block edges): GPT-2 small's training step on an H200, three processes each
+alternating the compilers, ran 1.066x torch.compile's shared against 1.003x compiled whole.
+
+A ``Tiered`` callable keeps both. It calls the quick compile's result, and from its second call
+on a child process compiles the same graph whole, which fills Inductor's and AOTAutograd's
+on-disk caches; once the child has ended, the next call compiles the graph whole in this process,
+from those caches (seconds, not the minute a cold compile takes), and calls use that from then
+on. Should the child fail, the quick compile stays (logged under ``bytegraph.regions``).
+
+The child gets the graph written down (``GraphRecord``: each node's op, name, target and
+arguments; the shape, strides, dtype and device of every parameter, buffer and input, never their
+data), Inductor's and AOTAutograd's settings, grad mode, autocast and the matmul precision
+settings, and compiles it with fake tensors only: it allocates no GPU memory for the model. This
+process compiles the same record, with its own parameters and buffers in it, so both ask the
+caches for the same keys. A graph that cannot be written down (a submodule or higher-order
+operator, a tensor constant in an argument, a target that is not importable, inputs that share
+memory) is not tiered; on a GPU, a training graph is then compiled whole at once.
+
+Threads were tried first (branch ``tiers9``): AOTAutograd tracing in a thread while compiled code
+ran in the main one crashed the process in C++ on an H200. A child process shares nothing."""
+import atexit
+import importlib
+import io
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.fx as fx
+
+from ..config import config
+from . import regions
+
+log = logging.getLogger("bytegraph.regions")
+
+MAX_CHILDREN = 2          # child compiles running at once; more wait for a free one
+START_AT_CALL = 2         # the first call's own compiles (its backward too) are not competed with
+
+_children = []            # running child processes
+
+
+# --- writing a graph down ------------------------------------------------------------------------
+
+class NotRecordable(Exception):
+    """Why a graph cannot be written down for another process."""
+
+
+class _Ref:
+    """An argument that is the result of node number ``index``."""
+    __slots__ = ("index",)
+
+    def __init__(self, index):
+        self.index = index
+
+    def __reduce__(self):
+        return _Ref, (self.index,)
+
+
+def _overload(namespace, name, overload):
+    return getattr(getattr(getattr(torch.ops, namespace), name), overload)
+
+
+def _packet(namespace, name):
+    return getattr(getattr(torch.ops, namespace), name)
+
+
+class _Pickler(pickle.Pickler):
+    """Standard pickling, with torch's operators by name and anything carrying data refused."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, torch._ops.OpOverload):
+            namespace, name = obj._schema.name.split("::")
+            return _overload, (namespace, name, obj._overloadname)
+        if isinstance(obj, torch._ops.OpOverloadPacket):
+            namespace, name = obj._qualified_op_name.split("::")
+            return _packet, (namespace, name)
+        if isinstance(obj, (torch.Tensor, torch.nn.Module, fx.Node, torch.SymInt, torch.SymFloat,
+                            torch.SymBool, torch._ops.HigherOrderOperator)):
+            raise NotRecordable(f"{type(obj).__name__} in the graph")
+        return NotImplemented
+
+
+def _dumps(obj):
+    stream = io.BytesIO()
+    try:
+        _Pickler(stream, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    except NotRecordable:
+        raise
+    except Exception as exc:     # noqa: BLE001 - whatever pickle refuses
+        raise NotRecordable(f"cannot be pickled: {type(exc).__name__}: {exc}") from exc
+    return stream.getvalue()
+
+
+class TensorSpec:
+    """What a compile reads of a tensor: shape, strides, dtype, device, requires_grad, and
+    whether it is a Parameter."""
+    __slots__ = ("shape", "stride", "dtype", "device", "requires_grad", "parameter")
+
+    def __init__(self, t):
+        if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout != torch.strided:
+            raise NotRecordable(f"a {type(t).__name__} ({t.layout}) among the graph's tensors")
+        if t.storage_offset() != 0 or t.is_inference():
+            raise NotRecordable("a tensor starting inside its storage, or an inference tensor")
+        self.shape = tuple(t.shape)
+        self.stride = tuple(t.stride())
+        self.dtype = t.dtype
+        self.device = str(t.device)
+        self.requires_grad = t.requires_grad
+        self.parameter = isinstance(t, torch.nn.Parameter)
+
+    def __getstate__(self):
+        return tuple(getattr(self, k) for k in self.__slots__)
+
+    def __setstate__(self, state):
+        for k, v in zip(self.__slots__, state):
+            setattr(self, k, v)
+
+    def fake(self, mode):
+        """A fake tensor of this description in ``mode`` (no memory)."""
+        with mode:
+            t = torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=self.device)
+        if self.parameter:
+            return torch.nn.Parameter(t, requires_grad=self.requires_grad)
+        return t.requires_grad_(self.requires_grad)
+
+
+class GraphRecord:
+    """A graph written down: enough to build it again in another process, node for node.
+
+    ``nodes``: pickled (op, name, target, args, kwargs) rows, node results as ``_Ref``;
+    ``state``: (target, kind, index) for each ``get_attr`` target, kind 'parameter', 'buffer' or
+    'attribute', index into ``state_specs`` (one entry per distinct tensor: tied weights stay
+    tied); ``inputs``: a TensorSpec or a plain value for each placeholder."""
+
+    def __init__(self, gm, example_inputs):
+        if type(gm.graph._codegen) is not fx.graph.CodeGen:
+            raise NotRecordable(f"the graph's code is generated by {type(gm.graph._codegen).__name__}")
+        index = {}
+        rows = []
+        for i, node in enumerate(gm.graph.nodes):
+            index[node] = i
+            if node.op == "call_module":
+                raise NotRecordable(f"a submodule call ({node.target})")
+            args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: _Ref(index[n]))
+            target = node.target
+            if not isinstance(target, str) and _loads(_dumps(target)) is not target:
+                raise NotRecordable(f"{target!r} is not importable")
+            rows.append((node.op, node.name, target, args, kwargs))
+        self.nodes = _dumps(rows)
+        self.state, self.state_specs, tensors = [], [], []
+        by_id = {}
+        for node in gm.graph.nodes:
+            if node.op != "get_attr" or any(s[0] == node.target for s in self.state):
+                continue
+            owner, leaf = _owner(gm, node.target)
+            value = getattr(owner, leaf)
+            if not isinstance(value, torch.Tensor):
+                raise NotRecordable(f"{node.target} is a {type(value).__name__}")
+            kind = ("parameter" if leaf in owner._parameters else "buffer" if leaf in owner._buffers
+                    else "attribute")
+            if id(value) not in by_id:
+                by_id[id(value)] = len(self.state_specs)
+                self.state_specs.append(TensorSpec(value))
+                tensors.append(value)
+            self.state.append((node.target, kind, by_id[id(value)]))
+        self.inputs = []
+        for value in example_inputs:
+            if isinstance(value, torch.Tensor):
+                self.inputs.append(TensorSpec(value))
+                tensors.append(value)
+            elif value is None or type(value) in (int, float, bool):
+                self.inputs.append(value)
+            else:
+                raise NotRecordable(f"an input of type {type(value).__name__}")
+        _no_shared_memory(tensors)
+        self.state_tensors = [t for t in tensors[:len(self.state_specs)]]
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.pop("state_tensors", None)      # this process's own tensors stay here
+        return state
+
+    def build(self, state_tensors):
+        """The graph as a GraphModule holding ``state_tensors`` (one per ``state_specs`` entry)."""
+        root = torch.nn.Module()
+        for target, kind, i in self.state:
+            owner = root
+            *path, leaf = target.split(".")
+            for part in path:
+                if not hasattr(owner, part):
+                    owner.add_module(part, torch.nn.Module())
+                owner = getattr(owner, part)
+            value = state_tensors[i]
+            if kind == "parameter":
+                owner.register_parameter(leaf, value)
+            elif kind == "buffer":
+                owner.register_buffer(leaf, value)
+            else:
+                setattr(owner, leaf, value)
+        graph = fx.Graph()
+        made = []
+        for op, name, target, args, kwargs in _loads(self.nodes):
+            args, kwargs = _resolve((args, kwargs), made)
+            made.append(graph.create_node(op, target, args, kwargs, name=name))
+        return fx.GraphModule(root, graph)
+
+    def fake_inputs(self, mode):
+        return [v.fake(mode) if isinstance(v, TensorSpec) else v for v in self.inputs]
+
+
+def _loads(data):
+    return pickle.loads(data)
+
+
+def _resolve(value, made):
+    if isinstance(value, _Ref):
+        return made[value.index]
+    if isinstance(value, (tuple, list)):
+        return type(value)(_resolve(v, made) for v in value)
+    if isinstance(value, dict):
+        return {k: _resolve(v, made) for k, v in value.items()}
+    if isinstance(value, slice):
+        return slice(*(_resolve(v, made) for v in (value.start, value.stop, value.step)))
+    return value
+
+
+def _owner(gm, target):
+    *path, leaf = target.split(".")
+    owner = gm
+    for part in path:
+        owner = getattr(owner, part)
+    return owner, leaf
+
+
+def _no_shared_memory(tensors):
+    """Refuse tensors sharing memory (other than one tensor named twice): fakes made from their
+    descriptions would not, and AOTAutograd compiles aliased inputs differently. A view sharing
+    memory with nothing else in the graph is compiled as the plain tensor it looks like (as a
+    recompile would see it)."""
+    seen = {}
+    for t in tensors:
+        if t.numel() == 0 or t.device.type == "meta":
+            continue
+        key = (t.device, t.untyped_storage().data_ptr())
+        if key in seen and seen[key] is not t:
+            raise NotRecordable("two of the graph's tensors share memory")
+        seen[key] = t
+
+
+# --- what the compile depends on besides the graph ------------------------------------------------
+
+def _settings():
+    """Process-wide settings that enter a compile (and the caches' keys)."""
+    return {
+        "global_state": regions._global_state(regions._AUTOCAST_DEVICES),
+        "deterministic": (torch.are_deterministic_algorithms_enabled(),
+                          torch.is_deterministic_algorithms_warn_only_enabled()),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cuda_matmul": (torch.backends.cuda.matmul.allow_tf32,
+                        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+                        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction),
+        "cudnn_tf32": torch.backends.cudnn.allow_tf32,
+    }
+
+
+def _apply_settings(settings):
+    regions.set_global_state(*settings["global_state"])
+    torch.use_deterministic_algorithms(settings["deterministic"][0], warn_only=settings["deterministic"][1])
+    torch.set_float32_matmul_precision(settings["float32_matmul_precision"])
+    (torch.backends.cuda.matmul.allow_tf32, torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction) = settings["cuda_matmul"]
+    torch.backends.cudnn.allow_tf32 = settings["cudnn_tf32"]
+
+
+def caches_on():
+    """Are the on-disk caches the second tier is loaded from turned on?"""
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config as inductor_config
+    return bool(inductor_config.fx_graph_cache and functorch_config.enable_autograd_cache
+                and not inductor_config.force_disable_caches and not inductor_config.freezing)
+
+
+def _fake_mode():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    return FakeTensorMode(allow_non_fake_inputs=True, static_shapes=True, shape_env=ShapeEnv())
+
+
+def possible(gm, example_inputs):
+    """Could ``gm`` be compiled in two tiers? On a GPU (on the CPU kernels run in the caller's
+    thread, and a child compiling would take the cores the steps run on), with the setting on,
+    the caches on, static sizes (fake inputs carry the tracer's shape environment), and no torch
+    function or dispatch mode active (the child would not have it)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+    return (config.background_whole_compile and regions.on_cuda(gm) and caches_on()
+            and not any(isinstance(t, FakeTensor) for t in example_inputs)
+            and torch._C._len_torch_function_stack() == 0 and not _get_current_dispatch_mode_stack()
+            and not torch.is_inference_mode_enabled())
+
+
+class WholeLater:
+    """What the second tier needs: the graph written down, the settings it was compiled under, and
+    (this process only) the ``finish`` that turns the whole compile's result into the graph's
+    callable, as the quick one's is (outputs regrouped, gradients gated)."""
+
+    def __init__(self, record, config_patches, finish):
+        from torch._functorch import config as functorch_config
+        from torch._inductor import config as inductor_config
+        self.record = record
+        self.config_patches = dict(config_patches or {})
+        self.settings = _settings()
+        try:
+            self.configs = (inductor_config.save_config(), functorch_config.save_config())
+        except Exception as exc:       # noqa: BLE001 - a setting pickle refuses (a custom pass)
+            raise NotRecordable(f"Inductor's settings cannot be pickled: {exc}") from exc
+        self.finish = finish
+
+    def job(self):
+        return _dumps({"record": self.record, "config_patches": self.config_patches,
+                       "settings": self.settings, "configs": self.configs})
+
+
+def compile_record(record, state_tensors, config_patches, settings, mode=None):
+    """Compile ``record`` whole with Inductor, its backward too, under ``settings``, with fake
+    inputs: the same calls, and so the same cache keys, here and in a child."""
+    from .inductor import compile_fx_whole
+    from torch._functorch import config as functorch_config
+    before = regions._global_state(regions._AUTOCAST_DEVICES)
+    regions.set_global_state(*settings["global_state"])
+    try:
+        gm = record.build(state_tensors)
+        # The backward too, now: compiled lazily, it would be compiled at the first backward().
+        with functorch_config.patch(force_non_lazy_backward_lowering=True):
+            return compile_fx_whole(gm, record.fake_inputs(mode or _fake_mode()), config_patches)
+    finally:
+        regions.set_global_state(*before)
+
+
+# --- the two tiers -------------------------------------------------------------------------------
+
+class Tiered:
+    """A compiled graph's callable: ``quick`` until the whole compile is in, then that."""
+
+    def __init__(self, quick, later, label="graph"):
+        self.call = quick
+        self.label = label
+        self.whole = None           # the whole compile's callable, once it is in
+        self.error = None           # why the second tier did not come in, if it did not
+        self.switch_seconds = None  # how long compiling from the filled caches took here
+        self._later = later
+        self._calls = 0
+        self._child = None
+        self._job_dir = None
+        self._started = None
+
+    def __call__(self, *args):
+        if self._later is not None:
+            self._advance()
+        return self.call(*args)
+
+    def _advance(self):
+        if self._child is None:
+            self._calls += 1
+            if self._calls >= START_AT_CALL:
+                self._start()
+            return
+        if self._child.poll() is None:
+            return
+        later, self._later = self._later, None
+        rc = self._child.returncode
+        if rc != 0:
+            self._give_up(f"the child compile exited with {rc}: {_tail(self._log_path())}")
+            return
+        started = time.perf_counter()
+        try:
+            whole = compile_record(later.record, later.record.state_tensors, later.config_patches,
+                                   later.settings)
+        except Exception as exc:    # noqa: BLE001 - the quick compile stays
+            self._give_up(f"{type(exc).__name__}: {exc}")
+            return
+        finally:
+            self._clean()
+        self.switch_seconds = time.perf_counter() - started
+        self.whole = self.call = later.finish(whole)
+        log.info("%s: compiled whole by a child in %.1f s, loaded here in %.1f s; calls use it from now on",
+                 self.label, started - self._started, self.switch_seconds)
+
+    def _start(self):
+        _reap()
+        if len(_children) >= MAX_CHILDREN:
+            return
+        try:
+            job = self._later.job()
+        except NotRecordable as exc:
+            self._later = None
+            self._give_up(str(exc))
+            return
+        self._job_dir = tempfile.mkdtemp(prefix="bytegraph_whole_")
+        path = os.path.join(self._job_dir, "job.pickle")
+        with open(path, "wb") as f:
+            f.write(job)
+        env = dict(os.environ)
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+        env["TORCHINDUCTOR_CACHE_DIR"] = cache_dir()
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        with open(self._log_path(), "wb") as out:
+            self._child = subprocess.Popen([sys.executable, "-m", "bytegraph.backends.tiers", path],
+                                           stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                           env=env)
+        self._started = time.perf_counter()
+        _children.append(self._child)
+
+    def _log_path(self):
+        return os.path.join(self._job_dir, "child.log")
+
+    def _give_up(self, why):
+        self._later = None
+        self.error = why
+        log.warning("%s: not compiled whole in the background (%s); it keeps its quick compile",
+                    self.label, why)
+        self._clean()
+
+    def _clean(self):
+        if self._job_dir is not None:
+            import shutil
+            shutil.rmtree(self._job_dir, ignore_errors=True)
+            self._job_dir = None
+
+    def wait(self, timeout=None):
+        """Block until the second tier is in or given up (``timeout`` seconds at most): the child
+        started if it was not, waited for, and its result loaded. True when it came in."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._later is not None:
+            if self._child is None:
+                self._calls = max(self._calls, START_AT_CALL - 1)
+                self._advance()
+                if self._child is None and self._later is not None:
+                    _wait_any(deadline)       # every slot busy: wait for one
+                    continue
+            elif self._child.poll() is None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                try:
+                    self._child.wait(left)
+                except subprocess.TimeoutExpired:
+                    return False
+            self._advance()
+        return self.whole is not None
+
+
+_tiered = []     # every Tiered made, weakly: for wait_for_background_compiles
+
+
+def tiered(quick, later, label):
+    import weakref
+    t = Tiered(quick, later, label)
+    _tiered.append(weakref.ref(t))
+    return t
+
+
+def wait_for_background_compiles(timeout=None):
+    """Block until every graph compiled in two tiers so far has its whole compile in (or has
+    given it up): for a benchmark that wants the steady state, or a test. ``timeout``: seconds at
+    most (None: no limit). True when none is left pending."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for ref in list(_tiered):
+        t = ref()
+        if t is None:
+            continue
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        t.wait(left)
+    _tiered[:] = [r for r in _tiered if r() is not None and r()._later is not None]
+    return not _tiered
+
+
+def _reap():
+    _children[:] = [c for c in _children if c.poll() is None]
+
+
+def _wait_any(deadline):
+    while True:
+        _reap()
+        if len(_children) < MAX_CHILDREN:
+            return
+        if deadline is not None and time.monotonic() >= deadline:
+            return
+        time.sleep(0.05)
+
+
+def _tail(path, lines=5):
+    try:
+        with open(path, errors="replace") as f:
+            return " | ".join(f.read().strip().splitlines()[-lines:])
+    except OSError:
+        return "(no output)"
+
+
+@atexit.register
+def _stop_children():
+    """Children still compiling at exit are stopped: this process no longer needs them."""
+    for child in list(_children):
+        if child.poll() is None:
+            child.terminate()
+
+
+def _child_main(path):
+    with open(path, "rb") as f:
+        job = pickle.load(f)
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config as inductor_config
+    inductor_config.load_config(job["configs"][0])
+    functorch_config.load_config(job["configs"][1])
+    _apply_settings(job["settings"])
+    record = job["record"]
+    mode = _fake_mode()
+    state = [spec.fake(mode) for spec in record.state_specs]
+    compile_record(record, state, job["config_patches"], job["settings"], mode)
+
+
+if __name__ == "__main__":
+    _child_main(sys.argv[1])
