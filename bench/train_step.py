@@ -268,6 +268,8 @@ def measure(row, compiler, args):
               "pipelined_ms": pipelined, "host_speed_us": interleave.host_speed_us()}
     if settled is not None:
         result["steady_after_s"] = settled
+        from bytegraph.backends import tiers
+        result["second_tiers"] = list(tiers.outcomes)
     if device == "cuda":
         result["device_allocs_per_step"] = device_allocs_per_step(fn, inputs)
     if device == "cuda":
@@ -361,6 +363,9 @@ def measure_interleaved(row, compilers, args):
         result["interleaved"]["compilers"][compiler].update(loss=float(value), graphs=graphs[compiler])
     if device == "cuda":
         result["device_allocs_per_step"] = {c: device_allocs_per_step(lambda f=f: f(), ()) for c, f in steps.items()}
+    if any(c.startswith("bytegraph") for c in compilers):
+        from bytegraph.backends import tiers
+        result["second_tiers"] = list(tiers.outcomes)
     return result
 
 
@@ -583,7 +588,10 @@ def print_table(results, args):
                 f"{r.get('pipelined_ms', float('nan')):7.2f} ms {r.get('host_ms', float('nan')):6.2f} ms "
                 f"{r['loss']:10.4f} {graphs:>7s}")
         if "steady_after_s" in r:
-            line += f"  (whole graphs in after {r['steady_after_s']:.1f} s)"
+            tiers = r.get("second_tiers") or []
+            done = ", ".join(f"child {t['child_s']:.1f} s, loaded {t['load_s']:.1f} s" if t["whole"]
+                             else f"not in: {t['error'][:80]}" for t in tiers)
+            line += f"  (steady after {r['steady_after_s']:.1f} s; second tiers: {done or 'none'})"
         if "warm_first_ms" in r:
             line += (f"  (cold first call {r['cold_first_ms'] / 1e3:.2f} s, warm {r['warm_first_ms'] / 1e3:.2f} s: "
                      f"{r['warm_over_cold']:.2f}x)")
@@ -652,6 +660,9 @@ def print_interleaved(r):
             graphs = "" if c.get("graphs") is None else str(c["graphs"])
             print(f"{'':38s} {name:16s} {'':12s} {c['median_ms']:7.2f} ms {c['pipelined_ms']:7.2f} ms "
                   f"{'':9s} {loss} {graphs:>7s}{extra}")
+    for t in r.get("second_tiers") or []:
+        print(f"{'':38s} second tier ({t['label']}): " + (f"child {t['child_s']:.1f} s, loaded {t['load_s']:.1f} s"
+                                                         if t["whole"] else f"not in: {t['error'][:100]}"))
 
 
 def main():

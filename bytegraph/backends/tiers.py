@@ -46,6 +46,7 @@ MAX_CHILDREN = 2          # child compiles running at once; more wait for a free
 START_AT_CALL = 2         # the first call's own compiles (its backward too) are not competed with
 
 _children = []            # running child processes
+outcomes = []             # one dict per second tier that came in or was given up, in order
 
 
 # --- writing a graph down ------------------------------------------------------------------------
@@ -152,7 +153,7 @@ class GraphRecord:
                 raise NotRecordable(f"a submodule call ({node.target})")
             args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: _Ref(index[n]))
             target = node.target
-            if not isinstance(target, str) and _loads(_dumps(target)) is not target:
+            if not isinstance(target, str) and not _importable(target):
                 raise NotRecordable(f"{target!r} is not importable")
             rows.append((node.op, node.name, target, args, kwargs))
         self.nodes = _dumps(rows)
@@ -215,6 +216,14 @@ class GraphRecord:
 
     def fake_inputs(self, mode):
         return [v.fake(mode) if isinstance(v, TensorSpec) else v for v in self.inputs]
+
+
+def _importable(target):
+    """Does pickle carry ``target`` by name, to itself (not a copy, nor something else)?"""
+    try:
+        return _loads(_dumps(target)) is target
+    except Exception:     # noqa: BLE001 - refused or not found again
+        return False
 
 
 def _loads(data):
@@ -392,6 +401,8 @@ class Tiered:
             self._clean()
         self.switch_seconds = time.perf_counter() - started
         self.whole = self.call = later.finish(whole)
+        outcomes.append({"label": self.label, "whole": True, "child_s": started - self._started,
+                         "load_s": self.switch_seconds})
         log.info("%s: compiled whole by a child in %.1f s, loaded here in %.1f s; calls use it from now on",
                  self.label, started - self._started, self.switch_seconds)
 
@@ -426,6 +437,7 @@ class Tiered:
     def _give_up(self, why):
         self._later = None
         self.error = why
+        outcomes.append({"label": self.label, "whole": False, "error": why})
         log.warning("%s: not compiled whole in the background (%s); it keeps its quick compile",
                     self.label, why)
         self._clean()

@@ -1,0 +1,279 @@
+"""Two tiers (backends/tiers.py): a training graph compiled with shared blocks is called as such
+until a child process has compiled it whole; then this process compiles it from the caches the
+child filled, and calls use that. Results and gradients stay eager's all along.
+
+Tiers are for GPUs; these tests take the GPU's rule on the CPU (``regions.on_cuda`` patched),
+where Inductor makes C++ instead of Triton kernels."""
+import copy
+import sys
+
+import pytest
+import torch
+import torch.fx as fx
+
+import bytegraph
+from bytegraph.backends import inductor as inductor_backend
+from bytegraph.backends import regions, tiers
+from bytegraph.demo.models import GPTConfig, TinyGPT
+from helpers import assert_same
+
+INVOKE = torch.ops.higher_order.invoke_subgraph
+
+
+def gpt(n_layer):
+    torch.manual_seed(0)
+    return TinyGPT(GPTConfig(n_layer=n_layer, n_embd=32, n_head=4, block_size=8, vocab_size=64, dropout=0.0))
+
+
+def captured(model, x):
+    """The graph bytegraph captures for ``model(x)`` and its example inputs."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append((gm, list(example_inputs)))
+        return gm.forward
+    bytegraph.compile(model, backend=backend)(x)
+    bytegraph.reset()
+    (graph,) = graphs
+    return graph
+
+
+def code_of(gm):
+    """The graph's code without the comments naming the user's source lines."""
+    return "\n".join(line for line in gm.code.splitlines() if not line.strip().startswith("#"))
+
+
+# --- writing a graph down ------------------------------------------------------------------------
+
+def test_a_written_down_graph_builds_the_same_graph_with_the_same_tensors():
+    model = gpt(2)
+    x = torch.randint(0, 64, (2, 8))
+    gm, examples = captured(model, x)
+    record = tiers.GraphRecord(gm, examples)
+    rebuilt = record.build(record.state_tensors)
+    assert code_of(rebuilt) == code_of(gm)
+    # The rebuilt graph reads the model's own parameters (gradients land on them).
+    params = {id(p) for p in model.parameters()}
+    assert {id(p) for p in rebuilt.parameters()} <= params and len(list(rebuilt.parameters())) > 0
+    assert_same(gm(*examples), rebuilt(*examples))
+    # Through pickle (as the child gets it): the same graph again, with fakes for the tensors.
+    again = tiers._loads(tiers._dumps(record))
+    mode = tiers._fake_mode()
+    fake_state = [spec.fake(mode) for spec in again.state_specs]
+    assert code_of(again.build(fake_state)) == code_of(gm)
+    for spec, real in zip(again.state_specs, record.state_tensors):
+        fake = spec.fake(mode)
+        assert (fake.shape, fake.stride(), fake.dtype, fake.requires_grad) == \
+            (real.shape, real.stride(), real.dtype, real.requires_grad)
+        assert isinstance(fake, torch.nn.Parameter) == isinstance(real, torch.nn.Parameter)
+
+
+class Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(16, 8)
+        self.head = torch.nn.Linear(8, 16, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, i):
+        return self.head(self.emb(i) * 2)
+
+
+def test_tied_weights_stay_one_tensor():
+    model = Tied()
+    gm, examples = captured(model, torch.randint(0, 16, (2, 3)))
+    record = tiers.GraphRecord(gm, examples)
+    assert len(record.state_specs) == 1
+    rebuilt = record.build([spec.fake(tiers._fake_mode()) for spec in record.state_specs])
+
+    def distinct(module):
+        return len({id(getattr(*tiers._owner(module, n.target))) for n in module.graph.nodes if n.op == "get_attr"})
+    assert distinct(rebuilt) == distinct(gm) == 1
+
+
+def _graph(build):
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    graph.output(build(graph, x))
+    return graph
+
+
+def test_graphs_that_cannot_be_written_down_are_refused_with_the_reason():
+    x = torch.randn(3)
+    lam = lambda t: t + 1                                              # noqa: E731
+    gm = fx.GraphModule(torch.nn.Module(), _graph(lambda g, x: g.call_function(lam, (x,))))
+    with pytest.raises(tiers.NotRecordable, match="not importable"):
+        tiers.GraphRecord(gm, [x])
+    gm = fx.GraphModule(torch.nn.Module(), _graph(lambda g, x: g.call_function(torch.add, (x, torch.ones(3)))))
+    with pytest.raises(tiers.NotRecordable, match="Tensor in the graph"):
+        tiers.GraphRecord(gm, [x])
+    root = torch.nn.Module()
+    root.lin = torch.nn.Linear(3, 3)
+    gm = fx.GraphModule(root, _graph(lambda g, x: g.call_module("lin", (x,))))
+    with pytest.raises(tiers.NotRecordable, match="submodule call"):
+        tiers.GraphRecord(gm, [x])
+    base = torch.randn(6)
+    gm = fx.GraphModule(torch.nn.Module(), _graph(lambda g, x: g.call_function(torch.add, (x, x))))
+    graph = fx.Graph()
+    a, b = graph.placeholder("a"), graph.placeholder("b")
+    graph.output(graph.call_function(torch.add, (a, b)))
+    with pytest.raises(tiers.NotRecordable, match="share memory"):
+        tiers.GraphRecord(fx.GraphModule(torch.nn.Module(), graph), [base.view(2, 3), base.view(3, 2)])
+    with pytest.raises(tiers.NotRecordable, match="starting inside its storage"):
+        tiers.GraphRecord(gm, [base[3:]])
+    with pytest.raises(tiers.NotRecordable, match="input of type"):
+        tiers.GraphRecord(gm, [object()])
+
+
+# --- the switch ----------------------------------------------------------------------------------
+
+class _Later:
+    """A stand-in WholeLater whose child runs ``code`` instead of a compile."""
+
+    def __init__(self, code, compiled=None):
+        self.record = type("R", (), {"state_tensors": []})()
+        self.config_patches, self.settings = {}, {}
+        self.code = code
+        self.compiled = compiled
+
+    def job(self):
+        return self.code.encode()
+
+    def finish(self, compiled):
+        return compiled
+
+
+def stand_in_child(monkeypatch, compiled):
+    """Children run ``python -c <job>``; this process's compile from the caches returns ``compiled``."""
+    real_popen = tiers.subprocess.Popen
+
+    def popen(cmd, **kwargs):
+        code = open(cmd[-1]).read()
+        return real_popen([sys.executable, "-c", code], **kwargs)
+    monkeypatch.setattr(tiers.subprocess, "Popen", popen)
+    monkeypatch.setattr(tiers, "compile_record", lambda *a, **k: compiled())
+
+
+def test_quick_until_the_child_ends_then_whole(monkeypatch):
+    stand_in_child(monkeypatch, lambda: (lambda x: ("whole", x)))
+    tiered = tiers.tiered(lambda x: ("quick", x), _Later("import time; time.sleep(1)"), "test")
+    assert tiered(1) == ("quick", 1)
+    assert tiered._child is None                  # the first call starts nothing
+    assert tiered(2) == ("quick", 2)              # the second starts the child
+    assert tiered._child is not None
+    assert tiered(3) == ("quick", 3)              # still compiling
+    assert bytegraph.wait_for_background_compiles(60)
+    assert tiered(4) == ("whole", 4)
+    assert tiered.whole is not None and tiered.error is None and tiered.switch_seconds is not None
+
+
+def test_a_failed_child_keeps_the_quick_compile_and_says_why(monkeypatch, caplog):
+    stand_in_child(monkeypatch, lambda: (lambda x: "never"))
+    tiered = tiers.tiered(lambda x: x + 1, _Later("raise SystemExit('no whole graph today')"), "failing")
+    with caplog.at_level("WARNING", logger="bytegraph.regions"):
+        assert [tiered(i) for i in range(3)] == [1, 2, 3]
+        assert bytegraph.wait_for_background_compiles(60)
+        assert tiered(10) == 11
+    assert tiered.whole is None and "exited with 1" in tiered.error and "no whole graph today" in tiered.error
+    assert "failing: not compiled whole in the background" in caplog.text
+
+
+def test_a_failed_compile_here_keeps_the_quick_compile(monkeypatch):
+    def fails():
+        raise RuntimeError("cache entry unreadable")
+    stand_in_child(monkeypatch, fails)
+    tiered = tiers.tiered(lambda x: x * 2, _Later("pass"), "failing here")
+    assert tiered(1) == 2 and tiered(2) == 4
+    assert bytegraph.wait_for_background_compiles(60)
+    assert tiered(3) == 6 and "cache entry unreadable" in tiered.error
+
+
+def test_children_beyond_the_limit_wait_for_a_free_one(monkeypatch):
+    stand_in_child(monkeypatch, lambda: (lambda x: "whole"))
+    monkeypatch.setattr(tiers, "MAX_CHILDREN", 1)
+    first = tiers.tiered(lambda x: "quick", _Later("import time; time.sleep(1)"), "first")
+    second = tiers.tiered(lambda x: "quick", _Later("pass"), "second")
+    first(0), first(0), second(0), second(0)
+    assert first._child is not None and second._child is None
+    assert bytegraph.wait_for_background_compiles(60)
+    assert (first(0), second(0)) == ("whole", "whole")
+
+
+# --- through the inductor backend ----------------------------------------------------------------
+
+@pytest.fixture
+def gpu_rule(monkeypatch):
+    monkeypatch.setattr(regions, "on_cuda", lambda gm: True)
+
+
+def train_steps(model, compiled, x, steps, lr=0.1):
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        loss = compiled(x).float().square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.detach())
+    return losses
+
+
+def test_a_training_model_switches_to_the_whole_graph_from_the_caches_and_trains_like_eager(gpu_rule):
+    from torch._dynamo.utils import counters      # torch's own cache counters, read here only
+    model = gpt(3).train()
+    reference = copy.deepcopy(model)
+    x = torch.randint(0, 64, (2, 8))
+    made = []
+    real_tiered = tiers.tiered
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(inductor_backend.tiers, "tiered", lambda *a: made.append(real_tiered(*a)) or made[-1])
+        compiled = bytegraph.compile(model, backend="inductor")
+        before = train_steps(model, compiled, x, 3)
+        hits, misses = (counters["aot_autograd"][k] for k in ("autograd_cache_hit", "autograd_cache_miss"))
+        assert bytegraph.wait_for_background_compiles(300)
+        after = train_steps(model, compiled, x, 3)
+    expected = train_steps(reference, reference, x, 6)
+    for got, want in zip(before + after, expected):
+        assert_same(want, got, atol=1e-5)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert torch.allclose(p, q, atol=1e-5), name
+    (tiered,) = made
+    assert tiered.error is None and tiered.whole is not None and tiered.call is tiered.whole
+    # This process found the child's compile in AOTAutograd's cache (or had found it already, at
+    # the third call, should the child have been that quick).
+    assert counters["aot_autograd"]["autograd_cache_miss"] == misses
+    assert counters["aot_autograd"]["autograd_cache_hit"] >= max(1, hits)
+
+
+def test_not_tiered_when_switched_off(gpu_rule, monkeypatch):
+    made = []
+    monkeypatch.setattr(inductor_backend.tiers, "tiered", lambda *a: made.append(a) or a[0])
+    x = torch.randint(0, 64, (2, 8))
+    with bytegraph.config.patch(background_whole_compile=False):
+        model = gpt(2)
+        out = bytegraph.compile(model, backend="inductor")(x)
+        assert_same(model(x), out, atol=1e-5)
+    assert made == []
+    bytegraph.reset()
+    model = gpt(2)
+    out = bytegraph.compile(model, backend="inductor")(x)
+    assert_same(model(x), out, atol=1e-5)
+    assert len(made) == 1
+
+
+def test_not_possible_under_a_dispatch_mode_or_with_the_caches_off():
+    from torch.utils._python_dispatch import TorchDispatchMode
+    gm, examples = captured(gpt(1), torch.randint(0, 64, (2, 8)))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(regions, "on_cuda", lambda gm: True)
+        assert tiers.possible(gm, examples)
+
+        class Passing(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                return func(*args, **(kwargs or {}))
+        with Passing():
+            assert not tiers.possible(gm, examples)
+        from torch._inductor import config as inductor_config
+        with inductor_config.patch(fx_graph_cache=False):
+            assert not tiers.possible(gm, examples)
+    assert not tiers.possible(gm, examples)       # on the CPU
