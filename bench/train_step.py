@@ -270,6 +270,7 @@ def measure(row, compiler, args):
         result["steady_after_s"] = settled
         from bytegraph.backends import tiers
         result["second_tiers"] = list(tiers.outcomes)
+        result["cache_counters"] = cache_counters()
     if device == "cuda":
         result["device_allocs_per_step"] = device_allocs_per_step(fn, inputs)
     if device == "cuda":
@@ -292,6 +293,12 @@ def measure(row, compiler, args):
         else:
             result["memory_mb"] = saved_bytes(fn, inputs) / 2 ** 20
     return result
+
+
+def cache_counters():
+    """This process's AOTAutograd and Inductor cache hits and misses so far (torch's counters)."""
+    from torch._dynamo.utils import counters
+    return {k: v for k, v in {**counters["aot_autograd"], **counters["inductor"]}.items() if "cache" in k}
 
 
 def settle(compiler, fn, inputs, args):
@@ -366,6 +373,7 @@ def measure_interleaved(row, compilers, args):
     if any(c.startswith("bytegraph") for c in compilers):
         from bytegraph.backends import tiers
         result["second_tiers"] = list(tiers.outcomes)
+        result["cache_counters"] = cache_counters()
     return result
 
 
@@ -592,6 +600,8 @@ def print_table(results, args):
             done = ", ".join(f"child {t['child_s']:.1f} s, loaded {t['load_s']:.1f} s" if t["whole"]
                              else f"not in: {t['error'][:80]}" for t in tiers)
             line += f"  (steady after {r['steady_after_s']:.1f} s; second tiers: {done or 'none'})"
+            if r.get("cache_counters"):
+                line += "\n    caches: " + ", ".join(f"{k} {v}" for k, v in sorted(r["cache_counters"].items()))
         if "warm_first_ms" in r:
             line += (f"  (cold first call {r['cold_first_ms'] / 1e3:.2f} s, warm {r['warm_first_ms'] / 1e3:.2f} s: "
                      f"{r['warm_over_cold']:.2f}x)")
@@ -660,6 +670,8 @@ def print_interleaved(r):
             graphs = "" if c.get("graphs") is None else str(c["graphs"])
             print(f"{'':38s} {name:16s} {'':12s} {c['median_ms']:7.2f} ms {c['pipelined_ms']:7.2f} ms "
                   f"{'':9s} {loss} {graphs:>7s}{extra}")
+    if r.get("cache_counters"):
+        print(f"{'':38s} caches: " + ", ".join(f"{k} {v}" for k, v in sorted(r["cache_counters"].items())))
     for t in r.get("second_tiers") or []:
         print(f"{'':38s} second tier ({t['label']}): " + (f"child {t['child_s']:.1f} s, loaded {t['load_s']:.1f} s"
                                                          if t["whole"] else f"not in: {t['error'][:100]}"))
