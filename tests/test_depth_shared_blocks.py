@@ -228,7 +228,7 @@ def test_worth_sharing_on_a_gpu_only(monkeypatch):
     assert regions.worth_sharing(gm, cudagraphs=False)
 
 
-def test_a_training_graph_on_a_gpu_is_shared_only_under_cuda_graphs(monkeypatch):
+def test_a_training_graph_on_a_gpu_is_shared_only_under_cuda_graphs_or_in_two_tiers(monkeypatch):
     graphs = []
     model = gpt(2).train()
     bytegraph.compile(model, backend=lambda gm, ex: graphs.append(gm) or gm.forward)(torch.randint(0, 64, (2, 8)))
@@ -237,11 +237,13 @@ def test_a_training_graph_on_a_gpu_is_shared_only_under_cuda_graphs(monkeypatch)
     monkeypatch.setattr(regions, "CUDA_MIN_REGION_FLOPS", 0)
     assert not regions.worth_sharing(gm, cudagraphs=False)        # its steps would pay for the sharing
     assert regions.worth_sharing(gm, cudagraphs=True)
+    assert regions.worth_sharing(gm, cudagraphs=False, tiered=True)  # until the whole compile is in
+    assert regions.needs_whole_later(gm, cudagraphs=False) and not regions.needs_whole_later(gm, cudagraphs=True)
 
 
 @pytest.mark.parametrize("fails", [False, True])
 def test_inductor_compiles_the_shared_graph_without_buffer_reuse_or_falls_back(monkeypatch, fails):
-    monkeypatch.setattr(inductor_backend, "worth_sharing", lambda gm, cudagraphs: True)
+    monkeypatch.setattr(inductor_backend, "worth_sharing", lambda gm, cudagraphs, tiered=False: True)
     monkeypatch.setattr(inductor_backend, "worth_splitting", lambda gm: False)
     compiled_graphs = []
 

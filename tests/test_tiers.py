@@ -277,3 +277,14 @@ def test_not_possible_under_a_dispatch_mode_or_with_the_caches_off():
         with inductor_config.patch(fx_graph_cache=False):
             assert not tiers.possible(gm, examples)
     assert not tiers.possible(gm, examples)       # on the CPU
+
+
+def test_the_settings_carried_to_the_child_change_nothing_where_they_already_hold():
+    # torch's older switch (allow_tf32) rewrites the newer one (fp32_precision) when set, even to
+    # its current value, and the caches' keys read the newer one: set, "none" became "ieee" and
+    # no key of the child matched this process's.
+    before = tiers._settings()
+    fp32 = getattr(torch.backends.cuda.matmul, "fp32_precision", None)
+    tiers._apply_settings(tiers._loads(tiers._dumps(before)))
+    assert getattr(torch.backends.cuda.matmul, "fp32_precision", None) == fp32
+    assert tiers._settings() == before

@@ -267,27 +267,49 @@ def _no_shared_memory(tensors):
 
 # --- what the compile depends on besides the graph ------------------------------------------------
 
+def _matmul(name):
+    obj, attr = {"cuda": (torch.backends.cuda.matmul, "allow_tf32"),
+                 "cuda_fp16": (torch.backends.cuda.matmul, "allow_fp16_reduced_precision_reduction"),
+                 "cuda_bf16": (torch.backends.cuda.matmul, "allow_bf16_reduced_precision_reduction"),
+                 "cuda_fp32": (torch.backends.cuda.matmul, "fp32_precision"),
+                 "cudnn": (torch.backends.cudnn, "allow_tf32"),
+                 "cudnn_fp32": (torch.backends.cudnn, "fp32_precision")}[name]
+    return obj, attr
+
+
+_MATMUL = ("cuda", "cuda_fp16", "cuda_bf16", "cuda_fp32", "cudnn", "cudnn_fp32")
+
+
 def _settings():
     """Process-wide settings that enter a compile (and the caches' keys)."""
+    matmul = {}
+    for name in _MATMUL:
+        obj, attr = _matmul(name)
+        if hasattr(obj, attr):
+            matmul[name] = getattr(obj, attr)
     return {
         "global_state": regions._global_state(regions._AUTOCAST_DEVICES),
         "deterministic": (torch.are_deterministic_algorithms_enabled(),
                           torch.is_deterministic_algorithms_warn_only_enabled()),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "cuda_matmul": (torch.backends.cuda.matmul.allow_tf32,
-                        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
-                        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction),
-        "cudnn_tf32": torch.backends.cudnn.allow_tf32,
+        "matmul": matmul,
     }
 
 
 def _apply_settings(settings):
+    """``settings`` here, each changed only where it differs: torch's older and newer switches for
+    the same thing (``allow_tf32``, ``fp32_precision``) overwrite each other when set, and the
+    caches' keys read the newer one ("none" differs from "ieee")."""
     regions.set_global_state(*settings["global_state"])
-    torch.use_deterministic_algorithms(settings["deterministic"][0], warn_only=settings["deterministic"][1])
-    torch.set_float32_matmul_precision(settings["float32_matmul_precision"])
-    (torch.backends.cuda.matmul.allow_tf32, torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
-     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction) = settings["cuda_matmul"]
-    torch.backends.cudnn.allow_tf32 = settings["cudnn_tf32"]
+    if settings["deterministic"] != (torch.are_deterministic_algorithms_enabled(),
+                                     torch.is_deterministic_algorithms_warn_only_enabled()):
+        torch.use_deterministic_algorithms(settings["deterministic"][0], warn_only=settings["deterministic"][1])
+    if torch.get_float32_matmul_precision() != settings["float32_matmul_precision"]:
+        torch.set_float32_matmul_precision(settings["float32_matmul_precision"])
+    for name in _MATMUL:
+        obj, attr = _matmul(name)
+        if name in settings["matmul"] and getattr(obj, attr, None) != settings["matmul"][name]:
+            setattr(obj, attr, settings["matmul"][name])
 
 
 def caches_on():
