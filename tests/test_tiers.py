@@ -132,7 +132,7 @@ class _Later:
 
     def __init__(self, code, compiled=None):
         self.record = type("R", (), {"state_tensors": []})()
-        self.config_patches, self.settings = {}, {}
+        self.config_patches, self.settings, self.compile_whole = {}, {}, None
         self.code = code
         self.compiled = compiled
 

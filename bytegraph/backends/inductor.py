@@ -9,7 +9,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from . import grad_presence, tiers
 from .inference import has_inference_blocks, inference_parts
 from .lanes import compile_by_lanes
-from .regions import compile_by_regions, needs_whole_later, worth_sharing, worth_splitting
+from .regions import compile_by_regions, worth_sharing, worth_splitting
 from .subgraphs import compiling, with_shared_blocks
 from .cudagraphs import watch_static_inputs
 from ._common import (as_list, compile_failed, flat_tuple_output, input_made_differentiable, note_static_addresses,
@@ -57,13 +57,15 @@ def inductor(gm, example_inputs, *, config_patches=None):
         from torch._inductor.async_compile import maybe_warm_pool
     maybe_warm_pool()
     cudagraphs = bool((config_patches or {}).get("triton.cudagraphs"))
-    tierable = not cudagraphs and tiers.possible(gm, example_inputs)
-    if worth_sharing(gm, cudagraphs, tiered=tierable):
-        later = _whole_later(gm, example_inputs, config_patches) if tierable else None
-        if later is not None or not needs_whole_later(gm, cudagraphs):
-            compiled = _with_shared_blocks(gm, example_inputs, config_patches)
-            if compiled is not None:
-                return compiled if later is None else tiers.tiered(compiled, later, "shared blocks")
+    # Shared blocks in two tiers where the graph can be compiled whole later (backends/tiers.py),
+    # else where sharing pays for itself.
+    later = None
+    if not cudagraphs and tiers.possible(gm, example_inputs) and worth_sharing(gm, cudagraphs, tiered=True):
+        later = _whole_later(gm, example_inputs, config_patches)
+    if later is not None or worth_sharing(gm, cudagraphs):
+        compiled = _with_shared_blocks(gm, example_inputs, config_patches)
+        if compiled is not None:
+            return compiled if later is None else tiers.tiered(compiled, later, "shared blocks")
     if not cudagraphs:
         def compile_part(part, examples):
             return inductor_whole(part, examples, config_patches=config_patches)
@@ -89,7 +91,8 @@ def _whole_later(gm, example_inputs, config_patches):
     grads = grad_presence.plan(copy)
     try:
         return tiers.WholeLater(tiers.GraphRecord(copy, examples), config_patches,
-                                finish=lambda compiled: with_restore(grad_presence.gate(compiled, grads), restore))
+                                finish=lambda compiled: with_restore(grad_presence.gate(compiled, grads), restore),
+                                compile_whole=compile_fx_whole)
     except tiers.NotRecordable as exc:
         logging.getLogger("bytegraph.regions").info("not compiled in two tiers: %s", exc)
         return None

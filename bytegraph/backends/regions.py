@@ -152,11 +152,6 @@ def worth_splitting(gm):
     return bool(work) and max(work.values()) >= CUDA_MIN_REGION_FLOPS
 
 
-def needs_whole_later(gm, cudagraphs):
-    """Is ``gm`` worth sharing only if a whole compile replaces it later (``worth_sharing``)?"""
-    return not cudagraphs and _differentiated(gm)
-
-
 def worth_sharing(gm, cudagraphs, tiered=False):
     """Should ``gm``'s repeated blocks become shared subgraphs (``backends/subgraphs.py``)?
 

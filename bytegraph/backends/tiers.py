@@ -344,7 +344,7 @@ class WholeLater:
     (this process only) the ``finish`` that turns the whole compile's result into the graph's
     callable, as the quick one's is (outputs regrouped, gradients gated)."""
 
-    def __init__(self, record, config_patches, finish):
+    def __init__(self, record, config_patches, finish, compile_whole):
         from torch._functorch import config as functorch_config
         from torch._inductor import config as inductor_config
         self.record = record
@@ -355,16 +355,19 @@ class WholeLater:
         except Exception as exc:       # noqa: BLE001 - a setting pickle refuses (a custom pass)
             raise NotRecordable(f"Inductor's settings cannot be pickled: {exc}") from exc
         self.finish = finish
+        if not _importable(compile_whole):
+            raise NotRecordable(f"{compile_whole!r} is not importable")
+        self.compile_whole = compile_whole
 
     def job(self):
-        return _dumps({"record": self.record, "config_patches": self.config_patches,
+        return _dumps({"record": self.record, "config_patches": self.config_patches, "compile": self.compile_whole,
                        "settings": self.settings, "configs": self.configs})
 
 
-def compile_record(record, state_tensors, config_patches, settings, mode=None):
-    """Compile ``record`` whole with Inductor, its backward too, under ``settings``, with fake
+def compile_record(record, state_tensors, compile_whole, config_patches, settings, mode=None):
+    """Compile ``record`` whole with ``compile_whole(gm, example_inputs, config_patches)`` (the
+    backend's, carried to the child by name), its backward too, under ``settings``, with fake
     inputs: the same calls, and so the same cache keys, here and in a child."""
-    from .inductor import compile_fx_whole
     from torch._functorch import config as functorch_config
     before = regions._global_state(regions._AUTOCAST_DEVICES)
     regions.set_global_state(*settings["global_state"])
@@ -372,7 +375,7 @@ def compile_record(record, state_tensors, config_patches, settings, mode=None):
         gm = record.build(state_tensors)
         # The backward too, now: compiled lazily, it would be compiled at the first backward().
         with functorch_config.patch(force_non_lazy_backward_lowering=True):
-            return compile_fx_whole(gm, record.fake_inputs(mode or _fake_mode()), config_patches)
+            return compile_whole(gm, record.fake_inputs(mode or _fake_mode()), config_patches)
     finally:
         regions.set_global_state(*before)
 
@@ -414,8 +417,8 @@ class Tiered:
             return
         started = time.perf_counter()
         try:
-            whole = compile_record(later.record, later.record.state_tensors, later.config_patches,
-                                   later.settings)
+            whole = compile_record(later.record, later.record.state_tensors, later.compile_whole,
+                                   later.config_patches, later.settings)
         except Exception as exc:    # noqa: BLE001 - the quick compile stays
             self._give_up(f"{type(exc).__name__}: {exc}")
             return
@@ -559,7 +562,7 @@ def _child_main(path):
     record = job["record"]
     mode = _fake_mode()
     state = [spec.fake(mode) for spec in record.state_specs]
-    compile_record(record, state, job["config_patches"], job["settings"], mode)
+    compile_record(record, state, job["compile"], job["config_patches"], job["settings"], mode)
 
 
 if __name__ == "__main__":
