@@ -218,6 +218,12 @@ def train_steps(model, compiled, x, steps, lr=0.1):
     return losses
 
 
+def cache_counts(counters):
+    aot, fx = counters["aot_autograd"], counters["inductor"]
+    return {"hit": aot["autograd_cache_hit"] + fx["fxgraph_cache_hit"],
+            "miss": aot["autograd_cache_miss"] + fx["fxgraph_cache_miss"]}
+
+
 def test_a_training_model_switches_to_the_whole_graph_from_the_caches_and_trains_like_eager(gpu_rule):
     from torch._dynamo.utils import counters      # torch's own cache counters, read here only
     model = gpt(3).train()
@@ -229,7 +235,7 @@ def test_a_training_model_switches_to_the_whole_graph_from_the_caches_and_trains
         mp.setattr(inductor_backend.tiers, "tiered", lambda *a: made.append(real_tiered(*a)) or made[-1])
         compiled = bytegraph.compile(model, backend="inductor")
         before = train_steps(model, compiled, x, 3)
-        hits, misses = (counters["aot_autograd"][k] for k in ("autograd_cache_hit", "autograd_cache_miss"))
+        counts = cache_counts(counters)
         assert bytegraph.wait_for_background_compiles(300)
         after = train_steps(model, compiled, x, 3)
     expected = train_steps(reference, reference, x, 6)
@@ -239,10 +245,10 @@ def test_a_training_model_switches_to_the_whole_graph_from_the_caches_and_trains
         assert torch.allclose(p, q, atol=1e-5), name
     (tiered,) = made
     assert tiered.error is None and tiered.whole is not None and tiered.call is tiered.whole
-    # This process found the child's compile in AOTAutograd's cache (or had found it already, at
-    # the third call, should the child have been that quick).
-    assert counters["aot_autograd"]["autograd_cache_miss"] == misses
-    assert counters["aot_autograd"]["autograd_cache_hit"] >= max(1, hits)
+    # This process found the child's compile in the caches (AOTAutograd's, or Inductor's where
+    # AOTAutograd bypasses its own): nothing missed while it switched, something was hit.
+    now = cache_counts(counters)
+    assert (now["miss"], now["hit"] > counts["hit"]) == (counts["miss"], True), (counts, now)
 
 
 def test_not_tiered_when_switched_off(gpu_rule, monkeypatch):
