@@ -596,12 +596,10 @@ def print_table(results, args):
                 f"{r.get('pipelined_ms', float('nan')):7.2f} ms {r.get('host_ms', float('nan')):6.2f} ms "
                 f"{r['loss']:10.4f} {graphs:>7s}")
         if "steady_after_s" in r:
-            tiers = r.get("second_tiers") or []
-            done = ", ".join(f"child {t['child_s']:.1f} s, loaded {t['load_s']:.1f} s" if t["whole"]
-                             else f"not in: {t['error'][:80]}" for t in tiers)
+            done = ", ".join(map(second_tier, r.get("second_tiers") or []))
             line += f"  (steady after {r['steady_after_s']:.1f} s; second tiers: {done or 'none'})"
             if r.get("cache_counters"):
-                line += "\n    caches: " + ", ".join(f"{k} {v}" for k, v in sorted(r["cache_counters"].items()))
+                line += "\n    " + caches_line(r["cache_counters"])
         if "warm_first_ms" in r:
             line += (f"  (cold first call {r['cold_first_ms'] / 1e3:.2f} s, warm {r['warm_first_ms'] / 1e3:.2f} s: "
                      f"{r['warm_over_cold']:.2f}x)")
@@ -671,10 +669,19 @@ def print_interleaved(r):
             print(f"{'':38s} {name:16s} {'':12s} {c['median_ms']:7.2f} ms {c['pipelined_ms']:7.2f} ms "
                   f"{'':9s} {loss} {graphs:>7s}{extra}")
     if r.get("cache_counters"):
-        print(f"{'':38s} caches: " + ", ".join(f"{k} {v}" for k, v in sorted(r["cache_counters"].items())))
+        print(f"{'':38s} " + caches_line(r["cache_counters"]))
     for t in r.get("second_tiers") or []:
-        print(f"{'':38s} second tier ({t['label']}): " + (f"child {t['child_s']:.1f} s, loaded {t['load_s']:.1f} s"
-                                                         if t["whole"] else f"not in: {t['error'][:100]}"))
+        print(f"{'':38s} second tier ({t['label']}): {second_tier(t)}")
+
+
+def second_tier(t):
+    """One graph's second tier (``bytegraph.backends.tiers.outcomes``) in words."""
+    return (f"child {t['child_s']:.1f} s, loaded {t['load_s']:.1f} s" if t["whole"]
+            else f"not in: {t['error'][:100]}")
+
+
+def caches_line(counts):
+    return "caches: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
 
 
 def main():

@@ -61,9 +61,6 @@ class _Ref:
     def __init__(self, index):
         self.index = index
 
-    def __reduce__(self):
-        return _Ref, (self.index,)
-
 
 def _overload(namespace, name, overload):
     return getattr(getattr(getattr(torch.ops, namespace), name), overload)
@@ -116,13 +113,6 @@ class TensorSpec:
         self.device = str(t.device)
         self.requires_grad = t.requires_grad
         self.parameter = isinstance(t, torch.nn.Parameter)
-
-    def __getstate__(self):
-        return tuple(getattr(self, k) for k in self.__slots__)
-
-    def __setstate__(self, state):
-        for k, v in zip(self.__slots__, state):
-            setattr(self, k, v)
 
     def fake(self, mode):
         """A fake tensor of this description in ``mode`` (no memory)."""
@@ -182,7 +172,7 @@ class GraphRecord:
             else:
                 raise NotRecordable(f"an input of type {type(value).__name__}")
         _no_shared_memory(tensors)
-        self.state_tensors = [t for t in tensors[:len(self.state_specs)]]
+        self.state_tensors = tensors[:len(self.state_specs)]
 
     def __getstate__(self):
         state = dict(self.__dict__)
