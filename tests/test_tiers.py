@@ -5,6 +5,7 @@ child filled, and calls use that. Results and gradients stay eager's all along.
 Tiers are for GPUs; these tests take the GPU's rule on the CPU (``regions.on_cuda`` patched),
 where Inductor makes C++ instead of Triton kernels."""
 import copy
+import os
 import sys
 
 import pytest
@@ -231,13 +232,19 @@ def test_a_training_model_switches_to_the_whole_graph_from_the_caches_and_trains
     x = torch.randint(0, 64, (2, 8))
     made = []
     real_tiered = tiers.tiered
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(inductor_backend.tiers, "tiered", lambda *a: made.append(real_tiered(*a)) or made[-1])
-        compiled = bytegraph.compile(model, backend="inductor")
-        before = train_steps(model, compiled, x, 3)
-        counts = cache_counts(counters)
-        assert bytegraph.wait_for_background_compiles(300)
-        after = train_steps(model, compiled, x, 3)
+    # A thread count the child would not pick by itself (Inductor's key reads it).
+    threads = torch.get_num_threads()
+    torch.set_num_threads((os.cpu_count() or 1) + 1)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(inductor_backend.tiers, "tiered", lambda *a: made.append(real_tiered(*a)) or made[-1])
+            compiled = bytegraph.compile(model, backend="inductor")
+            before = train_steps(model, compiled, x, 3)
+            counts = cache_counts(counters)
+            assert bytegraph.wait_for_background_compiles(300)
+            after = train_steps(model, compiled, x, 3)
+    finally:
+        torch.set_num_threads(threads)
     expected = train_steps(reference, reference, x, 6)
     for got, want in zip(before + after, expected):
         assert_same(want, got, atol=1e-5)
@@ -294,3 +301,19 @@ def test_the_settings_carried_to_the_child_change_nothing_where_they_already_hol
     tiers._apply_settings(tiers._loads(tiers._dumps(before)))
     assert getattr(torch.backends.cuda.matmul, "fp32_precision", None) == fp32
     assert tiers._settings() == before
+
+
+def test_the_settings_carried_to_the_child_set_what_differs(monkeypatch):
+    # Inductor's key reads the thread count (C++ kernels) and the default dtype: a child left at
+    # its own defaults asked for other keys than a test worker running on one thread.
+    threads, dtype = torch.get_num_threads(), torch.get_default_dtype()
+    monkeypatch.setattr(torch.utils.deterministic, "fill_uninitialized_memory",
+                        torch.utils.deterministic.fill_uninitialized_memory)
+    wanted = dict(tiers._settings(), threads=threads + 1, default_dtype=torch.float64,
+                  fill_uninitialized_memory=not torch.utils.deterministic.fill_uninitialized_memory)
+    try:
+        tiers._apply_settings(wanted)
+        assert tiers._settings() == wanted
+    finally:
+        torch.set_num_threads(threads)
+        torch.set_default_dtype(dtype)

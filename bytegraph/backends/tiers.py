@@ -14,8 +14,8 @@ use that from then on. Should the child fail, the quick compile stays (logged un
 
 The child gets the graph written down (``GraphRecord``: each node's op, name, target and
 arguments; the shape, strides, dtype and device of every parameter, buffer and input, never their
-data), Inductor's and AOTAutograd's settings, grad mode, autocast and the matmul precision
-settings, and compiles it with fake tensors only: it allocates no GPU memory for the model. This
+data), Inductor's and AOTAutograd's settings, grad mode, autocast, the matmul precision settings,
+the thread count and the default dtype, and compiles it with fake tensors only: it allocates no GPU memory for the model. This
 process compiles the same record, with its own parameters and buffers in it, so both ask the
 caches for the same keys. A graph that cannot be written down (a submodule or higher-order
 operator, a tensor constant in an argument, a target that is not importable, inputs that share
@@ -282,6 +282,11 @@ def _settings():
                           torch.is_deterministic_algorithms_warn_only_enabled()),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
         "matmul": matmul,
+        # Inductor's key reads these too: C++ kernels are made for the thread count, factory
+        # calls without a dtype for the default one.
+        "threads": torch.get_num_threads(),
+        "default_dtype": torch.get_default_dtype(),
+        "fill_uninitialized_memory": torch.utils.deterministic.fill_uninitialized_memory,
     }
 
 
@@ -299,6 +304,11 @@ def _apply_settings(settings):
         obj, attr = _matmul(name)
         if name in settings["matmul"] and getattr(obj, attr, None) != settings["matmul"][name]:
             setattr(obj, attr, settings["matmul"][name])
+    if torch.get_num_threads() != settings["threads"]:
+        torch.set_num_threads(settings["threads"])
+    if torch.get_default_dtype() != settings["default_dtype"]:
+        torch.set_default_dtype(settings["default_dtype"])
+    torch.utils.deterministic.fill_uninitialized_memory = settings["fill_uninitialized_memory"]
 
 
 def caches_on():
