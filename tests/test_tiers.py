@@ -126,6 +126,84 @@ def test_graphs_that_cannot_be_written_down_are_refused_with_the_reason():
         tiers.GraphRecord(gm, [object()])
 
 
+class ClippedMatmul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return (x @ w.t()).clamp(-1, 1)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        g = g * 0.5           # not the true gradient: a rebuilt backward that is not this one shows
+        return g @ w, g.t() @ x
+
+
+class CustomMLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(32, 64)
+        self.b = torch.nn.Linear(64, 32)
+
+    def forward(self, x):
+        return ClippedMatmul.apply(torch.relu(self.a(x)), self.b.weight) + self.b.bias
+
+
+def float8_mlp():
+    pytest.importorskip("torchao")
+    from torchao.float8 import convert_to_float8_training
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32))
+    return convert_to_float8_training(model)
+
+
+@pytest.mark.parametrize("make", [CustomMLP, float8_mlp])
+def test_a_custom_autograd_function_is_written_down_with_its_forward_and_backward(make):
+    # Float8 training calls torchao's autograd Function, whose traced graphs make
+    # Float8TrainingTensors: both go to the child as graphs written down.
+    torch.manual_seed(0)
+    model = make()
+    x = torch.randn(16, 32)
+    gm, examples = captured(model, x)
+    assert any(getattr(type(n.target), "carried_by_value", False) for n in gm.graph.nodes)
+    record = tiers.GraphRecord(gm, examples)
+    again = tiers._loads(tiers._dumps(record))
+    rebuilt = again.build(record.state_tensors)
+    assert code_of(rebuilt) == code_of(gm)
+    params = list(model.parameters())
+
+    def run(graph):
+        (out,) = graph(*examples)
+        return [out] + list(torch.autograd.grad(out.square().sum(), params))
+    for got, want in zip(run(rebuilt), run(model_call(model, x))):
+        assert_same(want, got)
+    # With fakes, as the child compiles it: AOTAutograd traces forward and backward through it.
+    from torch._functorch.aot_autograd import aot_module_simplified
+    mode = tiers._fake_mode()
+    graphs = []
+
+    def keep(g, _):
+        graphs.append(g)
+        return g
+    with torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
+        aot_module_simplified(again.build([spec.fake(mode) for spec in again.state_specs]), again.fake_inputs(mode),
+                              fw_compiler=keep, bw_compiler=keep)
+    assert len(graphs) == 2
+
+
+def model_call(model, x):
+    return lambda *_: (model(x),)
+
+
+def test_a_graph_a_node_calls_may_not_hold_tensors():
+    inner = fx.GraphModule({"w": torch.randn(3)}, _graph(lambda g, x: g.call_function(torch.mul, (x, g.get_attr("w")))))
+    from bytegraph.graph.higher_order import AutogradFunctionCall, FunctionPlan
+    call = AutogradFunctionCall(FunctionPlan(inner, inner, 1, (), 1, 0, 0, "f"))
+    gm = fx.GraphModule(torch.nn.Module(), _graph(lambda g, x: g.call_function(call, (x,))))
+    with pytest.raises(tiers.NotRecordable, match="a graph called by a node reads w"):
+        tiers.GraphRecord(gm, [torch.randn(3)])
+
+
 # --- the switch ----------------------------------------------------------------------------------
 
 class _Later:

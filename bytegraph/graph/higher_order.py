@@ -132,7 +132,10 @@ class FunctionPlan:
 
 
 class AutogradFunctionCall:
-    """Graph node target: run a traced ``torch.autograd.Function`` (see ``_TracedFunction``)."""
+    """Graph node target: run a traced ``torch.autograd.Function`` (see ``_TracedFunction``).
+    Pickled by value for another process (``backends/tiers.py``): the plan's graphs go as
+    graphs written down."""
+    carried_by_value = True
 
     def __init__(self, plan):
         self.plan = plan

@@ -59,16 +59,31 @@ def _constructor_with_constants(cls, args, kwargs):
             raise Unsupported(f"creating a {cls.__qualname__} from {describe(v)} is not supported yet "
                               "(only tensors and known constants)",
                               hint="make it outside the compiled function and pass it in") from None
-    arg_spec = [(isinstance(v, TensorValue), known(v)) for v in args]
-    kwarg_spec = {k: (isinstance(v, TensorValue), known(v)) for k, v in kwargs.items()}
-
-    def construct(*tensors):
-        it = iter(tensors)
-        return cls(*[next(it) if is_tensor else c for is_tensor, c in arg_spec],
-                   **{k: next(it) if is_tensor else c for k, (is_tensor, c) in kwarg_spec.items()})
-    construct.__name__ = construct.__qualname__ = f"make_{cls.__name__}"
+    construct = SubclassConstructor(cls, [(isinstance(v, TensorValue), known(v)) for v in args],
+                                    {k: (isinstance(v, TensorValue), known(v)) for k, v in kwargs.items()})
     tensors = [v for v in args if isinstance(v, TensorValue)] + [v for v in kwargs.values() if isinstance(v, TensorValue)]
     return construct, tensors, {}
+
+
+class SubclassConstructor:
+    """Graph node target: ``cls(...)`` with the known constants bound and the tensors taken in
+    order. A class (not a closure) so that a graph holding it can be pickled for another process
+    (``backends/tiers.py``), carrying ``cls`` by name and the constants by value."""
+    carried_by_value = True
+
+    def __init__(self, cls, arg_spec, kwarg_spec):
+        self.cls = cls
+        self.arg_spec = arg_spec          # (is_tensor, constant) per positional argument
+        self.kwarg_spec = kwarg_spec      # name: (is_tensor, constant)
+        self.__name__ = self.__qualname__ = f"make_{cls.__name__}"
+
+    def __call__(self, *tensors):
+        it = iter(tensors)
+        return self.cls(*[next(it) if is_tensor else c for is_tensor, c in self.arg_spec],
+                        **{k: next(it) if is_tensor else c for k, (is_tensor, c) in self.kwarg_spec.items()})
+
+    def __repr__(self):
+        return f"<{self.__name__}>"
 
 
 def subclass_attr(frame, v, name):
