@@ -15,11 +15,14 @@ use that from then on. Should the child fail, the quick compile stays (logged un
 The child gets the graph written down (``GraphRecord``: each node's op, name, target and
 arguments; the shape, strides, dtype and device of every parameter, buffer and input, never their
 data), Inductor's and AOTAutograd's settings, grad mode, autocast, the matmul precision settings,
-the thread count and the default dtype, and compiles it with fake tensors only: it allocates no GPU memory for the model. This
-process compiles the same record, with its own parameters and buffers in it, so both ask the
-caches for the same keys. A graph that cannot be written down (a submodule or higher-order
-operator, a tensor constant in an argument, a target that is not importable, inputs that share
-memory) is not tiered; on a GPU, a training graph is then compiled whole at once.
+the thread count and the default dtype, and compiles it with fake tensors only: it allocates no
+GPU memory for the model. This process compiles the same record, with its own parameters and
+buffers in it, so both ask the caches for the same keys. Node targets go by name, or by value
+where their class says ``carried_by_value`` (a traced custom autograd Function, a subclass
+constructor: graphs they call are written down in turn). A graph that cannot be written down (a
+submodule or higher-order operator, a tensor constant in an argument, a target pickle cannot
+carry, inputs that share memory) is not tiered; on a GPU, a training graph is then compiled
+whole at once.
 
 Threads were tried first (branch ``tiers9``): AOTAutograd tracing in a thread while compiled code
 ran in the main one crashed the process in C++ on an H200. A child process shares nothing."""
