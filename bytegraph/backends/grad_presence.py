@@ -19,6 +19,10 @@ inputs reaching every output too: autograd runs a node even when all its
 outputs' gradients are ``None`` (a later graph's node reached it and passed
 ``None`` on), and AOTAutograd would send zeros on where eager never runs.
 
+An input the graph changes in place is one of the node's outputs too: AOTAutograd
+returns its new value and copies it into the input, so the input's history then
+runs through the node. Such an input counts as one more output of the graph here.
+
 The node's output slots and input edges are matched to the graph's outputs
 and inputs on the first call that builds an autograd graph; whatever cannot
 be matched is left as AOTAutograd made it (a zero gradient, never a wrong
@@ -34,17 +38,26 @@ _WALK_DEPTH = 4     # autograd nodes AOTAutograd may put after its own one (rege
 class Plan:
     """What the graph says about gradients.
 
+    Output positions count the graph's outputs, then the inputs it changes in place
+    (``mutated``: their placeholder positions, in that order).
     ``gated``: (placeholder position or None, parameter or None, frozenset of output
-    positions it reaches) for each input that does not reach every differentiable output;
+    positions it reaches) for each input that needs grad;
     ``differentiable``: the output positions that require grad; ``params``: every parameter
     of the graph that requires grad (their autograd edges bound the search for the node).
     """
-    __slots__ = ("gated", "differentiable", "params")
+    __slots__ = ("gated", "differentiable", "params", "mutated")
 
-    def __init__(self, gated, differentiable, params):
+    def __init__(self, gated, differentiable, params, mutated=()):
         self.gated = gated
         self.differentiable = differentiable
         self.params = params
+        self.mutated = tuple(mutated)
+
+    def results(self, args, outs):
+        """The graph's outputs, then the inputs it changed in place, after a call."""
+        if not self.mutated:
+            return outs
+        return list(outs) + [args[pos] for pos in self.mutated]
 
 
 def plan(gm):
@@ -57,6 +70,7 @@ def plan(gm):
     by_edge = {}
     inputs = []   # (placeholder position, parameter, fake)
     input_edges = {}   # input index -> (grad_fn, output_nr) the tracer saw before any in-place op
+    mutated = []  # (placeholder position, fake) of inputs needing grad changed in place
     for pos, node in enumerate(placeholders):
         fake = node.meta.get("example_value")
         if fake is None and node.users:
@@ -69,6 +83,8 @@ def plan(gm):
                         return None      # changed in place: its own edge is no longer known
                     edge = (fake.grad_fn, fake.output_nr)
                 input_edges[len(inputs)] = edge
+                if fake._version != 0:
+                    mutated.append((pos, fake))
             inputs.append((pos, None, fake))
     seen_params = set()
     for node in gm.graph.nodes:
@@ -97,10 +113,9 @@ def plan(gm):
     differentiable = []
     reached = [set() for _ in inputs]
     reach = _Reach(by_edge)
-    for j, out in enumerate(outs):
-        if not isinstance(out, torch.fx.Node):
-            continue
-        fake = out.meta.get("example_value")
+    results = [out.meta.get("example_value") if isinstance(out, torch.fx.Node) else None for out in outs]
+    results += [fake for _, fake in mutated]
+    for j, fake in enumerate(results):
         if not isinstance(fake, torch.Tensor) or not fake.requires_grad:
             continue
         differentiable.append(j)
@@ -112,7 +127,8 @@ def plan(gm):
     # outputs got a gradient (a later graph's node, gated itself, passed None to all of them),
     # and then AOTAutograd's zeros must not reach inputs eager's backward never visits.
     gated = [(pos, param, frozenset(r)) for (pos, param, _), r in zip(inputs, reached)]
-    return Plan(gated, sorted(differentiable), [param for _, param, _ in inputs if param is not None])
+    return Plan(gated, sorted(differentiable), [param for _, param, _ in inputs if param is not None],
+                [pos for pos, _ in mutated])
 
 
 def _attr(gm, target):
@@ -207,20 +223,26 @@ def gate(compiled, plan):
 
     def run(*args):
         hook = state.hook
-        if hook is not None:
+        if hook is not None and state.output is not None:
             outs = compiled(*args)
             grad_fn = outs[state.output].grad_fn
             if type(grad_fn) is state.node_type:
                 grad_fn.register_hook(hook)
             return outs
-        if not (state.pending and torch.is_grad_enabled()):
+        if hook is None and not (state.pending and torch.is_grad_enabled()):
             return compiled(*args)
         # Taken before the call: the graph may change an input in place, moving its grad_fn.
         alive = []
         keys = [_tensor_key(t, alive) if isinstance(t, torch.Tensor) and t.requires_grad else None
                 for t in args]
         outs = compiled(*args)
-        state.match(keys, outs)
+        if hook is None:
+            state.match(keys, plan.results(args, outs))
+        else:
+            # Only changed inputs lead to the node (through the copy into them): found again.
+            node = state.find_node(keys, plan.results(args, outs))
+            if node is not None:
+                node.register_hook(hook)
         return outs
 
     return run
@@ -234,16 +256,30 @@ class _Matching:
         self.pending = True
         self.hook = None
         self.output = None        # an output whose grad_fn is the node itself
+        self.via = None           # else an output (a changed input) the node is found from
         self.node_type = None
+
+    def _stop(self, arg_keys):
+        # The search for AOTAutograd's node stops at the autograd edges of the graph's inputs,
+        # so that a node of an earlier graph behind an input is never taken for this one.
+        return {k for k in arg_keys if k is not None} | {("leaf", id(p)) for p in self.plan.params}
+
+    def find_node(self, arg_keys, results):
+        """This call's node, walking from the output ``via`` (after a first call matched)."""
+        out = results[self.via]
+        if not isinstance(out, torch.Tensor) or out.grad_fn is None:
+            return None
+        for n, _ in _node_slots(out, self._stop(arg_keys)):
+            if type(n) is self.node_type:
+                return n
+        return None
 
     def match(self, arg_keys, outs):
         """``arg_keys``: the autograd edge key of each argument needing grad (else None), taken
         before the call."""
         plan = self.plan
-        # The search for AOTAutograd's node stops at the autograd edges of the graph's inputs,
-        # so that a node of an earlier graph behind an input is never taken for this one.
         param_keys = {id(p): ("leaf", id(p)) for p in plan.params}
-        stop = {k for k in arg_keys if k is not None} | set(param_keys.values())
+        stop = self._stop(arg_keys)
         node = None
         slots = {}
         for j in plan.differentiable:
@@ -261,10 +297,12 @@ class _Matching:
             return        # no autograd graph in this call; try again on the next
         self.pending = False
         self.output = next((j for j in plan.differentiable
-                            if j < len(outs) and isinstance(outs[j], torch.Tensor) and outs[j].grad_fn is node),
-                           None)
+                            if j < len(outs) - len(plan.mutated) and isinstance(outs[j], torch.Tensor)
+                            and outs[j].grad_fn is node), None)
         if self.output is None:
-            return
+            self.via = next(iter(slots), None)
+            if self.via is None:
+                return
         next_functions = node.next_functions
         gated = []
         for pos, param, reached in plan.gated:
