@@ -1134,6 +1134,41 @@ def test_requires_grad_set_in_the_frame():
     assert cnt.frame_count <= torch_compile_graphs(requires_grad_then_used, (t(3),))
 
 
+class _FeatureStack(torch.nn.Module):
+    """wav2vec2/HuBERT's feature encoder: its input made to require grad, then a loop of layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(3, 3) for _ in range(3)])
+
+    def forward(self, x):
+        h = x[:, None]
+        h.requires_grad = True
+        for layer in self.layers:
+            h = layer(h).relu()
+        return h * 2
+
+
+def test_requires_grad_set_before_a_loop_of_layers_breaks_at_the_change():
+    # The tensor's first use is inside the first layer's call: the frame breaks at the change, as
+    # torch.compile does, and the loop is one graph (breaking at the call split it there, inside
+    # the layer, and at each later iteration).
+    import copy
+    from helpers import torch_compile_graphs
+    torch.manual_seed(0)
+    eager_model = _FeatureStack()
+    model = copy.deepcopy(eager_model)
+    compiled, cnt = _compiled(model)
+    for _ in range(2):
+        expected, actual = eager_model(t(2, 3)), compiled(t(2, 3))
+        assert same(expected, actual) and actual.requires_grad
+        expected.sum().backward()
+        actual.sum().backward()
+    for (name, p), q in zip(eager_model.named_parameters(), model.parameters()):
+        assert same(p.grad, q.grad), name
+    assert cnt.frame_count == torch_compile_graphs(_FeatureStack(), (t(2, 3),)) == 2
+
+
 @pytest.mark.mutation_blind("memo_graph", reason="every call raises after the graph; no graph output reaches "
                                                  "the caller")
 def test_requires_grad_errors_run_eagerly():

@@ -107,6 +107,9 @@ class GraphBuilder:
         # node -> why it may not be used by another node: a tensor whose requires_grad the trace
         # changed (the change is done after the graph, so later uses belong to a new graph).
         self.frozen = {}
+        # node -> a function of the reason giving the break for a use of that frozen node (where
+        # the frame splits: the trace knows where the change was made); absent: a plain break.
+        self.frozen_breaks = {}
         # Storages (of fake tensors) no op may mutate from here on: a tensor formatted into text
         # that is made after the graph. storage id -> why.
         self.no_mutation = {}
@@ -397,6 +400,11 @@ class GraphBuilder:
                     node = before
         return self._call(kind, target, args, kwargs, describe)
 
+    def frozen_error(self, node):
+        """The graph break for a use of the frozen ``node``."""
+        make = self.frozen_breaks.get(node)
+        return make(self.frozen[node]) if make is not None else Unsupported(self.frozen[node])
+
     def _call(self, kind, target, args, kwargs, describe=None):
         if self.function_modes and not self.function_modes_off:
             raise Unsupported(f"{describe or _target_name(target)} under a TorchFunctionMode "
@@ -417,7 +425,7 @@ class GraphBuilder:
             fx.node.map_arg((node_args, node_kwargs), used.append)
             for n in used:
                 if n in self.frozen:
-                    raise Unsupported(self.frozen[n])
+                    raise self.frozen_error(n)
         writes = _writes_call(target, kwargs)
         if self.data_written or writes:
             self._check_data_aliases(writes, args, kwargs)

@@ -78,6 +78,11 @@ class BackwardCheck:
 
         def copy(t):
             if id(t) not in fresh:
+                if getattr(t, "constant", None) is not None and not t.requires_grad:
+                    # A fake that knows its value (made from Python numbers, ``torch.div(n, 2)``):
+                    # an op may read it as a number (a size), so the copy keeps the value.
+                    fresh[id(t)] = t.clone()
+                    return fresh[id(t)]
                 c = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
                 if t.requires_grad:
                     leaves.append(c.requires_grad_())

@@ -34,6 +34,7 @@ class SubgraphBuilder(GraphBuilder):
         # The enclosing graph's limits hold inside the body too (frozen nodes: checked when
         # lifted; storages no op may mutate: fakes are shared).
         self.frozen = {}
+        self.frozen_breaks = {}
         self.no_mutation = parent.no_mutation
         self.data_written = parent.data_written
         self.data_inputs = parent.data_inputs
@@ -67,9 +68,8 @@ class SubgraphBuilder(GraphBuilder):
             return node
         placeholder = self.lifted.get(node)
         if placeholder is None:
-            reason = self.parent.frozen.get(node)
-            if reason is not None:
-                raise Unsupported(reason)
+            if node in self.parent.frozen:
+                raise self.parent.frozen_error(node)
             placeholder = self._placeholder_named(node.name)
             example = value.fake if isinstance(value, (TensorValue, FloatTensorValue)) else value.sym
             placeholder.meta["example_value"] = example

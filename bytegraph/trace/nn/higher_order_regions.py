@@ -325,9 +325,8 @@ def _emit(graph, get_attr, name, operands, fakes):
     """One ``invoke_subgraph`` node of ``graph``, its results the given fakes (no fake run)."""
     nodes = [graph.node_of(v) for v in operands]
     for n in nodes:
-        reason = graph.frozen.get(n)
-        if reason is not None:
-            raise Unsupported(reason)
+        if n in graph.frozen:
+            raise graph.frozen_error(n)
     node = graph.graph.create_node("call_function", invoke_region, (get_attr, name, *nodes), {})
     node.meta["example_value"] = tuple(fakes)
     items = []

@@ -1,6 +1,7 @@
 """Attribute reads on values: ``value.name`` while tracing."""
 from __future__ import annotations
 
+import os
 import types
 from collections import OrderedDict
 
@@ -197,9 +198,50 @@ def set_requires_grad(frame, v, flag):
     if flag and not (v.fake.dtype.is_floating_point or v.fake.dtype.is_complex):
         raise Unsupported(f"requires_grad_() on a {v.fake.dtype} tensor raises RuntimeError in eager")
     frame.tx.effects.attr_stores[(id(v), "requires_grad")] = (v, "requires_grad", ConstantValue(flag))
-    frame.tx.graph.frozen[v.node] = ("a tensor whose requires_grad was changed in the compiled function is used "
-                                     "again: the change is made between graphs, so the graph breaks here")
+    graph = frame.tx.graph
+    graph.frozen[v.node] = ("a tensor whose requires_grad was changed in the compiled function is used "
+                            "again: the change is made between graphs, so the graph breaks here")
+    at = _root_index(frame.tx)
+    if at is not None:
+        graph.frozen_breaks[v.node] = _FrozenBreak(frame.tx, at, frame.tx.user_stack())
     return v
+
+
+def _root_index(tx):
+    """Where the compiled frame would break for something met now (its current row, or the call
+    that leads here), or None."""
+    root = tx.frames[0] if tx.frames else None
+    if root is None or root.parent is not None or root.current is None:
+        return None
+    return exceptions.break_index(root)
+
+
+class _FrozenBreak:
+    """The break for a later use of a tensor whose requires_grad the trace changed.
+
+    The change is made after the graph, so the use must be in the next one. Where the use is
+    inside a call the compiled frame made after the change (a layer, a loop of layers), the frame
+    breaks at the change instead, as torch.compile does: the change runs natively and the rest,
+    the call included, is traced as one graph with the tensor as an input (breaking at the call
+    would split each level the use is nested in, and a loop around it). Either way no break hint
+    is left for the callee: once the change is made its trace meets no break."""
+    __slots__ = ("tx", "index", "stack")
+
+    def __init__(self, tx, index, stack):
+        self.tx, self.index, self.stack = tx, index, stack
+
+    def __call__(self, reason):
+        err = Unsupported(reason)
+        err.frames = []
+        tx = self.tx
+        if len(tx.frames) > 1 and _root_index(tx) != self.index:
+            use = tx.user_stack()[-1]
+            err.reason = (f"a tensor whose requires_grad was changed in the compiled function is used again "
+                          f"inside a call ({os.path.basename(use.filename)}, line {use.lineno}): the change is made between graphs, "
+                          f"so the graph breaks at the change")
+            err.root_index = self.index
+            err.user_stack = list(self.stack)
+        return err
 
 
 def _set_tensor_attr(frame, v, name, value):
