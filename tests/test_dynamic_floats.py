@@ -2,9 +2,13 @@
 
 The first call specialises a float; when a later call brings another value, the float is
 a 0-d float64 tensor input from then on, with Python's double arithmetic done on it in the
-graph. Where a use needs a number (a comparison, an argument no tensor fits) it is
-specialised again: guarded to its value, so a new value recompiles; never a wrong result.
+graph. A comparison of such an input with a number (and its truth) is guarded as an outcome,
+so values with the same outcome reuse the entry. Where a use needs a number (an argument no
+tensor fits, a comparison of a float computed from it) it is specialised again: guarded to
+its value, so a new value recompiles; never a wrong result.
 """
+import warnings
+
 import pytest
 import torch
 
@@ -52,23 +56,9 @@ def test_float_keeps_tensor_dtype_rules():
     assert cnt.frame_count == 2
 
 
-def test_comparison_specialises_but_stays_right():
-    def f(x, s):
-        if s > 0.5:
-            return x * s
-        return x - s
-
-    x = torch.randn(3)
-    values = (0.1, 0.2, 0.9, 0.3, 0.95)
-    cnt = _run(f, [(x, s) for s in values])
-    # The comparison specialises the float to its value: one graph per value (see below).
-    assert cnt.frame_count == len(values)
-
-
-# WORSE (correct, see above): torch.compile guards on the comparison only, so after the float
-# turns symbolic there is one graph per side: 3 for these values.
-@pytest.mark.xfail(strict=True, reason="WORSE: a compared float is specialised to its value, not to the comparison")
 def test_comparison_guards_the_comparison_only():
+    # Once the float is an input, the entry holds for every value on the same side: one graph
+    # per side, as torch.compile (which guards the comparison of its symbolic float).
     def f(x, s):
         if s > 0.5:
             return x * s
@@ -78,6 +68,50 @@ def test_comparison_guards_the_comparison_only():
     calls = [(x, s) for s in (0.1, 0.2, 0.9, 0.3, 0.95)]
     cnt = _run(f, calls)
     assert cnt.frame_count == 3 == torch_compile_graphs(f, *calls)
+
+
+def test_every_comparison_of_one_float_is_guarded():
+    # Two outcomes of one float (a reflected comparison, then its truth): each is guarded, so
+    # 0.0 (False, False) does not reuse the entry of 0.2 (False, True).
+    def f(x, s):
+        k = 2 if 0.5 <= s else 3
+        if s:
+            k += 1
+        return x * k + s
+
+    x = torch.randn(3)
+    cnt = _run(f, [(x, s) for s in (0.6, 0.7, 0.2, 0.0, 0.9, 0.3, -0.0, 4)])
+    # 0.6 a constant; then (True, True), (False, True), (False, False); the int 4 another type
+    assert cnt.frame_count == 5
+
+
+def test_a_break_on_item_in_each_layer_compiles_once_per_outcome():
+    # The float .item() leaves on the stack at the break goes into the resumed function, where
+    # it is compared: each layer's value differs, and each call's. Guarded by value, the resumed
+    # function recompiled for every one until config.cache_size_limit and then ran eagerly.
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            h = self.lin(x).relu()
+            n = int(h.sum().item() > 0)
+            return h * (n + 1)
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[Layer() for _ in range(10)])
+    cnt = CompileCounter()
+    compiled = bytegraph.compile(model, backend=cnt)
+    counts = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(6):
+            x = torch.randn(2, 8)
+            assert same(model(x), compiled(x))
+            counts.append(cnt.frame_count)
+    assert not [w for w in caught if "cache_size_limit" in str(w.message)]
+    assert counts[1] == counts[-1], counts
 
 
 def test_float_where_only_a_number_fits():

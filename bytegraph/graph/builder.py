@@ -201,15 +201,16 @@ class GraphBuilder:
         self.inputs.append(GraphInput(source, value, node))
         return SymValue(node, sym, source)
 
-    def add_float_input(self, value, source, guard):
+    def add_float_input(self, value, source, guard, decide=None):
         """A float argument that changes between calls: a 0-d float64 tensor input of the graph
-        (``guard`` installs the guard fixing it, if it must be specialised after all)."""
+        (``guard`` installs the guard fixing it, if it must be specialised after all; ``decide``
+        the one fixing a comparison's outcome, see ``FloatTensorValue``)."""
         node = self._placeholder(source)
         example = torch.tensor(value, dtype=torch.float64)
         fake = self.fake(example)
         node.meta["example_value"] = fake
         self.inputs.append(GraphInput(source, example, node, scalar=True))
-        return FloatTensorValue(node, fake, value, (guard,))
+        return FloatTensorValue(node, fake, value, (guard,), decide)
 
     def example_inputs(self):
         """What the backend is handed: real values, or fake ones when sizes are symbolic."""

@@ -100,8 +100,8 @@ class SubgraphBuilder(GraphBuilder):
     def add_layer_state(self, entries):
         return self.parent.add_layer_state(entries)
 
-    def add_float_input(self, value, source, guard):
-        return self.parent.add_float_input(value, source, guard)
+    def add_float_input(self, value, source, guard, decide=None):
+        return self.parent.add_float_input(value, source, guard, decide)
 
     def real_tensor(self, value):
         return self.parent.real_tensor(value) if value.node.graph is not self.graph else None

@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from . import coverage, stamps, tensor_batch
-from .kinds import (ALIAS, ARRAYS_APART, CONSTANT_MATCH, DICT_KEYS, GLOBAL_HOOKS, GLOBAL_STATE, HAS_ATTR, ID_MATCH,
+from .kinds import (ALIAS, ARRAYS_APART, CONSTANT_MATCH, DICT_KEYS, FLOAT_COMPARE, GLOBAL_HOOKS, GLOBAL_STATE, HAS_ATTR, ID_MATCH,
                     KINDS, LENGTH_MATCH, MISSING_ATTR, NDARRAY_MATCH, NO_HOOKS, NOT_ALIAS, NOT_OWN_ATTR, SHAPE_ENV,
                     SIZES_BY_SHAPE_GUARDS, STATE_MATCH, STORAGE_GROUPS, STORAGE_SHARED, SUBCLASS_META, TENSOR_MATCH,
                     TYPE_MATCH, GuardKind, plain_key, subclass_flatten_meta)
@@ -39,7 +39,7 @@ __all__ = [
     "GuardKind", "GLOBAL_STATE", "ID_MATCH", "TYPE_MATCH", "CONSTANT_MATCH", "LENGTH_MATCH", "DICT_KEYS",
     "TENSOR_MATCH", "ALIAS", "SHAPE_ENV", "STATE_MATCH", "NO_HOOKS", "NOT_ALIAS", "STORAGE_SHARED",
     "STORAGE_GROUPS", "MISSING_ATTR", "HAS_ATTR", "NOT_OWN_ATTR", "NDARRAY_MATCH", "ARRAYS_APART", "GLOBAL_HOOKS",
-    "SUBCLASS_META", "SIZES_BY_SHAPE_GUARDS", "subclass_flatten_meta", "plain_key", "default_device", "function_modes", "global_state_snapshot", "memory_apart",
+    "SUBCLASS_META", "FLOAT_COMPARE", "SIZES_BY_SHAPE_GUARDS", "subclass_flatten_meta", "plain_key", "default_device", "function_modes", "global_state_snapshot", "memory_apart",
     "process_group_state", "storage_groups", "value_holds", "TensorMeta", "ArrayMeta", "Guard", "GuardSet",
     "add_global_state_guards", "add_process_group_guard", "compile_guards", "GuardText", "global_names",
 ]
@@ -141,8 +141,8 @@ class GuardSet:
     def add(self, kind: GuardKind | str, source: Source | None, expected: object, detail: str = "",
             dynamic_dims=()) -> None:
         """Record that the trace relied on ``kind``'s check of ``source`` (None for global
-        state) against ``expected``; one guard per (kind, source, detail), and per attribute
-        name for the kinds whose ``expected`` is one."""
+        state) against ``expected``; one guard per (kind, source, detail), and per ``expected``
+        for the kinds that say ``per_expected`` (attribute names, comparisons)."""
         kind = KINDS[kind]
         if self.tap is not None:
             # (trace.nn.region_stamps: every guard one stamp asks for, those already here too)
@@ -151,8 +151,8 @@ class GuardSet:
             # trace.nn.blocks records what a module's forward added, to add it again for a copy.
             for r in self.recorders:
                 r.on_guard(kind, source, expected, detail, dynamic_dims)
-        # One source can carry several of the attribute-name kinds, one per name.
-        key = (kind, source, detail, expected if kind.named_attribute else None)
+        # One source can carry several guards of a per_expected kind, one per expected.
+        key = (kind, source, detail, expected if kind.per_expected else None)
         if key not in self._guards:
             meta = TensorMeta(expected) if kind is ID_MATCH and isinstance(expected, torch.Tensor) else None
             self._guards[key] = Guard(kind, source, expected, detail, tuple(dynamic_dims), meta)

@@ -9,7 +9,8 @@ A kind keeps together everything bytegraph asks of its guards:
 * ``holds`` and ``evaluate``: the same check made directly on objects, for code that checks
   guards one by one (a replayed block's, a loaded cache entry's);
 * the facts other modules ask: may the module stamp cover it (``covered``, ``coverage``), is
-  its ``expected`` an attribute name (``named_attribute``), what automatic dynamic shapes
+  one source may carry several of it, one per ``expected`` (``per_expected``: an attribute
+  name, a comparison), what automatic dynamic shapes
   observes at its source (``observation``), how ``runtime.persist`` writes it
   (``persisted_as``), where its checks go in the function (``order``).
 
@@ -92,7 +93,7 @@ class GuardKind(str):
     ``builder._Emitter`` (``const`` names a constant, ``render`` a source's expression)."""
 
     order = 1                 # where its checks go: 0 first (cheap global state), 3 last
-    named_attribute = False   # ``expected`` is an attribute name: a source has one guard per name
+    per_expected = False      # a source has one guard per ``expected`` (an attribute name...)
     pins = False              # checks identity: the object at its source is the traced one
     persisted_as = None       # how runtime.persist writes ``expected``; None: not portable
     holds_when_unreadable = False   # evaluate's answer when its source raises AttributeError
@@ -264,6 +265,32 @@ class ConstantMatch(GuardKind):
         # NumPy integer and float scalars too: automatic dynamic treats them as it treats ints and floats.
         changes = type(g.expected) in (int, float) or isinstance(g.expected, (np.integer, np.floating))
         return "value" if changes else None
+
+
+_COMPARISONS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq,
+                "!=": operator.ne}
+
+
+class FloatCompare(GuardKind):
+    """A float that changes between calls (a graph input) compares with a number as when
+    compiled: ``expected`` is (op, number, outcome). The trace decided a branch on that
+    comparison, not on the float's value, so other values with the same outcome reuse the entry
+    (torch.compile's guard on a symbolic float's comparison)."""
+    per_expected = True       # several comparisons of one float
+    persisted_as = "value"
+    def checks(self, g, em):
+        e, who = em.render(g.source), g.source.name()
+        op, number, outcome = g.expected
+        return [(f"({e} {op} {em.const(number)}) is {outcome!r}",
+                 f"f'{who} {op} {number!r} is no longer {outcome}: {who} is {{{e}!r}}'")]
+
+    def describe(self, g):
+        op, number, outcome = g.expected
+        return f"{_where(g)}: FLOAT_COMPARE ({op} {number!r}) is {outcome}"
+
+    def holds(self, obj, expected):
+        op, number, outcome = expected
+        return _COMPARISONS[op](obj, number) is outcome
 
 
 def _table_covered(cov, g, value):
@@ -605,7 +632,7 @@ class ArraysApart(GuardKind):
 
 class MissingAttr(GuardKind):
     """The object had no attribute ``expected`` (hasattr, except AttributeError)."""
-    named_attribute = True
+    per_expected = True
     persisted_as = "value"
     holds_when_unreadable = True
 
@@ -619,7 +646,7 @@ class MissingAttr(GuardKind):
 
 class HasAttr(GuardKind):
     """The object had the attribute ``expected`` (hasattr), whatever its value."""
-    named_attribute = True
+    per_expected = True
     persisted_as = "value"
 
     def checks(self, g, em):
@@ -636,7 +663,7 @@ class HasAttr(GuardKind):
 
 class NotOwnAttr(GuardKind):
     """``expected`` was not in the object's own __dict__ (its class's attribute was used)."""
-    named_attribute = True
+    per_expected = True
     persisted_as = "value"
 
     def checks(self, g, em):
@@ -736,6 +763,7 @@ NDARRAY_MATCH = NdarrayMatch("NDARRAY_MATCH")
 ARRAYS_APART = ArraysApart("ARRAYS_APART")
 GLOBAL_HOOKS = GlobalHooks("GLOBAL_HOOKS")
 SUBCLASS_META = SubclassMeta("SUBCLASS_META")
+FLOAT_COMPARE = FloatCompare("FLOAT_COMPARE")
 
 
 def kind_named(name) -> GuardKind:

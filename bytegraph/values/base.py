@@ -126,16 +126,19 @@ class FloatTensorValue(Value):
 
     Where the trace needs it as a number (a comparison, an argument only a number fits) it is
     specialised: ``specialize()`` guards the floats it was computed from to their current values
-    and gives ``example``."""
+    and gives ``example``. A graph input compared with a number need not be: ``decide(op,
+    number, outcome)`` (None for a float computed in the graph) guards the comparison's outcome
+    instead, so other values with that outcome reuse the graph."""
 
-    __slots__ = ("node", "fake", "example", "bases")
+    __slots__ = ("node", "fake", "example", "bases", "decide")
 
-    def __init__(self, node, fake, example, bases):
+    def __init__(self, node, fake, example, bases, decide=None):
         super().__init__(None)
         self.node = node
         self.fake = fake
         self.example = example
         self.bases = tuple(bases)   # callables installing the guards that fix its input floats
+        self.decide = decide
 
     def specialize(self):
         for install in self.bases:

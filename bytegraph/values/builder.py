@@ -161,7 +161,8 @@ def _wrap_constant(tx, obj, source):
     if t is float and tx.is_dynamic_float(source) and math.isfinite(obj):
         # A float seen changing (a scheduled learning rate): an input of the graph, not a constant.
         _guard(tx, g.TYPE_MATCH, source, float)
-        return tx.graph.add_float_input(obj, source, lambda: _guard(tx, g.CONSTANT_MATCH, source, obj))
+        return tx.graph.add_float_input(obj, source, lambda: _guard(tx, g.CONSTANT_MATCH, source, obj),
+                                        lambda *comparison: _guard(tx, g.FLOAT_COMPARE, source, comparison))
     kind = g.ID_MATCH if t in (torch.dtype, torch.layout, torch.memory_format) else g.CONSTANT_MATCH
     return ConstantValue(obj, source, pending_guard=lambda: _guard(tx, kind, source, obj))
 

@@ -178,7 +178,7 @@ def build(tx, layer, steps, tapped, values, origins):
     # Deduplicate the parts the way the guard set does (a guard asked for twice is one guard).
     seen, kept, kept_identity = set(), [], []
     for part, ident in zip(parts, identity):
-        key = (part.kind, part.source, part.detail, part.expected if part.kind.named_attribute else None)
+        key = (part.kind, part.source, part.detail, part.expected if part.kind.per_expected else None)
         if key in seen:
             continue
         seen.add(key)

@@ -260,6 +260,10 @@ def compare(frame: RunningFrame, op: str, a: Value, b: Value, own_methods: bool 
             if overridden is not None:
                 return overridden
         return graph_op(frame, fn, [a, b])
+    if isinstance(a, FloatTensorValue) or isinstance(b, FloatTensorValue):
+        decided = _float_comparison(op, a, b)
+        if decided is not None:
+            return decided
     if op in ("==", "!=") and (isinstance(a, ObjectValue) or isinstance(b, ObjectValue)):
         oa = a.obj if isinstance(a, ObjectValue) else as_constant(a) if is_constant(a) else a
         ob = b.obj if isinstance(b, ObjectValue) else as_constant(b) if is_constant(b) else b
@@ -270,6 +274,26 @@ def compare(frame: RunningFrame, op: str, a: Value, b: Value, own_methods: bool 
             same = oa is ob
             return ConstantValue(same if op == "==" else not same)
     return constant_fold(frame, fn, [a, b], f"comparison {op}")
+
+
+_MIRRORED = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
+
+
+def _float_comparison(op, a, b):
+    """``x OP n`` for a float input that changes between calls and a plain number: its outcome,
+    guarded as an outcome (``FloatTensorValue.decide``), not as x's value; None where the
+    comparison is of another kind (it is then folded, specialising the float)."""
+    if op not in _MIRRORED:
+        return None
+    if isinstance(b, FloatTensorValue) and not isinstance(a, FloatTensorValue):
+        a, b, op = b, a, _MIRRORED[op]      # n < x is x > n, for ints and floats alike
+    if not isinstance(a, FloatTensorValue) or a.decide is None or not isinstance(b, ConstantValue) \
+            or type(b.value) not in (int, float):
+        return None
+    number = as_constant(b)       # (its own guard, where it was read from somewhere)
+    outcome = COMPARE[op](a.example, number)
+    a.decide(op, number, outcome)
+    return ConstantValue(outcome)
 
 
 def _compare_special(frame, op, a, b):
@@ -422,6 +446,10 @@ def truth(frame: RunningFrame, v: Value) -> bool:
     if isinstance(v, ConstantValue):
         return bool(v.value)
     if isinstance(v, FloatTensorValue):
+        if v.decide is not None:
+            outcome = v.example != 0      # bool(x) of a float, NaN included
+            v.decide("!=", 0.0, outcome)
+            return outcome
         return bool(v.specialize())
     if isinstance(v, SymValue):
         # (raises GuardOnDataDependentSymNode for a number only the graph knows: a break)
