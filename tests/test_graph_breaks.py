@@ -972,10 +972,8 @@ def test_item_then_use_the_number(capsys):
     run_diff(uses_item, -torch.ones(4), capsys=capsys, graphs=2, later_graphs=1)
 
 
-# WORSE (correct): the number is compared (`if s > 0`), which specialises it to its value, so
-# every new value compiles the resume function again, until config.cache_size_limit. torch.compile
-# guards on the comparison only: one more graph, then none.
-@pytest.mark.xfail(strict=True, reason="WORSE: a float compared in the frame is specialised to its value")
+# The number is compared (`if s > 0`): once it has changed, the resume function guards the
+# comparison's outcome, not its value (as torch.compile): one more graph, then none.
 def test_item_compared_recompiles_once(capsys):
     run_diff(uses_item, torch.ones(4), capsys=capsys, graphs=2, later_graphs=1, calls=3)
 
@@ -985,8 +983,9 @@ def test_item_value_changes_between_calls(capsys):
     for scale in (1.0, -2.0, 3.0, -4.0):
         x = torch.ones(4) * scale
         assert_same(uses_item(x), compiled(x))
-    # The sum's graph, and per value of the number the rest (it is compared, see above): 1 + 4.
-    assert cnt.frame_count == 5
+    # The sum's graph, and the rest: for the first value, then once the number is an input per
+    # outcome of its comparison (negative, positive): 1 + 3.
+    assert cnt.frame_count == 4
 
 
 def test_tolist(capsys):
