@@ -8,10 +8,9 @@ A kind keeps together everything bytegraph asks of its guards:
   debug directory's guards.txt);
 * ``holds`` and ``evaluate``: the same check made directly on objects, for code that checks
   guards one by one (a replayed block's, a loaded cache entry's);
-* the facts other modules ask: may the module stamp cover it (``covered``, ``coverage``), is
-  one source may carry several of it, one per ``expected`` (``per_expected``: an attribute
-  name, a comparison), what automatic dynamic shapes
-  observes at its source (``observation``), how ``runtime.persist`` writes it
+* the facts other modules ask: may the module stamp cover it (``covered``, ``coverage``), may
+  one source carry several of it, one per ``expected`` (``per_expected``: an attribute name, a
+  comparison), what automatic dynamic shapes observes at its source (``observation``), how ``runtime.persist`` writes it
   (``persisted_as``), where its checks go in the function (``order``).
 
 A kind is a ``str`` equal to its name ("ID_MATCH"): listings, logs and saved cache entries
@@ -278,6 +277,7 @@ class FloatCompare(GuardKind):
     (torch.compile's guard on a symbolic float's comparison)."""
     per_expected = True       # several comparisons of one float
     persisted_as = "value"
+
     def checks(self, g, em):
         e, who = em.render(g.source), g.source.name()
         op, number, outcome = g.expected
