@@ -10,8 +10,9 @@ A kind keeps together everything bytegraph asks of its guards:
   guards one by one (a replayed block's, a loaded cache entry's);
 * the facts other modules ask: may the module stamp cover it (``covered``, ``coverage``), may
   one source carry several of it, one per ``expected`` (``per_expected``: an attribute name, a
-  comparison), what automatic dynamic shapes observes at its source (``observation``), how ``runtime.persist`` writes it
-  (``persisted_as``), where its checks go in the function (``order``).
+  comparison), what automatic dynamic shapes observes at its source (``observation``), how
+  ``runtime.persist`` writes it (``persisted_as``), where its checks go in the function
+  (``order``).
 
 A kind is a ``str`` equal to its name ("ID_MATCH"): listings, logs and saved cache entries
 spell it as before, and ``KINDS`` maps a name back to its kind. Adding a kind is adding one
