@@ -719,9 +719,13 @@ class ProgramGen:
         if not t:
             return
         out, n = self.fresh("t"), self.fresh("n")
-        choice = r.randrange(10)
+        choice = r.randrange(11)
         if choice == 0:
             self.emit(f"{out} = G_MOD({self.tensor_expr('full', 1)})")
+        elif choice == 10:   # a float that changes between calls, compared twice: both outcomes decide
+            self.emit(f"{out} = {t} * (2 if G_OBJ.scale > 0.75 else 3)")
+            with self.block(f"if {r.choice(['G_OBJ.scale < 1.5', '1.5 > G_OBJ.scale', 'G_OBJ.scale != 2.0'])}:"):
+                self.emit(f"{out} = {out} + G_MOD.shift")
         elif choice == 9:    # the object changed here, then read back through its __dict__
             self.emit(f"G_OBJ.a = G_OBJ.a + {self.int_expr()}")
             self.emit(f"{out} = {t} + vars(G_OBJ)['a'] + len(G_OBJ.__dict__)")
