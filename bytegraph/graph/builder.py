@@ -557,7 +557,7 @@ class GraphBuilder:
         return False
 
     def _check_data_aliases(self, writes, args, kwargs):
-        """``t.data`` changed in place (``trace.python.attrs._tensor_data``): the graph may not also read
+        """``t.data`` changed in place (``trace.python.tensor_attrs._tensor_data``): the graph may not also read
         ``t`` or a view of it. AOTAutograd refuses an input mutated through another input that
         shares its storage without being a view of it, and a write it makes back would move
         ``t``'s version (eager's does not: backward then raises where eager's runs)."""

@@ -28,7 +28,7 @@ from ...values.builder import CONSTANT_TYPES, TRUSTED_MODULE_PREFIXES, wrap
 from ...values.arrays import NdarrayMethodValue
 from ..core import ops
 from ..numpy_api import numpy_calls
-from ..python import attrs, generators, operators, protocols
+from ..python import attrs, generators, operators, protocols, tensor_attrs
 from ..torch_api import distributed, dtensor, function_modes, higher_order, subclasses, torch_function, torch_wrappers
 from ..core.basics import note_process_local, refuse_traced_ids
 from ..python.exceptions import PythonError, make_exception, raise_new
@@ -600,7 +600,7 @@ def tensor_method(frame: RunningFrame, tensor: TensorValue, name: str, args: lis
             if not symbolic:
                 return ConstantValue(torch.Size(shape) if name == "size" else tuple(shape))
             if name == "size":
-                return attrs._shape_value(frame, tensor)
+                return tensor_attrs.shape_value(frame, tensor)
         else:
             d = operators.as_constant(args[0])
             if name == "size":
@@ -609,7 +609,7 @@ def tensor_method(frame: RunningFrame, tensor: TensorValue, name: str, args: lis
                 return ConstantValue(shape[d])
     if name == "requires_grad_":
         flag = kwargs.get("requires_grad", args[0] if args else ConstantValue(True))
-        return attrs.set_requires_grad(frame, tensor, operators.as_constant(flag))
+        return tensor_attrs.set_requires_grad(frame, tensor, operators.as_constant(flag))
     if name in ("dim", "ndimension"):
         return ConstantValue(tensor.fake.dim())
     if name in ("numel", "nelement") and not isinstance(tensor.fake.numel(), torch.SymInt):
