@@ -229,7 +229,7 @@ def gate(compiled, plan):
             if type(grad_fn) is state.node_type:
                 grad_fn.register_hook(hook)
             return outs
-        if hook is None and not (state.pending and torch.is_grad_enabled()):
+        if not torch.is_grad_enabled() or hook is None and not state.pending:
             return compiled(*args)
         # Taken before the call: the graph may change an input in place, moving its grad_fn.
         alive = []

@@ -229,13 +229,11 @@ def _graph_from_rows(rows, root=None):
 
 
 def _carried(target):
-    """Can pickle carry ``target`` to another process? A function or operator goes by name; an
+    """May pickle carry ``target`` to another process? A function or operator goes by name; an
     object whose class says ``carried_by_value`` (bytegraph's own graph targets: a traced
-    autograd Function, a subclass constructor) goes by value, graphs it calls written down."""
-    if getattr(type(target), "carried_by_value", False):
-        _dumps(target)        # refuses what it cannot carry, saying why
-        return True
-    return _importable(target)
+    autograd Function, a subclass constructor) goes by value, graphs it calls written down
+    (pickling the record refuses, saying why, what it cannot carry)."""
+    return getattr(type(target), "carried_by_value", False) or _importable(target)
 
 
 def _importable(target):
