@@ -86,8 +86,8 @@ class _FrozenBreak:
         if len(tx.frames) > 1 and _root_index(tx) != self.index:
             use = tx.user_stack()[-1]
             err.reason = (f"a tensor whose requires_grad was changed in the compiled function is used again "
-                          f"inside a call ({os.path.basename(use.filename)}, line {use.lineno}): the change is made between graphs, "
-                          f"so the graph breaks at the change")
+                          f"inside a call ({os.path.basename(use.filename)}, line {use.lineno}): the change "
+                          f"is made between graphs, so the graph breaks at the change")
             err.root_index = self.index
             err.user_stack = list(self.stack)
         return err
