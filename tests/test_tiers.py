@@ -336,6 +336,33 @@ def test_a_training_model_switches_to_the_whole_graph_from_the_caches_and_trains
     assert (now["miss"], now["hit"] > counts["hit"]) == (counts["miss"], True), (counts, now)
 
 
+def test_blocks_that_cannot_be_shared_are_split_for_the_quick_tier(gpu_rule, monkeypatch):
+    """Where the shared blocks fail to compile (torchao's float8 weights under autocast: torch
+    reaches a subclass op undecomposed inside ``invoke_subgraph``), the quick tier splits the
+    graph at its blocks instead, each distinct block compiled once, with the quick tier's
+    cheaper Inductor settings; the whole compile keeps the caller's settings."""
+    from bytegraph.backends.aot import aot_eager
+    parts, made = [], []
+
+    def compile_part(gm, examples, config_patches=None):
+        parts.append(config_patches)
+        return aot_eager(gm, examples)
+    monkeypatch.setattr(inductor_backend, "_with_shared_blocks", lambda *a: None)
+    monkeypatch.setattr(inductor_backend, "inductor_whole", compile_part)
+    monkeypatch.setattr(inductor_backend.tiers, "tiered", lambda quick, later, label: made.append((later, label)) or quick)
+    model = gpt(3).train()
+    reference = copy.deepcopy(model)
+    x = torch.randint(0, 64, (2, 8))
+    losses = train_steps(model, bytegraph.compile(model, backend="inductor"), x, 3)
+    for got, want in zip(losses, train_steps(reference, reference, x, 3)):
+        assert_same(want, got, atol=1e-5)
+    ((later, label),) = made
+    assert label == "split blocks"
+    # Three blocks, one compiled; the parts before and after it.
+    assert len(parts) == 3 and all(p == inductor_backend.QUICK_TIER_PATCHES for p in parts), parts
+    assert later.config_patches == {}
+
+
 def test_not_tiered_when_switched_off(gpu_rule, monkeypatch):
     made = []
     monkeypatch.setattr(inductor_backend.tiers, "tiered", lambda *a: made.append(a) or a[0])

@@ -6,7 +6,9 @@ more than the graph compiled whole (an input check and output allocation per blo
 fusion across block edges): GPT-2 small's training step on an H200, three processes each
 alternating the compilers, ran 1.066x torch.compile's shared against 1.003x compiled whole.
 
-A ``Tiered`` callable keeps both. It calls the quick compile's result, and from its second call
+A ``Tiered`` callable keeps both. The quick compile is the shared blocks, or the graph split at
+its blocks where they fail (``backends/inductor.py``), with cheaper Inductor settings. It calls
+the quick compile's result, and from its second call
 on a child process compiles the same graph whole, which fills Inductor's (and, for a graph it
 caches, AOTAutograd's) on-disk caches; once the child has ended, the next call compiles the graph whole in this process,
 from those caches (about 5 s for GPT-2 small on an H200, where a cold compile took 25), and calls
