@@ -661,3 +661,33 @@ def test_dead_result_of_an_op_without_derivative_gets_no_gradient(backend, capsy
     # torch.unique's backward, which does not exist (NotImplementedError where eager trains).
     check_fn(f_dead_unique_before_a_break, (_x().requires_grad_(), _x() + 1, _w()), backend,
              loss=lambda out: out[0].sum() + out[1].sum())
+
+
+def test_numbers_a_break_hands_each_layer_are_symbolic_once_layers_differ():
+    # An MoE-style layer reads counts with .tolist() (a break) and uses them with its own
+    # weights after it, so its resumed function has one entry per layer. The counts differ
+    # between layers and between calls: compiled static per layer, every layer recompiled on
+    # the next call (jetmoe: 6 new graphs on its second call, torch.compile 1).
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate = torch.nn.Linear(8, 8)
+            self.out = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            h = self.gate(x)
+            counts = (h > 0).sum(0).tolist()
+            return self.out(h) * (counts[0] + 1)
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[Layer() for _ in range(6)])
+    cnt = CompileCounter()
+    compiled = bytegraph.compile(model, backend=cnt)
+    made = []
+    for _ in range(4):
+        x = torch.randn(16, 8)
+        expected = model(x)
+        assert torch.allclose(compiled(x), expected, atol=1e-6)
+        made.append(cnt.frame_count)
+    # At most the first layer's entry (compiled before any other layer was seen) compiles again.
+    assert made[-1] - made[0] <= 1, made

@@ -59,6 +59,7 @@ class CodeCache:
     wrapper_factories: dict = field(default_factory=dict)     # which parameters have defaults -> factory
     first_call: object = None     # set_stance("eager_then_compile"): what the eager first call was given
     top_level: bool = False       # a function handed to compile() runs this code (not only routed calls)
+    resumes: bool = False         # the code of a resume function (a break hands over to it)
     _unsafe: tuple = None         # (entries, checks) under skip_guard_eval_unsafe
 
     def add(self, entry):

@@ -125,6 +125,7 @@ class Compiler:
         wrapper = self._code_wrappers.get(key)
         if wrapper is None:
             cache = self.cache_for(code, fn_globals)
+            cache.resumes = True
             wrapper = self._code_wrappers[key] = _code_wrapper(code, fn_globals, cache, self)
             wrapper._bytegraph_cache = cache
         return wrapper
@@ -191,8 +192,15 @@ class Compiler:
                 f"not compiled: config.accumulated_cache_size_limit ({config.accumulated_cache_size_limit}) "
                 "cache entries exist over all functions; it runs eagerly", RuntimeWarning, stacklevel=3)
             return None
-        if like and self.dynamic is None and config.automatic_dynamic_shapes:
-            _quietly(_note_changed_sizes, cache, like[0], frame_args)
+        if self.dynamic is None and config.automatic_dynamic_shapes:
+            if like:
+                _quietly(_note_changed_sizes, cache, like[0], frame_args)
+            elif entries and cache.resumes:
+                # A resume function entered for another object (the next layer's module): the
+                # numbers a break handed over (an ``.item()`` or ``.tolist()`` result) that differ
+                # from another layer's differ between calls too. Symbolic now, not recompiled once
+                # per layer on later calls (torch.compile keeps one entry for all the layers).
+                _quietly(_note_changed_scalars, cache, entries[0], frame_args)
         entry = compile_frame(fn, frame_args, compiler, cache)
         entry.backend = now.force_backend
         cache.add(entry)
@@ -332,8 +340,9 @@ def _param_count(code):
         + bool(code.co_flags & inspect.CO_VARKEYWORDS)
 
 
-def _note_changed_sizes(cache, entry, frame_args):
-    """Automatic dynamic shapes: dims and ints that differ from the last entry become symbolic."""
+def _note_changed_sizes(cache, entry, frame_args, scalars_only=False):
+    """Automatic dynamic shapes: dims and ints that differ from the last entry become symbolic
+    (``scalars_only``: the numbers, not the sizes)."""
     check = entry.guard
     observe = getattr(check, "observe", None)
     if observe is None:
@@ -342,6 +351,8 @@ def _note_changed_sizes(cache, entry, frame_args):
         if now is None:
             continue
         if g.kind.observation(g) == "shape":
+            if scalars_only:
+                continue
             before = g.expected.shape
             if len(now) == len(before):
                 changed = {d for d, (a, b) in enumerate(zip(before, now)) if a != b}
@@ -357,6 +368,10 @@ def _note_changed_sizes(cache, entry, frame_args):
             # A NumPy scalar that changes (one handed across a graph break to the resume function):
             # a 0-d array input of the graph from now on (values/builder._wrap_numpy_scalar).
             cache.auto_dynamic_scalars.add(g.source)
+
+
+def _note_changed_scalars(cache, entry, frame_args):
+    _note_changed_sizes(cache, entry, frame_args, scalars_only=True)
 
 
 def reset_all() -> None:
