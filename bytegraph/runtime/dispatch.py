@@ -23,7 +23,7 @@ from ..config import config
 from ..debug import debug_dir, logs, progress, records, timing
 from ..errors import RecompileError
 from ..guards.builder import NDARRAY_MATCH, TENSOR_MATCH
-from ..guards.sources import LocalSource
+from ..guards.sources import ItemSource, LocalSource
 from ..residual import GraphRaised
 from ..stacks import code_name
 from ..trace.tracer import frame_params
@@ -200,7 +200,7 @@ class Compiler:
                 # numbers a break handed over (an ``.item()`` or ``.tolist()`` result) that differ
                 # from another layer's differ between calls too. Symbolic now, not recompiled once
                 # per layer on later calls (torch.compile keeps one entry for all the layers).
-                _quietly(_note_changed_scalars, cache, entries[0], frame_args)
+                _quietly(_note_changed_handovers, cache, entries[0], frame_args)
         entry = compile_frame(fn, frame_args, compiler, cache)
         entry.backend = now.force_backend
         cache.add(entry)
@@ -340,9 +340,8 @@ def _param_count(code):
         + bool(code.co_flags & inspect.CO_VARKEYWORDS)
 
 
-def _note_changed_sizes(cache, entry, frame_args, scalars_only=False):
-    """Automatic dynamic shapes: dims and ints that differ from the last entry become symbolic
-    (``scalars_only``: the numbers, not the sizes)."""
+def _note_changed_sizes(cache, entry, frame_args):
+    """Automatic dynamic shapes: dims and ints that differ from the last entry become symbolic."""
     check = entry.guard
     observe = getattr(check, "observe", None)
     if observe is None:
@@ -351,8 +350,6 @@ def _note_changed_sizes(cache, entry, frame_args, scalars_only=False):
         if now is None:
             continue
         if g.kind.observation(g) == "shape":
-            if scalars_only:
-                continue
             before = g.expected.shape
             if len(now) == len(before):
                 changed = {d for d, (a, b) in enumerate(zip(before, now)) if a != b}
@@ -370,8 +367,24 @@ def _note_changed_sizes(cache, entry, frame_args, scalars_only=False):
             cache.auto_dynamic_scalars.add(g.source)
 
 
-def _note_changed_scalars(cache, entry, frame_args):
-    _note_changed_sizes(cache, entry, frame_args, scalars_only=True)
+def _note_changed_handovers(cache, entry, frame_args):
+    """For a resume function entered for another object than ``entry`` was made for: the ints
+    handed over to it (a parameter, or an item of one: the stack and locals at the break) that
+    differ from ``entry``'s become symbolic. Sizes, and numbers read from the objects (a layer's
+    own constants), stay as each object has them."""
+    check = entry.guard
+    observe = getattr(check, "observe", None)
+    if observe is None:
+        return
+    for g, now in zip(check.observed, observe(*frame_args)):
+        if type(now) is int and type(g.expected) is int and now != g.expected and _handed_over(g.source):
+            cache.auto_dynamic_scalars.add(g.source)
+
+
+def _handed_over(source):
+    while isinstance(source, ItemSource):
+        source = source.base
+    return isinstance(source, LocalSource)
 
 
 def reset_all() -> None:
