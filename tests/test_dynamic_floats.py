@@ -158,3 +158,51 @@ def test_cuda_graph_backends_keep_floats_constant():
     graphs = [r.graph for r in records.frames if r.name.endswith("f") and r.graph is not None]
     assert len(graphs) == 3     # one per value: each a constant
     assert all(len([n for n in g.graph.nodes if n.op == "placeholder"]) == 1 for g in graphs)
+
+
+# --- a symbolic int meeting a float (n * 0.5, n / 3): a float computed in the graph ------------
+
+def _int_meets_float_cases():
+    def scaled(x, n):
+        return x * (n * 0.001) + x.sum() * (n / 3)
+
+    def reflected(x, n):
+        m = 0.5 * n - n / 4
+        m += 1.25
+        return x + m, x * (2 / n)
+
+    def compared(x, n):
+        # the float is needed as a number: specialised (the int guarded), still eager's result
+        if n * 0.5 > 3:
+            return x + 1
+        return x - 1
+
+    def used_as_number(x, n):
+        return torch.full((2,), n * 0.25) + x[:2], int(n / 2), float(n * 1.5)
+
+    def with_a_changing_float(x, n, lr):
+        return x * (n * lr)
+
+    return [scaled, reflected, compared, used_as_number, with_a_changing_float]
+
+
+@pytest.mark.parametrize("fn", _int_meets_float_cases(), ids=lambda f: f.__name__)
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_symbolic_int_meeting_a_float(fn, backend):
+    x = torch.randn(5)
+    extra = (0.1,) if fn.__name__ == "with_a_changing_float" else ()
+    calls = [(x, n, *[e * n for e in extra]) for n in (3, 4, 7, 10, 16)]
+    _run(fn, calls, backend)
+
+
+def test_a_number_a_break_hands_over_times_a_float_compiles_once_more():
+    # The count .tolist() hands the resumed function changes every call; times a float it made
+    # a float the graph could not hold, so it broke again and recompiled on the float's values.
+    def f(x):
+        c = (x > 0).sum().tolist()
+        return x * 2 + c * 0.001
+
+    torch.manual_seed(0)
+    calls = [(torch.randn(16),) for _ in range(5)]
+    cnt = _run(f, calls)
+    assert cnt.frame_count == torch_compile_graphs(f, *calls) == 3

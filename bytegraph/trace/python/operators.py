@@ -137,6 +137,8 @@ def binary(frame: RunningFrame, op: str, a: Value, b: Value, own_methods: bool =
             if overridden is not None:
                 return overridden
         return graph_op(frame, fn, [a, b])
+    if _int_meets_float(fn, a, b):
+        return float_op(frame, fn, [_sym_as_float(frame, v) if isinstance(v, SymValue) else v for v in (a, b)])
     if isinstance(a, FloatTensorValue) or isinstance(b, FloatTensorValue):
         return float_op(frame, fn, [a, b])
     if isinstance(a, SymValue) or isinstance(b, SymValue):
@@ -204,6 +206,40 @@ def _sequence_op(frame, op, a, b):
             items = seq.items * n.value
             return ListValue(items) if isinstance(seq, ListValue) else TupleValue(items)
     return None
+
+
+_INT_FLOAT_ARITHMETIC = {operator.add, operator.sub, operator.mul, operator.truediv,
+                         operator.iadd, operator.isub, operator.imul, operator.itruediv}
+
+
+def _backed_int(v):
+    return isinstance(v, SymValue) and isinstance(v.sym, torch.SymInt) and v.sym.node.hint is not None
+
+
+def _int_meets_float(fn, a, b):
+    """Does ``a fn b`` make a float from a symbolic int (``n * 0.5``, ``n / 2``, ``n + lr``)?
+    Only for ints with a value now (not one only the graph knows)."""
+    if fn not in _INT_FLOAT_ARITHMETIC or not (_backed_int(a) or _backed_int(b)):
+        return False
+    others = [v for v in (a, b) if not isinstance(v, SymValue)]
+    if any(not (isinstance(v, FloatTensorValue) or (isinstance(v, ConstantValue) and type(v.value) in (int, float)))
+           for v in others) or any(isinstance(v, SymValue) and not _backed_int(v) for v in (a, b)):
+        return False
+    return fn in (operator.truediv, operator.itruediv) or any(
+        isinstance(v, FloatTensorValue) or type(v.value) is float for v in others)
+
+
+def _sym_as_float(frame, v):
+    """A symbolic int in float arithmetic: its value as a 0-d float64 tensor computed in the graph
+    (a ``FloatTensorValue``, as a float that changes between calls is), so the float it makes
+    needs no new graph per value (torch.compile computes it as a symbolic float). Where the trace
+    needs that float as a number it is specialised, and the int with it (guarded by the ShapeEnv)."""
+    sym = v.sym
+    value = graph_op(frame, torch.scalar_tensor, [v], {"dtype": ConstantValue(torch.float64)})
+
+    def specialise():
+        torch.fx.experimental.symbolic_shapes.guard_int(sym)
+    return FloatTensorValue(value.node, value.fake, float(sym.node.hint), (specialise,))
 
 
 def _sym_op(frame, fn, args):
