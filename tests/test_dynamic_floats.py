@@ -206,3 +206,16 @@ def test_a_number_a_break_hands_over_times_a_float_compiles_once_more():
     calls = [(torch.randn(16),) for _ in range(5)]
     cnt = _run(f, calls)
     assert cnt.frame_count == torch_compile_graphs(f, *calls) == 3
+
+
+def test_a_symbolic_int_divided_raises_as_python_does():
+    # n / 0 raises int division's message, n / 0.0 float division's; n / m with both ints stays
+    # with the ints (its divisor may be 0).
+    def f(x, n, d):
+        try:
+            r = n / d
+        except ZeroDivisionError as e:
+            return x, str(e)
+        return x * r, "divided"
+
+    _run(f, [(torch.ones(2), n, d) for n, d in [(3, 2), (4, 2), (5, 0), (6, 0.0), (7, 2), (8, 3), (9, 0)]])

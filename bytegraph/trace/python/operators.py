@@ -225,8 +225,11 @@ def _int_meets_float(fn, a, b):
     if any(not (isinstance(v, FloatTensorValue) or (isinstance(v, ConstantValue) and type(v.value) in (int, float)))
            for v in others) or any(isinstance(v, SymValue) and not _backed_int(v) for v in (a, b)):
         return False
-    return fn in (operator.truediv, operator.itruediv) or any(
-        isinstance(v, FloatTensorValue) or type(v.value) is float for v in others)
+    if fn in (operator.truediv, operator.itruediv):
+        # An int divisor is a nonzero number: what dividing by zero raises comes from the int path.
+        divisor = b
+        return not isinstance(divisor, SymValue) and not (isinstance(divisor, ConstantValue) and divisor.value == 0)
+    return any(isinstance(v, FloatTensorValue) or type(v.value) is float for v in others)
 
 
 def _sym_as_float(frame, v):
