@@ -10,7 +10,8 @@ eagerly, then compiled by bytegraph and by torch.compile (the reference), each w
 that counts the ops of the graphs that run: bytegraph's results must equal eager's on two calls
 (the second with other values), its graphs must run at least as many ops in the second call
 as torch.compile's, and the second call may compile at most one graph more than torch.compile's
-(a number a break hands over changes: one recompile, not one per layer). So the work after every break, at every depth, is captured.
+(a number a break hands over changes: one recompile, not one per layer). So the work after every
+break, at every depth, is captured.
 
 Used by tests/test_capture_after_break.py (``BYTEGRAPH_GEN_SEEDS`` seeds) and by
 ``python scripts/run_generated.py --sets breaks``.
