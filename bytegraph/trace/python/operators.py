@@ -18,7 +18,7 @@ from ...values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, ConstantVa
                            ListValue, MethodOfValue, ObjectValue, SliceValue, SymValue, TensorMethodValue,
                            TensorValue, TupleValue, UserObjectValue, holds_values)
 from ...values.builder import wrap
-from . import attrs, protocols
+from . import attrs, changing_floats, protocols
 from ..core import ops
 from ..numpy_api import numpy_calls
 from ..core.basics import as_constant, constant_value, held_item, is_constant, refuse_traced_ids
@@ -137,8 +137,9 @@ def binary(frame: RunningFrame, op: str, a: Value, b: Value, own_methods: bool =
             if overridden is not None:
                 return overridden
         return graph_op(frame, fn, [a, b])
-    if _int_meets_float(fn, a, b):
-        return float_op(frame, fn, [_sym_as_float(frame, v) if isinstance(v, SymValue) else v for v in (a, b)])
+    if changing_floats.int_meets_float(fn, a, b):
+        return float_op(frame, fn, [changing_floats.int_as_float(frame, v) if isinstance(v, SymValue) else v
+                                    for v in (a, b)])
     if isinstance(a, FloatTensorValue) or isinstance(b, FloatTensorValue):
         return float_op(frame, fn, [a, b])
     if isinstance(a, SymValue) or isinstance(b, SymValue):
@@ -208,43 +209,6 @@ def _sequence_op(frame, op, a, b):
     return None
 
 
-_INT_FLOAT_ARITHMETIC = {operator.add, operator.sub, operator.mul, operator.truediv,
-                         operator.iadd, operator.isub, operator.imul, operator.itruediv}
-
-
-def _backed_int(v):
-    return isinstance(v, SymValue) and isinstance(v.sym, torch.SymInt) and v.sym.node.hint is not None
-
-
-def _int_meets_float(fn, a, b):
-    """Does ``a fn b`` make a float from a symbolic int (``n * 0.5``, ``n / 2``, ``n + lr``)?
-    Only for ints with a value now (not one only the graph knows)."""
-    if fn not in _INT_FLOAT_ARITHMETIC or not (_backed_int(a) or _backed_int(b)):
-        return False
-    others = [v for v in (a, b) if not isinstance(v, SymValue)]
-    if any(not (isinstance(v, FloatTensorValue) or (isinstance(v, ConstantValue) and type(v.value) in (int, float)))
-           for v in others) or any(isinstance(v, SymValue) and not _backed_int(v) for v in (a, b)):
-        return False
-    if fn in (operator.truediv, operator.itruediv):
-        # An int divisor is a nonzero number: what dividing by zero raises comes from the int path.
-        divisor = b
-        return not isinstance(divisor, SymValue) and not (isinstance(divisor, ConstantValue) and divisor.value == 0)
-    return any(isinstance(v, FloatTensorValue) or type(v.value) is float for v in others)
-
-
-def _sym_as_float(frame, v):
-    """A symbolic int in float arithmetic: its value as a 0-d float64 tensor computed in the graph
-    (a ``FloatTensorValue``, as a float that changes between calls is), so the float it makes
-    needs no new graph per value (torch.compile computes it as a symbolic float). Where the trace
-    needs that float as a number it is specialised, and the int with it (guarded by the ShapeEnv)."""
-    sym = v.sym
-    value = graph_op(frame, torch.scalar_tensor, [v], {"dtype": ConstantValue(torch.float64)})
-
-    def specialise():
-        torch.fx.experimental.symbolic_shapes.guard_int(sym)
-    return FloatTensorValue(value.node, value.fake, float(sym.node.hint), (specialise,))
-
-
 def _sym_op(frame, fn, args):
     for a in args:
         if not isinstance(a, (SymValue, ConstantValue)):
@@ -300,7 +264,7 @@ def compare(frame: RunningFrame, op: str, a: Value, b: Value, own_methods: bool 
                 return overridden
         return graph_op(frame, fn, [a, b])
     if isinstance(a, FloatTensorValue) or isinstance(b, FloatTensorValue):
-        decided = _float_comparison(op, a, b)
+        decided = changing_floats.comparison(op, a, b)
         if decided is not None:
             return decided
     if op in ("==", "!=") and (isinstance(a, ObjectValue) or isinstance(b, ObjectValue)):
@@ -313,26 +277,6 @@ def compare(frame: RunningFrame, op: str, a: Value, b: Value, own_methods: bool 
             same = oa is ob
             return ConstantValue(same if op == "==" else not same)
     return constant_fold(frame, fn, [a, b], f"comparison {op}")
-
-
-_MIRRORED = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
-
-
-def _float_comparison(op, a, b):
-    """``x OP n`` for a float input that changes between calls and a plain number: its outcome,
-    guarded as an outcome (``FloatTensorValue.decide``), not as x's value; None where the
-    comparison is of another kind (it is then folded, specialising the float)."""
-    if op not in _MIRRORED:
-        return None
-    if isinstance(b, FloatTensorValue) and not isinstance(a, FloatTensorValue):
-        a, b, op = b, a, _MIRRORED[op]      # n < x is x > n, for ints and floats alike
-    if not isinstance(a, FloatTensorValue) or a.decide is None or not isinstance(b, ConstantValue) \
-            or type(b.value) not in (int, float):
-        return None
-    number = as_constant(b)       # (its own guard, where it was read from somewhere)
-    outcome = COMPARE[op](a.example, number)
-    a.decide(op, number, outcome)
-    return ConstantValue(outcome)
 
 
 def _compare_special(frame, op, a, b):
@@ -429,31 +373,12 @@ def element_equal(frame, element, item):
         return as_constant(element) == as_constant(item)
     return truth(frame, compare(frame, "==", element, item))
 # Python float arithmetic done exactly the same on float64 tensors (IEEE double).
-_FLOAT_ARITHMETIC = {operator.add, operator.sub, operator.mul, operator.truediv, operator.pow,
-                     operator.neg, operator.pos, operator.abs, abs}
-# Floats are immutable: `f += x` is `f + x` (an in-place node would change the graph's input
-# tensor, which later uses of the same float read).
-_NOT_IN_PLACE = {operator.iadd: operator.add, operator.isub: operator.sub, operator.imul: operator.mul,
-                 operator.itruediv: operator.truediv, operator.ipow: operator.pow}
-
-
 def float_op(frame, fn, args):
-    """Arithmetic on floats that change between calls (FloatTensorValue) and plain numbers: more
-    such floats, computed in the graph; anything else specialises them (guards their values)."""
-    fn = _NOT_IN_PLACE.get(fn, fn)
-    if fn in _FLOAT_ARITHMETIC and all(isinstance(a, FloatTensorValue) or (
-            isinstance(a, ConstantValue) and type(a.value) in (int, float, bool)) for a in args):
-        examples = [a.example if isinstance(a, FloatTensorValue) else a.value for a in args]
-        try:
-            example = fn(*examples)
-        except Exception:
-            example = None      # what eager raises comes from the specialised fold below
-        if type(example) is float and example == example and abs(example) != float("inf"):
-            operands = [TensorValue(a.node, a.fake) if isinstance(a, FloatTensorValue) else a for a in args]
-            result = graph_op(frame, fn, operands)
-            bases = tuple(b for a in args if isinstance(a, FloatTensorValue) for b in a.bases)
-            return FloatTensorValue(result.node, result.fake, example, bases)
-    return constant_fold(frame, fn, args, getattr(fn, "__name__", "operator"))
+    """Arithmetic on floats that change between calls: computed in the graph where it can be
+    (``changing_floats.arithmetic``), else folded, specialising them (guards their values)."""
+    fn = changing_floats.NOT_IN_PLACE.get(fn, fn)
+    result = changing_floats.arithmetic(frame, fn, args)
+    return result if result is not None else constant_fold(frame, fn, args, getattr(fn, "__name__", "operator"))
 
 
 def unary(frame: RunningFrame, fn: Callable, v: Value, own_methods: bool = True) -> Value:
