@@ -438,3 +438,51 @@ def test_registry_import_is_cheap():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == ""
+
+
+# ---------------------------------------------------------------- global state across a compile
+
+def _state():
+    return (torch.is_grad_enabled(), torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"),
+            torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled())
+
+
+def _leaves_state_behind(gm, example_inputs):
+    """A backend that draws random numbers (as kernel benchmarking does) and leaves the state a
+    compile that failed inside a ``with torch.autocast`` block would: autocast on, grad off."""
+    torch.rand(7)
+    torch.set_autocast_enabled("cpu", True)
+    torch.set_autocast_dtype("cpu", torch.float16)
+    torch._C._set_grad_enabled(False)
+    torch.set_default_dtype(torch.float64)
+    return gm.forward
+
+
+def test_the_program_goes_on_in_the_state_a_backend_found():
+    import bytegraph
+    from bytegraph.testing import CompileCounter
+
+    def step(x, w):
+        y = (x @ w).relu()
+        return y.sum(), torch.rand(3)      # reads the generator the backend drew from
+
+    counter = CompileCounter(_leaves_state_behind)
+    compiled = bytegraph.compile(step, backend=counter)
+    before = _state()
+    try:
+        for _ in range(3):
+            x, w = torch.randn(4, 4), torch.randn(4, 4, requires_grad=True)
+            torch.manual_seed(1)
+            expected = step(x, w), torch.randn(2), (torch.ones(2) / 3).dtype
+            torch.manual_seed(1)
+            got = compiled(x, w), torch.randn(2), (torch.ones(2) / 3).dtype
+            assert _state() == before
+            assert torch.equal(got[0][0], expected[0][0]) and got[0][0].requires_grad
+            assert torch.equal(got[0][1], expected[0][1]) and torch.equal(got[1], expected[1])
+            assert got[2] == expected[2] == torch.float32
+        assert counter.frame_count == 1     # no second compile for a state the backend left
+    finally:
+        torch.set_autocast_enabled("cpu", before[1])
+        torch.set_autocast_dtype("cpu", before[2])
+        torch._C._set_grad_enabled(before[0])
+        torch.set_default_dtype(before[3])

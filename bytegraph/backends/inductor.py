@@ -9,7 +9,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from . import grad_presence, tiers
 from .inference import has_inference_blocks, inference_parts
 from .lanes import compile_by_lanes
-from .regions import compile_by_regions, worth_sharing, worth_splitting
+from .regions import compile_by_regions, global_state_kept, worth_sharing, worth_splitting
 from .subgraphs import compiling, with_shared_blocks
 from .cudagraphs import watch_static_inputs
 from ._common import (as_list, compile_failed, flat_tuple_output, input_made_differentiable, note_static_addresses,
@@ -129,7 +129,7 @@ def _with_shared_blocks(gm, example_inputs, config_patches):
         return None
     patches = dict(config_patches or {}, allow_buffer_reuse=False)
     try:
-        with compiling(shared):
+        with compiling(shared), global_state_kept(gm):     # the next attempt starts as this one did
             return inductor_whole(shared, example_inputs, config_patches=patches)
     except Exception as exc:     # noqa: BLE001 - any failure: the plain whole graph instead
         logging.getLogger("bytegraph.regions").debug(

@@ -22,6 +22,7 @@ computed by the same kernels up to fusion across part boundaries.
 """
 import contextlib
 import operator
+import random
 
 import torch
 import torch.fx as fx
@@ -289,7 +290,7 @@ def set_global_state(grad, autocast, cache):
 
 def _state_devices(gm):
     devices = list(_AUTOCAST_DEVICES)
-    for n in gm.graph.nodes:
+    for n in gm.graph.nodes if gm is not None else ():
         if is_state_node(n) and n.args and isinstance(n.args[0], str) and n.args[0] not in devices:
             devices.append(n.args[0])
     return devices
@@ -297,13 +298,32 @@ def _state_devices(gm):
 
 @contextlib.contextmanager
 def global_state_kept(gm):
-    """Grad mode and autocast put back as they were after running ``gm``'s nodes for real
-    (its state nodes switch them as they go)."""
+    """The process's global state put back as it was after running ``gm``'s nodes for real (its
+    state nodes switch grad mode and autocast as they go) or compiling it: grad mode, autocast
+    (its dispatch keys, dtypes and cache), the default dtype, deterministic mode and the random
+    generators. Inductor benchmarks kernels on random inputs, and a compile that fails half-way
+    through a ``with torch.autocast`` block leaves autocast on (torchao's float8 blocks shared on
+    a GPU did: every later step ran under autocast, and compiled once more for it). ``gm`` None:
+    autocast on the CPU and CUDA only."""
     saved = _global_state(_state_devices(gm))
+    cuda = torch.cuda.is_initialized()
+    rngs = (torch.random.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else None, random.getstate())
+    dtype = torch.get_default_dtype()
+    deterministic = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     try:
-        yield
+        with torch._C._PreserveDispatchKeyGuard():
+            yield
     finally:
         set_global_state(*saved)
+        torch.random.set_rng_state(rngs[0])
+        if rngs[1] is not None:
+            torch.cuda.set_rng_state_all(rngs[1])
+        random.setstate(rngs[2])
+        if torch.get_default_dtype() != dtype:
+            torch.set_default_dtype(dtype)
+        if (torch.are_deterministic_algorithms_enabled(),
+                torch.is_deterministic_algorithms_warn_only_enabled()) != deterministic:
+            torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
 
 
 class _GlobalStates:

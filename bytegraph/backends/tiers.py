@@ -399,15 +399,12 @@ def compile_record(record, state_tensors, compile_whole, config_patches, setting
     backend's, carried to the child by name), its backward too, under ``settings``, with fake
     inputs: the same calls, and so the same cache keys, here and in a child."""
     from torch._functorch import config as functorch_config
-    before = regions._global_state(regions._AUTOCAST_DEVICES)
-    regions.set_global_state(*settings["global_state"])
-    try:
+    with regions.global_state_kept(None):
+        regions.set_global_state(*settings["global_state"])
         gm = record.build(state_tensors)
         # The backward too, now: compiled lazily, it would be compiled at the first backward().
         with functorch_config.patch(force_non_lazy_backward_lowering=True):
             return compile_whole(gm, record.fake_inputs(mode or _fake_mode()), config_patches)
-    finally:
-        regions.set_global_state(*before)
 
 
 # --- the two tiers -------------------------------------------------------------------------------

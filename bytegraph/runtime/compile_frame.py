@@ -14,6 +14,7 @@ from torch.utils._device import DeviceContext
 from ..bytecode import analysis
 from ..bytecode.instructions import decode
 from ..backends import ddp
+from ..backends.regions import global_state_kept
 from ..backends._common import inner_compiler_hook
 from ..config import config
 from ..debug import debug_dir, logs, minifier, progress, records, replay, timing
@@ -125,7 +126,8 @@ class _Compile:
             compiler_fn = ddp.bucketed(compiler_fn, ddp_module, self.name, on_split=self.ddp_splits.append)
         t0 = time.perf_counter()
         try:
-            with progress.backend_compile(self.name, backend):
+            # The program goes on in the state it was in, whatever the backend did to it.
+            with progress.backend_compile(self.name, backend), global_state_kept(gm):
                 return compiler_fn(gm, example_inputs)
         except BytegraphError:
             raise
