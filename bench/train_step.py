@@ -305,8 +305,13 @@ def settle(compiler, fn, inputs, args):
     """For bytegraph: wait until every graph's whole compile is in (``wait_for_background_compiles``:
     a training graph first called with shared blocks switches to the graph compiled whole by a
     child process), then warm up again, so that the steps timed are the steady state's. The
-    seconds waited, or None for a compiler that compiles once."""
+    seconds waited, or None for a compiler that compiles once (it takes the same warm-up steps)."""
     if not compiler.startswith("bytegraph"):
+        # As many steps as bytegraph's warm-up after the switch: every column's ``loss`` comes
+        # after the same number of steps (each trains the model on the same batch).
+        for _ in range(max(1, args.warmup)):
+            fn(*inputs)
+        sync(args.device)
         return None
     t0 = time.perf_counter()
     _bytegraph().wait_for_background_compiles(args.timeout)
@@ -544,7 +549,7 @@ def combine(runs):
             out[key + "_spread"] = [min(values), max(values)]
     out["processes"] = len(ok)
     out["runs"] = [{k: r.get(k) for k in ("first_ms", "median_ms", "pipelined_ms", "host_ms", "slow_median_ms",
-                                          "slow_pipelined_ms", "slow_host_ms", "loss")} for r in ok]
+                                          "slow_pipelined_ms", "slow_host_ms", "loss", "host_speed_us")} for r in ok]
     return out
 
 
