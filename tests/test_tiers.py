@@ -319,6 +319,7 @@ def test_a_training_model_switches_to_the_whole_graph_from_the_caches_and_trains
             compiled = bytegraph.compile(model, backend="inductor")
             before = train_steps(model, compiled, x, 3)
             counts = cache_counts(counters)
+            aot_hits = counters["aot_autograd"]["autograd_cache_hit"]
             assert bytegraph.wait_for_background_compiles(300)
             after = train_steps(model, compiled, x, 3)
     finally:
@@ -334,6 +335,9 @@ def test_a_training_model_switches_to_the_whole_graph_from_the_caches_and_trains
     # AOTAutograd bypasses its own): nothing missed while it switched, something was hit.
     now = cache_counts(counters)
     assert (now["miss"], now["hit"] > counts["hit"]) == (counts["miss"], True), (counts, now)
+    # AOTAutograd's own cache answered (the graph's call_method nodes carry example values), so
+    # the switch did not trace the graph through AOTAutograd again.
+    assert counters["aot_autograd"]["autograd_cache_hit"] > aot_hits, dict(counters["aot_autograd"])
 
 
 def test_blocks_that_cannot_be_shared_are_split_for_the_quick_tier(gpu_rule, monkeypatch):
