@@ -29,6 +29,7 @@ whole at once.
 Threads were tried first (branch ``tiers9``): AOTAutograd tracing in a thread while compiled code
 ran in the main one crashed the process in C++ on an H200. A child process shares nothing."""
 import atexit
+import contextlib
 import io
 import logging
 import os
@@ -406,8 +407,27 @@ def compile_record(record, state_tensors, compile_whole, config_patches, setting
         fakes = record.fake_inputs(mode)
         _note_example_values(gm, fakes, mode)
         # The backward too, now: compiled lazily, it would be compiled at the first backward().
-        with functorch_config.patch(force_non_lazy_backward_lowering=True):
+        with functorch_config.patch(force_non_lazy_backward_lowering=True), _autocast_cacheable():
             return compile_whole(gm, fakes, config_patches)
+
+
+# The graph's ``with torch.autocast`` block: AOTAutograd runs these while it traces (the casts are
+# in what it compiles, the calls are not), their arguments are constants in the graph's code, which
+# the cache key reads. AOTAutograd's cache refuses functions it does not know, these two included.
+_AUTOCAST_FUNCTIONS = ("torch.amp.autocast_mode._enter_autocast", "torch.amp.autocast_mode._exit_autocast")
+
+
+def _autocast_cacheable():
+    """AOTAutograd's cache allowed to keep a graph with a ``with torch.autocast`` block, for this
+    compile only (the child's and this process's at the switch: the same setting, the same keys).
+    Without, the whole training step (autocast inside) was traced through AOTAutograd again at
+    every switch."""
+    from torch._inductor import config as inductor_config
+    if not hasattr(inductor_config, "unsafe_marked_cacheable_functions"):
+        return contextlib.nullcontext()
+    marked = dict(inductor_config.unsafe_marked_cacheable_functions)
+    marked.update({name: torch.__version__ for name in _AUTOCAST_FUNCTIONS})
+    return inductor_config.patch(unsafe_marked_cacheable_functions=marked)
 
 
 def _note_example_values(gm, fakes, mode):
