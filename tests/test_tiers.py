@@ -340,6 +340,43 @@ def test_a_training_model_switches_to_the_whole_graph_from_the_caches_and_trains
     assert counters["aot_autograd"]["autograd_cache_hit"] > aot_hits, dict(counters["aot_autograd"])
 
 
+def test_a_step_under_autocast_is_compiled_again_from_aot_autograds_cache(monkeypatch, tmp_path):
+    """The child's whole compile and this process's at the switch: the second is AOTAutograd's
+    cache hit, with a ``with torch.autocast`` block and tensor methods in the graph, and gives
+    the first one's results (and eager's, to bf16's precision)."""
+    from torch._dynamo.utils import counters      # torch's own cache counters, read here only
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, requires_grad=True)
+
+    def step(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = (x @ w).relu()
+        return y.float().transpose(0, 1).sum(1)
+
+    x = torch.randn(8, 16)
+    gm, examples = captured(step, x)
+    assert any("autocast" in str(n.target) for n in gm.graph.nodes)
+    assert any(n.op == "call_method" for n in gm.graph.nodes)
+    record = tiers.GraphRecord(gm, examples)
+    settings = tiers._settings()
+    before = dict(counters["aot_autograd"])
+    mode = tiers._fake_mode()
+    child = [spec.fake(mode) for spec in record.state_specs]
+    tiers.compile_record(record, child, inductor_backend.compile_fx_whole, None, settings, mode)
+    hits = counters["aot_autograd"]["autograd_cache_hit"]
+    here = tiers.compile_record(record, record.state_tensors, inductor_backend.compile_fx_whole, None, settings)
+    assert counters["aot_autograd"]["autograd_cache_hit"] == hits + 1, (before, dict(counters["aot_autograd"]))
+    assert counters["aot_autograd"]["autograd_cache_bypass"] == before.get("autograd_cache_bypass", 0)
+    (got,) = here(*examples)
+    assert_same(step(x), got, atol=0.1)
+    got.sum().backward()
+    grad = w.grad.clone()
+    w.grad = None
+    step(x).sum().backward()
+    assert torch.allclose(grad, w.grad, atol=0.5, rtol=0.05)
+
+
 def test_blocks_that_cannot_be_shared_are_split_for_the_quick_tier(gpu_rule, monkeypatch):
     """Where the shared blocks fail to compile (torchao's float8 weights under autocast: torch
     reaches a subclass op undecomposed inside ``invoke_subgraph``), the quick tier splits the
