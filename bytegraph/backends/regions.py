@@ -306,7 +306,8 @@ def global_state_kept(gm):
     a GPU did: every later step ran under autocast, and compiled once more for it). ``gm`` None:
     autocast on the CPU and CUDA only."""
     saved = _global_state(_state_devices(gm))
-    cuda = torch.cuda.is_initialized()
+    # (CUDA's generators cannot be read while a CUDA graph is being captured.)
+    cuda = torch.cuda.is_initialized() and not torch.cuda.is_current_stream_capturing()
     rngs = (torch.random.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else None, random.getstate())
     dtype = torch.get_default_dtype()
     deterministic = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
