@@ -296,6 +296,17 @@ def _state_devices(gm):
     return devices
 
 
+def deterministic_mode():
+    """(deterministic algorithms on, warn only) as torch has them now."""
+    return torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+
+
+def set_deterministic_mode(mode):
+    """``mode`` (from ``deterministic_mode``) set, where it differs from torch's now."""
+    if mode != deterministic_mode():
+        torch.use_deterministic_algorithms(mode[0], warn_only=mode[1])
+
+
 @contextlib.contextmanager
 def global_state_kept(gm):
     """The process's global state put back as it was after running ``gm``'s nodes for real (its
@@ -310,7 +321,7 @@ def global_state_kept(gm):
     cuda = torch.cuda.is_initialized() and not torch.cuda.is_current_stream_capturing()
     rngs = (torch.random.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else None, random.getstate())
     dtype = torch.get_default_dtype()
-    deterministic = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    deterministic = deterministic_mode()
     try:
         with torch._C._PreserveDispatchKeyGuard():
             yield
@@ -322,9 +333,7 @@ def global_state_kept(gm):
         random.setstate(rngs[2])
         if torch.get_default_dtype() != dtype:
             torch.set_default_dtype(dtype)
-        if (torch.are_deterministic_algorithms_enabled(),
-                torch.is_deterministic_algorithms_warn_only_enabled()) != deterministic:
-            torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
+        set_deterministic_mode(deterministic)
 
 
 class _GlobalStates:
@@ -531,5 +540,5 @@ def compile_by_regions(gm, example_inputs, compile_part):
     return outer_gm
 
 
-__all__ = ["compile_by_regions", "global_state_kept", "worth_sharing", "worth_splitting", "is_state_node", "meta_key",
+__all__ = ["compile_by_regions", "deterministic_mode", "global_state_kept", "set_deterministic_mode", "worth_sharing", "worth_splitting", "is_state_node", "meta_key",
            "outer_function", "part_caller", "REGION"]

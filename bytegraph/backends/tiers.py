@@ -310,8 +310,7 @@ def _settings():
             matmul[name] = getattr(obj, attr)
     return {
         "global_state": regions._global_state(regions._AUTOCAST_DEVICES),
-        "deterministic": (torch.are_deterministic_algorithms_enabled(),
-                          torch.is_deterministic_algorithms_warn_only_enabled()),
+        "deterministic": regions.deterministic_mode(),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
         "matmul": matmul,
         # Inductor's key reads these too: C++ kernels are made for the thread count, factory
@@ -327,9 +326,7 @@ def _apply_settings(settings):
     the same thing (``allow_tf32``, ``fp32_precision``) overwrite each other when set, and the
     caches' keys read the newer one ("none" differs from "ieee")."""
     regions.set_global_state(*settings["global_state"])
-    if settings["deterministic"] != (torch.are_deterministic_algorithms_enabled(),
-                                     torch.is_deterministic_algorithms_warn_only_enabled()):
-        torch.use_deterministic_algorithms(settings["deterministic"][0], warn_only=settings["deterministic"][1])
+    regions.set_deterministic_mode(settings["deterministic"])
     if torch.get_float32_matmul_precision() != settings["float32_matmul_precision"]:
         torch.set_float32_matmul_precision(settings["float32_matmul_precision"])
     for name in _MATMUL:
