@@ -540,5 +540,5 @@ def compile_by_regions(gm, example_inputs, compile_part):
     return outer_gm
 
 
-__all__ = ["compile_by_regions", "deterministic_mode", "global_state_kept", "set_deterministic_mode", "worth_sharing", "worth_splitting", "is_state_node", "meta_key",
-           "outer_function", "part_caller", "REGION"]
+__all__ = ["compile_by_regions", "deterministic_mode", "global_state_kept", "set_deterministic_mode",
+           "worth_sharing", "worth_splitting", "is_state_node", "meta_key", "outer_function", "part_caller", "REGION"]
