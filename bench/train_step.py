@@ -709,8 +709,11 @@ def print_interleaved(r):
 
 def second_tier(t):
     """One graph's second tier (``bytegraph.backends.tiers.outcomes``) in words."""
-    return (f"child {t['child_s']:.1f} s, loaded {t['load_s']:.1f} s" if t["whole"]
-            else f"not in: {t['error'][:100]}")
+    if not t["whole"]:
+        return f"not in: {t['error'][:100]}"
+    if t.get("from_caches"):
+        return f"whole from an earlier run's caches at the first call, in {t['load_s']:.1f} s"
+    return f"child {t['child_s']:.1f} s, loaded {t['load_s']:.1f} s"
 
 
 def caches_line(counts):

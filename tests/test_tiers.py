@@ -281,8 +281,11 @@ def test_children_beyond_the_limit_wait_for_a_free_one(monkeypatch):
 # --- through the inductor backend ----------------------------------------------------------------
 
 @pytest.fixture
-def gpu_rule(monkeypatch):
+def gpu_rule(monkeypatch, tmp_path):
     monkeypatch.setattr(regions, "on_cuda", lambda gm: True)
+    # Caches of this test's own: a whole compile noted there by another test (or an earlier run)
+    # would be taken straight from the caches, with no tiers.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
 
 
 def train_steps(model, compiled, x, steps, lr=0.1):
@@ -338,6 +341,88 @@ def test_a_training_model_switches_to_the_whole_graph_from_the_caches_and_trains
     # AOTAutograd's own cache answered (the graph's call_method nodes carry example values), so
     # the switch did not trace the graph through AOTAutograd again.
     assert counters["aot_autograd"]["autograd_cache_hit"] > aot_hits, dict(counters["aot_autograd"])
+
+
+def test_a_later_run_compiles_whole_from_the_caches_with_no_quick_tier_or_child(gpu_rule, monkeypatch):
+    """After a switch, the caches hold the whole compile and that is noted: the next run of the
+    same model (another process, here the same one after ``reset``) compiles it whole from them
+    at its first call, starting no child, and trains like eager."""
+    from torch._dynamo.utils import counters      # torch's own cache counters, read here only
+    x = torch.randint(0, 64, (2, 8))
+    first = gpt(2).train()
+    compiled = bytegraph.compile(first, backend="inductor")
+    train_steps(first, compiled, x, 2)
+    assert bytegraph.wait_for_background_compiles(300)
+    assert tiers.outcomes[-1]["whole"] and not tiers.outcomes[-1].get("from_caches")
+    bytegraph.reset()
+
+    def no_child(*args, **kwargs):
+        raise AssertionError("a child was started")
+    made = []
+    monkeypatch.setattr(tiers.subprocess, "Popen", no_child)
+    monkeypatch.setattr(inductor_backend.tiers, "tiered", lambda *a: made.append(a) or a[0])
+    model = gpt(2).train()
+    reference = copy.deepcopy(model)
+    hits = counters["aot_autograd"]["autograd_cache_hit"]
+    compiled = bytegraph.compile(model, backend="inductor")
+    losses = train_steps(model, compiled, x, 3)
+    assert made == [] and tiers.outcomes[-1]["from_caches"], tiers.outcomes[-1]
+    assert counters["aot_autograd"]["autograd_cache_hit"] > hits
+    for got, want in zip(losses, train_steps(reference, reference, x, 3)):
+        assert_same(want, got, atol=1e-5)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert torch.allclose(p, q, atol=1e-5), name
+
+
+def test_another_graph_or_setting_is_another_whole_compile(gpu_rule):
+    """The note names the graph and what it is compiled under: a model of another size, a
+    training graph against an inference one, or another default dtype finds nothing noted."""
+    def later_of(model, grad=True):
+        with torch.set_grad_enabled(grad):
+            gm, examples = captured(model, torch.randint(0, 64, (2, 8)))
+            return inductor_backend._whole_later(gm, examples, None)
+    base = later_of(gpt(2).train())
+    assert tiers.whole_key(base) == tiers.whole_key(later_of(gpt(2).train()))
+    tiers.note_whole_cached(base)
+    assert os.path.exists(tiers._marker(base))
+    others = [later_of(gpt(3).train()), later_of(gpt(2).train(), grad=False)]
+    dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        others.append(later_of(gpt(2).train()))
+    finally:
+        torch.set_default_dtype(dtype)
+    keys = [tiers.whole_key(o) for o in others]
+    assert None not in keys and len(set(keys) | {tiers.whole_key(base)}) == 4
+    assert not any(os.path.exists(tiers._marker(o)) for o in others)
+
+
+_KEY_IN_A_NEW_PROCESS = """
+import sys, torch
+sys.path.insert(0, {tests!r})
+from bytegraph.backends import regions
+regions.on_cuda = lambda gm: True
+import test_tiers
+gm, examples = test_tiers.captured(test_tiers.gpt(2).train(), torch.randint(0, 64, (2, 8)))
+from bytegraph.backends import inductor, tiers
+print(tiers.whole_key(inductor._whole_later(gm, examples, None)))
+"""
+
+
+def test_the_whole_compiles_key_is_the_same_in_another_process():
+    """Another process (other string hashing, so sets iterate in another order) works out the
+    same key for the same graph: otherwise a later run would never find the note."""
+    import subprocess
+    gm, examples = captured(gpt(2).train(), torch.randint(0, 64, (2, 8)))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(regions, "on_cuda", lambda gm: True)
+        here = tiers.whole_key(inductor_backend._whole_later(gm, examples, None))
+    code = _KEY_IN_A_NEW_PROCESS.format(tests=os.path.dirname(__file__))
+    for seed in ("1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=seed, OMP_NUM_THREADS=str(torch.get_num_threads()))
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.strip().splitlines()[-1] == here
 
 
 def test_a_step_under_autocast_is_compiled_again_from_aot_autograds_cache(monkeypatch, tmp_path):

@@ -69,6 +69,11 @@ def inductor(gm, example_inputs, *, config_patches=None):
     later = None
     if not cudagraphs and tiers.possible(gm, example_inputs) and worth_sharing(gm, cudagraphs, tiered=True):
         later = _whole_later(gm, example_inputs, config_patches)
+        # An earlier process's second tier left this graph's whole compile in the caches: that
+        # now, in seconds, with neither a quick tier nor a child.
+        whole = None if later is None else tiers.whole_from_caches(later, "whole graph")
+        if whole is not None:
+            return whole
     quick = config_patches if later is None else dict(config_patches or {}, **QUICK_TIER_PATCHES)
     if later is not None or worth_sharing(gm, cudagraphs):
         compiled = _with_shared_blocks(gm, example_inputs, quick)

@@ -30,6 +30,7 @@ Threads were tried first (branch ``tiers9``): AOTAutograd tracing in a thread wh
 ran in the main one crashed the process in C++ on an H200. A child process shares nothing."""
 import atexit
 import contextlib
+import hashlib
 import io
 import logging
 import os
@@ -444,6 +445,93 @@ def _note_example_values(gm, fakes, mode):
             n.meta.setdefault("example_value", n.meta["val"])
 
 
+# --- a later process: the whole compile straight from the caches --------------------------------
+
+def _canonical(value):
+    """``value`` as text that is the same in every process: sets and dicts in a sorted order
+    (a set's own order follows the process's string hashing)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(sorted(f"{_canonical(k)}: {_canonical(v)}" for k, v in value.items())) + "}"
+    if isinstance(value, (set, frozenset)):
+        return "{" + ", ".join(sorted(_canonical(v) for v in value)) + "}"
+    if isinstance(value, (list, tuple)):
+        return "(" + ", ".join(_canonical(v) for v in value) + ")"
+    if callable(value) and hasattr(value, "__qualname__"):     # its repr holds its address
+        return f"{getattr(value, '__module__', '')}.{value.__qualname__}"
+    return repr(value)
+
+
+def _devices(record):
+    names = set()
+    for spec in list(record.state_specs) + [v for v in record.inputs if isinstance(v, TensorSpec)]:
+        device = torch.device(spec.device)
+        names.add(f"{device}: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else str(device))
+    return sorted(names)
+
+
+def whole_key(later):
+    """What names ``later``'s whole compile across processes: the graph written down, the
+    settings and Inductor's and AOTAutograd's configs it is compiled under, torch's version and
+    the devices. None where it cannot be worked out (then nothing is looked up or noted)."""
+    try:
+        configs = [pickle.loads(c) for c in later.configs]
+        record = later.record
+        specs = [tuple(getattr(v, a) for a in TensorSpec.__slots__) if isinstance(v, TensorSpec) else v
+                 for v in list(record.state_specs) + list(record.inputs)]
+        parts = (torch.__version__, _devices(record), record.nodes.hex(), _canonical((record.state, specs)),
+                 _canonical(later.config_patches),
+                 f"{later.compile_whole.__module__}.{later.compile_whole.__qualname__}",
+                 _canonical(later.settings), _canonical(configs))
+    except Exception as exc:    # noqa: BLE001 - a setting without a stable text: not looked up
+        log.debug("no key for the whole compile: %s", exc)
+        return None
+    return hashlib.sha256("\n".join(map(str, parts)).encode()).hexdigest()[:32]
+
+
+def _marker(later):
+    """The file that says an earlier process's second tier compiled ``later`` whole, in Inductor's
+    cache folder: cleared with the caches it speaks for."""
+    key = whole_key(later)
+    if key is None:
+        return None
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    return os.path.join(cache_dir(), "bytegraph_whole", key)
+
+
+def note_whole_cached(later):
+    """Note that ``later``'s whole compile is in the caches (this process loaded it from them)."""
+    path = _marker(later)
+    if path is None:
+        return
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(f"{time.time()}\n")
+    except OSError as exc:
+        log.debug("could not note the whole compile as cached: %s", exc)
+
+
+def whole_from_caches(later, label="graph"):
+    """The graph's callable compiled whole now, where an earlier process's second tier left that
+    compile in the caches (compiling it from them takes seconds: no quick tier, no child);
+    None where no such compile is noted, or compiling it fails (the two tiers then go on)."""
+    path = _marker(later)
+    if path is None or not os.path.exists(path):
+        return None
+    started = time.perf_counter()
+    try:
+        whole = compile_record(later.record, later.record.state_tensors, later.compile_whole,
+                               later.config_patches, later.settings)
+    except Exception as exc:    # noqa: BLE001 - the two tiers instead
+        log.warning("%s: the whole compile an earlier process left in the caches failed here (%s: %s); "
+                    "compiled in two tiers instead", label, type(exc).__name__, exc)
+        return None
+    seconds = time.perf_counter() - started
+    outcomes.append({"label": label, "whole": True, "from_caches": True, "load_s": seconds})
+    log.info("%s: compiled whole from the caches an earlier process filled, in %.1f s", label, seconds)
+    return later.finish(whole)
+
+
 # --- the two tiers -------------------------------------------------------------------------------
 
 class Tiered:
@@ -490,6 +578,7 @@ class Tiered:
             self._clean()
         self.switch_seconds = time.perf_counter() - started
         self.whole = self.call = later.finish(whole)
+        note_whole_cached(later)
         outcomes.append({"label": self.label, "whole": True, "child_s": started - self._started,
                          "load_s": self.switch_seconds})
         log.info("%s: compiled whole by a child in %.1f s, loaded here in %.1f s; calls use it from now on",
