@@ -397,6 +397,37 @@ def test_another_graph_or_setting_is_another_whole_compile(gpu_rule):
     assert not any(os.path.exists(tiers._marker(o)) for o in others)
 
 
+def test_a_graph_loaded_from_bytegraphs_cache_has_the_key_it_had_when_traced(gpu_rule, monkeypatch, tmp_path):
+    """A later run usually loads its frames from bytegraph's persistent cache instead of tracing
+    them: the graph is the same, its objects are not shared alike (the pickled rows differed),
+    and the key must not tell them apart, or no later run would find the note."""
+    import logging
+    keys = []
+
+    def look(later, label="graph"):
+        keys.append(tiers.whole_key(later))
+        return None
+    monkeypatch.setattr(tiers, "whole_from_caches", look)
+    monkeypatch.setattr(inductor_backend.tiers, "tiered", lambda quick, later, label: quick)
+    x = torch.randint(0, 64, (2, 8))
+    with bytegraph.config.patch(persistent_cache=True, cache_dir=str(tmp_path / "bytegraph"),
+                                log_topics=["cache"]):
+        records = []
+        handler = logging.Handler()
+        handler.emit = records.append
+        logging.getLogger("bytegraph.cache").addHandler(handler)
+        try:
+            for _ in range(2):
+                model = gpt(2).train()
+                out = bytegraph.compile(model, backend="inductor")(x)
+                assert_same(model(x), out, atol=1e-5)
+                bytegraph.reset()
+        finally:
+            logging.getLogger("bytegraph.cache").removeHandler(handler)
+    assert any("loaded from the persistent cache" in r.getMessage() for r in records)
+    assert len(keys) == 2 and keys[0] is not None and keys[0] == keys[1], keys
+
+
 _KEY_IN_A_NEW_PROCESS = """
 import sys, torch
 sys.path.insert(0, {tests!r})

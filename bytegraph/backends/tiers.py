@@ -448,17 +448,29 @@ def _note_example_values(gm, fakes, mode):
 # --- a later process: the whole compile straight from the caches --------------------------------
 
 def _canonical(value):
-    """``value`` as text that is the same in every process: sets and dicts in a sorted order
-    (a set's own order follows the process's string hashing)."""
+    """``value`` as text that is the same in every process for the same graph and settings:
+    node results by number, functions and operators by name, sets and dicts in a sorted order (a
+    set's own order follows the process's string hashing). Not the pickled bytes: pickle shares
+    an object met twice, and a graph traced here and the same graph loaded from bytegraph's
+    cache share different objects. Raises ValueError for a value whose text names its address."""
+    if isinstance(value, _Ref):
+        return f"%{value.index}"
     if isinstance(value, dict):
         return "{" + ", ".join(sorted(f"{_canonical(k)}: {_canonical(v)}" for k, v in value.items())) + "}"
     if isinstance(value, (set, frozenset)):
         return "{" + ", ".join(sorted(_canonical(v) for v in value)) + "}"
     if isinstance(value, (list, tuple)):
         return "(" + ", ".join(_canonical(v) for v in value) + ")"
-    if callable(value) and hasattr(value, "__qualname__"):     # its repr holds its address
+    if isinstance(value, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return str(value)
+    if getattr(type(value), "carried_by_value", False):
+        return f"{type(value).__qualname__}:{_dumps(value).hex()}"
+    if callable(value) and hasattr(value, "__qualname__"):
         return f"{getattr(value, '__module__', '')}.{value.__qualname__}"
-    return repr(value)
+    text = repr(value)
+    if " at 0x" in text:
+        raise ValueError(f"no text the same in every process for {text}")
+    return text
 
 
 def _devices(record):
@@ -478,7 +490,7 @@ def whole_key(later):
         record = later.record
         specs = [tuple(getattr(v, a) for a in TensorSpec.__slots__) if isinstance(v, TensorSpec) else v
                  for v in list(record.state_specs) + list(record.inputs)]
-        parts = (torch.__version__, _devices(record), record.nodes.hex(), _canonical((record.state, specs)),
+        parts = (torch.__version__, _devices(record), _canonical(_loads(record.nodes)), _canonical((record.state, specs)),
                  _canonical(later.config_patches),
                  f"{later.compile_whole.__module__}.{later.compile_whole.__qualname__}",
                  _canonical(later.settings), _canonical(configs))
