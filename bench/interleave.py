@@ -59,12 +59,12 @@ def step_times_ms(fn, iters, device):
     return times, (time.perf_counter() - t0) / iters * 1e3
 
 
-def alternate(steps, rounds, iters, device, reference=None):
+def alternate(steps, rounds, iters, device, reference=None, progress=None):
     """Time each of ``steps`` (name -> callable with no arguments, already compiled and warm) in
     ``rounds`` turns of ``iters`` steps, flipping the order every round. Returns a dict: per name
     its median step and pipelined ms over all turns and per-round medians; ``ratios``: per name
     other than ``reference``, the median over rounds of (its round median / the reference's);
-    ``host_speed_us`` per round."""
+    ``host_speed_us`` per round; ``progress``, if given, is told each round's medians."""
     names = list(steps)
     reference = reference or names[0]
     per_round = {n: [] for n in names}
@@ -78,6 +78,8 @@ def alternate(steps, rounds, iters, device, reference=None):
             every[name].extend(times)
             per_round[name].append(statistics.median(times))
             pipelined[name].append(pipe)
+        if progress is not None:
+            progress(f"round {r + 1}/{rounds}: " + ", ".join(f"{n} {per_round[n][-1]:.2f} ms" for n in names))
     out = {"rounds": rounds, "iters": iters, "host_speed_us": speeds, "compilers": {}}
     for n in names:
         out["compilers"][n] = {"median_ms": statistics.median(every[n]),

@@ -221,6 +221,12 @@ def infer_with(compiled, idx):
         return compiled(idx)
 
 
+def progress(message):
+    """A line for whoever watches a long run: the parent passes these on as they come, so a run
+    cut short (a device's time limit) still shows how far each process got."""
+    print(f"progress: {message}", file=sys.stderr, flush=True)
+
+
 def sync(device):
     if device == "cuda":
         torch.cuda.synchronize()
@@ -238,11 +244,13 @@ def measure(row, compiler, args):
     out = fn(*inputs)
     sync(device)
     first = time.perf_counter() - t0 + COMPILE_CALL_S[0]
+    progress(f"{compiler}: first call {first:.1f} s")
     for _ in range(args.warmup):
         out = fn(*inputs)
     settled = settle(compiler, fn, inputs, args)
     if settled is not None:      # seconds from the first call's start until the steady state
         settled = time.perf_counter() - t0 + COMPILE_CALL_S[0]
+        progress(f"{compiler}: steady after {settled:.1f} s")
     times = []
     for _ in range(args.iters):
         if device == "cuda":
@@ -354,18 +362,20 @@ def measure_interleaved(row, compilers, args):
                 out = fn(*inputs)
         settle(real, fn, inputs, args)
         sync(device)
+        progress(f"{compiler}: compiled and steady")
         steps[compiler] = (lambda fn=fn, inputs=inputs: fn(*inputs))
         graphs[compiler] = counter[0] if real == "bytegraph" else torch_graphs() if real == "torch.compile" else None
         losses[compiler] = out
     reference = "torch.compile" if "torch.compile" in compilers else compilers[0]
     result = {"row": row, "compiler": "interleaved", "interleaved": interleave.alternate(
-        steps, args.rounds, args.iters, device, reference=reference)}
+        steps, args.rounds, args.iters, device, reference=reference, progress=progress)}
     if args.slow_host_too:
         busy = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", "while True: pass"])
         os.sched_setaffinity(0, {0})
         try:
             result["slow_interleaved"] = interleave.alternate(steps, args.rounds, args.iters, device,
-                                                              reference=reference)
+                                                              reference=reference,
+                                                              progress=lambda m: progress(f"busy core: {m}"))
         finally:
             busy.kill()
             os.sched_setaffinity(0, range(os.cpu_count()))
@@ -596,18 +606,44 @@ def run_one(row, compiler, args, caches=None, keep_caches=False):
         cmd = ["taskset", "-c", "0"] + cmd
         busy = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", "while True: pass"])
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
+        stdout, stderr = run_passing_progress(cmd, env, args.timeout, label=f"{row} / {compiler}")
     finally:
         if busy is not None:
             busy.kill()
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("{")), None)
+    line = next((ln for ln in stdout.splitlines() if ln.startswith("{")), None)
     if line is None:
-        err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        err = (stderr.strip().splitlines() or ["no output"])[-1]
         return {"row": row, "compiler": compiler, "error": err[:160]}
     result = json.loads(line)
     if not args.interleave:
         result["compiler"] = compiler
     return result
+
+
+def run_passing_progress(cmd, env, timeout, label):
+    """Run ``cmd`` (killed after ``timeout`` seconds); its stdout and stderr as text, its
+    ``progress:`` lines passed on to this process's stderr as they come."""
+    import threading
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    out, err = [], []
+
+    def pump_err():
+        for ln in proc.stderr:
+            err.append(ln)
+            if ln.startswith("progress: "):
+                print(f"  {label}: {ln[len('progress: '):].rstrip()}", file=sys.stderr, flush=True)
+    readers = [threading.Thread(target=pump_err, daemon=True),
+               threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True)]
+    for r in readers:
+        r.start()
+    try:
+        proc.wait(timeout)
+    except BaseException:
+        proc.kill()
+        raise
+    for r in readers:
+        r.join()
+    return "".join(out), "".join(err)
 
 
 def print_table(results, args):
