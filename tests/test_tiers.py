@@ -374,6 +374,26 @@ def test_a_later_run_compiles_whole_from_the_caches_with_no_quick_tier_or_child(
         assert torch.allclose(p, q, atol=1e-5), name
 
 
+def test_a_noted_whole_compile_that_fails_here_leaves_the_two_tiers(gpu_rule, monkeypatch, caplog):
+    """The note says the caches hold the whole compile, but compiling it here fails (a cache
+    emptied by hand, say): the graph is compiled in two tiers as if nothing were noted."""
+    x = torch.randint(0, 64, (2, 8))
+    gm, examples = captured(gpt(2).train(), x)
+    tiers.note_whole_cached(inductor_backend._whole_later(gm, examples, None))
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("cache entry gone")
+    made = []
+    monkeypatch.setattr(tiers, "compile_record", fails)
+    monkeypatch.setattr(inductor_backend.tiers, "tiered", lambda quick, later, label: made.append(label) or quick)
+    model = gpt(2).train()
+    with caplog.at_level("WARNING", logger="bytegraph.regions"):
+        out = bytegraph.compile(model, backend="inductor")(x)
+    assert_same(model(x), out, atol=1e-5)
+    assert made == ["shared blocks"] or made == ["split blocks"], made
+    assert "cache entry gone" in caplog.text and "compiled in two tiers instead" in caplog.text
+
+
 def test_another_graph_or_setting_is_another_whole_compile(gpu_rule):
     """The note names the graph and what it is compiled under: a model of another size, a
     training graph against an inference one, or another default dtype finds nothing noted."""
