@@ -461,19 +461,19 @@ print(tiers.whole_key(inductor._whole_later(gm, examples, None)))
 
 
 def test_the_whole_compiles_key_is_the_same_in_another_process():
-    """Another process (other string hashing, so sets iterate in another order) works out the
-    same key for the same graph: otherwise a later run would never find the note."""
+    """Two fresh processes with other string hashing (so sets iterate in other orders) work out
+    the same key for the same graph, which differs from another graph's: otherwise a later run
+    would never find the note. (Fresh processes both: a test worker's settings may have been
+    moved by earlier tests, and the key reads them.)"""
     import subprocess
-    gm, examples = captured(gpt(2).train(), torch.randint(0, 64, (2, 8)))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(regions, "on_cuda", lambda gm: True)
-        here = tiers.whole_key(inductor_backend._whole_later(gm, examples, None))
-    code = _KEY_IN_A_NEW_PROCESS.format(tests=os.path.dirname(__file__))
-    for seed in ("1", "2"):
-        env = dict(os.environ, PYTHONHASHSEED=seed, OMP_NUM_THREADS=str(torch.get_num_threads()))
+    keys = []
+    for seed, layers in (("1", 2), ("2", 2), ("3", 3)):
+        code = _KEY_IN_A_NEW_PROCESS.format(tests=os.path.dirname(__file__)).replace("gpt(2)", f"gpt({layers})")
+        env = dict(os.environ, PYTHONHASHSEED=seed)
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
-        assert out.stdout.strip().splitlines()[-1] == here
+        keys.append(out.stdout.strip().splitlines()[-1])
+    assert keys[0] == keys[1] != keys[2] and len(keys[0]) == 32, keys
 
 
 def test_a_step_under_autocast_is_compiled_again_from_aot_autograds_cache(monkeypatch, tmp_path):

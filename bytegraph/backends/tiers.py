@@ -490,8 +490,8 @@ def whole_key(later):
         record = later.record
         specs = [tuple(getattr(v, a) for a in TensorSpec.__slots__) if isinstance(v, TensorSpec) else v
                  for v in list(record.state_specs) + list(record.inputs)]
-        parts = (torch.__version__, _devices(record), _canonical(_loads(record.nodes)), _canonical((record.state, specs)),
-                 _canonical(later.config_patches),
+        parts = (torch.__version__, _devices(record), _canonical(_loads(record.nodes)),
+                 _canonical((record.state, specs)), _canonical(later.config_patches),
                  f"{later.compile_whole.__module__}.{later.compile_whole.__qualname__}",
                  _canonical(later.settings), _canonical(configs))
     except Exception as exc:    # noqa: BLE001 - a setting without a stable text: not looked up
