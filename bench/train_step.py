@@ -240,10 +240,17 @@ def measure(row, compiler, args):
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     sync(device)
+    profiler = None
+    if args.first_call_profile:
+        import cProfile
+        profiler = cProfile.Profile()
+        profiler.enable()
     t0 = time.perf_counter()
     out = fn(*inputs)
     sync(device)
     first = time.perf_counter() - t0 + COMPILE_CALL_S[0]
+    if profiler is not None:
+        profiler.disable()
     progress(f"{compiler}: first call {first:.1f} s")
     for _ in range(args.warmup):
         out = fn(*inputs)
@@ -274,6 +281,8 @@ def measure(row, compiler, args):
     pipelined = (time.perf_counter() - t0) / args.iters * 1e3
     result = {"row": row, "compiler": compiler, "first_ms": first * 1e3, "median_ms": statistics.median(times),
               "pipelined_ms": pipelined, "host_speed_us": interleave.host_speed_us()}
+    if profiler is not None:
+        result["first_call_profile"] = top_functions(profiler, args.first_call_profile)
     if settled is not None:
         result["steady_after_s"] = settled
         from bytegraph.backends import tiers
@@ -450,6 +459,16 @@ def host_time(fn, inputs, args):
         for k, v in top]
 
 
+def top_functions(profiler, top):
+    """The ``top`` functions of a cProfile by cumulative time, with their own time (seconds): where
+    a first call's time goes (which imports, traces, cache loads and compiles)."""
+    import pstats
+    stats = pstats.Stats(profiler).stats
+    return [{"function": f"{os.path.basename(k[0])}:{k[1]}({k[2]})", "calls": v[1],
+             "own_s": round(v[2], 3), "cum_s": round(v[3], 3)}
+            for k, v in sorted(stats.items(), key=lambda kv: -kv[1][3])[:top]]
+
+
 def kernel_profile(fn, inputs, top, steps=3):
     """GPU kernels per step from torch.profiler over ``steps`` steps: how many kernels one step
     launches, their summed time, and the ``top`` kernels by time (name, launches and ms per step):
@@ -595,6 +614,7 @@ def run_one(row, compiler, args, caches=None, keep_caches=False):
            "--warmup", str(args.warmup), "--layers", str(args.layers), "--d", str(args.d),
            "--heads", str(args.heads), "--batch", str(args.batch), "--tokens", str(args.tokens),
            "--host-profile", str(args.host_profile), "--kernel-profile", str(args.kernel_profile),
+           "--first-call-profile", str(args.first_call_profile),
            "--rounds", str(args.rounds)] + (["--slow-host-too"] if args.slow_host_too else []) + (
                ["--interleave"] if args.interleave else [])
     if args.tiny:
@@ -792,6 +812,8 @@ def main():
                    help="add the N functions taking most host time per issued step to the JSON (CUDA)")
     p.add_argument("--kernel-profile", type=int, default=0,
                    help="add kernels per step and the N kernels taking most GPU time per step to the JSON (CUDA)")
+    p.add_argument("--first-call-profile", type=int, default=0,
+                   help="add the N functions taking most time (cumulative) in the first call to the JSON")
     p.add_argument("--interleave", action="store_true",
                    help="per row, one process with every compiler's step, timed in alternating rounds "
                         "(steady state only: bench/interleave.py)")

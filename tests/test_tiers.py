@@ -212,6 +212,7 @@ class _Later:
     def __init__(self, code, compiled=None):
         self.record = type("R", (), {"state_tensors": []})()
         self.config_patches, self.settings, self.compile_whole = {}, {}, None
+        self.source = None
         self.code = code
         self.compiled = compiled
 
@@ -476,10 +477,12 @@ def test_the_whole_compiles_key_is_the_same_in_another_process():
     assert keys[0] == keys[1] != keys[2] and len(keys[0]) == 32, keys
 
 
-def test_a_step_under_autocast_is_compiled_again_from_aot_autograds_cache(monkeypatch, tmp_path):
+@pytest.mark.parametrize("values_from", ["fakes run again", "the traced graph"])
+def test_a_step_under_autocast_is_compiled_again_from_aot_autograds_cache(monkeypatch, tmp_path, values_from):
     """The child's whole compile and this process's at the switch: the second is AOTAutograd's
     cache hit, with a ``with torch.autocast`` block and tensor methods in the graph, and gives
-    the first one's results (and eager's, to bf16's precision)."""
+    the first one's results (and eager's, to bf16's precision). Here, the nodes' example values
+    come from the graph the record was written from, where it is given, with no run on fakes."""
     from torch._dynamo.utils import counters      # torch's own cache counters, read here only
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     torch.manual_seed(0)
@@ -501,7 +504,15 @@ def test_a_step_under_autocast_is_compiled_again_from_aot_autograds_cache(monkey
     child = [spec.fake(mode) for spec in record.state_specs]
     tiers.compile_record(record, child, inductor_backend.compile_fx_whole, None, settings, mode)
     hits = counters["aot_autograd"]["autograd_cache_hit"]
-    here = tiers.compile_record(record, record.state_tensors, inductor_backend.compile_fx_whole, None, settings)
+    source = None
+    if values_from == "the traced graph":
+        source = gm
+
+        def no_second_run(*args):
+            raise AssertionError("the graph was run on fakes again")
+        monkeypatch.setattr(tiers, "_note_example_values", no_second_run)
+    here = tiers.compile_record(record, record.state_tensors, inductor_backend.compile_fx_whole, None, settings,
+                                source=source)
     assert counters["aot_autograd"]["autograd_cache_hit"] == hits + 1, (before, dict(counters["aot_autograd"]))
     assert counters["aot_autograd"]["autograd_cache_bypass"] == before.get("autograd_cache_bypass", 0)
     (got,) = here(*examples)

@@ -112,7 +112,7 @@ def _whole_later(gm, example_inputs, config_patches):
     try:
         return tiers.WholeLater(tiers.GraphRecord(copy, examples), config_patches,
                                 finish=lambda compiled: with_restore(grad_presence.gate(compiled, grads), restore),
-                                compile_whole=compile_fx_whole)
+                                compile_whole=compile_fx_whole, source=copy)
     except tiers.NotRecordable as exc:
         logging.getLogger("bytegraph.regions").info("not compiled in two tiers: %s", exc)
         return None
