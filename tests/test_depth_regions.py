@@ -122,8 +122,12 @@ def test_region_work_counts_the_matrix_products_of_a_block():
     products = 2 * rows * d * 12 * d + 2 * 2 * rows * 8 * d
     flops = next(iter(work.values()))
     assert products <= flops < 1.2 * products
-    # On the CPU a graph is always split (kernels run in the caller's thread).
-    assert regions.worth_splitting(graphs[0])
+    # On the CPU a graph that will be differentiated is compiled whole (its parts partitioned
+    # apart ran slower); without grad it is split (kernels run in the caller's thread).
+    assert not regions.worth_splitting(graphs[0])
+    with torch.no_grad():
+        bytegraph.compile(model, backend=backend)(x)
+    assert len(graphs) == 2 and regions.worth_splitting(graphs[1])
 
 
 def test_a_gpu_graph_is_split_only_when_its_blocks_do_enough_work(monkeypatch):
@@ -207,9 +211,10 @@ def test_parts_are_compiled_under_the_grad_mode_and_autocast_the_graph_sets(stat
 
 
 @pytest.mark.parametrize("grad", [False, True])
-def test_a_gpu_graph_that_is_differentiated_is_compiled_whole(monkeypatch, grad):
-    # A training step (here one that sets autocast itself) split on a GPU costs AOTAutograd's
-    # wrappers per part in forward and backward on every step; without grad the work decides.
+def test_a_graph_that_is_differentiated_is_compiled_whole(monkeypatch, grad):
+    # A training step (here one that sets autocast itself) split costs AOTAutograd's wrappers
+    # per part on every step on a GPU, and slower kernels on the CPU (each part partitioned for
+    # its backward alone); without grad the work decides on a GPU, and the CPU splits.
     model = gpt(3)
 
     def step(x):
@@ -220,7 +225,7 @@ def test_a_gpu_graph_that_is_differentiated_is_compiled_whole(monkeypatch, grad)
     with torch.set_grad_enabled(grad):
         bytegraph.compile(step, backend=lambda gm, ex: graphs.append(gm) or gm.forward)(torch.randint(0, 64, (2, 8)))
     assert any(regions.is_state_node(n) for n in graphs[0].graph.nodes)
-    assert regions.worth_splitting(graphs[0])          # on the CPU: split either way
+    assert regions.worth_splitting(graphs[0]) == (not grad)     # on the CPU
     work = max(regions.region_flops(graphs[0]).values())
     monkeypatch.setattr(regions, "on_cuda", lambda gm: True)
     monkeypatch.setattr(regions, "CUDA_MIN_REGION_FLOPS", work)
