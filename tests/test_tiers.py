@@ -610,3 +610,30 @@ def test_the_settings_carried_to_the_child_set_what_differs(monkeypatch):
     finally:
         torch.set_num_threads(threads)
         torch.set_default_dtype(dtype)
+
+
+def test_a_record_compiled_with_its_source_graphs_values_and_no_cache_equals_eager(monkeypatch, tmp_path):
+    """Nothing in the caches (a whole compile that misses them): the record is traced through
+    AOTAutograd and Inductor with the source graph's example values on its nodes, which belong
+    to another fake mode than the compile's inputs, and gives eager's outputs and gradients."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    model = gpt(2).train()
+    x = torch.randint(0, 64, (2, 8))
+    gm, examples = captured(model, x)
+    record = tiers.GraphRecord(gm, examples)
+
+    def no_second_run(*args):
+        raise AssertionError("the graph was run on fakes again")
+    monkeypatch.setattr(tiers, "_note_example_values", no_second_run)
+    here = tiers.compile_record(record, record.state_tensors, inductor_backend.compile_fx_whole, None,
+                                tiers._settings(), source=gm)
+    (got,) = here(*examples)
+    expected = model(x)
+    assert_same(expected, got, atol=1e-5)
+    got.sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    expected.sum().backward()
+    for n, p in model.named_parameters():
+        assert torch.allclose(grads[n], p.grad, atol=1e-5), n
