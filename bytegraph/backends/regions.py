@@ -145,12 +145,13 @@ def worth_splitting(gm):
       (``CUDA_MIN_REGION_FLOPS``); small regions are launch-bound and would show the calls.
 
     On the CPU kernels run in the caller's thread and outlast the calls, so an inference graph
-    is split: a 12-layer GPT (d=256, 4x64 tokens, 2 threads) ran its forward in 25.7 ms split,
-    26.3 whole, 26.0 with torch.compile. A training graph is compiled whole there too: each part
-    is partitioned for its backward apart from the others, and the split steps ran slower, 91.3
-    against 83.0 ms (torch.compile 85.9) for that GPT's forward and backward, 30.7 against 27.1 ms
-    at 6 layers, d=128, 8x64 tokens. The split's first call was shorter (23.8 s against 34.5 s),
-    which a training run repays within ~1,500 steps."""
+    is split: a 12-layer GPT (d=256, 4x64 tokens, 2 threads; ``bench/cpu_split.py``) ran its
+    forward in 25.0-26.1 ms split, 24.8-25.2 whole, 26.6 with torch.compile, and the split's
+    first call took 15.4-15.8 s against 20.7-21.4. A training graph is compiled whole there too:
+    each part is partitioned for its backward apart from the others, and the split steps ran
+    slower, 92.6 against 83.6 ms (torch.compile 88.8) for that GPT's forward and backward, 30.7
+    against 27.1 ms at 6 layers, d=128, 8x64 tokens. The split's first call was shorter (21.6 s
+    against 32.9 s), which a training run repays within ~1,300 steps."""
     if _differentiated(gm):
         return False
     if not on_cuda(gm):

@@ -435,7 +435,8 @@ def _autocast_cacheable():
 
 def _example_values_from(gm, source):
     """Each node's ``meta["example_value"]`` copied from ``source``'s, where ``source`` is the
-    graph ``gm`` was built from (the same nodes in the same order) and every node there has one.
+    graph ``gm`` was built from (the same nodes in the same order) and every node but a function
+    call's that returns nothing has one; False, leaving ``gm`` as it was, otherwise.
     They are only read for their shapes and dtypes (by AOTAutograd's cache check and Inductor's
     passes, which take a value's own fake mode), not run with the compile's inputs. Running the
     graph on fakes again took 0.6 s of a later process's 5.9 s first call (CPU, 12 layers)."""
