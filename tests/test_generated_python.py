@@ -106,13 +106,7 @@ KNOWN_MISMATCHES = {}
 KNOWN_UNSTABLE = {}
 # Seeds whose first call compiles no graph where torch.compile makes some (correct, WORSE):
 # (feature set, seed) -> reason. Their results are still compared.
-KNOWN_NO_GRAPH = {
-    ("all", 25): "a native step inside try raises into its handler: the rest of the frame runs natively",
-    ("all", 75): "a native step inside try raises into its handler: the rest of the frame runs natively",
-    # Found at BYTEGRAPH_GEN_SEEDS=300 (3.11 and 3.13 alike), beyond the default seeds.
-    **{("all", seed): "a native step inside try raises into its handler: the rest of the frame runs natively"
-       for seed in (107, 198, 202, 214)},
-}
+KNOWN_NO_GRAPH = {}
 
 
 # ---- helpers the generated programs call (module-level functions of this file)

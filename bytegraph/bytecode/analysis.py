@@ -70,8 +70,101 @@ def inside_user_handler(code, offset):
     return False
 
 
+def _depth_effects(ins):
+    """(stack effect falling through, stack effect jumping) of a raw instruction."""
+    if ins.opcode >= dis.HAVE_ARGUMENT:
+        return (dis.stack_effect(ins.opcode, ins.arg, jump=False),
+                dis.stack_effect(ins.opcode, ins.arg, jump=True))
+    effect = dis.stack_effect(ins.opcode)
+    return effect, effect
+
+
 @lru_cache(maxsize=1024)
-def _liveness(code):
+def handler_exits(code, offset, bound):
+    """Where an exception raised at ``offset`` can leave the handlers it reaches and go on as
+    plain code: (offset of a ``POP_EXCEPT``, offset after it, stack depth there, locals bound
+    there on every path) for each one met on the code's paths (normal and exceptional) from the
+    handler of the entry covering ``offset`` whose stack is no deeper than at that ``try``'s
+    start (a statement's start: only loop iterators and ``with`` exits below); ``bound`` are the
+    locals bound at ``offset``. Empty where no entry covers ``offset``, or where the paths
+    cannot be followed."""
+    instrs = _raw(code)
+    by_offset = {ins.offset: k for k, ins in enumerate(instrs)}
+    entries = exception_entries(code)
+
+    def entry_at(at):
+        return next((e for e in entries if e.start <= at < e.end), None)
+    first = entry_at(offset)
+    if first is None or first.target not in by_offset:
+        return ()
+    limit = first.depth
+    start = by_offset[first.target]
+    depth_at, succs, exits = {}, {}, []
+    todo = [(start, first.depth + first.lasti + 1)]
+    while todo:
+        k, depth = todo.pop()
+        if k in depth_at:
+            if depth_at[k] != depth:
+                return ()
+            continue
+        if len(depth_at) > 5000:
+            return ()
+        depth_at[k] = depth
+        ins = instrs[k]
+        nxt = succs[k] = []
+        entry = entry_at(ins.offset)
+        if entry is not None:
+            if entry.target not in by_offset:
+                return ()
+            nxt.append((by_offset[entry.target], entry.depth + entry.lasti + 1, True))
+        try:
+            through, jumping = _depth_effects(ins)
+        except ValueError:
+            return ()
+        if ins.opname == "POP_EXCEPT" and depth + through <= limit and k + 1 < len(instrs):
+            exits.append((k, depth + through))
+            nxt.clear()      # the code hands over here: nothing after it runs in this frame
+        else:
+            if ins.opname not in _TERMINAL and ins.opname not in _UNCONDITIONAL and k + 1 < len(instrs):
+                nxt.append((k + 1, depth + through, False))
+            if ins.opcode in _JUMP_OPCODES:
+                if ins.argval not in by_offset:
+                    return ()
+                nxt.append((by_offset[ins.argval], depth + jumping, False))
+        todo.extend((s, d) for s, d, _ in nxt)
+    # Locals bound on every path: at the handler, those bound at ``offset``; a store binds, a
+    # delete unbinds; an exceptional path keeps only what was bound both before and after.
+    every = frozenset(code.co_varnames) | frozenset(bound)
+    # An inlined comprehension (3.12+) saves its variable with LOAD_FAST_AND_CLEAR and stores
+    # it back, unbound where it was: such a store binds nothing for certain.
+    restored = {i.argval for i in instrs if i.opname == "LOAD_FAST_AND_CLEAR"}
+    bound_in = {k: every for k in depth_at}
+    bound_in[start] = frozenset(bound)
+    changed = True
+    while changed:
+        changed = False
+        for k in depth_at:
+            ins = instrs[k]
+            before = bound_in[k]
+            after = before
+            if ins.opname in _WRITES:
+                after = before | ({ins.argval} - restored)
+            elif ins.opname in _PAIR_WRITES:
+                after = before | (set(ins.argval) - restored)
+            elif ins.opname == "STORE_FAST_LOAD_FAST":
+                after = before | ({ins.argval[0]} - restored)
+            elif ins.opname == "DELETE_FAST":
+                after = before - {ins.argval}
+            for succ, _, exceptional in succs[k]:
+                new = bound_in[succ] & ((before & after) if exceptional else after)
+                if new != bound_in[succ]:
+                    bound_in[succ] = new
+                    changed = True
+    return tuple((instrs[k].offset, instrs[k + 1].offset, depth, bound_in[k]) for k, depth in exits)
+
+
+@lru_cache(maxsize=1024)
+def _liveness(code, saves_read=True):
     instrs = _raw(code)
     by_offset = {ins.offset: k for k, ins in enumerate(instrs)}
     # Jumps may target the EXTENDED_ARG prefix of an instruction: map it to the instruction.
@@ -103,6 +196,8 @@ def _liveness(code):
         name = ins.opname
         if implicit_self and name == "LOAD_GLOBAL" and ins.argval == "super":
             uses.append(set(implicit_self)); defs.append(set())
+        elif name == "LOAD_FAST_AND_CLEAR" and not saves_read:
+            uses.append(set()); defs.append(set())
         elif name in _READS:
             uses.append({ins.argval}); defs.append(set())
         elif name in _WRITES:
@@ -138,9 +233,11 @@ def zero_argument_super(code):
     return "__class__" in code.co_freevars and code.co_argcount > 0 and "super" in code.co_names
 
 
-def live_locals(code, offset):
-    """Names of fast locals that may be read at or after ``offset`` before being written."""
-    return _liveness(code).get(offset, frozenset(code.co_varnames))
+def live_locals(code, offset, saves_read=True):
+    """Names of fast locals that may be read at or after ``offset`` before being written. With
+    ``saves_read`` False, an inlined comprehension's save of its variable (3.12+
+    ``LOAD_FAST_AND_CLEAR``, which takes an unbound local as it is) is not a read."""
+    return _liveness(code, saves_read).get(offset, frozenset(code.co_varnames))
 
 
 _FRAME_READERS = {"locals", "eval", "exec"}            # read the calling frame whatever the arguments

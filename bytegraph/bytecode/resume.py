@@ -186,7 +186,7 @@ def _set_parameters(bc, stack_layout, live, name):
 CLOSURE_PARAM = "__closure"   # the cells of the call, passed along by generated code
 
 
-def step_code(code, offset, stack_layout, live, after_layout, after_live, handover, name):
+def step_code(code, offset, stack_layout, live, after_layout, after_live, handover, name, exits=()):
     """Code that runs one instruction natively, then hands over to ``handover``.
 
     It starts like a resume function at ``offset``; right after a copy of that single
@@ -198,6 +198,10 @@ def step_code(code, offset, stack_layout, live, after_layout, after_live, handov
     the closure as a last parameter ``__closure`` and passes it on to ``handover``
     (resume functions are made over the cells of the call that reaches them). As in a
     resume function, the cell variables of ``code`` are cells of that closure.
+
+    ``exits``: (offset of a ``POP_EXCEPT``, stack layout, live locals, handover) for each place
+    where a handler the instruction raises into ends (``analysis.handler_exits``); there the
+    code hands over in the same way, so what follows the handler is compiled again.
     """
     takes_closure = bool(closure_names(code))
     bc, target, origins = _load_at(code, offset)
@@ -223,21 +227,41 @@ def step_code(code, offset, stack_layout, live, after_layout, after_live, handov
     bc[first:first] = [Instr("JUMP_FORWARD", skip, lineno=lineno), start, *copies,
                        Instr("JUMP_FORWARD", tail, lineno=lineno), skip]
     _enter_at(bc, start, stack_layout, lineno)
+    tails = []
+    for pop_offset, layout, exit_live, exit_handover in exits:
+        at = next((j for j, x in enumerate(bc) if isinstance(x, Instr) and x.name == "POP_EXCEPT"
+                   and _origin(origins, x) == pop_offset), None)
+        if at is None:
+            continue
+        label = Label()
+        bc.insert(at + 1, Instr("JUMP_FORWARD", label, lineno=bc[at].lineno))
+        tails.append(_handover_tail(label, layout, exit_live, exit_handover, takes_closure, bc[at].lineno))
     # A NULL cannot be popped; storing it into a spare local is safe (the local becomes unbound).
     if handover is None:
         # The instruction never falls through (a raise or return at the end of the code).
         bc.extend([tail, Instr("LOAD_CONST", None, lineno=lineno), Instr("RETURN_VALUE", lineno=lineno)])
         args = []
     else:
-        stores = [Instr("STORE_FAST", "__null" if s is NULL_SLOT else s, lineno=lineno)
-                  for s in reversed(after_layout)]
-        args = [s for s in after_layout if s is not NULL_SLOT] + list(after_live)
-        if takes_closure:
-            args.append(CLOSURE_PARAM)
-        call = [Instr(op, arg, lineno=lineno) if arg is not None else Instr(op, lineno=lineno)
-                for op, arg in versions.call_sequence(handover, args)]
-        bc.extend([tail] + stores + call + [Instr("RETURN_VALUE", lineno=lineno)])
+        code_tail = _handover_tail(tail, after_layout, after_live, handover, takes_closure, lineno)
+        bc.extend(code_tail)
+        args = code_tail
+    for code_tail in tails:
+        bc.extend(code_tail)
     _cells_from_closure(bc)
     _set_parameters(bc, stack_layout, list(live) + ([CLOSURE_PARAM] if takes_closure else []), name)
-    return bc.to_code(stacksize=code.co_stacksize + len(stack_layout) + len(args) + 5,
+    extra = max([len(args)] + [len(t) for t in tails])
+    return bc.to_code(stacksize=code.co_stacksize + len(stack_layout) + extra + 5,
                       compute_exception_stack_depths=False)
+
+
+def _handover_tail(label, layout, live, handover, takes_closure, lineno):
+    """``label``, then the stack (laid out as ``layout``) stored and ``handover(*stack, *live)``
+    returned: placed after all exception ranges, so the handover's own exceptions are not
+    handled here again."""
+    stores = [Instr("STORE_FAST", "__null" if s is NULL_SLOT else s, lineno=lineno) for s in reversed(layout)]
+    args = [s for s in layout if s is not NULL_SLOT] + list(live)
+    if takes_closure:
+        args.append(CLOSURE_PARAM)
+    call = [Instr(op, arg, lineno=lineno) if arg is not None else Instr(op, lineno=lineno)
+            for op, arg in versions.call_sequence(handover, args)]
+    return [label] + stores + call + [Instr("RETURN_VALUE", lineno=lineno)]

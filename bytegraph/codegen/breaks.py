@@ -366,7 +366,8 @@ def _generic_step(site):
     key = (original, orig_offset, tuple(before), tuple(live_before), tuple(after), tuple(after_live), step_name)
     step = handover.steps.get(key) if handover is not None else None
     if step is None:
-        step = step_code(original, orig_offset, before, live_before, after, after_live, handover, step_name)
+        exits = _handler_exits(compiler, fn, original, orig_offset, before, live_before)
+        step = step_code(original, orig_offset, before, live_before, after, after_live, handover, step_name, exits)
         if handover is not None:
             handover.steps[key] = step
     CUT_FROM[step] = original
@@ -385,6 +386,31 @@ def _generic_step(site):
         step_fn = ns.ref(types.FunctionType(step, fn.__globals__, step_name), "step")
     call = "__Continuation" if is_resume else "__resolve"
     return [], [f"return {call}({step_fn}, ({', '.join(args)}{',' if len(args) == 1 else ''}))"]
+
+
+def _handler_exits(compiler, fn, original, offset, before, live_before):
+    """Where the step's instruction, raising, leaves a handler of ``original`` to go on as plain
+    code: (``POP_EXCEPT`` offset, stack layout, live locals, handover to the resume function
+    after it) for ``step_code``, so that what follows the handler is compiled again instead of
+    running natively to the end. A place where a local read after it might not be bound (the
+    step's code holds only the locals passed to it, and what it binds) is left out: the code
+    runs on natively from there, as before."""
+    exits = []
+    for pop_offset, after, depth, bound in analysis.handler_exits(original, offset, frozenset(live_before)):
+        # A local only an inlined comprehension saves after here need not be bound: unbound,
+        # it is saved and put back unbound, as in the original.
+        # Cell variables are not passed: both functions run over the call's cells.
+        live = analysis.live_locals(original, after, saves_read=False) - set(closure_names(original))
+        layout = list(before[:depth])
+        if depth > len(before) or NULL_SLOT in layout or not live <= bound:
+            continue
+        names = [n for n in original.co_varnames if n in live]
+        try:
+            wrapper = _resume_wrapper(compiler, fn, original, after, layout, names)
+        except (Unsupported, ValueError):     # no resume function there: native from there on
+            continue
+        exits.append((pop_offset, layout, names, Handover.of(wrapper)))
+    return exits
 
 
 def _closure_expr(code, frame, rb):
