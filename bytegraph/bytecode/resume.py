@@ -240,16 +240,14 @@ def step_code(code, offset, stack_layout, live, after_layout, after_live, handov
     if handover is None:
         # The instruction never falls through (a raise or return at the end of the code).
         bc.extend([tail, Instr("LOAD_CONST", None, lineno=lineno), Instr("RETURN_VALUE", lineno=lineno)])
-        args = []
     else:
-        code_tail = _handover_tail(tail, after_layout, after_live, handover, takes_closure, lineno)
-        bc.extend(code_tail)
-        args = code_tail
+        tails.insert(0, _handover_tail(tail, after_layout, after_live, handover, takes_closure, lineno))
     for code_tail in tails:
         bc.extend(code_tail)
     _cells_from_closure(bc)
     _set_parameters(bc, stack_layout, list(live) + ([CLOSURE_PARAM] if takes_closure else []), name)
-    extra = max([len(args)] + [len(t) for t in tails])
+    # A tail pushes no more than it has instructions (the handover, its arguments).
+    extra = max([0] + [len(t) for t in tails])
     return bc.to_code(stacksize=code.co_stacksize + len(stack_layout) + extra + 5,
                       compute_exception_stack_depths=False)
 
