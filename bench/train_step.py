@@ -422,7 +422,10 @@ def slow_host_figures(fn, inputs, args):
         out = {"slow_median_ms": statistics.median(times),
                "slow_pipelined_ms": (time.perf_counter() - t0) / args.iters * 1e3}
         if device == "cuda":
-            out["slow_host_ms"] = host_time(fn, inputs, argparse.Namespace(iters=args.iters, host_profile=0))[0]
+            out["slow_host_ms"], profile = host_time(
+                fn, inputs, argparse.Namespace(iters=args.iters, host_profile=args.host_profile))
+            if profile:
+                out["slow_host_profile"] = profile
         return out
     finally:
         busy.kill()

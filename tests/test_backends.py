@@ -486,3 +486,25 @@ def test_the_program_goes_on_in_the_state_a_backend_found():
         torch.set_autocast_dtype("cpu", before[2])
         torch._C._set_grad_enabled(before[0])
         torch.set_default_dtype(before[3])
+
+
+def test_inductors_first_use_work_runs_once_in_a_thread_that_the_compile_waits_for(monkeypatch):
+    """On a GPU, hashing Triton's and torch's files and building Triton's driver (the first use
+    of Inductor) run in one thread per process, started by the first graph; ``compile_fx`` waits
+    for it (``first_use_work_done``) before reading what it computed."""
+    import threading
+    from bytegraph.backends import inductor as inductor_backend
+    monkeypatch.setattr(inductor_backend, "_first_use", [])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    gate, done = threading.Event(), []
+
+    def work():
+        gate.wait(10)
+        done.append(threading.current_thread().name)
+    monkeypatch.setattr(inductor_backend, "_first_use_work", work)
+    inductor_backend.start_first_use_work()
+    inductor_backend.start_first_use_work()
+    assert len(inductor_backend._first_use) == 1 and done == []
+    gate.set()
+    inductor_backend.first_use_work_done()
+    assert done == ["bytegraph-inductor-first-use"]

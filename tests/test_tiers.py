@@ -551,6 +551,42 @@ def test_blocks_that_cannot_be_shared_are_split_for_the_quick_tier(gpu_rule, mon
     assert later.config_patches == {}
 
 
+def adamw_updates(model, update, steps, switch_at=None):
+    """``steps`` foreach AdamW updates of ``model`` through ``update(opt)`` (a compiled or plain
+    ``opt.step()``), each after gradients drawn from the step's seed; at ``switch_at``, waits
+    for the background compiles."""
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, foreach=True)
+    for i in range(steps):
+        torch.manual_seed(i)
+        for p in model.parameters():
+            p.grad = torch.randn_like(p)
+        update(opt)
+        if i == switch_at:
+            assert bytegraph.wait_for_background_compiles(300)
+    return opt
+
+
+def test_an_optimizer_update_in_lanes_switches_to_the_whole_update_and_equals_eager(gpu_rule, monkeypatch):
+    """An optimizer's foreach update compiled in lanes (backends/lanes.py) is a quick tier too:
+    a child compiles the update whole, and once it has, steps call that (one call a step
+    instead of one per chunk). Parameters and optimizer state equal eager's before and after."""
+    made = []
+    real_tiered = tiers.tiered
+    monkeypatch.setattr(inductor_backend.tiers, "tiered", lambda *a: made.append(real_tiered(*a)) or made[-1])
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(8)])     # 16 lanes
+    reference = copy.deepcopy(model)
+    update = bytegraph.compile(lambda opt: opt.step(), backend="inductor")
+    opt = adamw_updates(model, update, 6, switch_at=2)
+    expected = adamw_updates(reference, lambda opt: opt.step(), 6)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.allclose(p, q, atol=1e-6)
+        for name in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.allclose(opt.state[p][name], expected.state[q][name], atol=1e-6), name
+    (tiered,) = made
+    assert tiered.label == "lanes" and tiered.error is None and tiered.call is tiered.whole
+
+
 def test_not_tiered_when_switched_off(gpu_rule, monkeypatch):
     made = []
     monkeypatch.setattr(inductor_backend.tiers, "tiered", lambda *a: made.append(a) or a[0])

@@ -1,5 +1,6 @@
 """The ``inductor`` backend: TorchInductor code generation (C++/OpenMP on CPU)."""
 import logging
+import threading
 
 import torch
 import torch.fx as fx
@@ -8,8 +9,8 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from . import grad_presence, tiers
 from .inference import has_inference_blocks, inference_parts
-from .lanes import compile_by_lanes
-from .regions import compile_by_regions, global_state_kept, worth_sharing, worth_splitting
+from .lanes import compile_by_lanes, splits_by_lanes
+from .regions import compile_by_regions, global_state_kept, on_cuda, worth_sharing, worth_splitting
 from .subgraphs import compiling, with_shared_blocks
 from .cudagraphs import watch_static_inputs
 from ._common import (as_list, compile_failed, flat_tuple_output, input_made_differentiable, note_static_addresses,
@@ -45,6 +46,52 @@ def cacheable_examples(example_inputs):
 QUICK_TIER_PATCHES = {"triton.autotune_pointwise": False, "shape_padding": False}
 
 
+# The thread doing Inductor's first use of Triton in this process (``start_first_use_work``).
+_first_use = []
+
+
+def start_first_use_work():
+    """Start, once per process, a thread doing the part of Inductor's first use on a GPU that
+    hardly holds the interpreter: hashing Triton's and torch's files for the cache keys (AOTAutograd's
+    and the FX graph cache's) and building Triton's CUDA driver module (a C compile), which
+    Inductor's matmul padding asks for. On the compiling thread they took about 1.1 s of a cold
+    first call (H200, torch 2.11: Triton's key 0.5 s, the driver 0.5 s, torch's key 0.15 s); here
+    they overlap the imports and the tracing that come before ``compile_fx``, which waits for
+    them (``first_use_work_done``). Each piece is cached by torch or Triton, so whatever this
+    thread did not finish (or failed at) is done again where it is needed, as before."""
+    if _first_use or not torch.cuda.is_available():
+        return
+    thread = threading.Thread(target=_first_use_work, name="bytegraph-inductor-first-use", daemon=True)
+    _first_use.append(thread)
+    thread.start()
+
+
+def _first_use_work():
+    steps = []
+    try:
+        from torch.utils._triton import has_triton
+        if not has_triton():
+            return
+        from triton.runtime import driver
+        from triton.runtime.cache import triton_key
+        from torch._inductor.codecache import torch_key
+        steps = [triton_key, lambda: driver.active.get_current_target(), torch_key]
+    except Exception:    # noqa: BLE001 - nothing done here: the compile does it all, as before
+        return
+    for step in steps:
+        try:
+            step()
+        except Exception:    # noqa: BLE001 - done again, and reported, where the compile needs it
+            pass
+
+
+def first_use_work_done():
+    """Wait for ``start_first_use_work``'s thread (if any): ``compile_fx`` reads what it computes,
+    and computing it twice at once would only cost more."""
+    if _first_use:
+        _first_use[0].join()
+
+
 def inductor(gm, example_inputs, *, config_patches=None):
     """Compile ``gm`` with Inductor. A graph with repeated blocks compiles each distinct block
     once: on a GPU, as shared subgraphs inside the whole graph (``backends/subgraphs.py``) where
@@ -63,6 +110,8 @@ def inductor(gm, example_inputs, *, config_patches=None):
         # (only where Triton is installed; a no-op after the first graph).
         from torch._inductor.async_compile import maybe_warm_pool
     maybe_warm_pool()
+    if on_cuda(gm):
+        start_first_use_work()
     cudagraphs = bool((config_patches or {}).get("triton.cudagraphs"))
     # Shared blocks in two tiers where the graph can be compiled whole later (backends/tiers.py),
     # else where sharing pays for itself.
@@ -90,10 +139,20 @@ def inductor(gm, example_inputs, *, config_patches=None):
             else None
         if split is not None and later is not None:
             return tiers.tiered(split.forward, later, "split blocks")
+        if split is None and later is None and tiers.possible(gm, example_inputs) and splits_by_lanes(gm):
+            # An optimizer update in lanes is the quick tier too: compiled whole, a step makes
+            # one call and fewer kernel launches (GPT-2 small's foreach AdamW: 18 fewer, and 14
+            # calls fewer through AOTAutograd's wrappers), the host work that a busy host shows.
+            later = _whole_later(gm, example_inputs, config_patches)
+            whole = None if later is None else tiers.whole_from_caches(later, "whole update")
+            if whole is not None:
+                return whole
+            if later is not None:
+                quick = dict(config_patches or {}, **QUICK_TIER_PATCHES)
         if split is None:
             split = compile_by_lanes(gm, example_inputs, compile_part)
         if split is not None:
-            return split.forward
+            return split.forward if later is None else tiers.tiered(split.forward, later, "lanes")
     return inductor_whole(gm, example_inputs, config_patches=config_patches)
 
 
@@ -185,5 +244,6 @@ def compile_fx_whole(gm, example_inputs, config_patches):
         # Heavy (Inductor): imported on first use, not with bytegraph.
         from torch._inductor.compile_fx import compile_fx, compile_fx_inner
     mark_parameters_static(gm)
+    first_use_work_done()
     return compile_fx(gm, example_inputs, inner_compile=watched_inner(compile_fx_inner, "inductor"),
                       config_patches=config_patches or None)
