@@ -496,6 +496,7 @@ def test_inductors_first_use_work_runs_once_in_a_thread_that_the_compile_waits_f
     from bytegraph.backends import inductor as inductor_backend
     monkeypatch.setattr(inductor_backend, "_first_use", [])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(importlib.import_module("torch.utils._triton"), "has_triton", lambda: True)
     gate, done = threading.Event(), []
 
     def work():

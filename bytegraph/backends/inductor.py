@@ -61,6 +61,9 @@ def start_first_use_work():
     thread did not finish (or failed at) is done again where it is needed, as before."""
     if _first_use or not torch.cuda.is_available():
         return
+    from torch.utils._triton import has_triton
+    if not has_triton():
+        return
     thread = threading.Thread(target=_first_use_work, name="bytegraph-inductor-first-use", daemon=True)
     _first_use.append(thread)
     thread.start()
@@ -69,13 +72,12 @@ def start_first_use_work():
 def _first_use_work():
     steps = []
     try:
-        from torch.utils._triton import has_triton
-        if not has_triton():
-            return
         from triton.runtime import driver
         from triton.runtime.cache import triton_key
         from torch._inductor.codecache import torch_key
-        steps = [triton_key, lambda: driver.active.get_current_target(), torch_key]
+        # ``utils`` builds the driver and touches no device: a device call here would make a
+        # context on this thread's device 0, whatever device the caller's thread is on.
+        steps = [triton_key, lambda: driver.active.utils, torch_key]
     except Exception:    # noqa: BLE001 - nothing done here: the compile does it all, as before
         return
     for step in steps:
