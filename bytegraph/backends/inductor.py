@@ -102,7 +102,8 @@ def inductor(gm, example_inputs, *, config_patches=None):
     GPU, the graph will be differentiated or its blocks do too little work for the extra calls
     to hide behind the kernels (``worth_splitting``): on a GPU a training graph is compiled whole
     unless CUDA graphs are asked for. An optimizer's foreach update is compiled a layer's
-    parameters at a time, each distinct chunk once (``backends/lanes.py``)."""
+    parameters at a time, each distinct chunk once (``backends/lanes.py``); on a GPU, until a
+    child process has compiled it whole (``backends/tiers.py``)."""
     if has_inference_blocks(gm):
         return inference_parts("inductor", gm, example_inputs,
                                lambda part, examples: inductor(part, examples, config_patches=config_patches))

@@ -7,7 +7,8 @@ fusion across block edges): GPT-2 small's training step on an H200, three proces
 alternating the compilers, ran 1.066x torch.compile's shared against 1.003x compiled whole.
 
 A ``Tiered`` callable keeps both. The quick compile is the shared blocks, or the graph split at
-its blocks where they fail (``backends/inductor.py``), with cheaper Inductor settings. It calls
+its blocks where they fail, or an optimizer's update in lanes (``backends/inductor.py``), with
+cheaper Inductor settings. It calls
 the quick compile's result, and from its second call
 on a child process compiles the same graph whole, which fills Inductor's (and, for a graph it
 caches, AOTAutograd's) on-disk caches; once the child has ended, the next call compiles the graph whole in this process,
