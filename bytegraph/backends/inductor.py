@@ -52,13 +52,14 @@ _first_use = []
 
 def start_first_use_work():
     """Start, once per process, a thread doing the part of Inductor's first use on a GPU that
-    hardly holds the interpreter: hashing Triton's and torch's files for the cache keys (AOTAutograd's
-    and the FX graph cache's) and building Triton's CUDA driver module (a C compile), which
-    Inductor's matmul padding asks for. On the compiling thread they took about 1.1 s of a cold
-    first call (H200, torch 2.11: Triton's key 0.5 s, the driver 0.5 s, torch's key 0.15 s); here
-    they overlap the imports and the tracing that come before ``compile_fx``, which waits for
-    them (``first_use_work_done``). Each piece is cached by torch or Triton, so whatever this
-    thread did not finish (or failed at) is done again where it is needed, as before."""
+    leaves the interpreter to the compiling thread for much of its time: building Triton's CUDA
+    driver module (a C compile in a child process), which Inductor's matmul padding asks for, and
+    hashing Triton's files for AOTAutograd's cache key. On the compiling thread they took about
+    1 s of a cold first call (H200, torch 2.11: the driver 0.5 s, Triton's key 0.5 s); here they
+    overlap Inductor's imports and the work before ``compile_fx``, which waits for them
+    (``first_use_work_done``). Both are cached by Triton, so whatever this thread did not finish
+    (or failed at) is done again where it is needed, as before. (torch's own key is not here:
+    Inductor's pool of compiling processes asks for it at once.)"""
     if _first_use or not torch.cuda.is_available():
         return
     from torch.utils._triton import has_triton
@@ -74,10 +75,9 @@ def _first_use_work():
     try:
         from triton.runtime import driver
         from triton.runtime.cache import triton_key
-        from torch._inductor.codecache import torch_key
         # ``utils`` builds the driver and touches no device: a device call here would make a
         # context on this thread's device 0, whatever device the caller's thread is on.
-        steps = [triton_key, lambda: driver.active.utils, torch_key]
+        steps = [lambda: driver.active.utils, triton_key]
     except Exception:    # noqa: BLE001 - nothing done here: the compile does it all, as before
         return
     for step in steps:
@@ -107,14 +107,14 @@ def inductor(gm, example_inputs, *, config_patches=None):
     if has_inference_blocks(gm):
         return inference_parts("inductor", gm, example_inputs,
                                lambda part, examples: inductor(part, examples, config_patches=config_patches))
+    if on_cuda(gm):
+        start_first_use_work()      # before Inductor's imports, which it overlaps
     with quiet_torch_imports():
         # Heavy (Inductor): imported on first use. Its pool of kernel-compiling processes takes
         # seconds to start: start it now, so it is up by the time the first kernels are ready
         # (only where Triton is installed; a no-op after the first graph).
         from torch._inductor.async_compile import maybe_warm_pool
     maybe_warm_pool()
-    if on_cuda(gm):
-        start_first_use_work()
     cudagraphs = bool((config_patches or {}).get("triton.cudagraphs"))
     # Shared blocks in two tiers where the graph can be compiled whole later (backends/tiers.py),
     # else where sharing pays for itself.
