@@ -9,7 +9,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from . import grad_presence, tiers
 from .inference import has_inference_blocks, inference_parts
-from .lanes import compile_by_lanes, splits_by_lanes
+from .lanes import compile_by_lanes
 from .regions import compile_by_regions, global_state_kept, on_cuda, worth_sharing, worth_splitting
 from .subgraphs import compiling, with_shared_blocks
 from .cudagraphs import watch_static_inputs
@@ -142,19 +142,11 @@ def inductor(gm, example_inputs, *, config_patches=None):
             else None
         if split is not None and later is not None:
             return tiers.tiered(split.forward, later, "split blocks")
-        if split is None and later is None and tiers.possible(gm, example_inputs) and splits_by_lanes(gm):
-            # An optimizer update in lanes is the quick tier too: compiled whole, a step makes
-            # one call and fewer kernel launches (GPT-2 small's foreach AdamW: 18 fewer, and 14
-            # calls fewer through AOTAutograd's wrappers), the host work that a busy host shows.
-            later = _whole_later(gm, example_inputs, config_patches)
-            whole = None if later is None else tiers.whole_from_caches(later, "whole update")
-            if whole is not None:
-                return whole
-            if later is not None:
-                quick = dict(config_patches or {}, **QUICK_TIER_PATCHES)
         if split is None:
             split = compile_by_lanes(gm, example_inputs, compile_part)
         if split is not None:
+            # An optimizer's update (its in-place writes to parameters make it count as
+            # differentiated: ``worth_sharing(tiered=True)``) in lanes is a quick tier too.
             return split.forward if later is None else tiers.tiered(split.forward, later, "lanes")
     return inductor_whole(gm, example_inputs, config_patches=config_patches)
 

@@ -264,8 +264,12 @@ class _Chunk:
         return self
 
 
-def _plan(gm):
-    """(the lanes of ``gm``, each family's chunk ranges), or None where ``gm`` is not split."""
+def compile_by_lanes(gm, example_inputs, compile_part):
+    """``gm`` (a graph of foreach list ops: an optimizer step) split into chunks of lanes, each
+    distinct chunk compiled once with ``compile_part(chunk_gm, fake_example_inputs)``; the
+    outer graph module calling them all (its ``forward`` the plain function
+    ``regions.outer_function`` writes from it: the state tensors bound once), or None when ``gm``
+    is not made of lanes that repeat."""
     if not config.regional_compile:
         return None
     lanes = _Lanes(gm)
@@ -275,24 +279,6 @@ def _plan(gm):
               for length in lanes.families}
     if all(r is None for r in ranges.values()):
         return None
-    return lanes, ranges
-
-
-def splits_by_lanes(gm):
-    """Would ``compile_by_lanes`` split ``gm``?"""
-    return _plan(gm) is not None
-
-
-def compile_by_lanes(gm, example_inputs, compile_part):
-    """``gm`` (a graph of foreach list ops: an optimizer step) split into chunks of lanes, each
-    distinct chunk compiled once with ``compile_part(chunk_gm, fake_example_inputs)``; the
-    outer graph module calling them all (its ``forward`` the plain function
-    ``regions.outer_function`` writes from it: the state tensors bound once), or None when ``gm``
-    is not made of lanes that repeat."""
-    plan = _plan(gm)
-    if plan is None:
-        return None
-    lanes, ranges = plan
     parts = [_Chunk(gm, lanes, length, a, b).build(gm)
              for length in lanes.families for a, b in (ranges[length] or [(0, length)])]
     if any(e is None for p in parts for e in p.examples):
@@ -322,4 +308,4 @@ def compile_by_lanes(gm, example_inputs, compile_part):
     return outer_gm
 
 
-__all__ = ["compile_by_lanes", "chunks", "splits_by_lanes"]
+__all__ = ["compile_by_lanes", "chunks"]
