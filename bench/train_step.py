@@ -52,6 +52,7 @@ the CUDA allocator's device allocations per step, which tell a slow host or a th
 allocator from a slow compiler.
 """
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -67,6 +68,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from reduce_overhead import GPT  # noqa: E402
 import interleave  # noqa: E402
+from stack_sampler import StackSampler  # noqa: E402
 
 
 class CheckpointedGPT(GPT):
@@ -245,9 +247,11 @@ def measure(row, compiler, args):
         import cProfile
         profiler = cProfile.Profile()
         profiler.enable()
+    sampler = StackSampler() if args.first_call_sample else contextlib.nullcontext()
     t0 = time.perf_counter()
-    out = fn(*inputs)
-    sync(device)
+    with sampler:
+        out = fn(*inputs)
+        sync(device)
     first = time.perf_counter() - t0 + COMPILE_CALL_S[0]
     if profiler is not None:
         profiler.disable()
@@ -283,6 +287,8 @@ def measure(row, compiler, args):
               "pipelined_ms": pipelined, "host_speed_us": interleave.host_speed_us()}
     if profiler is not None:
         result["first_call_profile"] = top_functions(profiler, args.first_call_profile)
+    if args.first_call_sample:
+        result["first_call_sample"] = sampler.top(args.first_call_sample)
     if settled is not None:
         result["steady_after_s"] = settled
         from bytegraph.backends import tiers
@@ -617,7 +623,7 @@ def run_one(row, compiler, args, caches=None, keep_caches=False):
            "--warmup", str(args.warmup), "--layers", str(args.layers), "--d", str(args.d),
            "--heads", str(args.heads), "--batch", str(args.batch), "--tokens", str(args.tokens),
            "--host-profile", str(args.host_profile), "--kernel-profile", str(args.kernel_profile),
-           "--first-call-profile", str(args.first_call_profile),
+           "--first-call-profile", str(args.first_call_profile), "--first-call-sample", str(args.first_call_sample),
            "--rounds", str(args.rounds)] + (["--slow-host-too"] if args.slow_host_too else []) + (
                ["--interleave"] if args.interleave else [])
     if args.tiny:
@@ -817,6 +823,10 @@ def main():
                    help="add kernels per step and the N kernels taking most GPU time per step to the JSON (CUDA)")
     p.add_argument("--first-call-profile", type=int, default=0,
                    help="add the N functions taking most time (cumulative) in the first call to the JSON")
+    p.add_argument("--first-call-sample", type=int, default=0,
+                   help="add the N functions taking most wall time in the first call (the compile() call not "
+                        "included) to the JSON, from stack samples every 5 ms (bench/stack_sampler.py: "
+                        "it hardly slows the call)")
     p.add_argument("--interleave", action="store_true",
                    help="per row, one process with every compiler's step, timed in alternating rounds "
                         "(steady state only: bench/interleave.py)")
