@@ -489,9 +489,9 @@ def test_the_program_goes_on_in_the_state_a_backend_found():
 
 
 def test_inductors_first_use_work_runs_once_in_a_thread_that_the_compile_waits_for(monkeypatch):
-    """On a GPU, hashing Triton's and torch's files and building Triton's driver (the first use
-    of Inductor) run in one thread per process, started by the first graph; ``compile_fx`` waits
-    for it (``first_use_work_done``) before reading what it computed."""
+    """On a GPU, building Triton's driver and hashing Triton's files (part of Inductor's first
+    use) run in one thread per process, started by the first graph; ``compile_fx`` waits for it
+    (``first_use_work_done``) before reading what it computed."""
     import threading
     from bytegraph.backends import inductor as inductor_backend
     monkeypatch.setattr(inductor_backend, "_first_use", [])
