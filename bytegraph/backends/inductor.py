@@ -71,16 +71,14 @@ def start_first_use_work():
 
 
 def _first_use_work():
-    steps = []
     try:
         from triton.runtime import driver
         from triton.runtime.cache import triton_key
-        # ``utils`` builds the driver and touches no device: a device call here would make a
-        # context on this thread's device 0, whatever device the caller's thread is on.
-        steps = [lambda: driver.active.utils, triton_key]
     except Exception:    # noqa: BLE001 - nothing done here: the compile does it all, as before
         return
-    for step in steps:
+    # ``utils`` builds the driver and touches no device: a device call here would make a
+    # context on this thread's device 0, whatever device the caller's thread is on.
+    for step in (lambda: driver.active.utils, triton_key):
         try:
             step()
         except Exception:    # noqa: BLE001 - done again, and reported, where the compile needs it
