@@ -46,7 +46,9 @@ columns; ``bytegraph-whole`` is bytegraph with regional compilation off
 alternating rounds (``bench/interleave.py``): the steady-state comparison a host that runs fast
 in one process and slow in the next cannot tilt. Its first calls are not cold (the second
 compiler finds the first one's imports and kernels) and are not reported; ``--rounds`` and
-``--iters`` set its length, ``--slow-host-too`` adds the same rounds pinned to a busy core.
+``--iters`` set its length, ``--slow-host-too`` adds the same rounds pinned to a busy core. After
+the rounds, the same process measures each compiler's ``host`` time, and with ``--host-profile`` /
+``--kernel-profile`` its host profile and its kernels: issue cost and GPU work side by side.
 Every process also reports ``host_speed_us`` (a fixed pure-Python loop, lower is faster) and
 the CUDA allocator's device allocations per step, which tell a slow host or a thrashing
 allocator from a slow compiler.
@@ -400,6 +402,14 @@ def measure_interleaved(row, compilers, args):
         result["interleaved"]["compilers"][compiler].update(loss=float(value), graphs=graphs[compiler])
     if device == "cuda":
         result["device_allocs_per_step"] = {c: device_allocs_per_step(lambda f=f: f(), ()) for c, f in steps.items()}
+        # Issue cost and GPU work of each compiler's step, in the same process: tells a step
+        # held back by the host from one whose kernels take longer.
+        hosts = {c: host_time(f, (), args) for c, f in steps.items()}
+        result["host_ms"] = {c: ms for c, (ms, _) in hosts.items()}
+        if args.host_profile:
+            result["host_profile"] = {c: profile for c, (_, profile) in hosts.items()}
+        if args.kernel_profile:
+            result["kernels"] = {c: kernel_profile(f, (), args.kernel_profile) for c, f in steps.items()}
     if any(c.startswith("bytegraph") for c in compilers):
         from bytegraph.backends import tiers
         result["second_tiers"] = list(tiers.outcomes)
@@ -766,6 +776,10 @@ def print_interleaved(r):
             graphs = "" if c.get("graphs") is None else str(c["graphs"])
             print(f"{'':38s} {name:16s} {'':12s} {c['median_ms']:7.2f} ms {c['pipelined_ms']:7.2f} ms "
                   f"{'':9s} {loss} {graphs:>7s}{extra}")
+    for name, ms in (r.get("host_ms") or {}).items():
+        k = (r.get("kernels") or {}).get(name)
+        gpu = f"; {k['kernels_per_step']:.0f} kernels, {k['kernel_ms_per_step']:.2f} ms of GPU" if k else ""
+        print(f"{'':38s} {name:16s} host {ms:.2f} ms per step{gpu}")
     if r.get("cache_counters"):
         print(f"{'':38s} " + caches_line(r["cache_counters"]))
     for t in r.get("second_tiers") or []:
