@@ -9,13 +9,16 @@ iteration protocol of user classes (``__iter__`` generators, ``__getitem__``).
 PYTEST_DONT_REWRITE
 """
 import collections.abc
+import contextlib
+import io
 import itertools
 
 import pytest
 import torch
 import torch.nn as nn
+import bytegraph
 
-from helpers import check, check_program
+from helpers import assert_no_internal_errors, assert_same, check, check_program, compile_counted
 
 
 def t(*shape):
@@ -916,3 +919,76 @@ def test_generator_suspended_inside_a_user_with_block_returned():
     assert log == eager_log == ["enter"]
     assert torch.allclose(got_first, first) and torch.allclose(next(got), next(g))
     assert list(got) == list(g) == [] and log == eager_log == ["enter", "exit"]
+
+
+# --- tuple and range iterators from outside ----------------------------------------------------
+
+def check_with_iterator(fn, make_iterator, graphs, calls=3):
+    """``fn(x, it)`` compiled against eager, ``it`` made outside by ``make_iterator()``: equal
+    results, printed output, and items the caller's iterator has left afterwards; ``graphs``
+    compiled over all calls (later calls hit the cache)."""
+    compiled, cnt = compile_counted(fn, fullgraph=False)
+    for _ in range(calls):
+        x = torch.randn(3)
+        runs = []
+        for f in (fn, compiled):
+            it = make_iterator()
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                result = f(x.clone(), it)
+            runs.append((result, out.getvalue(), list(it)))
+        assert_no_internal_errors()
+        assert_same(runs[0], runs[1])
+    assert cnt.frame_count == graphs, f"expected {graphs} graph(s), got {cnt.frame_count}"
+
+
+def _advanced(it, n):
+    for _ in range(n):
+        next(it)
+    return it
+
+
+def test_loop_over_a_tuple_iterator_from_outside_is_traced_and_the_real_one_is_used_up():
+    def f(x, it):
+        for w in it:
+            x = x * w
+        return x + 1
+    check_with_iterator(f, lambda: iter((torch.full((3,), 2.0), torch.full((3,), 3.0))), graphs=1)
+
+
+def test_a_tuple_iterator_taken_from_partly_keeps_its_other_items_for_the_caller():
+    def f(x, it):
+        a = next(it)
+        b = next(it)
+        return x * a + b
+    # Started one item in: the trace reads the items it has left, not its tuple's first ones.
+    check_with_iterator(f, lambda: _advanced(iter((5.0, 2.0, 7.0, 11.0)), 1), graphs=1)
+
+
+def test_a_range_iterator_from_outside_with_a_break_in_its_loop():
+    def f(x, it):
+        for i in it:
+            x = x + i
+            if x.sum() > 4:      # data-dependent: a break inside the loop
+                x = x / 2
+        return x
+    check_with_iterator(f, lambda: _advanced(iter(range(1, 9, 2)), 1), graphs=4)
+
+
+def test_a_tuple_iterator_from_outside_is_the_same_object_after_a_break():
+    def f(x, it):
+        first = next(it)
+        print("first", first)        # a break: the code after it gets the real iterator back
+        return x * first, list(it), type(it).__name__
+    check_with_iterator(f, lambda: iter((3.0, 4.0, 5.0)), graphs=1)
+
+
+def test_iterators_with_other_items_left_are_told_apart():
+    def f(x, it):
+        return [x * v for v in it], type(it).__name__
+    compiled = bytegraph.compile(f, backend="eager")
+    for make in (lambda: iter((1.0, 2.0, 3.0)), lambda: _advanced(iter((1.0, 2.0, 3.0)), 2),
+                 lambda: iter((4.0, 5.0)), lambda: iter(()), lambda: iter(range(3)),
+                 lambda: _advanced(iter(range(3)), 3)):
+        x = torch.randn(2)
+        assert_same(f(x, make()), compiled(x, make()))

@@ -267,6 +267,10 @@ class Rebuilder:
         return self.temp(f"{self.ns.ref(functools.partial, 'partial')}({', '.join(parts)})")
 
     def _iterator(self, v):
+        if v.source is not None:
+            # A real iterator from outside: the same object, past what the trace took from it
+            # (the side effects take those items from it before this is used).
+            return self.ns.source(v.source)
         if v.remake is not None:
             # Over containers the code after a break may still change: the same lazy
             # iterator over the (rebuilt or re-read) containers, moved past what was consumed.

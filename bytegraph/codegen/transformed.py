@@ -231,6 +231,8 @@ def _read_before_effects(tx, rb, live):
         rb.bind(obj)
     for obj, _, _ in tx.effects.item_stores.values():
         rb.bind(obj)
+    for it in tx.effects.advanced_iterators():
+        rb.bind(it)
     cells = {key: rb.temp(_cell_expr(ns, cell.source)) for key, (cell, _) in tx.effects.cell_stores.items()}
     # 2. Everything computed from the traced values.
     contents = {}
@@ -300,7 +302,15 @@ def _effect_lines(tx, rb, cells, contents):
     for obj, key, value in tx.effects.item_stores.values():
         lines.append(f"{rb.expr(obj)}.pop({key!r}, None)" if value is DELETED
                      else f"{rb.expr(obj)}[{key!r}] = {rb.expr(value)}")
+    for it in tx.effects.advanced_iterators():
+        lines.append(f"{ns.ref(take_items, 'take_items')}({rb.expr(it)}, {it.pos})")
     return lines
+
+
+def take_items(it, n):
+    """Take ``n`` items from the real iterator ``it``, as the trace took them from its value."""
+    for _ in range(n):
+        next(it)
 
 
 def _cell_expr(ns, source):

@@ -373,6 +373,34 @@ class WeakRefCallSource(Source):
         return self.base
 
 
+def iterator_rest(it):
+    """The items a tuple or range iterator has left to give (a tuple or a range), without
+    taking any: its ``__reduce__`` names the sequence and the index it has reached (a range
+    iterator on Python 3.12 on: the range left, and None)."""
+    state = it.__reduce__()
+    return state[1][0][state[2]:] if len(state) > 2 else state[1][0][:0]
+
+
+@_source
+class IteratorRestSource(Source):
+    """The items left in a tuple or range iterator (``iterator_rest``)."""
+    base: Source
+
+    def expr_over(self, render):
+        return f"{render(_ITERATOR_REST)}({render(self.base)})"
+
+    def name(self):
+        return f"the items left in {_plain(self.base)}"
+
+    @property
+    def root(self):
+        return self.base.root
+
+    @property
+    def base_source(self):
+        return self.base
+
+
 @_source
 class FunctionModeSource(Source):
     """The TorchFunctionMode at ``index`` of the mode stack around the call (0: the outermost),
@@ -430,3 +458,4 @@ _OBJECT_GETATTRIBUTE = ObjectSource(object.__getattribute__, "object.__getattrib
 _DICT_GETITEM = ObjectSource(dict.__getitem__, "dict.__getitem__")
 _CLASS_ATTR = ObjectSource(class_attr, "class_attr")
 _RAW_ATTR = ObjectSource(raw_attr, "raw_attr")
+_ITERATOR_REST = ObjectSource(iterator_rest, "iterator_rest")

@@ -406,14 +406,17 @@ class MethodOfValue(Value):
 
 
 class IteratorValue(Value):
-    """An iterator over a known, finite list of values."""
+    """An iterator over a known, finite list of values. One read through a source (a tuple or
+    range iterator from outside: ``values.builder``) is that real iterator; the items the trace
+    takes from it are taken from the real one after the graph (``SideEffects.iterators``)."""
 
-    __slots__ = ("items", "pos", "origins", "remake")
+    __slots__ = ("items", "pos", "origins", "remake", "cls")
 
-    def __init__(self, items, origins=(), remake=None):
-        super().__init__(None)
+    def __init__(self, items, origins=(), remake=None, source=None, cls=None):
+        super().__init__(source)
         self.items = list(items)
         self.pos = 0
+        self.cls = cls          # the real iterator's class, where it is known
         # The lists/dicts iterated over: changing one while the loop runs is refused, as
         # the items here are a snapshot. (container, its items then)
         self.origins = [(c, list(c.items)) for c in origins]
@@ -422,7 +425,7 @@ class IteratorValue(Value):
         self.remake = remake if self.origins else None
 
     def python_type(self):
-        return type(iter([]))
+        return self.cls or type(iter([]))
 
 
 class ContextManagerValue(Value):

@@ -22,12 +22,13 @@ from ..config import config
 from ..errors import Unsupported
 from ..guards import builder as g
 from ..guards import stamps
-from ..guards.sources import AttrSource, ItemSource, ModuleEntrySource, ObjectKeySource, ObjectSource
+from ..guards.sources import (AttrSource, ItemSource, IteratorRestSource, ModuleEntrySource, ObjectKeySource,
+                              ObjectSource, iterator_rest)
 from ..residual import AutocastExit, GradModeExit
 from .arrays import dtype_unsupported_reason as array_dtype_unsupported_reason
 from .arrays import unsupported_reason as array_unsupported_reason
-from .base import (ConstantValue, ContextManagerValue, DefaultDictValue, DictValue, ExitValue, ListValue,
-                   ObjectValue, TupleValue, constant)
+from .base import (ConstantValue, ContextManagerValue, DefaultDictValue, DictValue, ExitValue, IteratorValue,
+                   ListValue, ObjectValue, TupleValue, constant)
 
 CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis),
                   type(NotImplemented), torch.dtype, torch.device, torch.layout,
@@ -237,6 +238,24 @@ def _wrap_set(tx, obj, source):
         tx, g.CONSTANT_MATCH, source, snapshot)))
 
 
+def _wrap_sequence_iterator(tx, obj, source):
+    """A tuple or range iterator from outside (the loop iterator a resume function is handed
+    after a break inside a ``for``, or the user's own): the items it has left, each read through
+    a source, so that a loop over it is traced. What the trace takes from it is taken from the
+    real iterator after the graph (``SideEffects.iterators``). Their sequences cannot change, so
+    the items left are what eager would get."""
+    if source is None:
+        return None
+    _guard(tx, g.TYPE_MATCH, source, type(obj))
+    rest = iterator_rest(obj)
+    rest_source = IteratorRestSource(source)
+    _guard(tx, g.LENGTH_MATCH, rest_source, len(rest))
+    items = [wrap(tx, x, ItemSource(rest_source, i)) for i, x in enumerate(rest)]
+    value = IteratorValue(items, source=source, cls=type(obj))
+    tx.effects.iterators[id(value)] = value
+    return value
+
+
 def _wrap_function(tx, obj, source):
     if source is None or "<locals>" not in obj.__qualname__:
         return None
@@ -308,6 +327,8 @@ _BY_TYPE = {
     list: _wrap_list,
     dict: _wrap_dict,
     set: _wrap_set,
+    type(iter(())): _wrap_sequence_iterator,
+    type(iter(range(0))): _wrap_sequence_iterator,
     types.FunctionType: _wrap_function,
     functools.partial: _wrap_partial,
     types.MethodType: _wrap_method,

@@ -11,7 +11,9 @@ the native step (``codegen.transformed.replay_side_effects``). One object holds 
 * ``item_stores``: ``mapping[key] = value`` on a mapping whose own ``__setitem__`` is replayed
   (``os.environ``);
 * ``warnings``: ``warnings.warn`` calls, shown after the graph as Python's filters say
-  (``callables/stdlib_calls.py``).
+  (``callables/stdlib_calls.py``);
+* ``iterators``: tuple and range iterators from outside (``values.builder``); the items the
+  trace took from one are taken from the real iterator.
 
 ``stored_values`` is the one list of the values those stores put into outside state.
 """
@@ -56,15 +58,21 @@ class SideEffects:
         self.item_stores = {}          # (id(mapping), key) -> (ObjectValue, key, value or DELETED)
         # (message, category, filename, lineno, module, module globals) of the place each warning names
         self.warnings = []
+        self.iterators = {}            # id(value) -> IteratorValue read through a source (its pos: items taken)
         self.recorded = 0              # changes recorded so far (every kind but attribute stores)
 
     def count(self) -> int:
         """How many side effects the trace has recorded so far (to tell whether code made any)."""
-        return self.attr_stores.made + self.global_stores.made + self.cell_stores.made + self.recorded
+        return self.attr_stores.made + self.global_stores.made + self.cell_stores.made + self.recorded \
+            + sum(it.pos for it in self.iterators.values())
 
     def has_any(self) -> bool:
         return bool(self.attr_stores or self.mutated or self.global_stores or self.cell_stores
-                    or self.item_stores or self.warnings)
+                    or self.item_stores or self.warnings or self.advanced_iterators())
+
+    def advanced_iterators(self) -> list:
+        """The iterators from outside that the trace took items from."""
+        return [it for it in self.iterators.values() if it.pos]
 
     def stored_values(self) -> list:
         """The values the stores put into outside state (attributes, globals, cells, items), in
