@@ -2,6 +2,8 @@
 is compiled again (``analysis.handler_exits``, ``resume.step_code``'s exits) instead of running
 natively to the end of the frame. Each test compares values, side effects and exceptions with
 eager's, on calls that raise and calls that do not."""
+import sys
+
 import pytest
 import torch
 
@@ -152,3 +154,143 @@ def test_a_local_deleted_in_the_handler_is_not_handed_over():
     counter = CompileCounter()
     with pytest.raises(UnboundLocalError):
         bytegraph.compile(deletes_what_is_read_after, backend=counter)(torch.randn(4), 1)
+
+
+# --- a break inside a handler, the exception raised in the trace ----------------------------------
+# The code after the break enters the handler again with the exception it handles
+# (``bytecode.resume.HANDLED_PREFIX``): what it reads of ``sys.exc_info()``, a bare ``raise``, the
+# context of an exception raised there, and the state once the handler ends are eager's.
+
+def breaks_in_the_handler(x, n):
+    y = x * 2
+    try:
+        if n % 2:
+            raise ValueError(f"odd {n}")
+        y = y + 1
+    except ValueError as e:
+        print("handling", e)              # the break
+        LOG.append((str(e), sys.exc_info()[0].__name__))
+        y = y.sin() + 1                   # in the graph after the break
+    LOG.append(sys.exc_info())            # nothing handled any more
+    return y.exp()
+
+
+def breaks_in_a_finally_with_an_exception_pending(x, n):
+    y = x * 2
+    try:
+        try:
+            if n % 2:
+                raise KeyError(n)
+        finally:
+            print("finally")              # the break, with the KeyError on its way out
+            y = y.cos()
+    except KeyError as e:
+        LOG.append(("caught", e.args))
+    return y + 1, sys.exc_info()[0]
+
+
+def breaks_in_nested_handlers(x, n):
+    y = x + 1
+    try:
+        raise ValueError("outer")
+    except ValueError:
+        try:
+            if n > 2:
+                raise KeyError("inner")
+        except KeyError:
+            print("inner handler")        # the break, two handlers deep
+            LOG.append(sys.exc_info()[1].args)
+            y = y * 3
+        LOG.append(sys.exc_info()[1].args)   # the outer one again
+    return y.tanh(), sys.exc_info()[0]
+
+
+def reraises_after_a_break(x, n):
+    y = x * 2
+    try:
+        if n % 2:
+            raise ValueError(f"odd {n}")
+    except ValueError:
+        print("about to re-raise")        # the break
+        LOG.append("seen")
+        raise
+    return y + 1
+
+
+def chains_after_a_break(x, n):
+    try:
+        raise ValueError(f"first {n}")
+    except ValueError:
+        print("chaining")                 # the break
+        if n > 1:
+            raise KeyError("second")
+    return x + 1
+
+
+def _chained(fn, x, n):
+    try:
+        return fn(x, n), None
+    except KeyError as e:
+        return None, (type(e.__context__), e.__context__.args)
+
+
+@pytest.mark.parametrize("fn", [breaks_in_the_handler, breaks_in_a_finally_with_an_exception_pending,
+                                breaks_in_nested_handlers, reraises_after_a_break])
+def test_a_break_inside_a_handler_equals_eager(fn, capsys):
+    counter = CompileCounter()
+    compiled = bytegraph.compile(fn, backend=counter)
+    for n in (1, 0, 3, 1, 2, 5):
+        x = torch.randn(4)
+        expected = _run(fn, x, n)
+        eager_out = capsys.readouterr().out
+        got = _run(compiled, x, n)
+        assert capsys.readouterr().out == eager_out, n
+        assert got[1] == expected[1] and got[2] == expected[2], (n, got, expected)
+        assert _same(got[0], expected[0]), (n, got[0], expected[0])
+        assert sys.exc_info() == (None, None, None)
+
+
+def test_the_context_of_an_exception_raised_in_a_handler_after_a_break_is_the_handled_one():
+    compiled = bytegraph.compile(chains_after_a_break, backend="eager")
+    for n in (0, 2, 3):
+        x = torch.randn(3)
+        got, want = _chained(compiled, x, n), _chained(chains_after_a_break, x, n)
+        assert got[1] == want[1], n
+        if want[0] is not None:
+            assert torch.equal(got[0], want[0])
+
+
+def finally_with_a_pending_exception_in_a_resumed_frame(x, y, log):
+    x = x * 2
+    try:
+        if y.min() < -0.5:        # data-dependent: the code after it is a resume function
+            raise RuntimeError("data")
+        x = x + 1
+    except RuntimeError as e:
+        log.append(type(e).__name__)
+        log.append(sum(log))      # a TypeError on its way out, through the finally
+    finally:
+        print("finally")          # a break inside the finally, the TypeError pending
+        x = x.sin()
+    return x
+
+
+def test_a_break_in_a_finally_left_by_an_exception_is_resumed_not_run_eagerly_whole(capsys):
+    from bytegraph.debug import records
+    compiled = bytegraph.compile(finally_with_a_pending_exception_in_a_resumed_frame, backend="eager")
+    for y in (-torch.ones(3), torch.ones(3), -torch.ones(3)):
+        records.clear()
+        x = torch.randn(3)
+        runs = []
+        for fn in (finally_with_a_pending_exception_in_a_resumed_frame, compiled):
+            log = []
+            try:
+                out, exc = fn(x, y, log), None
+            except TypeError as e:
+                out, exc = None, (type(e), type(e.__context__))
+            runs.append((out, exc, log, capsys.readouterr().out))
+        assert runs[1][1:] == runs[0][1:]
+        assert _same(runs[1][0], runs[0][0])
+        assert sys.exc_info() == (None, None, None)
+        fallbacks = [(r.name, r.fallback_reason) for r in records.frames if r.fallback_reason]
+        assert not fallbacks, fallbacks

@@ -12,6 +12,7 @@ with ``conserve_exception_block_stackdepth=True`` and emitted with
 ``compute_exception_stack_depths=False``.
 """
 import dis
+import sys
 from functools import lru_cache
 
 from bytecode import Bytecode, CellVar, CompilerFlags, FreeVar, Instr, Label
@@ -19,6 +20,21 @@ from bytecode import Bytecode, CellVar, CompilerFlags, FreeVar, Instr, Label
 from . import analysis, versions
 
 NULL_SLOT = None   # marks a stack slot holding CALL's NULL (pushed by the prologue, not passed)
+# A stack slot named so holds what an except or finally handler saved on entry (the exception
+# handled before it); its parameter carries the exception handled from there on instead. The
+# prologue enters the handler again with it (PUSH_EXC_INFO: the slot gets the exception handled
+# at the call, which is what it was at the original call), and a hand-over leaves it
+# (POP_EXCEPT), passing on the exception it handled.
+HANDLED_PREFIX = "__handled"
+
+
+def is_handled_slot(s):
+    return s is not NULL_SLOT and s.startswith(HANDLED_PREFIX)
+
+
+def handled_exception():
+    """The exception being handled where this is called (3.11 has no ``sys.exception()``)."""
+    return sys.exc_info()[1]
 
 
 @lru_cache(maxsize=1024)
@@ -166,8 +182,15 @@ def _origin(origins, instr):
 def _enter_at(bc, label, stack_layout, lineno):
     """Prologue after RESUME: push the stack values back and jump to ``label``."""
     resume_at = next(j for j, x in enumerate(bc) if isinstance(x, Instr) and x.name == "RESUME")
-    prologue = [Instr("PUSH_NULL", lineno=lineno) if s is NULL_SLOT else Instr("LOAD_FAST", s, lineno=lineno)
-                for s in stack_layout]
+    prologue = []
+    for s in stack_layout:
+        if s is NULL_SLOT:
+            prologue.append(Instr("PUSH_NULL", lineno=lineno))
+        elif is_handled_slot(s):
+            prologue += [Instr("LOAD_FAST", s, lineno=lineno), Instr("PUSH_EXC_INFO", lineno=lineno),
+                         Instr("POP_TOP", lineno=lineno)]
+        else:
+            prologue.append(Instr("LOAD_FAST", s, lineno=lineno))
     prologue.append(Instr("JUMP_FORWARD", label, lineno=lineno))
     bc[resume_at + 1:resume_at + 1] = prologue
 
@@ -256,7 +279,15 @@ def _handover_tail(label, layout, live, handover, takes_closure, lineno):
     """``label``, then the stack (laid out as ``layout``) stored and ``handover(*stack, *live)``
     returned: placed after all exception ranges, so the handover's own exceptions are not
     handled here again."""
-    stores = [Instr("STORE_FAST", "__null" if s is NULL_SLOT else s, lineno=lineno) for s in reversed(layout)]
+    stores = []
+    for s in reversed(layout):
+        if is_handled_slot(s):
+            # Leave the handler: pass on the exception it handles, put back the one before.
+            stores += [Instr(op, arg, lineno=lineno) if arg is not None else Instr(op, lineno=lineno)
+                       for op, arg in versions.call_sequence(handled_exception, [])]
+            stores += [Instr("STORE_FAST", s, lineno=lineno), Instr("POP_EXCEPT", lineno=lineno)]
+        else:
+            stores.append(Instr("STORE_FAST", "__null" if s is NULL_SLOT else s, lineno=lineno))
     args = [s for s in layout if s is not NULL_SLOT] + list(live)
     if takes_closure:
         args.append(CLOSURE_PARAM)

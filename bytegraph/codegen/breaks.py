@@ -16,7 +16,8 @@ import torch
 
 from ..bytecode import analysis
 from ..bytecode.instructions import Instruction, decode, first_part, is_last_part, offset_after
-from ..bytecode.resume import CLOSURE_PARAM, NULL_SLOT, closure_names, resume_code, step_code
+from ..bytecode.resume import (CLOSURE_PARAM, HANDLED_PREFIX, NULL_SLOT, closure_names, is_handled_slot, resume_code,
+                               step_code)
 from ..bytecode.versions import split_call_prefix
 from ..debug import debug_dir, logs
 from ..errors import Unsupported
@@ -24,7 +25,7 @@ from ..null import NULL
 from ..residual import (AutocastExit, Continuation, GradModeExit, exit_inference_mode, route,
                         resolve)
 from ..stacks import CUT_FROM, code_name
-from ..values.base import CellValue, ExitValue
+from ..values.base import CellValue, ExitValue, SavedExcInfoValue
 from ..trace.machine.frame import PendingLocal
 from .rebuild import Namespace, Rebuilder
 from .transformed import emit, finish_graph, mode_stack_lines, replay_side_effects, side_effect_values
@@ -219,10 +220,15 @@ class _BreakSite:
         self.rb, self.ns, self.compiler, self.is_resume, self.closure = rb, ns, compiler, is_resume, closure
         self.exit_exprs = exit_exprs
         self.next_offset = offset_after(self.rows, ins.index)
+        self.handled = _handled_exceptions(frame.tx, stack)
 
     def slot_expr(self, v):
         if isinstance(v, ExitValue):
             return self.exit_exprs[id(v.manager)]
+        if isinstance(v, SavedExcInfoValue):
+            # The code after the break enters the handler again with the exception it handles
+            # (bytecode.resume.HANDLED_PREFIX).
+            return self.rb.expr(self.handled[id(v)])
         return self.rb.expr(v)
 
     def jump_offset(self):
@@ -237,7 +243,7 @@ class _BreakSite:
             if v is NULL:
                 layout.append(NULL_SLOT)
             else:
-                layout.append(f"__stack{i}")
+                layout.append(f"{HANDLED_PREFIX}{i}" if isinstance(v, SavedExcInfoValue) else f"__stack{i}")
                 args.append(v if isinstance(v, str) else self.slot_expr(v))
         live = [n for n in self.live_names if n in analysis.live_locals(code, target_offset)]
         args += [self.rb.expr(self.bound[n]) for n in live]
@@ -344,17 +350,18 @@ def _generic_step(site):
     else:
         effect = dis.stack_effect(raw.opcode, raw.arg, jump=False) if raw.opcode >= dis.HAVE_ARGUMENT \
             else dis.stack_effect(raw.opcode, jump=False)
-    before = [NULL_SLOT if v is NULL else f"__stack{i}" for i, v in enumerate(stack)]
+    before = [NULL_SLOT if v is NULL else f"{HANDLED_PREFIX}{i}" if isinstance(v, SavedExcInfoValue) else f"__stack{i}"
+              for i, v in enumerate(stack)]
     depth_after = len(stack) + effect
     after = []
     for i in range(depth_after):
         keep = i < len(stack) and (i < depth_after - 1 or effect > 0 and i < len(stack))
-        after.append(before[i] if keep and before[i] is NULL_SLOT else f"__h{i}")
+        after.append(before[i] if keep and (before[i] is NULL_SLOT or is_handled_slot(before[i])) else f"__h{i}")
     next_offset = offset_after(rows, ins.index)
     after_live, resume_layout = [], []
     if next_offset is not None:
         after_live = [n for n in live_names if n in analysis.live_locals(code, next_offset)]
-        resume_layout = [NULL_SLOT if s is NULL_SLOT else f"__stack{i}" for i, s in enumerate(after)]
+        resume_layout = [s if s is NULL_SLOT or is_handled_slot(s) else f"__stack{i}" for i, s in enumerate(after)]
         handover = Handover.of(_resume_wrapper(compiler, fn, code, next_offset, resume_layout, after_live))
     else:
         handover = None
@@ -386,6 +393,21 @@ def _generic_step(site):
         step_fn = ns.ref(types.FunctionType(step, fn.__globals__, step_name), "step")
     call = "__Continuation" if is_resume else "__resolve"
     return [], [f"return {call}({step_fn}, ({', '.join(args)}{',' if len(args) == 1 else ''}))"]
+
+
+def _handled_exceptions(tx, stack):
+    """For each slot of ``stack`` where an except or finally handler saved the exception handled
+    before it: the exception handled from that slot's level on (the next slot's saved one, or
+    the trace's current one). The outermost slot must have saved what the call started with
+    (nothing known): the code after the break finds that again where it enters the handler."""
+    slots = [v for v in stack if isinstance(v, SavedExcInfoValue)]
+    if not slots:
+        return {}
+    if slots[0].prev is not None:
+        raise Unsupported("a graph break inside an exception handler that started inside another one "
+                          "handled by an enclosing generator or call is not supported yet")
+    current = tx.handled_exception
+    return {id(v): (slots[k + 1].prev if k + 1 < len(slots) else current) for k, v in enumerate(slots)}
 
 
 def _handler_exits(compiler, fn, original, offset, before, live_before):

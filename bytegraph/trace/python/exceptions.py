@@ -79,11 +79,13 @@ def escape_error(value):
 def entry_index(value):
     """Where the compiled frame can break to replay ``value`` natively: the instruction where
     the first exception of its ``__context__`` chain entered (or was made in) that frame, so
-    that any handler which raised it runs natively too. None if unknown."""
+    that any handler which raised it runs natively too. None if unknown (an exception from
+    outside the trace: a function resumed inside a handler enters it again with the real
+    exception, ``bytecode.resume.HANDLED_PREFIX``)."""
     index = None
     seen = set()
     v = value
-    while v is not None and id(v) not in seen:
+    while isinstance(v, ExceptionValue) and id(v) not in seen:
         seen.add(id(v))
         if v.root_index is not None:
             index = v.root_index
@@ -258,6 +260,8 @@ def reraise_current(frame):
     if current is None:
         # The caller of the compiled function may be handling one: only eager knows.
         raise Unsupported("bare raise with no exception handled inside the compiled function")
+    if not isinstance(current, ExceptionValue):
+        raise Unsupported("re-raising an exception made outside the compiled function is not supported yet")
     raise TracedRaise(current)
 
 
