@@ -404,8 +404,8 @@ def _handled_exceptions(tx, stack):
     if not slots:
         return {}
     if slots[0].prev is not None:
-        raise Unsupported("a graph break inside an exception handler that started inside another one "
-                          "handled by an enclosing generator or call is not supported yet")
+        raise Unsupported("a graph break inside an exception handler entered while the trace already "
+                          "handled another exception is not supported yet")
     current = tx.handled_exception
     return {id(v): (slots[k + 1].prev if k + 1 < len(slots) else current) for k, v in enumerate(slots)}
 
