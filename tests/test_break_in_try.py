@@ -127,8 +127,13 @@ def _same(a, b):
 @pytest.mark.parametrize("fn", [in_a_loop, straight, deletes_what_is_read_after, binds_in_the_handler, nested,
                                 raises_after_the_handler, returns_from_the_handler, reraises])
 def test_what_follows_a_handler_a_native_step_raised_into_equals_eager(fn, capsys):
-    counter = CompileCounter()
-    compiled = bytegraph.compile(fn, backend=counter)
+    _check_against_eager(fn, capsys)
+
+
+def _check_against_eager(fn, capsys):
+    """``fn`` compiled against eager on values, exception, log and printed output, over calls
+    that raise and calls that do not; nothing is left handled (``sys.exc_info()``) after each."""
+    compiled = bytegraph.compile(fn, backend=CompileCounter())
     for n in (1, 0, 3, 1, 2, 5):
         x = torch.randn(4)
         expected = _run(fn, x, n)
@@ -137,6 +142,7 @@ def test_what_follows_a_handler_a_native_step_raised_into_equals_eager(fn, capsy
         assert capsys.readouterr().out == eager_out, n
         assert got[1] == expected[1] and got[2] == expected[2], (n, got, expected)
         assert _same(got[0], expected[0]), (n, got[0], expected[0])
+        assert sys.exc_info() == (None, None, None)
 
 
 @pytest.mark.parametrize("fn, ops", [(in_a_loop, 4), (straight, 2), (raises_after_the_handler, 2)])
@@ -237,17 +243,7 @@ def _chained(fn, x, n):
 @pytest.mark.parametrize("fn", [breaks_in_the_handler, breaks_in_a_finally_with_an_exception_pending,
                                 breaks_in_nested_handlers, reraises_after_a_break])
 def test_a_break_inside_a_handler_equals_eager(fn, capsys):
-    counter = CompileCounter()
-    compiled = bytegraph.compile(fn, backend=counter)
-    for n in (1, 0, 3, 1, 2, 5):
-        x = torch.randn(4)
-        expected = _run(fn, x, n)
-        eager_out = capsys.readouterr().out
-        got = _run(compiled, x, n)
-        assert capsys.readouterr().out == eager_out, n
-        assert got[1] == expected[1] and got[2] == expected[2], (n, got, expected)
-        assert _same(got[0], expected[0]), (n, got[0], expected[0])
-        assert sys.exc_info() == (None, None, None)
+    _check_against_eager(fn, capsys)
 
 
 def test_the_context_of_an_exception_raised_in_a_handler_after_a_break_is_the_handled_one():
