@@ -290,3 +290,27 @@ def test_a_break_in_a_finally_left_by_an_exception_is_resumed_not_run_eagerly_wh
         assert sys.exc_info() == (None, None, None)
         fallbacks = [(r.name, r.fallback_reason) for r in records.frames if r.fallback_reason]
         assert not fallbacks, fallbacks
+
+
+def handles_a_native_raise_with_a_break(x, n):
+    y = x * 2
+    try:
+        loud_check(n)                     # a native step; raises for odd n
+    except ValueError as e:
+        print("handling", e)              # a break inside the handler
+        LOG.append(sys.exc_info()[1].args)
+        y = y.sin() + 1
+    return y.exp(), sys.exc_info()[0]
+
+
+def test_a_handler_a_native_step_raises_into_is_compiled_and_equals_eager(capsys):
+    """The step hands over as the handler starts (``breaks._handler_entries``): the handler is
+    traced with the real exception, its break resumes inside it, and its tensor work is in a
+    graph."""
+    from bytegraph.debug import records
+    _check_against_eager(handles_a_native_raise_with_a_break, capsys)
+    records.clear()
+    bytegraph.compile(handles_a_native_raise_with_a_break, backend=CompileCounter())(torch.randn(4), 1)
+    assert not [r.fallback_reason for r in records.frames if r.fallback_reason]
+    targets = [str(node.target) for r in records.frames if r.graph is not None for node in r.graph.graph.nodes]
+    assert "sin" in targets, targets

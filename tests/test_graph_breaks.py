@@ -747,11 +747,14 @@ def try_finally_break_in_finally(x, log):
 
 
 def test_try_except_exception_after_break_reaches_handler(capsys):
-    run_diff(try_except_after_break, t(3), capsys=capsys, graphs=1, torch_graphs=0)  # torch.compile: a break inside a try block runs the frame eagerly
+    # Two graphs: ``x * 2``, then ``y + 1`` in the handler, which the native raise hands over to
+    # (breaks._handler_entries). torch.compile: a break inside a try block runs the frame eagerly.
+    run_diff(try_except_after_break, t(3), capsys=capsys, graphs=2, torch_graphs=0)
 
 
 def test_try_except_tensor_error_after_break_reaches_handler(capsys):
-    run_diff(try_except_tensor_error_after_break, t(3), capsys=capsys, graphs=1, torch_graphs=0)  # torch.compile: a break inside a try block runs the frame eagerly
+    # Two graphs: ``x * 2``, then ``y - 1`` in the handler (as above).
+    run_diff(try_except_tensor_error_after_break, t(3), capsys=capsys, graphs=2, torch_graphs=0)
 
 
 def test_try_finally_runs_finally_exactly_once(capsys):

@@ -209,7 +209,7 @@ def _set_parameters(bc, stack_layout, live, name):
 CLOSURE_PARAM = "__closure"   # the cells of the call, passed along by generated code
 
 
-def step_code(code, offset, stack_layout, live, after_layout, after_live, handover, name, exits=()):
+def step_code(code, offset, stack_layout, live, after_layout, after_live, handover, name, exits=(), entries=()):
     """Code that runs one instruction natively, then hands over to ``handover``.
 
     It starts like a resume function at ``offset``; right after a copy of that single
@@ -225,6 +225,10 @@ def step_code(code, offset, stack_layout, live, after_layout, after_live, handov
     ``exits``: (offset of a ``POP_EXCEPT``, stack layout, live locals, handover) for each place
     where a handler the instruction raises into ends (``analysis.handler_exits``); there the
     code hands over in the same way, so what follows the handler is compiled again.
+
+    ``entries``: (offset of a handler's first instruction, stack layout, live locals, handover)
+    for the ``except`` handler the instruction raises into: the code hands over as it enters
+    it, the exception on top of the stack, so the handler itself is compiled too.
     """
     takes_closure = bool(closure_names(code))
     bc, target, origins = _load_at(code, offset)
@@ -251,6 +255,14 @@ def step_code(code, offset, stack_layout, live, after_layout, after_live, handov
                        Instr("JUMP_FORWARD", tail, lineno=lineno), skip]
     _enter_at(bc, start, stack_layout, lineno)
     tails = []
+    for target_offset, layout, entry_live, entry_handover in entries:
+        at = next((j for j, x in enumerate(bc) if isinstance(x, Instr) and _origin(origins, x) == target_offset),
+                  None)
+        if at is None:
+            continue
+        label = Label()
+        bc.insert(at, Instr("JUMP_FORWARD", label, lineno=bc[at].lineno))
+        tails.append(_handover_tail(label, layout, entry_live, entry_handover, takes_closure, bc[at].lineno))
     for pop_offset, layout, exit_live, exit_handover in exits:
         at = next((j for j, x in enumerate(bc) if isinstance(x, Instr) and x.name == "POP_EXCEPT"
                    and _origin(origins, x) == pop_offset), None)

@@ -135,6 +135,13 @@ def generate_break(fn: types.FunctionType, result, ins: Instruction, kind: str, 
             except Unsupported:
                 pass    # reported where the value is needed, if it is
 
+    if kind != "generic" and any(isinstance(v, SavedExcInfoValue) for v in stack):
+        # Inside an except or finally handler: the step runs where the handler is entered
+        # again (a step function's prologue), so it sees the exception it handles.
+        if first_part(decode(code), ins.index) != ins.index:
+            raise Unsupported("a graph break in the middle of an instruction inside an exception handler "
+                              "is not supported yet")
+        kind = "generic"
     site = _BreakSite(fn, frame, ins, stack, bound, live_names, rb, ns, compiler, is_resume, closure,
                       {id(m): e for m, e in exits})
     step, tail = _STEPS.get(kind, _generic_step)(site)
@@ -374,7 +381,9 @@ def _generic_step(site):
     step = handover.steps.get(key) if handover is not None else None
     if step is None:
         exits = _handler_exits(compiler, fn, original, orig_offset, before, live_before)
-        step = step_code(original, orig_offset, before, live_before, after, after_live, handover, step_name, exits)
+        entries = _handler_entries(compiler, fn, original, orig_offset, before, live_before)
+        step = step_code(original, orig_offset, before, live_before, after, after_live, handover, step_name, exits,
+                         entries)
         if handover is not None:
             handover.steps[key] = step
     CUT_FROM[step] = original
@@ -408,6 +417,30 @@ def _handled_exceptions(tx, stack):
                           "handled another exception is not supported yet")
     current = tx.handled_exception
     return {id(v): (slots[k + 1].prev if k + 1 < len(slots) else current) for k, v in enumerate(slots)}
+
+
+def _handler_entries(compiler, fn, original, offset, before, live_before):
+    """The ``except`` handler the step's instruction raises into, where the step hands over as
+    the handler starts (``step_code``'s entries): the handler is traced with the real exception,
+    a break inside it resumes inside it (``HANDLED_PREFIX``). Only a handler entered without the
+    raising offset pushed (``lasti``: ``with`` exits and cleanups run natively), whose locals read
+    are all bound at the instruction."""
+    entry = next((e for e in analysis.exception_entries(original) if e.start <= offset < e.end), None)
+    if entry is None or entry.lasti or entry.depth > len(before):
+        return []
+    head = next((i for i in analysis._raw(original) if i.offset >= entry.target), None)
+    if head is None or head.opname != "PUSH_EXC_INFO":
+        return []
+    live = analysis.live_locals(original, entry.target, saves_read=False) - set(closure_names(original))
+    if not live <= set(live_before):
+        return []
+    names = [n for n in original.co_varnames if n in live]
+    layout = list(before[:entry.depth]) + [f"__stack{entry.depth}"]
+    try:
+        wrapper = _resume_wrapper(compiler, fn, original, entry.target, layout, names)
+    except (Unsupported, ValueError):      # no resume function there: the handler runs natively
+        return []
+    return [(entry.target, layout, names, Handover.of(wrapper))]
 
 
 def _handler_exits(compiler, fn, original, offset, before, live_before):

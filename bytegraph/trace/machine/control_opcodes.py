@@ -231,6 +231,7 @@ def pop_except(f, ins):
 @handler("CHECK_EXC_MATCH")
 def check_exc_match(f, ins):
     classes = f.pop()
+    exceptions.guard_class(f.tx, f.stack[-1])
     f.push(ConstantValue(exceptions.matches(f.stack[-1], classes)))
 
 

@@ -17,6 +17,7 @@ from functools import lru_cache
 
 from ...bytecode.instructions import decode
 from ...errors import Unsupported
+from ...guards.kinds import TYPE_MATCH
 from ...values.base import (ConstantValue, ExceptionValue, ObjectValue, TracerCallableValue, TupleValue,
                            UserObjectValue)
 from ...values.builder import wrap
@@ -200,6 +201,18 @@ def class_of(v):
     raise Unsupported("except clause with a non-class value is not supported yet")
 
 
+def guard_class(tx, exc):
+    """Before ``except`` matches ``exc``: an exception of the trace has its class; one from
+    outside (a handler a resume function enters with the real exception) must be read through a
+    source, and its class is guarded."""
+    if isinstance(exc, ExceptionValue):
+        return
+    if not (isinstance(exc, ObjectValue) and isinstance(exc.obj, BaseException) and exc.source is not None):
+        raise Unsupported("matching an exception made outside the trace and not read through a source "
+                          "is not supported yet")
+    tx.guards.add(TYPE_MATCH, exc.source, type(exc.obj))
+
+
 def matches(exc, classes):
     classes = class_of(classes)
     flat = classes if isinstance(classes, tuple) else (classes,)
@@ -209,7 +222,7 @@ def matches(exc, classes):
                 return True
         elif not (isinstance(c, type) and issubclass(c, BaseException)):
             raise_new(TypeError, "catching classes that do not inherit from BaseException is not allowed")
-        elif issubclass(exc.cls, c):
+        elif issubclass(exc.python_type(), c):
             return True
     return False
 
