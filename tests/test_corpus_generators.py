@@ -992,3 +992,13 @@ def test_iterators_with_other_items_left_are_told_apart():
                  lambda: _advanced(iter(range(3)), 3)):
         x = torch.randn(2)
         assert_same(f(x, make()), compiled(x, make()))
+
+
+def test_the_class_of_each_iterator_is_pythons():
+    def f(x, s):
+        its = [iter((1, 2)), iter([1]), iter(range(2)), iter({1: 2}), iter({1: 2}.items()), iter(s),
+               iter({3, 4}), iter(x), reversed([1, 2]), reversed((1, 2)), reversed(range(3)),
+               enumerate([1]), zip([1], [2]), iter(collections.OrderedDict(a=1))]
+        return [type(it).__name__ for it in its], x + 1
+    check(f, t(2), "ab")
+    check(f, t(2), "\u00e9t\u00e9")      # a string with non-ASCII characters has another iterator class

@@ -185,7 +185,7 @@ def _enumerate(frame, args, kwargs):
     items = iterate(frame, args[0])
     return IteratorValue([TupleValue([ConstantValue(i + start), v]) for i, v in enumerate(items)],
                          origins=iterated_containers(args[:1]),
-                         remake=(enumerate, [args[0], ConstantValue(start)]))
+                         remake=(enumerate, [args[0], ConstantValue(start)]), cls=enumerate)
 
 
 @builtin(zip)
@@ -204,15 +204,15 @@ def _zip(frame, args, kwargs):
             # the first exhausted one, so the iterators before it gave one item more.
             a.pos += n + (1 if i < first_short else 0)
     if kwargs:
-        return IteratorValue([TupleValue(list(t)) for t in zip(*seqs)])
+        return IteratorValue([TupleValue(list(t)) for t in zip(*seqs)], cls=zip)
     return IteratorValue([TupleValue(list(t)) for t in zip(*seqs)], origins=iterated_containers(args),
-                         remake=(zip, list(args)))
+                         remake=(zip, list(args)), cls=zip)
 
 
 @builtin(reversed)
 def _reversed(frame, args, kwargs):
     return IteratorValue(list(reversed(iterate(frame, args[0]))), origins=iterated_containers(args[:1]),
-                         remake=(reversed, args[:1]))
+                         remake=(reversed, args[:1]), cls=generators.result_class(reversed, args[0]))
 
 
 @builtin(iter)

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import itertools
 
+import torch
+
 from ...bytecode.analysis import inside_user_handler
 from ...bytecode.versions import CLOSE_RETURNS_VALUE
 from ...errors import Unsupported
 from ...values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, DictViewValue, ExceptionValue,
                            FunctionValue, GeneratorValue, IteratorValue, LazyIteratorValue, ListValue,
-                           MethodOfValue, ObjectValue, PartialValue, TracerCallableValue, TupleValue,
+                           MethodOfValue, ObjectValue, PartialValue, TensorValue, TracerCallableValue, TupleValue,
                            UserObjectValue, Value, holds_values)
 from . import attrs, protocols
 from ..core import ops
@@ -412,7 +414,31 @@ def get_iter(frame, v):
     user = user_iterator(frame, v)
     if user is not None:
         return user
-    return IteratorValue(ops.iterate(frame, v), origins=iterated_containers([v]), remake=(iter, [v]))
+    return IteratorValue(ops.iterate(frame, v), origins=iterated_containers([v]), remake=(iter, [v]),
+                         cls=result_class(iter, v))
+
+
+def result_class(fn, v):
+    """The class of ``fn(v)`` in Python (``iter``, ``reversed``: which iterator class), asked of
+    a stand-in of ``v``'s kind (its value where it is a constant: a string's iterator depends
+    on its characters), or None where the trace cannot say."""
+    try:
+        if isinstance(v, ConstantValue):
+            sample = v.value
+        elif isinstance(v, DictViewValue):
+            sample = getattr(v.dict_value.python_type()(), v.kind)()
+        elif isinstance(v, (TupleValue, ListValue, DictValue)):
+            sample = v.python_type()()
+        elif isinstance(v, TensorValue):
+            sample = _TENSOR_SAMPLE
+        else:
+            return None
+        return type(fn(sample))
+    except Exception:      # noqa: BLE001 - a class that cannot be made empty: not known
+        return None
+
+
+_TENSOR_SAMPLE = torch.empty(1)
 
 
 def user_iterator(frame, v):
