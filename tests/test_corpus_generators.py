@@ -1002,3 +1002,20 @@ def test_the_class_of_each_iterator_is_pythons():
         return [type(it).__name__ for it in its], x + 1
     check(f, t(2), "ab")
     check(f, t(2), "\u00e9t\u00e9")      # a string with non-ASCII characters has another iterator class
+
+
+class NewestFirst:
+    def __init__(self, items):
+        self.items = items
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __reversed__(self):          # not the reverse of __iter__: reversed() must call it
+        return iter(self.items[-1:])
+
+
+def test_reversed_of_a_tensor_is_the_flipped_tensor_and_a_class_may_say_its_own():
+    def f(x):
+        return reversed(x) + 1, reversed(x[0, 0]), list(reversed(NewestFirst([x, x * 2])))
+    check(f, t(3, 2))

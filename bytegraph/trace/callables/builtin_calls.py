@@ -211,6 +211,14 @@ def _zip(frame, args, kwargs):
 
 @builtin(reversed)
 def _reversed(frame, args, kwargs):
+    seq = args[0]
+    if protocols.has_special_method(seq, "__reversed__"):
+        return protocols.call_special_method(frame, seq, "__reversed__", [])
+    if isinstance(seq, TensorValue):
+        # torch.Tensor.__reversed__: the tensor flipped along dim 0 (a 0-d tensor itself), not an iterator.
+        if seq.fake.dim() == 0:
+            return seq
+        return call(frame, attrs.get_attr(frame, seq, "flip"), [ConstantValue(0)], {})
     return IteratorValue(list(reversed(iterate(frame, args[0]))), origins=iterated_containers(args[:1]),
                          remake=(reversed, args[:1]), cls=generators.result_class(reversed, args[0]))
 
