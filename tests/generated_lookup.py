@@ -321,6 +321,8 @@ class _Gen:
             f"out.append(len({target}))\nt = t + out[-1]",
             f"out.append(bool({target}))",
             f"out.append(list({target}))",
+            f"out.append(list(reversed({target})))",
+            f"out.append(type(iter({target})).__name__)",
             f"out.append('a' in {target})",
             f"out.append(isinstance({target}, A))",
             f"out.append(isinstance({target}, HasLen))",
@@ -347,6 +349,8 @@ class _Gen:
             "out.append((len(m.blocks), bool(m.blocks), callable(m), isinstance(m.blocks, nn.Module)))",
             "out.append([type(b) for b in m.blocks])",
             "out.append((callable(x), hasattr(x, 'shape'), hasattr(x, 'tag'), len(x), isinstance(x, nn.Parameter)))",
+            "out.append([type(it).__name__ for it in (iter(x), iter((1, 2)), iter(range(2)), reversed([1]), "
+            "enumerate(x), zip(x, x), iter('ab'))])\nt = t + reversed(x)",
             f"out.append(isinstance(getattr(m, {r.choice(MODULE_NAMES)!r}, None), (nn.Parameter, nn.Module, int)))",
         ]
         body = r.choice(options)

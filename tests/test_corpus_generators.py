@@ -1015,7 +1015,24 @@ class NewestFirst:
         return iter(self.items[-1:])
 
 
+class OnlyIterable:
+    def __iter__(self):
+        return iter([1, 2])
+
+
 def test_reversed_of_a_tensor_is_the_flipped_tensor_and_a_class_may_say_its_own():
     def f(x):
         return reversed(x) + 1, reversed(x[0, 0]), list(reversed(NewestFirst([x, x * 2])))
     check(f, t(3, 2))
+
+
+@pytest.mark.parametrize("kind", ["only __iter__", "set", "iterator", "generator"])
+def test_reversed_of_what_is_not_reversible_raises_as_eager(kind):
+    def f(x, kind):
+        v = {"only __iter__": OnlyIterable, "set": lambda: {1, 2}, "iterator": lambda: iter([1, 2]),
+             "generator": lambda: (i for i in (1, 2))}[kind]()
+        try:
+            return x + 1, list(reversed(v))
+        except TypeError as e:
+            return x - 1, str(e)
+    check(f, t(2), kind, graphs=2)   # the graph before reversed(), the one after

@@ -219,6 +219,11 @@ def _reversed(frame, args, kwargs):
         if seq.fake.dim() == 0:
             return seq
         return call(frame, attrs.get_attr(frame, seq, "flip"), [ConstantValue(0)], {})
+    if not (isinstance(seq, (TupleValue, ListValue, DictValue, DictViewValue))
+            or isinstance(seq, ConstantValue) and isinstance(seq.value, (str, bytes, range))):
+        # A set, an iterator, an object without __reversed__ or the sequence protocol: eager
+        # raises TypeError ("not reversible") or walks __len__/__getitem__.
+        raise Unsupported(f"reversed() of {attrs.describe(seq)} is not supported yet")
     return IteratorValue(list(reversed(iterate(frame, args[0]))), origins=iterated_containers(args[:1]),
                          remake=(reversed, args[:1]), cls=generators.result_class(reversed, args[0]))
 
