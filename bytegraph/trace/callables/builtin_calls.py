@@ -209,6 +209,15 @@ def _zip(frame, args, kwargs):
                          remake=(zip, list(args)), cls=zip)
 
 
+def _reversible(value):
+    """Does ``reversed()`` take this constant (a tuple, a torch.Size, a string, a range...; not a set)?"""
+    try:
+        reversed(value)
+    except TypeError:
+        return False
+    return True
+
+
 @builtin(reversed)
 def _reversed(frame, args, kwargs):
     seq = args[0]
@@ -220,7 +229,7 @@ def _reversed(frame, args, kwargs):
             return seq
         return call(frame, attrs.get_attr(frame, seq, "flip"), [ConstantValue(0)], {})
     if not (isinstance(seq, (TupleValue, ListValue, DictValue, DictViewValue))
-            or isinstance(seq, ConstantValue) and isinstance(seq.value, (str, bytes, range))):
+            or isinstance(seq, ConstantValue) and _reversible(seq.value)):
         # A set, an iterator, an object without __reversed__ or the sequence protocol: eager
         # raises TypeError ("not reversible") or walks __len__/__getitem__.
         raise Unsupported(f"reversed() of {attrs.describe(seq)} is not supported yet")
