@@ -135,12 +135,12 @@ def generate_break(fn: types.FunctionType, result, ins: Instruction, kind: str, 
             except Unsupported:
                 pass    # reported where the value is needed, if it is
 
-    if kind != "generic" and any(isinstance(v, SavedExcInfoValue) for v in stack):
+    if kind != "generic" and any(isinstance(v, SavedExcInfoValue) for v in stack) \
+            and first_part(decode(code), ins.index) == ins.index:
         # Inside an except or finally handler: the step runs where the handler is entered
-        # again (a step function's prologue), so it sees the exception it handles.
-        if first_part(decode(code), ins.index) != ins.index:
-            raise Unsupported("a graph break in the middle of an instruction inside an exception handler "
-                              "is not supported yet")
+        # again (a step function's prologue), so a call sees the exception it handles. (The
+        # second half of an instruction, 3.13's branch after COMPARE_OP + TO_BOOL, tests a
+        # value in Python, which no handled exception changes.)
         kind = "generic"
     site = _BreakSite(fn, frame, ins, stack, bound, live_names, rb, ns, compiler, is_resume, closure,
                       {id(m): e for m, e in exits})
