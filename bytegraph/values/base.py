@@ -489,8 +489,9 @@ class ExceptionValue(Value):
 class SavedExcInfoValue(Value):
     """The exception handled before an except block, as PUSH_EXC_INFO saves it on the stack.
 
-    Deliberately not rebuildable: a graph break inside a handler cannot restore
-    ``sys.exc_info()``, so such frames run eagerly.
+    Not rebuilt as a value: at a graph break the code after it gets the exception handled
+    from this level on and enters the handler again with it (``codegen.breaks``,
+    ``bytecode.resume.HANDLED_PREFIX``), which puts this slot back as eager has it.
     """
 
     __slots__ = ("prev",)

@@ -97,9 +97,10 @@ def entry_index(value):
 def break_index(frame):
     """Where the compiled frame breaks for an Unsupported met at its current instruction.
 
-    Inside a traced handler the stack holds exception state that cannot be rebuilt, so the
-    break moves back to where the handled exception entered the frame; the handler then
-    runs natively."""
+    Inside a traced handler, the break moves back to where the handled exception entered the
+    frame: the native step there raises it and hands over as its ``except`` handler starts
+    (``codegen.breaks._handler_entries``). An exception from outside the trace has no such
+    place: the break stays where it is, and the code after it enters the handler again."""
     current = handled(frame.tx)
     index = entry_index(current) if current is not None else None
     return index if index is not None else frame.current.index
