@@ -47,6 +47,8 @@ INSTANCE_KINDS = ["none", "none", "int", "str", "tensor", "func", "setattr_bypas
 PRELUDE = '''\
 import abc
 import functools
+import itertools
+import types
 import torch
 import torch.nn as nn
 
@@ -351,6 +353,10 @@ class _Gen:
             "out.append((callable(x), hasattr(x, 'shape'), hasattr(x, 'tag'), len(x), isinstance(x, nn.Parameter)))",
             "out.append([type(it).__name__ for it in (iter(x), iter((1, 2)), iter(range(2)), reversed([1]), "
             "enumerate(x), zip(x, x), iter('ab'))])\nt = t + reversed(x)",
+            "out.append([type(it).__name__ for it in (itertools.chain(x, [1]), itertools.product((1, 2), x), "
+            "itertools.accumulate((1, 2)), itertools.takewhile(bool, (1, 0)), itertools.compress((1, 2), (0, 1)), "
+            "m.parameters(), m.named_modules(), m.blocks.children(), {1: 2}.__iter__())])\n"
+            "out.append((isinstance(m.parameters(), types.GeneratorType), isinstance(itertools.repeat(1, 2), types.GeneratorType)))",
             f"out.append(isinstance(getattr(m, {r.choice(MODULE_NAMES)!r}, None), (nn.Parameter, nn.Module, int)))",
         ]
         body = r.choice(options)

@@ -12,6 +12,7 @@ import collections.abc
 import contextlib
 import io
 import itertools
+import types
 
 import pytest
 import torch
@@ -1002,6 +1003,44 @@ def test_the_class_of_each_iterator_is_pythons():
         return [type(it).__name__ for it in its], x + 1
     check(f, t(2), "ab")
     check(f, t(2), "\u00e9t\u00e9")      # a string with non-ASCII characters has another iterator class
+
+
+def test_the_class_of_itertools_iterators_and_module_enumerations_is_pythons():
+    m = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+
+    def f(x):
+        a = [1, 2, 3]
+        its = [itertools.chain(a, a), itertools.chain.from_iterable([a]), itertools.repeat(1, 2),
+               itertools.product(a, a), itertools.permutations(a), itertools.combinations(a, 2),
+               itertools.combinations_with_replacement(a, 2), itertools.accumulate(a), itertools.zip_longest(a, a),
+               itertools.starmap(max, [(1, 2)]), itertools.takewhile(bool, a), itertools.dropwhile(bool, a),
+               itertools.compress(a, a), itertools.pairwise(a), m.parameters(), m.named_parameters(),
+               m.buffers(), m.children(), m.named_children(), m.modules(), m.named_modules(), {1: 2}.__iter__()]
+        return ([type(it).__name__ for it in its], [isinstance(it, types.GeneratorType) for it in its],
+                [len(list(it)) for it in its], x + 1)
+    check(f, t(2))
+
+
+def test_an_iterator_made_in_the_trace_leaves_it_of_pythons_class():
+    m = nn.Linear(2, 2)
+
+    def f(x):
+        a = [x, x * 2]
+        left = itertools.chain(a, [x * 3])
+        next(left)
+        return (x + 1, m.parameters(), left, itertools.takewhile(bool, [1, 2]), itertools.dropwhile(bool, [0, 1]),
+                itertools.accumulate([1, 2]), itertools.compress([1, 2], [1, 0]), itertools.starmap(max, [(1, 2)]))
+
+    def described(out):
+        return [type(o).__name__ for o in out[1:]], isinstance(out[1], types.GeneratorType), \
+            [list(o) for o in out[2:]], [p.shape for p in out[1]]
+    x = t(2)
+    expected = f(x)
+    compiled, cnt = compile_counted(f, fullgraph=True)
+    got = compiled(x)
+    assert_same(expected[0], got[0])
+    assert_same(described(expected), described(got))
+    assert cnt.frame_count == 1
 
 
 class NewestFirst:

@@ -278,8 +278,13 @@ class Rebuilder:
             self.ns.ns["__advanced"] = advanced
             parts = ", ".join(self.expr(a) for a in args)
             return self.temp(f"__advanced({self.ns.ref(maker, 'builtin')}({parts}), {v.pos})")
-        rest = v.items[v.pos:]
-        return self.temp(f"iter([{', '.join(self.expr(i) for i in rest)}])")
+        rest = f"[{', '.join(self.expr(i) for i in v.items[v.pos:])}]"
+        maker = ITERATOR_MAKERS.get(v.cls)
+        if maker is None:
+            # (a tuple or range iterator too: a resume function wrapping one of those would be
+            # specialized to the number of items left)
+            return self.temp(f"iter({rest})")
+        return self.temp(f"{self.ns.ref(maker, 'iterator_of')}({rest})")
 
     def _lazy_iterator(self, v):
         if v.kind not in _LAZY_REMAKE:
@@ -539,6 +544,40 @@ def _key_expr(k, ns):
     if isinstance(k, (str, int, bool)) or k is None:
         return repr(k)
     return ns.ref(k)
+
+
+def _as_generator(items):
+    yield from items
+
+
+def _always(_):
+    return True
+
+
+def _never(_):
+    return False
+
+
+def _second(_, b):
+    return b
+
+
+def _same(x):
+    return x
+
+
+# Iterator classes the trace gives its iterators (``IteratorValue.cls``) -> a function making an
+# iterator of that class over given items: what escapes the graph is of the class Python made
+# (``type()``, ``isinstance(it, types.GeneratorType)`` answer the same after the call).
+ITERATOR_MAKERS = {
+    types.GeneratorType: _as_generator,
+    itertools.chain: lambda items: itertools.chain(items),
+    itertools.takewhile: lambda items: itertools.takewhile(_always, items),
+    itertools.dropwhile: lambda items: itertools.dropwhile(_never, items),
+    itertools.accumulate: lambda items: itertools.accumulate(items, _second),
+    itertools.compress: lambda items: itertools.compress(items, itertools.repeat(True)),
+    itertools.starmap: lambda items: itertools.starmap(_same, zip(items)),
+}
 
 
 def advanced(iterator, n):

@@ -161,7 +161,7 @@ def _dict_read(frame, d, name, args, kwargs):
         return _new_like(d, items)
     if name == "__len__":
         return ConstantValue(len(items))
-    return IteratorValue(iterate(frame, d))   # __iter__
+    return IteratorValue(iterate(frame, d), cls=generators.result_class(iter, d))   # __iter__
 
 
 def _dict_update(frame, d, name, args, kwargs):

@@ -308,13 +308,13 @@ def _iterator_builtin(fn, what, const_kwargs=()):
         for k, v in kwargs.items():
             ckw[k] = _const(v, what) if k in const_kwargs else v
         out = [TupleValue(list(x)) if isinstance(x, tuple) else x for x in fn(*lists, **ckw)]
-        return IteratorValue(out)
+        return IteratorValue(out, cls=fn)
     return h
 
 
 BUILTIN_HANDLERS[itertools.chain] = _iterator_builtin(itertools.chain, "chain()")
 BUILTIN_HANDLERS[itertools.chain.from_iterable] = lambda frame, args, kwargs: IteratorValue(
-    [x for part in iterate(frame, args[0]) for x in iterate(frame, part)])
+    [x for part in iterate(frame, args[0]) for x in iterate(frame, part)], cls=itertools.chain)
 BUILTIN_HANDLERS[itertools.product] = _iterator_builtin(itertools.product, "product()", ("repeat",))
 BUILTIN_HANDLERS[itertools.zip_longest] = _iterator_builtin(itertools.zip_longest, "zip_longest()")
 BUILTIN_HANDLERS[itertools.pairwise] = _iterator_builtin(itertools.pairwise, "pairwise()")
@@ -327,7 +327,7 @@ def _with_constant_tail(fn, what):
         tail = [_const(a, what) for a in args[1:]]
         ckw = {k: _const(v, what) for k, v in kwargs.items()}
         out = [TupleValue(list(x)) if isinstance(x, tuple) else x for x in fn(items, *tail, **ckw)]
-        return IteratorValue(out)
+        return IteratorValue(out, cls=fn)
     return h
 
 
@@ -342,7 +342,7 @@ def _repeat(frame, args, kwargs):
     if times is None:
         raise Unsupported("itertools.repeat() without a count is infinite",
                           hint="pass times=, or use [x] * n")
-    return IteratorValue([args[0]] * _const(times, "repeat()"))
+    return IteratorValue([args[0]] * _const(times, "repeat()"), cls=itertools.repeat)
 
 
 @builtin(itertools.cycle)
@@ -369,12 +369,13 @@ def _accumulate(frame, args, kwargs):
         else:
             acc = call(frame, fn, [acc, item], {})
         out.append(acc)
-    return IteratorValue(out)
+    return IteratorValue(out, cls=itertools.accumulate)
 
 
 @builtin(itertools.starmap)
 def _starmap(frame, args, kwargs):
-    return IteratorValue([call(frame, args[0], iterate(frame, t), {}) for t in iterate(frame, args[1])])
+    return IteratorValue([call(frame, args[0], iterate(frame, t), {}) for t in iterate(frame, args[1])],
+                         cls=itertools.starmap)
 
 
 def _take_drop_while(take):
@@ -383,7 +384,8 @@ def _take_drop_while(take):
         n = 0
         while n < len(items) and operators.truth(frame, call(frame, pred, [items[n]], {})):
             n += 1
-        return IteratorValue(items[:n] if take else items[n:])
+        return IteratorValue(items[:n] if take else items[n:],
+                             cls=itertools.takewhile if take else itertools.dropwhile)
     return h
 
 
@@ -394,7 +396,7 @@ BUILTIN_HANDLERS[itertools.dropwhile] = _take_drop_while(False)
 @builtin(itertools.compress)
 def _compress(frame, args, kwargs):
     items, flags = iterate(frame, args[0]), iterate(frame, args[1])
-    return IteratorValue([i for i, f in zip(items, flags) if operators.truth(frame, f)])
+    return IteratorValue([i for i, f in zip(items, flags) if operators.truth(frame, f)], cls=itertools.compress)
 
 
 @builtin(copy.copy)

@@ -3,6 +3,8 @@
 The real module tree is walked while tracing; every dict the walk reads is guarded by its
 keys (and None entries by identity), every member is read through its own source.
 """
+import types
+
 import torch
 
 from ...errors import Unsupported
@@ -62,7 +64,7 @@ def _module_members(table, named):
                 value = v if pending is not None else wrap(frame.tx, v, ModuleEntrySource(src, table, k))
                 name = prefix + ("." if prefix else "") + k
                 out.append(TupleValue([ConstantValue(name), value]) if named else value)
-        return IteratorValue(out)
+        return IteratorValue(out, cls=types.GeneratorType)
     return h
 
 
@@ -86,7 +88,7 @@ def _module_tree(children, named):
         for name, m, src in found:
             value = mv if m is mv.obj else wrap(frame.tx, m, src)
             out.append(TupleValue([ConstantValue(name), value]) if named else value)
-        return IteratorValue(out)
+        return IteratorValue(out, cls=types.GeneratorType)
     return h
 
 
