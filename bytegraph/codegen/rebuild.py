@@ -423,6 +423,8 @@ def _held_values(c):
     for x in c:
         if isinstance(x, HeldValue):
             out.append(x.value)
+        elif isinstance(x, TracedId) and isinstance(x.value, Value):
+            out.append(x.value)
         elif type(x) is tuple:
             out += _held_values(x)
     return out
@@ -483,6 +485,9 @@ def tensors_in(values, out):
             out.append(v.array)
         elif isinstance(v, ConstantValue) and isinstance(v._value, (set, frozenset, collections.deque)):
             tensors_in(_held_values(v._value), out)
+        elif isinstance(v, ConstantValue) and isinstance(v._value, TracedId):
+            # rebuilt as id(<the object>): that object's tensors are needed too
+            tensors_in(_held_values([v._value]), out)
         elif isinstance(v, (TupleValue, ListValue)):
             tensors_in(v.items, out)
         elif isinstance(v, DictValue):

@@ -18,9 +18,9 @@ from ...bytecode.analysis import inside_user_handler
 from ...bytecode.versions import CLOSE_RETURNS_VALUE
 from ...errors import Unsupported
 from ...values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, DictViewValue, ExceptionValue,
-                           FunctionValue, GeneratorValue, IteratorValue, LazyIteratorValue, ListValue,
-                           MethodOfValue, ObjectValue, PartialValue, TensorValue, TracerCallableValue, TupleValue,
-                           UserObjectValue, Value, holds_values)
+                           FunctionValue, GeneratorValue, HeldValue, IteratorValue, LazyIteratorValue, ListValue,
+                           MethodOfValue, ObjectValue, PartialValue, TensorValue, TracedId, TracerCallableValue,
+                           TupleValue, UserObjectValue, Value, holds_values)
 from . import attrs, protocols
 from ..core import ops
 from ..numpy_api import numpy_calls
@@ -172,7 +172,13 @@ def reachable_generators(values):
         elif isinstance(v, ExceptionValue):
             todo += list(v.args) + list(v.attrs.values())
         elif isinstance(v, ConstantValue) and holds_values(v._value):
-            todo += [item_value(x) for x in v._value]
+            c = v._value
+            if isinstance(c, TracedId):         # the rebuilt id() reads the object it was taken of
+                todo += [c.value] if isinstance(c.value, Value) else []
+            elif isinstance(c, HeldValue):
+                todo.append(c.value)
+            else:
+                todo += [item_value(x) for x in c]
     return found
 
 
