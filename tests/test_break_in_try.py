@@ -314,3 +314,38 @@ def test_a_handler_a_native_step_raises_into_is_compiled_and_equals_eager(capsys
     assert not [r.fallback_reason for r in records.frames if r.fallback_reason]
     targets = [str(node.target) for r in records.frames if r.graph is not None for node in r.graph.graph.nodes]
     assert "sin" in targets, targets
+
+
+def branches_on_data_inside_try(x, n):
+    try:
+        if x.sum() > 0:                   # data-dependent: a native step inside try
+            x = x + n
+        x = x * 2
+    except ValueError:
+        x = x - 1
+    return x.sin() + 1
+
+
+def loops_with_a_break_inside_try(x, n):
+    try:
+        for i, v in zip(range(3), [n, n + 1, n + 2, n + 3]):
+            print("step", i)              # the resume gets a real zip: FOR_ITER is a native step
+            x = x + v
+        x = x * 2
+    except IndexError:
+        x = x - 1
+    return x.cos() * 3
+
+
+@pytest.mark.parametrize("fn", [branches_on_data_inside_try, loops_with_a_break_inside_try])
+def test_a_native_branch_or_loop_step_inside_try_hands_over_on_both_sides(fn, capsys):
+    """A branch or FOR_ITER run natively inside ``try`` (a generic step) hands over at its jump
+    target too (``resume.step_code``'s jump): the other side of the branch, and the code after
+    the exhausted loop, are compiled instead of running natively to the end of the frame."""
+    from bytegraph.debug import records
+    _check_against_eager(fn, capsys)
+    for x in (torch.ones(4), -torch.ones(4)):     # both sides of the branch
+        records.clear()
+        bytegraph.compile(fn, backend=CompileCounter())(x, 1)
+        targets = [str(node.target) for r in records.frames if r.graph is not None for node in r.graph.graph.nodes]
+        assert "sin" in targets or "cos" in targets, targets

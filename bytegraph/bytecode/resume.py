@@ -209,7 +209,8 @@ def _set_parameters(bc, stack_layout, live, name):
 CLOSURE_PARAM = "__closure"   # the cells of the call, passed along by generated code
 
 
-def step_code(code, offset, stack_layout, live, after_layout, after_live, handover, name, exits=(), entries=()):
+def step_code(code, offset, stack_layout, live, after_layout, after_live, handover, name, exits=(), entries=(),
+              jump=None):
     """Code that runs one instruction natively, then hands over to ``handover``.
 
     It starts like a resume function at ``offset``; right after a copy of that single
@@ -229,6 +230,11 @@ def step_code(code, offset, stack_layout, live, after_layout, after_live, handov
     ``entries``: (offset of a handler's first instruction, stack layout, live locals, handover)
     for the ``except`` handler the instruction raises into: the code hands over as it enters
     it, the exception on top of the stack, so the handler itself is compiled too.
+
+    ``jump``: (stack layout, live locals, handover) where the instruction is a branch or a
+    ``FOR_ITER``: its copy jumps to a tail of its own that hands over there, so the code at
+    the jump target (the other side of a branch, the code after an exhausted loop) is compiled
+    too, instead of running the original code natively from there.
     """
     takes_closure = bool(closure_names(code))
     bc, target, origins = _load_at(code, offset)
@@ -250,11 +256,20 @@ def step_code(code, offset, stack_layout, live, after_layout, after_live, handov
     # hand over, as CPython's own stack there (a LOAD_METHOD pair, say) is not the layout the
     # resume function was made for.
     copies = [x.copy() for x in bc[first:pos + 1] if isinstance(x, Instr)]
+    tails = []
+    if jump is not None and isinstance(copies[-1].arg, Label):
+        jumped = Label()
+        branch = copies[-1]
+        branch.set(versions.FORWARD_JUMP.get(branch.name, branch.name), jumped)
+        padding = [Instr(op, lineno=lineno) for op in versions.FOR_ITER_EXIT_PADDING] \
+            if branch.name == "FOR_ITER" else []
+        layout, jump_live, jump_handover = jump
+        jump_tail = _handover_tail(jumped, layout, jump_live, jump_handover, takes_closure, lineno)
+        tails.append(jump_tail[:1] + padding + jump_tail[1:])
     skip = Label()
     bc[first:first] = [Instr("JUMP_FORWARD", skip, lineno=lineno), start, *copies,
                        Instr("JUMP_FORWARD", tail, lineno=lineno), skip]
     _enter_at(bc, start, stack_layout, lineno)
-    tails = []
     for target_offset, layout, entry_live, entry_handover in entries:
         at = next((j for j, x in enumerate(bc) if isinstance(x, Instr) and _origin(origins, x) == target_offset),
                   None)

@@ -15,6 +15,9 @@ SUPPORTED = ((3, 11), (3, 12), (3, 13))
 # is exhausted: 3.11 jumps straight to the code after the loop; 3.12 jumps over
 # END_FOR; 3.13 over END_FOR and the POP_TOP that follows it.
 FOR_ITER_EXIT_SKIP = {(3, 11): 0, (3, 12): 1, (3, 13): 2}.get(PY, 2)
+# The instructions that skip leaves behind it: code that retargets a FOR_ITER to a place of
+# its own puts them there (never run; they keep the static stack depths right).
+FOR_ITER_EXIT_PADDING = {(3, 11): (), (3, 12): ("END_FOR",)}.get(PY, ("END_FOR", "POP_TOP"))
 
 # Where LOAD_GLOBAL / LOAD_ATTR put the NULL that marks "no self" for CALL:
 # before the callable up to 3.12, after it from 3.13 on.
@@ -25,6 +28,13 @@ LOAD_FAST_LOADS_CELLS = PY >= (3, 13)
 
 # LOAD_ATTR's low bit means "method load" from 3.12 on (3.11 has LOAD_METHOD).
 LOAD_ATTR_METHOD_FLAG = PY >= (3, 12)
+
+# A conditional jump turned into a forward one (to a tail placed after the code): 3.11 spells
+# backward jumps with opcodes of their own.
+FORWARD_JUMP = {"POP_JUMP_BACKWARD_IF_FALSE": "POP_JUMP_FORWARD_IF_FALSE",
+                "POP_JUMP_BACKWARD_IF_TRUE": "POP_JUMP_FORWARD_IF_TRUE",
+                "POP_JUMP_BACKWARD_IF_NONE": "POP_JUMP_FORWARD_IF_NONE",
+                "POP_JUMP_BACKWARD_IF_NOT_NONE": "POP_JUMP_FORWARD_IF_NOT_NONE"} if PY == (3, 11) else {}
 
 # Opcodes whose spelling changed but whose meaning did not.
 RENAMED = {

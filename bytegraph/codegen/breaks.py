@@ -372,6 +372,7 @@ def _generic_step(site):
         handover = Handover.of(_resume_wrapper(compiler, fn, code, next_offset, resume_layout, after_live))
     else:
         handover = None
+    jump = _jump_continuation(site, raw, before)
     live_before = [n for n in live_names if n in analysis.live_locals(code, ins.offset)]
     original, orig_offset = original_offset(code, ins.offset)
     info = RESUME_INFO.get(code)
@@ -383,7 +384,7 @@ def _generic_step(site):
         exits = _handler_exits(compiler, fn, original, orig_offset, before, live_before)
         entries = _handler_entries(compiler, fn, original, orig_offset, before, live_before)
         step = step_code(original, orig_offset, before, live_before, after, after_live, handover, step_name, exits,
-                         entries)
+                         entries, jump)
         if handover is not None:
             handover.steps[key] = step
     CUT_FROM[step] = original
@@ -402,6 +403,25 @@ def _generic_step(site):
         step_fn = ns.ref(types.FunctionType(step, fn.__globals__, step_name), "step")
     call = "__Continuation" if is_resume else "__resolve"
     return [], [f"return {call}({step_fn}, ({', '.join(args)}{',' if len(args) == 1 else ''}))"]
+
+
+def _jump_continuation(site, raw, before):
+    """(stack layout, live locals, handover) at the jump target of a branch or ``FOR_ITER`` run
+    as a generic step (inside ``try``), or None: the step hands over there too, so the other side
+    of the branch, or the code after the exhausted loop, is compiled as well."""
+    ins, rows, code = site.ins, site.rows, site.code
+    if ins.opname not in _BRANCHES | _KEEP_BRANCHES | {"FOR_ITER"} or ins.target is None \
+            or ins.target >= len(rows) or not is_last_part(rows, ins.index):
+        return None
+    target = rows[ins.target].offset
+    # At the decoded target an exhausted FOR_ITER has popped its iterator (3.12/3.13's END_FOR
+    # included); a branch pops its condition, or keeps it (JUMP_IF_*_OR_POP).
+    effect = -1 if ins.opname == "FOR_ITER" else dis.stack_effect(raw.opcode, raw.arg, jump=True)
+    layout = [s if s is NULL_SLOT or is_handled_slot(s) else f"__j{i}"
+              for i, s in enumerate(before[:len(before) + effect])]
+    live = [n for n in site.live_names if n in analysis.live_locals(code, target)]
+    resume_layout = [s if s is NULL_SLOT or is_handled_slot(s) else f"__stack{i}" for i, s in enumerate(layout)]
+    return layout, live, Handover.of(_resume_wrapper(site.compiler, site.fn, code, target, resume_layout, live))
 
 
 def _handled_exceptions(tx, stack):
