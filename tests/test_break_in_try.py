@@ -349,3 +349,27 @@ def test_a_native_branch_or_loop_step_inside_try_hands_over_on_both_sides(fn, ca
         bytegraph.compile(fn, backend=CompileCounter())(x, 1)
         targets = [str(node.target) for r in records.frames if r.graph is not None for node in r.graph.graph.nodes]
         assert "sin" in targets or "cos" in targets, targets
+
+
+def spells_a_native_exception(x, n):
+    try:
+        loud_check(n)
+        msg = "fine"
+    except ValueError as e:               # a real exception, raised by the native step
+        msg = str(e) + "|" + repr(e)
+    try:
+        {}[f"k{n}"] if n > 2 else loud_check(n)
+    except (KeyError, ValueError) as e:
+        msg += str(e) + repr(e)
+    return x * len(msg), msg
+
+
+def test_str_and_repr_of_an_exception_a_native_step_raised_are_traced(capsys):
+    """str()/repr() of an exception from outside the trace, of a class whose text is made from
+    its args (ValueError, KeyError): answered in the trace, its class and args guarded."""
+    from bytegraph.debug import records
+    _check_against_eager(spells_a_native_exception, capsys)
+    records.clear()
+    bytegraph.compile(spells_a_native_exception, backend=CompileCounter())(torch.randn(4), 3)
+    reasons = [str(r.break_reason) for r in records.frames if r.break_reason]
+    assert not [r for r in reasons if r.startswith(("str()", "repr()"))], reasons

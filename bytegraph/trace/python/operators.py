@@ -10,8 +10,8 @@ import torch
 from ...datamodel import class_lookup
 from ...errors import BytegraphError, Unsupported
 from ...null import NULL
-from ...guards.builder import NOT_ALIAS
-from ...guards.sources import ModuleEntrySource
+from ...guards.builder import NOT_ALIAS, TYPE_MATCH
+from ...guards.sources import AttrSource, ModuleEntrySource
 from ...values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, ConstantValue, ContextManagerValue,
                            DefaultDictValue, DictValue, DictViewValue, ExceptionValue, FloatTensorValue,
                            FormattedTextValue, FunctionValue, GeneratorValue, IteratorValue, LazyIteratorValue,
@@ -686,6 +686,25 @@ def lazy_text(frame, parts):
     return FormattedTextValue(parts)
 
 
+def _text_from_args(cls):
+    """Whether str() and repr() of an exception of class ``cls`` are made from its class and
+    ``args`` alone (BaseException's, or KeyError's quoting of a single key)."""
+    if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+        return False
+    return class_lookup(cls, "__repr__")[0] is BaseException.__repr__ and \
+        class_lookup(cls, "__str__")[0] in (BaseException.__str__, KeyError.__str__)
+
+
+def _exception_text(frame, v, fn):
+    """``str()``/``repr()`` of an exception object from outside the trace (one a native step
+    raised into a handler): made from its class and its ``args``, both guarded."""
+    frame.tx.guards.add(TYPE_MATCH, v.source, type(v.obj))
+    args = wrap(frame.tx, v.obj.args, AttrSource(v.source, "args"))
+    if not is_constant(args) or holds_values(as_constant(args)):
+        raise Unsupported(f"{fn.__name__}() of {attrs.describe(v)} whose args are not constants is not supported yet")
+    return ConstantValue(fn(v.obj))
+
+
 def text_of(frame, v, fn):
     """``str(v)``, ``repr(v)`` or ``ascii(v)``: a ``__str__``/``__repr__`` written in Python runs
     traced (as Python looks it up: on the type; ``str`` falls back to ``repr``); containers
@@ -704,6 +723,8 @@ def text_of(frame, v, fn):
             raise Unsupported(f"{fn.__name__}() of a container holding tensors or objects is not supported yet")
         return constant_fold(frame, fn, [v], f"{fn.__name__}()")
     cls = python_type(v) if isinstance(v, (UserObjectValue, ObjectValue)) else None
+    if cls is not None and _text_from_args(cls) and isinstance(v, ObjectValue) and v.source is not None:
+        return _exception_text(frame, v, fn)
     if cls is not None:
         for name in ((_TEXT_METHODS[fn], "__repr__") if fn is str else ("__repr__",)):
             method = protocols.python_special_method(v, name)
