@@ -373,3 +373,31 @@ def test_str_and_repr_of_an_exception_a_native_step_raised_are_traced(capsys):
     bytegraph.compile(spells_a_native_exception, backend=CompileCounter())(torch.randn(4), 3)
     reasons = [str(r.break_reason) for r in records.frames if r.break_reason]
     assert not [r for r in reasons if r.startswith(("str()", "repr()"))], reasons
+
+
+def asks_what_is_handled(x, n):
+    out = []
+    try:
+        loud_check(n)
+    except ValueError:
+        e = sys.exception()
+        kind, value, tb = sys.exc_info()
+        out += [str(e), kind.__name__, value is e, tb is not None, tb.tb_lineno > 0]
+        x = x + 1
+    try:
+        raise KeyError("made in the trace")
+    except KeyError:
+        out.append(repr(sys.exception()))
+        x = x * 2
+    return x.sin(), out
+
+
+def test_sys_exception_and_exc_info_inside_a_handler_are_traced(capsys):
+    """sys.exception() answers the exception the trace handles (made in the trace or from a
+    native step); sys.exc_info() too for one from outside (its traceback read from it)."""
+    from bytegraph.debug import records
+    _check_against_eager(asks_what_is_handled, capsys)
+    records.clear()
+    bytegraph.compile(asks_what_is_handled, backend=CompileCounter())(torch.randn(4), 1)
+    reasons = [str(r.break_reason) for r in records.frames if r.break_reason]
+    assert not [r for r in reasons if "sys." in r], reasons

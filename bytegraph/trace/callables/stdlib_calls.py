@@ -13,6 +13,7 @@ import gc
 import itertools
 import logging
 import operator
+import sys
 import types
 import warnings
 
@@ -397,6 +398,34 @@ BUILTIN_HANDLERS[itertools.dropwhile] = _take_drop_while(False)
 def _compress(frame, args, kwargs):
     items, flags = iterate(frame, args[0]), iterate(frame, args[1])
     return IteratorValue([i for i, f in zip(items, flags) if operators.truth(frame, f)], cls=itertools.compress)
+
+
+def _handled(frame, what):
+    """The exception the code is handling where the trace knows it (inside a handler the trace
+    entered, or one a resume function entered again); else a graph break (what the caller of
+    the compiled function handles is not known to the trace)."""
+    exc = frame.tx.handled_exception
+    if isinstance(exc, ExceptionValue) or (isinstance(exc, ObjectValue) and isinstance(exc.obj, BaseException)):
+        return exc
+    raise Unsupported(f"{what} outside an exception handler of the compiled function is not supported yet")
+
+
+@builtin(sys.exception)
+def _exception(frame, args, kwargs):
+    return _handled(frame, "sys.exception()")
+
+
+@builtin(sys.exc_info)
+def _exc_info(frame, args, kwargs):
+    exc = _handled(frame, "sys.exc_info()")
+    if isinstance(exc, ExceptionValue):
+        raise Unsupported("sys.exc_info() of an exception raised in the compiled function: its traceback "
+                          "is made only where it is raised natively", hint="sys.exception() gives the exception")
+    cls = wrap(frame.tx, type(exc.obj), None)
+    source = AttrSource(exc.source, "__traceback__") if exc.source is not None else None
+    if source is None:
+        raise Unsupported("sys.exc_info() of an exception the trace cannot read again is not supported yet")
+    return TupleValue([cls, exc, wrap(frame.tx, exc.obj.__traceback__, source)])
 
 
 @builtin(copy.copy)
