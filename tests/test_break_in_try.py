@@ -389,6 +389,10 @@ def asks_what_is_handled(x, n):
     except KeyError:
         out.append(repr(sys.exception()))
         x = x * 2
+    try:
+        {}[n] if n > 2 else loud_check(n + 1)
+    except:                               # noqa: E722 - no class matched: exc_info's is guarded
+        out.append(sys.exc_info()[0].__name__)
     return x.sin(), out
 
 

@@ -18,7 +18,7 @@ import types
 import warnings
 
 from ...errors import Unsupported
-from ...guards.builder import DICT_KEYS, GLOBAL_STATE, ID_MATCH, LENGTH_MATCH
+from ...guards.builder import DICT_KEYS, GLOBAL_STATE, ID_MATCH, LENGTH_MATCH, TYPE_MATCH
 from ...residual import warning_action, warning_place
 from ...stacks import frame_summary
 from ...guards.sources import AttrSource, ItemSource
@@ -421,10 +421,12 @@ def _exc_info(frame, args, kwargs):
     if isinstance(exc, ExceptionValue):
         raise Unsupported("sys.exc_info() of an exception raised in the compiled function: its traceback "
                           "is made only where it is raised natively", hint="sys.exception() gives the exception")
-    cls = wrap(frame.tx, type(exc.obj), None)
-    source = AttrSource(exc.source, "__traceback__") if exc.source is not None else None
-    if source is None:
+    if exc.source is None:
         raise Unsupported("sys.exc_info() of an exception the trace cannot read again is not supported yet")
+    # (a bare `except:` matched no class: the class answered here is guarded)
+    frame.tx.guards.add(TYPE_MATCH, exc.source, type(exc.obj))
+    cls = wrap(frame.tx, type(exc.obj), None)
+    source = AttrSource(exc.source, "__traceback__")
     return TupleValue([cls, exc, wrap(frame.tx, exc.obj.__traceback__, source)])
 
 
