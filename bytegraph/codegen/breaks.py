@@ -365,14 +365,7 @@ def _generic_step(site):
         keep = i < len(stack) and (i < depth_after - 1 or effect > 0 and i < len(stack))
         after.append(before[i] if keep and (before[i] is NULL_SLOT or is_handled_slot(before[i])) else f"__h{i}")
     next_offset = offset_after(rows, ins.index)
-    after_live, resume_layout = [], []
-    if next_offset is not None:
-        after_live = [n for n in live_names if n in analysis.live_locals(code, next_offset)]
-        resume_layout = [s if s is NULL_SLOT or is_handled_slot(s) else f"__stack{i}" for i, s in enumerate(after)]
-        handover = Handover.of(_resume_wrapper(compiler, fn, code, next_offset, resume_layout, after_live))
-    else:
-        handover = None
-    jump = _jump_continuation(site, raw, before)
+    after_live, handover = _hand_over_at(site, next_offset, after) if next_offset is not None else ([], None)
     live_before = [n for n in live_names if n in analysis.live_locals(code, ins.offset)]
     original, orig_offset = original_offset(code, ins.offset)
     info = RESUME_INFO.get(code)
@@ -384,7 +377,7 @@ def _generic_step(site):
         exits = _handler_exits(compiler, fn, original, orig_offset, before, live_before)
         entries = _handler_entries(compiler, fn, original, orig_offset, before, live_before)
         step = step_code(original, orig_offset, before, live_before, after, after_live, handover, step_name, exits,
-                         entries, jump)
+                         entries, _jump_continuation(site, raw, before))
         if handover is not None:
             handover.steps[key] = step
     CUT_FROM[step] = original
@@ -405,23 +398,31 @@ def _generic_step(site):
     return [], [f"return {call}({step_fn}, ({', '.join(args)}{',' if len(args) == 1 else ''}))"]
 
 
+def _hand_over_at(site, offset, layout):
+    """(live locals, handover) for a step that continues at ``offset`` with its stack stored
+    under the names of ``layout``: the resume function there."""
+    live = [n for n in site.live_names if n in analysis.live_locals(site.code, offset)]
+    resume_layout = [s if s is NULL_SLOT or is_handled_slot(s) else f"__stack{i}" for i, s in enumerate(layout)]
+    return live, Handover.of(_resume_wrapper(site.compiler, site.fn, site.code, offset, resume_layout, live))
+
+
+_JUMPING_STEPS = _BRANCHES | _KEEP_BRANCHES | {"FOR_ITER"}
+
+
 def _jump_continuation(site, raw, before):
     """(stack layout, live locals, handover) at the jump target of a branch or ``FOR_ITER`` run
     as a generic step (inside ``try``), or None: the step hands over there too, so the other side
     of the branch, or the code after the exhausted loop, is compiled as well."""
-    ins, rows, code = site.ins, site.rows, site.code
-    if ins.opname not in _BRANCHES | _KEEP_BRANCHES | {"FOR_ITER"} or ins.target is None \
-            or ins.target >= len(rows) or not is_last_part(rows, ins.index):
+    ins, rows = site.ins, site.rows
+    if ins.opname not in _JUMPING_STEPS or ins.target is None or ins.target >= len(rows) \
+            or not is_last_part(rows, ins.index):
         return None
-    target = rows[ins.target].offset
     # At the decoded target an exhausted FOR_ITER has popped its iterator (3.12/3.13's END_FOR
     # included); a branch pops its condition, or keeps it (JUMP_IF_*_OR_POP).
     effect = -1 if ins.opname == "FOR_ITER" else dis.stack_effect(raw.opcode, raw.arg, jump=True)
     layout = [s if s is NULL_SLOT or is_handled_slot(s) else f"__j{i}"
               for i, s in enumerate(before[:len(before) + effect])]
-    live = [n for n in site.live_names if n in analysis.live_locals(code, target)]
-    resume_layout = [s if s is NULL_SLOT or is_handled_slot(s) else f"__stack{i}" for i, s in enumerate(layout)]
-    return layout, live, Handover.of(_resume_wrapper(site.compiler, site.fn, code, target, resume_layout, live))
+    return (layout, *_hand_over_at(site, rows[ins.target].offset, layout))
 
 
 def _handled_exceptions(tx, stack):

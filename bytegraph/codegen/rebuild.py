@@ -31,7 +31,7 @@ from ..values.base import (MUTABLE_CONSTANT_TYPES, BoundMethodValue, CellValue, 
                            FormattedTextValue, FunctionValue, GeneratorValue, HeldValue, IteratorValue,
                            LazyIteratorValue, ListValue, MethodOfValue, ObjectValue, PartialValue,
                            PrivateObjectValue, RealCell, SymValue, TensorMethodValue, TensorValue, TracedId,
-                           TupleValue, UserObjectValue, Value, holds_values, reaches)
+                           TupleValue, UserObjectValue, Value, held_values, holds_values, reaches)
 from .added_guards import guard_reread_constant
 from ..residual import as_function_subclass
 
@@ -418,18 +418,6 @@ def _builder_for(cls):
         return build
 
 
-def _held_values(c):
-    out = []
-    for x in c:
-        if isinstance(x, HeldValue):
-            out.append(x.value)
-        elif isinstance(x, TracedId) and isinstance(x.value, Value):
-            out.append(x.value)
-        elif type(x) is tuple:
-            out += _held_values(x)
-    return out
-
-
 def generator_state(v):
     """(offset to resume at, stack values, live local names) of a generator value made in the
     trace and not finished: a created one starts at its first instruction with its arguments; a
@@ -483,11 +471,9 @@ def tensors_in(values, out):
             out.append(v)
         elif isinstance(v, NdarrayMethodValue):
             out.append(v.array)
-        elif isinstance(v, ConstantValue) and isinstance(v._value, (set, frozenset, collections.deque)):
-            tensors_in(_held_values(v._value), out)
-        elif isinstance(v, ConstantValue) and isinstance(v._value, TracedId):
-            # rebuilt as id(<the object>): that object's tensors are needed too
-            tensors_in(_held_values([v._value]), out)
+        elif isinstance(v, ConstantValue):
+            # (a set or deque made in the frame; an id() rebuilt as id(<the object>))
+            tensors_in(held_values(v._value), out)
         elif isinstance(v, (TupleValue, ListValue)):
             tensors_in(v.items, out)
         elif isinstance(v, DictValue):

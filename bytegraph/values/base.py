@@ -634,6 +634,19 @@ def holds_values(c):
     return False
 
 
+def held_values(c):
+    """The values the real container ``c`` (or a tuple, set or deque inside it) holds for the
+    trace: HeldValues' values and the objects ids taken while tracing were taken of (rebuilding
+    either reads them)."""
+    if isinstance(c, HeldValue):
+        return [c.value]
+    if isinstance(c, TracedId):
+        return [c.value] if isinstance(c.value, Value) else []
+    if isinstance(c, (tuple, set, frozenset, collections.deque)):
+        return [v for x in c for v in held_values(x)]
+    return []
+
+
 def reaches(c, kind, depth=0):
     """True if the real value ``c`` is, or holds in its tuples, lists, sets, dict keys and
     values (nested at most 8 deep), an instance of ``kind``."""

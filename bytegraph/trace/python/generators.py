@@ -18,13 +18,13 @@ from ...bytecode.analysis import inside_user_handler
 from ...bytecode.versions import CLOSE_RETURNS_VALUE
 from ...errors import Unsupported
 from ...values.base import (BoundMethodValue, CellValue, ConstantValue, DictValue, DictViewValue, ExceptionValue,
-                           FunctionValue, GeneratorValue, HeldValue, IteratorValue, LazyIteratorValue, ListValue,
-                           MethodOfValue, ObjectValue, PartialValue, TensorValue, TracedId, TracerCallableValue,
-                           TupleValue, UserObjectValue, Value, holds_values)
+                           FunctionValue, GeneratorValue, IteratorValue, LazyIteratorValue, ListValue,
+                           MethodOfValue, ObjectValue, PartialValue, TensorValue, TracerCallableValue, TupleValue,
+                           UserObjectValue, Value, held_values)
 from . import attrs, protocols
 from ..core import ops
 from ..numpy_api import numpy_calls
-from ..core.basics import as_constant, item_value
+from ..core.basics import as_constant
 from .exceptions import TracedRaise, new, raise_new, to_exception, unwind
 from .operators import element_equal, truth
 from ..core.context import RunningFrame
@@ -171,14 +171,8 @@ def reachable_generators(values):
             todo.append(v.owner if isinstance(v, MethodOfValue) else v.dict_value)
         elif isinstance(v, ExceptionValue):
             todo += list(v.args) + list(v.attrs.values())
-        elif isinstance(v, ConstantValue) and holds_values(v._value):
-            c = v._value
-            if isinstance(c, TracedId):         # the rebuilt id() reads the object it was taken of
-                todo += [c.value] if isinstance(c.value, Value) else []
-            elif isinstance(c, HeldValue):
-                todo.append(c.value)
-            else:
-                todo += [item_value(x) for x in c]
+        elif isinstance(v, ConstantValue):
+            todo += held_values(v._value)
     return found
 
 
